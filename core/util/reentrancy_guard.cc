@@ -1,0 +1,7 @@
+#include "core/util/reentrancy_guard.h"
+
+namespace ucp {
+
+thread_local int ReentrancyGuard::depth_ __attribute__((tls_model("initial-exec"))) = 0;
+
+}  // namespace ucp
