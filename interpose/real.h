@@ -26,19 +26,21 @@
 
 #include "interpose/libc_decls.h"
 
-// Every real symbol, in one list: the name of the libc function and nothing else.
-#define UCP_REAL_SYMBOLS(X)                                                                        \
-  X(open)                                                                                          \
-  X(open64) X(openat) X(openat64) X(__open_2) X(__open64_2) X(__openat_2) X(__openat64_2) X(creat) \
-      X(creat64) X(fopen) X(fopen64) X(freopen) X(freopen64) X(fdopen) X(fclose) X(fwrite)         \
-          X(write) X(writev) X(pwrite) X(pwrite64) X(pwritev) X(pwritev64) X(pwritev2) X(lseek)    \
-              X(lseek64) X(sendfile) X(sendfile64) X(copy_file_range) X(fsync) X(fdatasync)        \
-                  X(close) X(dup) X(dup2) X(dup3) X(fcntl) X(fcntl64) X(close_range) X(stat)       \
-                      X(stat64) X(lstat) X(lstat64) X(fstatat) X(fstatat64) X(statx) X(__xstat)    \
-                          X(__xstat64) X(__lxstat) X(__lxstat64) X(__fxstatat) X(__fxstatat64)     \
-                              X(access) X(faccessat) X(opendir) X(fdopendir) X(readdir)            \
-                                  X(readdir64) X(closedir) X(rename) X(renameat) X(renameat2)      \
-                                      X(unlink) X(unlinkat)
+// Every real symbol, in one list, by wrapper family: the name of the libc function only.
+// clang-format off
+#define UCP_REAL_SYMBOLS(X)                                                                   \
+  X(open) X(open64) X(openat) X(openat64) X(__open_2) X(__open64_2) X(__openat_2)            \
+  X(__openat64_2) X(creat) X(creat64)                                                        \
+  X(fopen) X(fopen64) X(freopen) X(freopen64) X(fdopen) X(fclose) X(fwrite)                  \
+  X(write) X(writev) X(pwrite) X(pwrite64) X(pwritev) X(pwritev64) X(pwritev2)               \
+  X(lseek) X(lseek64) X(sendfile) X(sendfile64) X(copy_file_range) X(fsync) X(fdatasync)     \
+  X(close) X(dup) X(dup2) X(dup3) X(fcntl) X(fcntl64) X(close_range)                         \
+  X(stat) X(stat64) X(lstat) X(lstat64) X(fstatat) X(fstatat64) X(statx) X(__xstat)          \
+  X(__xstat64) X(__lxstat) X(__lxstat64) X(__fxstatat) X(__fxstatat64) X(access)             \
+  X(faccessat)                                                                               \
+  X(opendir) X(fdopendir) X(readdir) X(readdir64) X(closedir)                                \
+  X(rename) X(renameat) X(renameat2) X(unlink) X(unlinkat)
+// clang-format on
 
 namespace ucp::real {
 
