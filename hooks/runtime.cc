@@ -3,13 +3,29 @@
 #include "core/util/log.h"
 
 namespace ucp::hooks {
+namespace {
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kIndex:
+      return "index";
+    case Mode::kAtoms:
+      return "atoms";
+    case Mode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+}  // namespace
 
 Status Start(const Config& config) {
-  UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
-                config.roots.size(), config.detect == Detect::kStack ? "stack" : "name");
+  UCP_LOG_INFO("hooks: starting (mode {}, {} root(s), detect {}, strict {})", ModeName(config.mode),
+               config.roots.size(), config.detect == Detect::kStack ? "stack" : "name",
+               config.strict);
   return Status::Ok();
 }
 
-void Stop() noexcept { UCP_LOG_DEBUG("hooks: stopping"); }
+void Stop() noexcept { UCP_LOG_INFO("hooks: stopping"); }
 
 }  // namespace ucp::hooks
