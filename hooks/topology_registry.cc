@@ -6,9 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <new>
 #include <nlohmann/json.hpp>
 
 #include "core/util/log.h"
@@ -16,11 +14,6 @@
 
 namespace ucp::hooks {
 namespace {
-
-std::atomic<TopologyRegistry*>& GlobalPointer() {
-  static std::atomic<TopologyRegistry*> registry{new TopologyRegistry()};
-  return registry;
-}
 
 std::string HexHandle(uintptr_t handle) { return fmt::format("{:#x}", handle); }
 std::string HexHash(uint64_t hash) { return fmt::format("{:016x}", hash); }
@@ -100,12 +93,8 @@ uint64_t HashUniqueId(std::span<const std::byte> bytes) noexcept {
 }
 
 TopologyRegistry& TopologyRegistry::Global() noexcept {
-  return *GlobalPointer().load(std::memory_order_acquire);
-}
-
-void TopologyRegistry::ResetGlobalAfterFork() noexcept {
-  auto* fresh = new (std::nothrow) TopologyRegistry();
-  if (fresh != nullptr) GlobalPointer().store(fresh, std::memory_order_release);
+  static TopologyRegistry* registry = new TopologyRegistry();
+  return *registry;
 }
 
 void TopologyRegistry::SetDumpPath(const std::string& path) noexcept {
@@ -190,19 +179,15 @@ void TopologyRegistry::ResolveSplit(uintptr_t handle, int nranks, int rank) noex
   DumpLocked();
 }
 
-void TopologyRegistry::RecordFinalize(uintptr_t handle) noexcept {
+void TopologyRegistry::RecordEnd(uint64_t order, CommState state) noexcept {
+  if (state == CommState::kLive) return;
   std::lock_guard lock(mutex_);
-  SetStateLocked(handle, CommState::kFinalized);
-}
-
-void TopologyRegistry::RecordDestroy(uintptr_t handle) noexcept {
-  std::lock_guard lock(mutex_);
-  SetStateLocked(handle, CommState::kDestroyed);
-}
-
-void TopologyRegistry::RecordAbort(uintptr_t handle) noexcept {
-  std::lock_guard lock(mutex_);
-  SetStateLocked(handle, CommState::kAborted);
+  const auto it = std::find_if(records_.begin(), records_.end(),
+                               [order](const CommRecord& r) { return r.order == order; });
+  if (it == records_.end() || !it->alive()) return;
+  it->state = state;
+  ForgetOldDeadLocked();
+  DumpLocked();
 }
 
 std::vector<CommRecord> TopologyRegistry::Communicators() const {
@@ -261,14 +246,6 @@ CommRecord& TopologyRegistry::AppendLocked(uintptr_t handle, CommOrigin origin) 
   record.origin = origin;
   records_.push_back(record);
   return records_.back();
-}
-
-void TopologyRegistry::SetStateLocked(uintptr_t handle, CommState state) {
-  CommRecord* record = FindAliveLocked(handle);
-  if (record == nullptr) return;
-  record->state = state;
-  ForgetOldDeadLocked();
-  DumpLocked();
 }
 
 void TopologyRegistry::ForgetOldDeadLocked() {

@@ -6,12 +6,14 @@
 // state. Mutators are noexcept and never fail the caller: a record that cannot be stored (out of
 // memory) or a dump that cannot be written is logged and dropped.
 // Call order: SetDumpPath() any time (the preload sets it from UCP_DUMP_TOPOLOGY at start-up);
-// then any sequence of Record*() calls, each followed by a dump when a path is set. After fork(),
-// the child calls ResetGlobalAfterFork() before anything else.
+// then any sequence of Record*() calls, each followed by a dump when a path is set. A forked
+// child never calls in (the preload passes everything through there).
 //
 // Identity: a communicator is named by its handle (the ncclComm_t pointer value) while it is
 // alive (live or finalized); NCCL may hand the same address to a later communicator once the
-// first is destroyed, so records carry a creation order, which never repeats.
+// first is destroyed, so records carry a creation order, which never repeats. The end of a life is
+// recorded by order (taken before the NCCL call that ends it), so an address reused by another
+// thread in between cannot be mistaken for it.
 //
 // Dump file (UCP_DUMP_TOPOLOGY): one JSON object, replaced atomically (temporary file in the same
 // directory, then rename) after every change:
@@ -123,11 +125,9 @@ class TopologyRegistry {
   // The split child `handle` (alive) has `nranks` ranks and this process is `rank` in it.
   void ResolveSplit(uintptr_t handle, int nranks, int rank) noexcept;
 
-  // The alive communicator `handle` was finalized / destroyed / aborted. Unknown handles are
-  // ignored (a communicator created before ucp was loaded).
-  void RecordFinalize(uintptr_t handle) noexcept;
-  void RecordDestroy(uintptr_t handle) noexcept;
-  void RecordAbort(uintptr_t handle) noexcept;
+  // The communicator created `order`-th was finalized (kFinalized), destroyed (kDestroyed) or
+  // aborted (kAborted). Ignored when that record is not alive or was forgotten; kLive is ignored.
+  void RecordEnd(uint64_t order, CommState state) noexcept;
 
   // All records in creation order, dead ones included (the oldest dead records are forgotten
   // beyond kMaxDeadRecords).
@@ -143,11 +143,6 @@ class TopologyRegistry {
   // The dump document (see the file comment) of the current state.
   std::string DumpJson() const;
 
-  // In a child after fork(): Global() becomes a fresh, empty registry with dumping off (the
-  // parent's lock may be held by a thread the child does not have, its communicators are not
-  // usable in the child, and the dump file describes the parent). The old one is leaked.
-  static void ResetGlobalAfterFork() noexcept;
-
   // How many destroyed/aborted records are kept for the dump.
   static constexpr size_t kMaxDeadRecords = 1024;
   // How many generated unique-id hashes are kept.
@@ -158,7 +153,6 @@ class TopologyRegistry {
   CommRecord* FindAliveLocked(uintptr_t handle);
   const CommRecord* FindAliveLocked(uintptr_t handle) const;
   CommRecord& AppendLocked(uintptr_t handle, CommOrigin origin);
-  void SetStateLocked(uintptr_t handle, CommState state);
   void ForgetOldDeadLocked();
   TopologySummary SummaryLocked() const;
   std::string DumpJsonLocked() const;

@@ -111,12 +111,15 @@ TEST(TopologyRegistryTest, LifecycleStates) {
   registry.RecordInit(0x1000, CommOrigin::kInitRank, 2, 0, MakeId(1), std::nullopt);
   registry.RecordInit(0x2000, CommOrigin::kInitRankConfig, 2, 0, MakeId(2), std::nullopt);
 
-  registry.RecordFinalize(0x1000);
+  registry.RecordEnd(0, CommState::kFinalized);
   EXPECT_EQ(registry.Find(0x1000)->state, CommState::kFinalized);
-  registry.RecordDestroy(0x1000);
+  registry.RecordEnd(0, CommState::kLive);  // not an end: ignored
+  EXPECT_EQ(registry.Find(0x1000)->state, CommState::kFinalized);
+  registry.RecordEnd(0, CommState::kDestroyed);
   EXPECT_FALSE(registry.Find(0x1000).has_value());
-  registry.RecordAbort(0x2000);
-  registry.RecordDestroy(0x3000);  // never seen: ignored
+  registry.RecordEnd(0, CommState::kAborted);  // already dead: ignored
+  registry.RecordEnd(1, CommState::kAborted);
+  registry.RecordEnd(7, CommState::kDestroyed);  // never created: ignored
 
   const auto comms = registry.Communicators();
   ASSERT_EQ(comms.size(), 2u);
@@ -127,7 +130,7 @@ TEST(TopologyRegistryTest, LifecycleStates) {
 TEST(TopologyRegistryTest, ReusedHandleIsANewCommunicator) {
   TopologyRegistry registry;
   registry.RecordInit(0x1000, CommOrigin::kInitRank, 2, 0, MakeId(1), std::nullopt);
-  registry.RecordDestroy(0x1000);
+  registry.RecordEnd(0, CommState::kDestroyed);
   registry.RecordInit(0x1000, CommOrigin::kInitRank, 4, 1, MakeId(2), std::nullopt);
   // An address handed out again without a destroy we saw: the old record is closed.
   registry.RecordInit(0x1000, CommOrigin::kInitRank, 6, 1, MakeId(3), std::nullopt);
@@ -139,6 +142,9 @@ TEST(TopologyRegistryTest, ReusedHandleIsANewCommunicator) {
   EXPECT_EQ(comms[2].state, CommState::kLive);
   EXPECT_EQ(registry.Find(0x1000)->order, 2u);
   EXPECT_EQ(registry.Find(0x1000)->nranks, 6);
+  // A destroy of the communicator created 1st that is recorded late leaves the new one alive.
+  registry.RecordEnd(1, CommState::kDestroyed);
+  EXPECT_EQ(registry.Find(0x1000)->state, CommState::kLive);
 }
 
 TEST(TopologyRegistryTest, InitAllSharesAGroupAndRanksFollowTheOrder) {
@@ -171,7 +177,7 @@ TEST(TopologyRegistryTest, WorldIsTheLargestLiveCommunicatorFirstAmongEquals) {
   EXPECT_EQ(summary.world_size, 16);
   EXPECT_EQ(summary.global_rank, 9);
 
-  registry.RecordDestroy(0x2000);
+  registry.RecordEnd(registry.Find(0x2000)->order, CommState::kDestroyed);
   EXPECT_EQ(registry.World()->handle, 0x3000u);
   EXPECT_EQ(registry.Summary().global_rank, 3);
 }
@@ -182,7 +188,7 @@ TEST(TopologyRegistryTest, SummaryGroupsLiveCommunicatorsByUniqueId) {
   registry.RecordInit(0x2000, CommOrigin::kInitRank, 2, 1, MakeId(1), 1);
   registry.RecordInit(0x3000, CommOrigin::kInitRank, 2, 0, MakeId(2), 0);
   registry.RecordInit(0x4000, CommOrigin::kInitRank, 2, 0, MakeId(3), 0);
-  registry.RecordAbort(0x4000);
+  registry.RecordEnd(3, CommState::kAborted);
 
   const auto groups = registry.Summary().unique_id_groups;
   ASSERT_EQ(groups.size(), 2u);
@@ -196,7 +202,7 @@ TEST(TopologyRegistryTest, ForgetsTheOldestDeadRecordsBeyondTheCap) {
   const size_t churn = TopologyRegistry::kMaxDeadRecords + 10;
   for (size_t i = 0; i < churn; ++i) {
     registry.RecordInit(0x2, CommOrigin::kInitRank, 2, 0, MakeId(1), std::nullopt);
-    registry.RecordDestroy(0x2);
+    registry.RecordEnd(registry.Find(0x2)->order, CommState::kDestroyed);
   }
   const auto comms = registry.Communicators();
   ASSERT_EQ(comms.size(), TopologyRegistry::kMaxDeadRecords + 1);
@@ -263,7 +269,7 @@ TEST(TopologyRegistryTest, DumpFollowsEveryChangeAndLeavesNoTemporaryFile) {
   EXPECT_EQ(doc["summary"]["unique_id_groups"],
             nlohmann::json::array({{{"unique_id_hash", hash}, {"communicators", {0}}}}));
 
-  registry.RecordDestroy(0xabc0);
+  registry.RecordEnd(0, CommState::kDestroyed);
   doc = nlohmann::json::parse(ReadFile(path));
   EXPECT_EQ(doc["communicators"][0]["state"], "destroyed");
   EXPECT_TRUE(doc["summary"]["world"].is_null());
