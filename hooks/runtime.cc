@@ -1,12 +1,14 @@
 #include "hooks/runtime.h"
 
 #include "core/util/log.h"
+#include "hooks/topology_registry.h"
 
 namespace ucp::hooks {
 
 Status Start(const Config& config) {
   UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
                 config.roots.size(), config.detect == Detect::kStack ? "stack" : "name");
+  TopologyRegistry::Global().SetDumpPath(config.dump_topology);
   return Status::Ok();
 }
 

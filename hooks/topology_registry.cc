@@ -105,7 +105,6 @@ void TopologyRegistry::SetDumpPath(const std::string& path) noexcept {
     dump_path_.clear();
   }
   dump_failure_logged_ = false;
-  DumpLocked();
 }
 
 void TopologyRegistry::RecordGeneratedUniqueId(std::span<const std::byte> unique_id) noexcept {

@@ -101,7 +101,8 @@ class TopologyRegistry {
   TopologyRegistry& operator=(const TopologyRegistry&) = delete;
 
   // Sets the dump file; "%p" in `path` is replaced by the process id (one file per rank when
-  // ranks share a directory). An empty path turns dumping off. Writes a dump at once when set.
+  // ranks share a path). An empty path turns dumping off. The file is first written at the next
+  // change, so a process that never touches NCCL (a launcher) leaves no file behind.
   void SetDumpPath(const std::string& path) noexcept;
 
   // ncclGetUniqueId produced `unique_id` (this process is the root of some communicator).

@@ -236,13 +236,15 @@ TEST(TopologyRegistryTest, DumpFollowsEveryChangeAndLeavesNoTemporaryFile) {
   const auto path = dir.path() / "topology.json";
   TopologyRegistry registry;
   registry.SetDumpPath(path.string());
+  EXPECT_FALSE(std::filesystem::exists(path));  // nothing happened yet
+
+  const auto id = MakeId(7);
+  registry.RecordGeneratedUniqueId(id);
   auto doc = nlohmann::json::parse(ReadFile(path));
   EXPECT_EQ(doc["version"], 1);
   EXPECT_EQ(doc["pid"], ::getpid());
   EXPECT_TRUE(doc["communicators"].empty());
 
-  const auto id = MakeId(7);
-  registry.RecordGeneratedUniqueId(id);
   registry.RecordInit(0xabc0, CommOrigin::kInitRank, 4, 2, id, 1);
   registry.RecordSplit(0xabc0, 3, 1, 0xdef0, std::nullopt);
   doc = nlohmann::json::parse(ReadFile(path));
@@ -286,6 +288,7 @@ TEST(TopologyRegistryTest, DumpPathExpandsThePid) {
   TempDir dir;
   TopologyRegistry registry;
   registry.SetDumpPath((dir.path() / "topo.%p.json").string());
+  registry.RecordGeneratedUniqueId(MakeId(1));
   EXPECT_TRUE(
       std::filesystem::exists(dir.path() / ("topo." + std::to_string(::getpid()) + ".json")));
 }
