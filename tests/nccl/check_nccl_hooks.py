@@ -3,6 +3,7 @@
 
   check_nccl_hooks.py stand-in LIBUCP HOST      the stand-in NCCL walk-through (nccl_host.c)
   check_nccl_hooks.py errors LIBUCP HOST        the same with errors injected into each call
+  check_nccl_hooks.py local-scope LIBUCP HOST LIB  NCCL reached through a dlopen(RTLD_LOCAL)'d LIB
   check_nccl_hooks.py real LIBUCP HOST|-        the real NCCL (real_nccl_host.c); "-" = skip
 
 The host's stdout, stderr and exit status must be identical with and without the preload. With
@@ -145,6 +146,18 @@ def check_errors(libucp, host):
             assert comms[3]["state"] == "live" and comms[2]["state"] == "destroyed", comms
 
 
+def check_local_scope(libucp, host, library):
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = os.path.join(tmp, "topology.json")
+        rc, out, _ = run_both(libucp, host, dump, {}, [library])
+        assert rc == 0, out
+        doc = load_dump(dump)
+    # nccl_local_user.c: one 2-rank communicator as rank 0, destroyed.
+    assert len(doc["communicators"]) == 1, doc
+    expect(doc["communicators"][0], origin="init_rank", nranks=2, rank=0, state="destroyed")
+    assert len(doc["generated_unique_ids"]) == 1, doc
+
+
 def check_real(libucp, host):
     if host == "-":
         print("skipped: the real NCCL (libnccl.so.2 under /usr/local/cuda/lib64) is not installed")
@@ -169,9 +182,10 @@ def check_real(libucp, host):
 
 
 def main():
-    mode, libucp, host = sys.argv[1:4]
-    checks = {"stand-in": check_stand_in, "errors": check_errors, "real": check_real}
-    return checks[mode](libucp, host) or 0
+    mode, libucp, host, *rest = sys.argv[1:]
+    checks = {"stand-in": check_stand_in, "errors": check_errors,
+              "local-scope": check_local_scope, "real": check_real}
+    return checks[mode](libucp, host, *rest) or 0
 
 
 if __name__ == "__main__":
