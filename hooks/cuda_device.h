@@ -1,11 +1,12 @@
 // The calling thread's current CUDA device, asked of a CUDA runtime the host already loaded.
 //
 // ucp never links or loads CUDA: cudaGetDevice is looked up in the global namespace
-// (dlsym(RTLD_DEFAULT)) and in a libcudart that is already mapped (dlopen with RTLD_NOLOAD).
-// A host without CUDA, or one that keeps CUDA private to a library we cannot see, gives nullopt.
+// (dlsym(RTLD_DEFAULT)), else in a libcudart.so* already mapped in a private scope (found among
+// the loaded objects, opened with RTLD_NOLOAD). A host without a CUDA runtime gives nullopt (a
+// statically linked runtime, as in libnccl itself, is invisible).
 //
-// Thread-safety: any thread, any time; the symbol is looked up on every call (NCCL
-// communicators are created rarely, and a host may load CUDA late).
+// Thread-safety: any thread, any time. The function found is cached; until one is found, every
+// call looks again (a host may load CUDA late; NCCL communicators are created rarely).
 #pragma once
 
 #include <optional>

@@ -181,11 +181,15 @@ void TopologyRegistry::ResolveSplit(uintptr_t handle, int nranks, int rank) noex
 void TopologyRegistry::RecordEnd(uint64_t order, CommState state) noexcept {
   if (state == CommState::kLive) return;
   std::lock_guard lock(mutex_);
-  const auto it = std::find_if(records_.begin(), records_.end(),
-                               [order](const CommRecord& r) { return r.order == order; });
-  if (it == records_.end() || !it->alive()) return;
-  it->state = state;
-  ForgetOldDeadLocked();
+  // Records are sorted by order (appended in creation order, erased from anywhere).
+  const auto it = std::lower_bound(records_.begin(), records_.end(), order,
+                                   [](const CommRecord& r, uint64_t o) { return r.order < o; });
+  if (it == records_.end() || it->order != order || !it->alive()) return;
+  if (state == CommState::kFinalized) {
+    it->state = state;
+  } else {
+    EndLifeLocked(*it, state);
+  }
   DumpLocked();
 }
 
@@ -237,8 +241,7 @@ CommRecord& TopologyRegistry::AppendLocked(uintptr_t handle, CommOrigin origin) 
   // NCCL hands out an address again only after freeing the communicator that had it; a destroy
   // we did not see (a call made before ucp was loaded, or a failed record) must not leave two
   // alive records with one handle.
-  if (CommRecord* stale = FindAliveLocked(handle)) stale->state = CommState::kDestroyed;
-  ForgetOldDeadLocked();
+  if (CommRecord* stale = FindAliveLocked(handle)) EndLifeLocked(*stale, CommState::kDestroyed);
   CommRecord record;
   record.order = next_order_++;
   record.handle = handle;
@@ -247,16 +250,13 @@ CommRecord& TopologyRegistry::AppendLocked(uintptr_t handle, CommOrigin origin) 
   return records_.back();
 }
 
-void TopologyRegistry::ForgetOldDeadLocked() {
-  const auto dead = static_cast<size_t>(std::count_if(
-      records_.begin(), records_.end(), [](const CommRecord& r) { return !r.alive(); }));
-  if (dead <= kMaxDeadRecords) return;
-  size_t excess = dead - kMaxDeadRecords;
-  std::erase_if(records_, [&excess](const CommRecord& r) {
-    if (excess == 0 || r.alive()) return false;
-    --excess;
-    return true;
-  });
+void TopologyRegistry::EndLifeLocked(CommRecord& record, CommState state) {
+  record.state = state;
+  if (++dead_count_ <= kMaxDeadRecords) return;
+  const auto oldest = std::find_if(records_.begin(), records_.end(),
+                                   [](const CommRecord& r) { return !r.alive(); });
+  records_.erase(oldest);
+  --dead_count_;
 }
 
 TopologySummary TopologyRegistry::SummaryLocked() const {

@@ -145,7 +145,7 @@ class TopologyRegistry {
   std::string DumpJson() const;
 
   // How many destroyed/aborted records are kept for the dump.
-  static constexpr size_t kMaxDeadRecords = 1024;
+  static constexpr size_t kMaxDeadRecords = 256;
   // How many generated unique-id hashes are kept.
   static constexpr size_t kMaxGeneratedIds = 1024;
 
@@ -154,7 +154,9 @@ class TopologyRegistry {
   CommRecord* FindAliveLocked(uintptr_t handle);
   const CommRecord* FindAliveLocked(uintptr_t handle) const;
   CommRecord& AppendLocked(uintptr_t handle, CommOrigin origin);
-  void ForgetOldDeadLocked();
+  // Marks the alive `record` destroyed or aborted, and forgets the oldest dead record when there
+  // are more than kMaxDeadRecords (which may be `record` itself: do not use it afterwards).
+  void EndLifeLocked(CommRecord& record, CommState state);
   TopologySummary SummaryLocked() const;
   std::string DumpJsonLocked() const;
   void DumpLocked() noexcept;
@@ -164,6 +166,7 @@ class TopologyRegistry {
   std::vector<CommRecord> records_;
   std::vector<uint64_t> generated_ids_;
   uint64_t next_order_ = 0;
+  size_t dead_count_ = 0;  // records that are neither live nor finalized
   std::string dump_path_;
   bool dump_failure_logged_ = false;
 };

@@ -152,9 +152,10 @@ def check_local_scope(libucp, host, library):
         rc, out, _ = run_both(libucp, host, dump, {}, [library])
         assert rc == 0, out
         doc = load_dump(dump)
-    # nccl_local_user.c: one 2-rank communicator as rank 0, destroyed.
+    # nccl_local_user.c: one 2-rank communicator as rank 0 on device 5, destroyed.
     assert len(doc["communicators"]) == 1, doc
-    expect(doc["communicators"][0], origin="init_rank", nranks=2, rank=0, state="destroyed")
+    expect(doc["communicators"][0], origin="init_rank", nranks=2, rank=0, cuda_device=5,
+           state="destroyed")
     assert len(doc["generated_unique_ids"]) == 1, doc
 
 

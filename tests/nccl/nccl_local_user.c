@@ -7,9 +7,10 @@
 #include "interpose/nccl_abi.h"
 
 __attribute__((visibility("default"))) int RunNcclUser(void);
+void StandInSetCudaDevice(int device); /* stand_in_cudart.c, as libcudart.so.0 */
 
-/* Creates a 2-rank communicator as rank 0 and destroys it; prints each result; returns the
- * number of calls that failed. */
+/* Creates a 2-rank communicator as rank 0 on CUDA device 5 and destroys it; prints each result;
+ * returns the number of calls that failed. */
 int RunNcclUser(void) {
   int failures = 0;
   ncclUniqueId id;
@@ -17,6 +18,7 @@ int RunNcclUser(void) {
   const ncclResult_t id_result = ncclGetUniqueId(&id);
   printf("ncclGetUniqueId rc=%d\n", (int)id_result);
   failures += id_result != ncclSuccess;
+  StandInSetCudaDevice(5);
   ncclComm_t comm = NULL;
   const ncclResult_t init_result = ncclCommInitRank(&comm, 2, id, 0);
   printf("ncclCommInitRank rc=%d\n", (int)init_result);
