@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
@@ -100,7 +101,7 @@ class NcclNext {
   std::atomic<void*> slot_{nullptr};
 };
 
-#define UCP_NCCL_NEXT(name) NcclNext<decltype(&::name)> next_##name(#name, "p" #name)
+#define UCP_NCCL_NEXT(name) constinit NcclNext<decltype(&::name)> next_##name(#name, "p" #name)
 UCP_NCCL_NEXT(ncclGetUniqueId);
 UCP_NCCL_NEXT(ncclCommInitRank);
 UCP_NCCL_NEXT(ncclCommInitRankConfig);
@@ -139,21 +140,22 @@ void ResolveSplit(ncclComm_t child) noexcept {
   dispatch::OnNcclSplitResolved(Handle(child), nranks, rank);
 }
 
-// The creation order of `comm` before a call that ends it (read before the call: once NCCL
-// freed it, its address may already belong to another thread's new communicator).
-std::optional<uint64_t> OrderBeforeEnd(ncclComm_t comm) noexcept {
-  if (!InterceptGate()) return std::nullopt;
+// Finalize, destroy, abort: the creation order of `comm` is read before the call (once NCCL
+// freed it, its address may already belong to another thread's new communicator), the end is
+// reported after it.
+template <typename Fn>
+ncclResult_t EndLife(Fn next, ncclComm_t comm, hooks::CommState state) {
+  if (!InterceptGate()) return next(comm);
   ReentrancyGuard guard;
+  std::optional<uint64_t> order;
+  {
+    ErrnoPreserver keep;
+    order = dispatch::NcclCommOrder(Handle(comm));
+  }
+  const ncclResult_t result = next(comm);
   ErrnoPreserver keep;
-  return dispatch::NcclCommOrder(Handle(comm));
-}
-
-void ReportEnd(std::optional<uint64_t> order, ncclResult_t result,
-               hooks::CommState state) noexcept {
-  if (!order || !Created(result)) return;
-  ReentrancyGuard guard;
-  ErrnoPreserver keep;
-  dispatch::OnNcclEnd(*order, state);
+  if (order && Created(result)) dispatch::OnNcclEnd(*order, state);
+  return result;
 }
 
 }  // namespace
@@ -263,28 +265,19 @@ extern "C" UCP_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int
 extern "C" UCP_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   const auto next = ucp::next_ncclCommFinalize.Get();
   if (next == nullptr) return ucp::kNcclNotLoaded;
-  const auto order = ucp::OrderBeforeEnd(comm);
-  const ncclResult_t result = next(comm);
-  ucp::ReportEnd(order, result, ucp::hooks::CommState::kFinalized);
-  return result;
+  return ucp::EndLife(next, comm, ucp::hooks::CommState::kFinalized);
 }
 
 extern "C" UCP_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const auto next = ucp::next_ncclCommDestroy.Get();
   if (next == nullptr) return ucp::kNcclNotLoaded;
-  const auto order = ucp::OrderBeforeEnd(comm);
-  const ncclResult_t result = next(comm);
-  ucp::ReportEnd(order, result, ucp::hooks::CommState::kDestroyed);
-  return result;
+  return ucp::EndLife(next, comm, ucp::hooks::CommState::kDestroyed);
 }
 
 extern "C" UCP_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const auto next = ucp::next_ncclCommAbort.Get();
   if (next == nullptr) return ucp::kNcclNotLoaded;
-  const auto order = ucp::OrderBeforeEnd(comm);
-  const ncclResult_t result = next(comm);
-  ucp::ReportEnd(order, result, ucp::hooks::CommState::kAborted);
-  return result;
+  return ucp::EndLife(next, comm, ucp::hooks::CommState::kAborted);
 }
 
 extern "C" UCP_EXPORT ncclResult_t ncclGroupStart() {
