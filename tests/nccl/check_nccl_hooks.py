@@ -175,8 +175,9 @@ def check_real(libucp, host):
         assert len(doc["generated_unique_ids"]) == 1, doc
     init = results.get("ncclCommInitRank", "")
     comms = doc["communicators"]
-    if init.startswith("rc=0 "):
-        expect(comms[0], origin="init_rank", nranks=1, rank=0, state="destroyed")
+    if init.startswith("rc=0 "):  # a GPU: the communicator exists and comes from that id
+        expect(comms[0], origin="init_rank", nranks=1, rank=0, state="destroyed",
+               unique_id_hash=doc["generated_unique_ids"][0])
     else:
         assert comms == [], comms
     return 0
