@@ -1,6 +1,7 @@
 #include "hooks/runtime.h"
 
 #include "core/util/log.h"
+#include "hooks/topology_registry.h"
 
 namespace ucp::hooks {
 namespace {
@@ -23,6 +24,7 @@ Status Start(const Config& config) {
   UCP_LOG_INFO("hooks: starting (mode {}, {} root(s), detect {}, strict {})", ModeName(config.mode),
                config.roots.size(), config.detect == Detect::kStack ? "stack" : "name",
                config.strict);
+  TopologyRegistry::Global().SetDumpPath(config.dump_topology);
   return Status::Ok();
 }
 

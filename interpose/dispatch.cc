@@ -3,11 +3,15 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <exception>
+#include <vector>
 
 #include "core/util/log.h"
+#include "hooks/cuda_device.h"
 #include "hooks/events.h"
+#include "hooks/topology_registry.h"
 #include "interpose/fd_table.h"
 #include "interpose/gate.h"
 #include "interpose/paths.h"
@@ -223,6 +227,57 @@ std::optional<std::string> Substitute(int dirfd, const char* path) noexcept {
   if (substitute) UCP_LOG_DEBUG("dispatch: serving {} from {}", absolute, *substitute);
   errno = saved_errno;
   return substitute;
+}
+
+void OnNcclUniqueId(const void* id, size_t size) noexcept {
+  Guarded("OnNcclUniqueId", [&] {
+    hooks::TopologyRegistry::Global().RecordGeneratedUniqueId(
+        {static_cast<const std::byte*>(id), size});
+  });
+}
+
+void OnNcclInit(uintptr_t comm, hooks::CommOrigin origin, int nranks, int rank, const void* ids,
+                size_t size) noexcept {
+  Guarded("OnNcclInit", [&] {
+    hooks::TopologyRegistry::Global().RecordInit(comm, origin, nranks, rank,
+                                                 {static_cast<const std::byte*>(ids), size},
+                                                 hooks::CurrentCudaDevice());
+  });
+}
+
+void OnNcclInitAll(const uintptr_t* comms, int ndev, const int* devlist) noexcept {
+  Guarded("OnNcclInitAll", [&] {
+    const auto count = static_cast<size_t>(ndev);
+    std::vector<int> devices(count);
+    for (size_t i = 0; i < count; ++i) {
+      devices[i] = devlist != nullptr ? devlist[i] : static_cast<int>(i);
+    }
+    hooks::TopologyRegistry::Global().RecordInitAll({comms, count}, devices);
+  });
+}
+
+void OnNcclSplit(uintptr_t parent, int color, int key, uintptr_t child) noexcept {
+  Guarded("OnNcclSplit", [&] {
+    hooks::TopologyRegistry::Global().RecordSplit(parent, color, key, child,
+                                                  hooks::CurrentCudaDevice());
+  });
+}
+
+void OnNcclSplitResolved(uintptr_t child, int nranks, int rank) noexcept {
+  Guarded("OnNcclSplitResolved",
+          [&] { hooks::TopologyRegistry::Global().ResolveSplit(child, nranks, rank); });
+}
+
+std::optional<uint64_t> NcclCommOrder(uintptr_t comm) noexcept {
+  std::optional<uint64_t> order;
+  Guarded("NcclCommOrder", [&] {
+    if (const auto record = hooks::TopologyRegistry::Global().Find(comm)) order = record->order;
+  });
+  return order;
+}
+
+void OnNcclEnd(uint64_t order, hooks::CommState state) noexcept {
+  Guarded("OnNcclEnd", [&] { hooks::TopologyRegistry::Global().RecordEnd(order, state); });
 }
 
 }  // namespace ucp::dispatch

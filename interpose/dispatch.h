@@ -15,10 +15,13 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+
+#include "hooks/topology_registry.h"
 
 namespace ucp::dispatch {
 
@@ -129,5 +132,27 @@ auto Served(int dirfd, const char* path, Call&& call, Failed&& failed) noexcept 
   }
   return call(path);
 }
+
+// --- NCCL (interpose/nccl.cc) --------------------------------------------------------------
+
+// Communicators are their ncclComm_t values as integers, unique ids their raw bytes. Each call
+// updates hooks::TopologyRegistry::Global(); creations also record the calling thread's CUDA
+// device (hooks/cuda_device.h), which is the device NCCL uses for them.
+
+// ncclGetUniqueId wrote `size` bytes of a new unique id at `id`.
+void OnNcclUniqueId(const void* id, size_t size) noexcept;
+// `comm` (nranks ranks, this process `rank`) was created from the unique id(s) at `ids`.
+void OnNcclInit(uintptr_t comm, hooks::CommOrigin origin, int nranks, int rank, const void* ids,
+                size_t size) noexcept;
+// ncclCommInitAll created `comms[0..ndev)` on `devlist` (nullptr: devices 0..ndev-1).
+void OnNcclInitAll(const uintptr_t* comms, int ndev, const int* devlist) noexcept;
+// `child` was split from `parent` with `color` and `key`.
+void OnNcclSplit(uintptr_t parent, int color, int key, uintptr_t child) noexcept;
+// NCCL reports `nranks` ranks and this process as `rank` for the split child `child`.
+void OnNcclSplitResolved(uintptr_t child, int nranks, int rank) noexcept;
+// The creation order of the alive communicator `comm`, or nullopt when ucp never saw it.
+std::optional<uint64_t> NcclCommOrder(uintptr_t comm) noexcept;
+// The communicator created `order`-th was finalized, destroyed or aborted (`state`).
+void OnNcclEnd(uint64_t order, hooks::CommState state) noexcept;
 
 }  // namespace ucp::dispatch
