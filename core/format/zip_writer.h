@@ -67,7 +67,8 @@ class ZipWriter {
     // fsync the archive before the rename and the directory after it.
     bool sync = true;
     // Bytes of the buffer through which file-sourced data is read (to CRC it) and written.
-    size_t copy_buffer_bytes = size_t{4} << 20;
+    // 256 KiB stays in L2 between the read, the CRC and the write (fastest in the benchmark).
+    size_t copy_buffer_bytes = size_t{256} << 10;
   };
 
   // Opens the temporary next to `path` (nothing is written to `path` before Finish).

@@ -127,7 +127,8 @@ void BM_PlainCopyBuffered(benchmark::State& state) {
 BENCHMARK(BM_PlainCopyBuffered)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 
 // The zip writer building a 1 GiB archive of 16 records of 64 MiB streamed from the source.
-// Arg 1: CRCs known (copy_file_range); Arg 0: the writer reads and CRCs every byte.
+// First arg 1: CRCs known (copy_file_range); 0: the writer reads and CRCs every byte through its
+// copy buffer, whose size in KiB is the second arg.
 void BM_ZipWriter(benchmark::State& state) {
   const bool known_crc = state.range(0) == 1;
   const Source& source = Source::Get();
@@ -135,6 +136,7 @@ void BM_ZipWriter(benchmark::State& state) {
   for (auto _ : state) {
     ZipWriter::Options options;
     options.sync = false;
+    options.copy_buffer_bytes = static_cast<size_t>(state.range(1)) << 10;
     auto writer = ZipWriter::Create(path, options);
     if (!writer.ok()) std::abort();
     for (uint64_t i = 0; i * kRecordBytes < kArchiveBytes; ++i) {
@@ -154,8 +156,9 @@ void BM_ZipWriter(benchmark::State& state) {
   state.SetLabel(known_crc ? "crc known" : "crc computed");
 }
 BENCHMARK(BM_ZipWriter)
-    ->Arg(1)
-    ->Arg(0)
+    ->Args({1, 256})
+    ->Args({0, 256})
+    ->Args({0, 4096})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
     ->UseRealTime();
