@@ -5,12 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 
 namespace ucp::hooks {
@@ -224,6 +227,35 @@ Result<JournalContents> ParseJournal(std::string_view name, std::string_view byt
     start = end + 1;
   }
   return contents;
+}
+
+Result<FileDigest> HashFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return PosixError("hash: open " + path, errno);
+  constexpr size_t kChunk = 1 << 20;
+  std::unique_ptr<char[]> buffer(new (std::nothrow) char[kChunk]);
+  if (buffer == nullptr) {
+    ::close(fd);
+    return Status::Internal("hash: " + path + ": out of memory");
+  }
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  FileDigest digest;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.get(), kChunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("hash: read " + path, err);
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(&state, buffer.get(), static_cast<size_t>(n));
+    digest.size += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  digest.xxh3 = XXH3_64bits_digest(&state);
+  return digest;
 }
 
 Result<JournalContents> ReadJournal(const std::string& path) {

@@ -74,6 +74,15 @@ struct JournalContents {
 // Parses one journal file's bytes; `name` only labels messages. kCorrupt names the line.
 Result<JournalContents> ParseJournal(std::string_view name, std::string_view bytes);
 
+// A file's size and XXH3-64, read from disk.
+struct FileDigest {
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;
+};
+
+// Reads `path` to its end and hashes it.
+Result<FileDigest> HashFile(const std::string& path);
+
 // Reads and parses one journal file.
 Result<JournalContents> ReadJournal(const std::string& path);
 
