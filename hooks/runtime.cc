@@ -1,15 +1,30 @@
 #include "hooks/runtime.h"
 
 #include "core/util/log.h"
+#include "hooks/checkpoint_layout.h"
+#include "hooks/events.h"
+#include "hooks/save_tracker.h"
+#include "hooks/stack_detect.h"
 
 namespace ucp::hooks {
 
 Status Start(const Config& config) {
   UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
                 config.roots.size(), config.detect == Detect::kStack ? "stack" : "name");
+  if (config.mode == Mode::kOff) return Status::Ok();
+  SaveTrackerOptions options;
+  UCP_ASSIGN_OR_RETURN(options.roots, RootSet::Create(config.roots));
+  if (config.detect == Detect::kStack) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<StackDetector> detector,
+                         StackDetector::Create(config.stack_patterns));
+    // Handlers are never destroyed: wrappers may still run during process teardown.
+    options.writer_check = detector.release();
+  }
+  SetSaveObserver(new SaveTracker(std::move(options)));
   return Status::Ok();
 }
 
+// Journal records are appended when each file closes, so there is nothing left to flush.
 void Stop() noexcept { UCP_LOG_DEBUG("hooks: stopping"); }
 
 }  // namespace ucp::hooks
