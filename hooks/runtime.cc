@@ -7,6 +7,12 @@
 #include "hooks/stack_detect.h"
 
 namespace ucp::hooks {
+namespace {
+
+// The installed tracker, for Stop(); never destroyed.
+SaveTracker* g_save_tracker = nullptr;
+
+}  // namespace
 
 Status Start(const Config& config) {
   UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
@@ -20,11 +26,15 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
-  SetSaveObserver(new SaveTracker(std::move(options)));
+  g_save_tracker = new SaveTracker(std::move(options));
+  SetSaveObserver(g_save_tracker);
   return Status::Ok();
 }
 
-// Journal records are appended when each file closes, so there is nothing left to flush.
-void Stop() noexcept { UCP_LOG_DEBUG("hooks: stopping"); }
+void Stop() noexcept {
+  UCP_LOG_DEBUG("hooks: stopping");
+  // Files closed before the exit get their journal records.
+  if (g_save_tracker != nullptr) g_save_tracker->Flush();
+}
 
 }  // namespace ucp::hooks
