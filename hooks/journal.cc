@@ -232,27 +232,28 @@ Result<JournalContents> ParseJournal(std::string_view name, std::string_view byt
 Result<FileDigest> HashFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return PosixError("hash: open " + path, errno);
-  Result<FileDigest> digest = HashOpenFile(fd, path);
-  ::close(fd);
-  return digest;
-}
-
-Result<FileDigest> HashOpenFile(int fd, std::string_view name) {
-  // 1 MiB: large enough for few syscalls, small enough to stay in cache between read and hash.
   constexpr size_t kChunk = 1 << 20;
   std::unique_ptr<char[]> buffer(new (std::nothrow) char[kChunk]);
-  if (buffer == nullptr) return Status::Internal("hash: " + std::string(name) + ": out of memory");
+  if (buffer == nullptr) {
+    ::close(fd);
+    return Status::Internal("hash: " + path + ": out of memory");
+  }
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   FileDigest digest;
   for (;;) {
-    const ssize_t n = ::pread(fd, buffer.get(), kChunk, static_cast<off_t>(digest.size));
+    const ssize_t n = ::read(fd, buffer.get(), kChunk);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return PosixError("hash: read " + std::string(name), errno);
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("hash: read " + path, err);
+    }
     if (n == 0) break;
     XXH3_64bits_update(&state, buffer.get(), static_cast<size_t>(n));
     digest.size += static_cast<uint64_t>(n);
   }
+  ::close(fd);
   digest.xxh3 = XXH3_64bits_digest(&state);
   return digest;
 }

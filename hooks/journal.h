@@ -83,10 +83,6 @@ struct FileDigest {
 // Reads `path` to its end and hashes it.
 Result<FileDigest> HashFile(const std::string& path);
 
-// Reads the open file `fd` from offset 0 to its end (pread: the fd's position is not used) and
-// hashes it; `name` labels messages. Does not close `fd`.
-Result<FileDigest> HashOpenFile(int fd, std::string_view name);
-
 // Reads and parses one journal file.
 Result<JournalContents> ReadJournal(const std::string& path);
 

@@ -7,12 +7,6 @@
 #include "hooks/stack_detect.h"
 
 namespace ucp::hooks {
-namespace {
-
-// The installed tracker, for Stop(); never destroyed.
-SaveTracker* g_save_tracker = nullptr;
-
-}  // namespace
 
 Status Start(const Config& config) {
   UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
@@ -26,15 +20,11 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
-  g_save_tracker = new SaveTracker(std::move(options));
-  SetSaveObserver(g_save_tracker);
+  SetSaveObserver(new SaveTracker(std::move(options)));
   return Status::Ok();
 }
 
-void Stop() noexcept {
-  UCP_LOG_DEBUG("hooks: stopping");
-  // Files closed before the exit get their journal records.
-  if (g_save_tracker != nullptr) g_save_tracker->Flush();
-}
+// Journal records are appended when each file closes, so there is nothing left to flush.
+void Stop() noexcept { UCP_LOG_DEBUG("hooks: stopping"); }
 
 }  // namespace ucp::hooks

@@ -3,25 +3,20 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <ctime>
-#include <deque>
 #include <filesystem>
-#include <functional>
-#include <system_error>
-#include <thread>
 
 #include "core/util/log.h"
-#include "core/util/reentrancy_guard.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
 namespace {
 
-// Commit signals name a tag in a few bytes; more than this is not a tag name.
+// Commit signals name a tag in a few bytes; more than this is not a commit signal.
 constexpr size_t kMaxSignalBytes = 4096;
 
 int64_t WallTimeNs() {
@@ -30,17 +25,23 @@ int64_t WallTimeNs() {
   return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
-Result<std::string> ReadPrefix(int fd, const std::string& path, size_t limit) {
+Result<std::string> ReadPrefix(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return PosixError("commit: open " + path, errno);
   std::string bytes(limit, '\0');
   size_t filled = 0;
   while (filled < limit) {
-    const ssize_t n =
-        ::pread(fd, bytes.data() + filled, limit - filled, static_cast<off_t>(filled));
+    const ssize_t n = ::read(fd, bytes.data() + filled, limit - filled);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return PosixError("commit: read " + path, errno);
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("commit: read " + path, err);
+    }
     if (n == 0) break;
     filled += static_cast<size_t>(n);
   }
+  ::close(fd);
   bytes.resize(filled);
   return bytes;
 }
@@ -67,96 +68,22 @@ struct SaveTracker::OpenFile {
   const PathMatch match;
   // How many fds refer to this open file (dups included); the last close finishes it.
   std::atomic<int> fds{1};
+
+  std::mutex mutex;
+  XXH3_state_t hash;      // guarded by mutex
+  uint64_t hashed = 0;    // bytes fed to `hash`: [0, hashed) of the file
+  uint64_t position = 0;  // the file position that write() uses
+  bool append = false;    // O_APPEND: every write lands at the end
+  bool streaming = true;  // false once a write did not land at `hashed`
 };
 
-// One thread running posted jobs in order, started on the first Post (a process that saves
-// nothing never gets a thread). In the preload it is never stopped: like every handler, it lives
-// until the process ends.
-class SaveTracker::Worker {
- public:
-  Worker() = default;
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-      wake_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
-
-  // Queues `job`. If the thread cannot be started, runs it on the caller's thread instead.
-  void Post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!thread_.joinable() && !start_failed_) {
-        try {
-          thread_ = std::thread(&Worker::Run, this);
-        } catch (const std::system_error& error) {
-          start_failed_ = true;
-          UCP_LOG_WARN("save: cannot start the journal thread ({}); journaling inline",
-                       error.what());
-        }
-      }
-      if (!start_failed_) {
-        jobs_.push_back(std::move(job));
-        ++posted_;
-        wake_.notify_one();
-        return;
-      }
-    }
-    job();
-  }
-
-  // Waits until every job posted before the call has run.
-  void Drain() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t target = posted_;
-    done_.wait(lock, [&] { return finished_ >= target; });
-  }
-
- private:
-  void Run() {
-    // Everything this thread does (file I/O, logging) must pass through the wrappers.
-    ReentrancyGuard guard;
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
-      if (jobs_.empty()) return;
-      std::function<void()> job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      Contain("journal", job);
-      lock.lock();
-      ++finished_;
-      done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  std::deque<std::function<void()>> jobs_;
-  std::thread thread_;
-  bool start_failed_ = false;
-  bool stopping_ = false;
-  uint64_t posted_ = 0;
-  uint64_t finished_ = 0;
-};
-
-SaveTracker::SaveTracker(SaveTrackerOptions options)
-    : options_(std::move(options)), worker_(std::make_unique<Worker>()) {}
-
-// The preload never destroys its tracker (handlers live forever); tests do.
-SaveTracker::~SaveTracker() { Flush(); }
+SaveTracker::SaveTracker(SaveTrackerOptions options) : options_(std::move(options)) {}
+SaveTracker::~SaveTracker() = default;
 
 void SaveTracker::AddCommitListener(CommitListener* listener) {
   std::lock_guard<std::mutex> lock(listeners_mutex_);
   listeners_.push_back(listener);
 }
-
-void SaveTracker::Flush() { worker_->Drain(); }
 
 std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Find(int fd) {
   Shard& shard = ShardOf(fd);
@@ -183,7 +110,7 @@ std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
   return file;
 }
 
-bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool, bool) {
+bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) {
   bool tracked = false;
   Contain("open", [&] {
     auto match = options_.layouts->Recognise(path, options_.roots);
@@ -193,7 +120,22 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool, bool) {
       UCP_LOG_DEBUG("save: {}: not written by a checkpoint writer (stack); not tracked", path);
       return;
     }
-    auto file = std::make_shared<OpenFile>(path, std::move(*match));
+    // `new`, not make_shared: XXH3_state_t is over-aligned.
+    std::shared_ptr<OpenFile> file(new OpenFile(path, std::move(*match)));
+    XXH3_64bits_reset(&file->hash);
+    file->append = append;
+    // Hashing on the fly needs the file to start empty at the first write; otherwise (appending
+    // to an existing file, fdopen of a moved fd) the close hashes the file from disk.
+    if (file->match.role != FileRole::kData) {
+      file->streaming = false;
+    } else if (append) {
+      struct stat st {};
+      file->streaming = ::fstat(fd, &st) == 0 && st.st_size == 0;
+    } else if (!truncated) {
+      const off_t position = ::lseek(fd, 0, SEEK_CUR);
+      file->streaming = position == 0;
+      file->position = position > 0 ? static_cast<uint64_t>(position) : 0;
+    }
     UCP_LOG_DEBUG("save: tracking {} fd {} ({} {})", path, fd, file->match.framework,
                   FileRoleName(file->match.role));
     if (std::shared_ptr<OpenFile> stale = Insert(fd, std::move(file))) {
@@ -206,11 +148,55 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool, bool) {
   return tracked;
 }
 
-// The bytes are read back after the close (see the header): writes and seeks change nothing.
-void SaveTracker::OnWrite(int, int64_t, const void*, size_t) {}
-void SaveTracker::OnWriteVector(int, int64_t, const struct iovec*, int, size_t) {}
-void SaveTracker::OnNonSequential(int) {}
-void SaveTracker::OnSync(int) {}
+void SaveTracker::OnWrite(int fd, int64_t offset, const void* data, size_t size) {
+  const struct iovec piece = {const_cast<void*>(data), size};
+  OnWriteVector(fd, offset, &piece, 1, size);
+}
+
+void SaveTracker::OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                                size_t size) {
+  Contain("write", [&] {
+    const std::shared_ptr<OpenFile> file = Find(fd);
+    if (file == nullptr) return;
+    std::lock_guard<std::mutex> lock(file->mutex);
+    // Where these bytes landed: O_APPEND writes (pwrite included, on Linux) go to the end; a
+    // pwrite does not move the file position.
+    uint64_t start;
+    if (file->append) {
+      start = file->hashed;
+    } else if (offset < 0) {
+      start = file->position;
+      file->position += size;
+    } else {
+      start = static_cast<uint64_t>(offset);
+    }
+    if (!file->streaming) return;
+    if (start != file->hashed) {
+      UCP_LOG_DEBUG("save: {}: write at {} after {} hashed bytes; hashing at close instead",
+                    file->path, start, file->hashed);
+      file->streaming = false;
+      return;
+    }
+    size_t left = size;
+    for (int i = 0; i < iovcnt && left > 0; ++i) {
+      const size_t take = std::min(left, iov[i].iov_len);
+      XXH3_64bits_update(&file->hash, iov[i].iov_base, take);
+      left -= take;
+    }
+    file->hashed += size - left;
+    if (left != 0) file->streaming = false;  // the iovecs hold fewer bytes than were written
+  });
+}
+
+void SaveTracker::OnNonSequential(int fd) {
+  Contain("seek", [&] {
+    const std::shared_ptr<OpenFile> file = Find(fd);
+    if (file == nullptr) return;
+    std::lock_guard<std::mutex> lock(file->mutex);
+    // The position is unknown from now on; only a hash from disk can be trusted.
+    file->streaming = false;
+  });
+}
 
 void SaveTracker::OnDup(int old_fd, int new_fd) {
   Contain("dup", [&] {
@@ -227,88 +213,73 @@ void SaveTracker::OnClose(int fd) {
   });
 }
 
+// Durability is the framework's choice; the journal records what was closed.
+void SaveTracker::OnSync(int) {}
+
 void SaveTracker::OnRename(std::string_view, std::string_view to) {
   Contain("rename", [&] {
     const auto match = options_.layouts->Recognise(to, options_.roots);
-    if (match && match->role == FileRole::kCommitSignal) QueueCommit(*match, std::string(to));
+    if (match && match->role == FileRole::kCommitSignal) Commit(*match, std::string(to));
   });
 }
 
 void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
   if (file->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::lock_guard<std::mutex> lock(file->mutex);
   if (file->match.role == FileRole::kData) {
-    QueueData(*file);
+    FinishData(*file);
   } else {
-    QueueCommit(file->match, file->path);
+    Commit(file->match, file->path);
   }
 }
 
-// The file is opened again now, so that a rename or unlink right after the close does not lose
-// the bytes that were written.
-void SaveTracker::QueueData(const OpenFile& file) {
-  const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    UCP_LOG_WARN("save: {}; not journaled", PosixError("reopen " + file.path, errno).message());
+void SaveTracker::FinishData(OpenFile& file) {
+  struct stat st {};
+  if (::stat(file.path.c_str(), &st) != 0) {
+    UCP_LOG_WARN("save: {}: {}; not journaled", file.path,
+                 PosixError("stat after close", errno).message());
     return;
   }
-  worker_->Post([this, match = file.match, path = file.path, fd] { JournalData(match, path, fd); });
-}
-
-// The signal's content is read now: the next save rewrites it.
-void SaveTracker::QueueCommit(const PathMatch& signal, const std::string& signal_path) {
-  const int fd = ::open(signal_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    UCP_LOG_WARN("save: {}; not a commit",
-                 PosixError("commit: open " + signal_path, errno).message());
-    return;
-  }
-  auto content = ReadPrefix(fd, signal_path, kMaxSignalBytes);
-  if (!content.ok()) {
-    ::close(fd);
-    UCP_LOG_WARN("save: {}; not a commit", content.status().message());
-    return;
-  }
-  worker_->Post([this, signal, signal_path, content = std::move(content).value(), fd] {
-    Commit(signal, signal_path, content, fd);
-  });
-}
-
-void SaveTracker::JournalData(const PathMatch& match, const std::string& path, int fd) {
-  auto digest = HashOpenFile(fd, path);
-  ::close(fd);
-  if (!digest.ok()) {
-    UCP_LOG_WARN("save: {}; not journaled", digest.status().message());
-    return;
+  FileDigest digest;
+  if (file.streaming && file.hashed == static_cast<uint64_t>(st.st_size)) {
+    digest = {file.hashed, XXH3_64bits_digest(&file.hash)};
+  } else {
+    UCP_LOG_DEBUG("save: {}: {} of {} bytes hashed on the fly; hashing from disk", file.path,
+                  file.hashed, st.st_size);
+    auto from_disk = HashFile(file.path);
+    if (!from_disk.ok()) {
+      UCP_LOG_WARN("save: {}; not journaled", from_disk.status().message());
+      return;
+    }
+    digest = *from_disk;
   }
   JournalRecord record;
-  record.path = path.substr(match.tag_dir.size() + 1);
-  record.size = digest->size;
-  record.xxh3 = digest->xxh3;
+  record.path = file.path.substr(file.match.tag_dir.size() + 1);
+  record.size = digest.size;
+  record.xxh3 = digest.xxh3;
   record.rank = LauncherRank();
   record.pid = ::getpid();
   record.time_ns = WallTimeNs();
-  record.framework = match.framework;
+  record.framework = file.match.framework;
   record.role = FileRole::kData;
-  const Status status = AppendJournalRecord(match.tag_dir, record);
+  const Status status = AppendJournalRecord(file.match.tag_dir, record);
   if (!status.ok()) {
-    UCP_LOG_WARN("save: {}: {}", path, status.message());
+    UCP_LOG_WARN("save: {}: {}", file.path, status.message());
     return;
   }
-  UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", path, digest->size,
-                FormatXxh3(digest->xxh3));
+  UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
+                FormatXxh3(digest.xxh3));
 }
 
-void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path,
-                         const std::string& content, int fd) {
-  auto digest = HashOpenFile(fd, signal_path);
-  ::close(fd);
-  if (!digest.ok()) {
-    UCP_LOG_WARN("save: {}; not a commit", digest.status().message());
-    return;
-  }
+void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path) {
   const CheckpointLayout* layout = options_.layouts->Find(signal.framework);
   if (layout == nullptr) return;
-  auto target = layout->ResolveCommit(signal, content);
+  auto content = ReadPrefix(signal_path, kMaxSignalBytes);
+  if (!content.ok()) {
+    UCP_LOG_WARN("save: {}", content.status().message());
+    return;
+  }
+  auto target = layout->ResolveCommit(signal, *content);
   if (!target.ok()) {
     UCP_LOG_WARN("save: {}; not a commit", target.status().message());
     return;
@@ -317,6 +288,11 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   if (::stat(target->tag_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     UCP_LOG_WARN("save: {} names tag {}, which is not a directory; not a commit", signal_path,
                  target->tag_dir);
+    return;
+  }
+  auto digest = HashFile(signal_path);
+  if (!digest.ok()) {
+    UCP_LOG_WARN("save: {}", digest.status().message());
     return;
   }
   JournalRecord record;

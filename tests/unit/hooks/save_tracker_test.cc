@@ -84,11 +84,9 @@ class SaveTrackerTest : public ::testing::Test {
     ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
     tracker.OnWrite(fd, offset, bytes.data(), bytes.size());
   }
-  // Closes, and waits for the tracker's worker to journal what the close queued.
   static void Close(SaveTracker& tracker, int fd) {
     ASSERT_EQ(::close(fd), 0);
     tracker.OnClose(fd);
-    tracker.Flush();
   }
 
   std::vector<JournalRecord> Records() const {
@@ -115,39 +113,97 @@ class SaveTrackerTest : public ::testing::Test {
     EXPECT_EQ(found, 1) << name;
   }
 
+  // Copies `name` aside, then flips its first byte on disk behind the tracker's back: a record
+  // whose hash is the copy's was hashed on the fly, not read back from disk.
+  std::string CopyAsideAndTamper(const std::string& name) const {
+    const std::string path = tag_dir_ + "/" + name;
+    const std::string copy = save_dir_ + "/copy_of_" + name;
+    fs::copy_file(path, copy);
+    const int fd = ::open(path.c_str(), O_RDWR);
+    char byte = 0;
+    EXPECT_EQ(::pread(fd, &byte, 1, 0), 1);
+    byte = static_cast<char>(~byte);
+    EXPECT_EQ(::pwrite(fd, &byte, 1, 0), 1);
+    ::close(fd);
+    return copy;
+  }
+
   std::string save_dir_;
   std::string tag_dir_;
 };
 
 constexpr int kCreate = O_WRONLY | O_CREAT | O_TRUNC;
 
-TEST_F(SaveTrackerTest, JournalsEachFileWhenItsLastFdCloses) {
+TEST_F(SaveTrackerTest, SequentialWritesAreHashedOnTheFly) {
   SaveTracker tracker({});
   const std::string name = "mp_rank_00_model_states.pt";
   const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
   for (unsigned i = 0; i < 5; ++i) Write(tracker, fd, RandomBytes(100000 + i, i));
-  tracker.Flush();
   EXPECT_TRUE(Records().empty()) << "journaled before the close";
+  const std::string copy = CopyAsideAndTamper(name);
+  Close(tracker, fd);
+  const auto records = Records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].path, name);
+  EXPECT_EQ(records[0].size, fs::file_size(copy));
+  EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy));
+  EXPECT_NE(FormatXxh3(records[0].xxh3), XxhsumH3(tag_dir_ + "/" + name));
+}
+
+TEST_F(SaveTrackerTest, PwriteAtTheRunningPositionAndWriteVector) {
+  SaveTracker tracker({});
+  const std::string name = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  Write(tracker, fd, RandomBytes(1000, 1));
+  PWrite(tracker, fd, RandomBytes(500, 2), 1000);
+  const std::string a = RandomBytes(300, 3);
+  const std::string b = RandomBytes(700, 4);
+  struct iovec iov[2] = {{const_cast<char*>(a.data()), a.size()},
+                         {const_cast<char*>(b.data()), b.size()}};
+  ASSERT_EQ(::pwritev(fd, iov, 2, 1500), 1000);
+  tracker.OnWriteVector(fd, 1500, iov, 2, 1000);
+  const std::string copy = CopyAsideAndTamper(name);
+  Close(tracker, fd);
+  const auto records = Records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].size, 2500u);
+  EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy)) << "not hashed on the fly";
+}
+
+TEST_F(SaveTrackerTest, OverwriteAfterASeekIsHashedFromDisk) {
+  SaveTracker tracker({});
+  const std::string name = "mp_rank_01_model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  Write(tracker, fd, RandomBytes(4096, 5));
+  // Same size at the end, different bytes: only a hash from disk gets it right.
+  ASSERT_EQ(::lseek(fd, 100, SEEK_SET), 100);
+  tracker.OnNonSequential(fd);
+  Write(tracker, fd, RandomBytes(50, 6));
   Close(tracker, fd);
   ExpectJournaled(name);
 }
 
-TEST_F(SaveTrackerTest, RenameOrUnlinkRightAfterTheCloseKeepsTheWrittenBytes) {
+TEST_F(SaveTrackerTest, GapsAndOverlappingPwritesAreHashedFromDisk) {
   SaveTracker tracker({});
-  const std::string name = "mp_rank_04_model_states.pt";
-  const std::string path = tag_dir_ + "/" + name;
-  const std::string copy = save_dir_ + "/copy";
-  const int fd = Open(tracker, path, kCreate);
-  Write(tracker, fd, RandomBytes(3 << 20, 21));
-  ASSERT_EQ(::close(fd), 0);
-  tracker.OnClose(fd);
-  fs::rename(path, copy);
-  tracker.Flush();
-  const auto records = Records();
-  ASSERT_EQ(records.size(), 1u);
-  EXPECT_EQ(records[0].path, name);
-  EXPECT_EQ(records[0].size, 3u << 20);
-  EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy));
+  const int fd = Open(tracker, tag_dir_ + "/layer_00-model_states.pt", kCreate);
+  Write(tracker, fd, RandomBytes(1000, 7));
+  PWrite(tracker, fd, RandomBytes(10, 8), 2000);  // a hole
+  PWrite(tracker, fd, RandomBytes(10, 9), 10);    // an overlap
+  Close(tracker, fd);
+  ExpectJournaled("layer_00-model_states.pt");
+}
+
+TEST_F(SaveTrackerTest, WriteAfterPwriteLandsAtTheUnmovedPosition) {
+  SaveTracker tracker({});
+  const std::string name = "layer_01-model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  Write(tracker, fd, RandomBytes(1000, 18));
+  PWrite(tracker, fd, RandomBytes(500, 19), 1000);
+  // pwrite did not move the file position: this lands at 1000, over the pwrite's bytes.
+  Write(tracker, fd, RandomBytes(500, 20));
+  Close(tracker, fd);
+  ExpectJournaled(name);
+  EXPECT_EQ(fs::file_size(tag_dir_ + "/" + name), 1500u);
 }
 
 TEST_F(SaveTrackerTest, DupsShareTheFileAndTheLastCloseRecords) {
@@ -165,11 +221,10 @@ TEST_F(SaveTrackerTest, DupsShareTheFileAndTheLastCloseRecords) {
   Close(tracker, copy);
   ExpectJournaled(name);
   tracker.OnClose(copy);  // a second close of a closed fd changes nothing
-  tracker.Flush();
   EXPECT_EQ(Records().size(), 1u);
 }
 
-TEST_F(SaveTrackerTest, AppendToAnExistingFile) {
+TEST_F(SaveTrackerTest, AppendToAnExistingFileIsHashedWhole) {
   SaveTracker tracker({});
   const std::string name = "mp_rank_02_model_states.pt";
   const std::string path = tag_dir_ + "/" + name;
@@ -184,6 +239,16 @@ TEST_F(SaveTrackerTest, AppendToAnExistingFile) {
   Close(tracker, fd);
   ExpectJournaled(name);
   EXPECT_EQ(fs::file_size(path), 206u);
+}
+
+TEST_F(SaveTrackerTest, AppendToANewFileIsSequential) {
+  SaveTracker tracker({});
+  const std::string name = "mp_rank_03_model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, O_WRONLY | O_CREAT | O_APPEND);
+  Write(tracker, fd, RandomBytes(100, 14));
+  PWrite(tracker, fd, RandomBytes(100, 15), 0);
+  Close(tracker, fd);
+  ExpectJournaled(name);
 }
 
 TEST_F(SaveTrackerTest, UnrecognisedAndOutOfRootFilesAreNotTracked) {
@@ -302,7 +367,6 @@ TEST_F(SaveTrackerTest, DcpMetadataRenameCommits) {
   ASSERT_EQ(::rename((dir + "/.metadata.tmp").c_str(), (dir + "/.metadata").c_str()), 0);
   EXPECT_TRUE(listener.events.empty());
   tracker.OnRename(dir + "/.metadata.tmp", dir + "/.metadata");
-  tracker.Flush();
   ASSERT_EQ(listener.events.size(), 1u);
   EXPECT_EQ(listener.events[0].framework, "dcp");
   EXPECT_EQ(listener.events[0].tag_dir, dir);
@@ -345,7 +409,6 @@ TEST_F(SaveTrackerTest, EventsForUnknownFdsAreIgnored) {
   tracker.OnClose(12346);
   tracker.OnClose(12345);
   tracker.OnRename("/nowhere/a", "/nowhere/b");
-  tracker.Flush();
   EXPECT_FALSE(fs::exists(JournalDirectory(tag_dir_)));
 }
 
