@@ -7,10 +7,26 @@
 #include "hooks/stack_detect.h"
 
 namespace ucp::hooks {
+namespace {
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kIndex:
+      return "index";
+    case Mode::kAtoms:
+      return "atoms";
+    case Mode::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+}  // namespace
 
 Status Start(const Config& config) {
-  UCP_LOG_DEBUG("hooks: starting (mode {}, {} root(s), detect {})", static_cast<int>(config.mode),
-                config.roots.size(), config.detect == Detect::kStack ? "stack" : "name");
+  UCP_LOG_INFO("hooks: starting (mode {}, {} root(s), detect {}, strict {})", ModeName(config.mode),
+               config.roots.size(), config.detect == Detect::kStack ? "stack" : "name",
+               config.strict);
   if (config.mode == Mode::kOff) return Status::Ok();
   SaveTrackerOptions options;
   UCP_ASSIGN_OR_RETURN(options.roots, RootSet::Create(config.roots));
@@ -25,6 +41,6 @@ Status Start(const Config& config) {
 }
 
 // Journal records are appended when each file closes, so there is nothing left to flush.
-void Stop() noexcept { UCP_LOG_DEBUG("hooks: stopping"); }
+void Stop() noexcept { UCP_LOG_INFO("hooks: stopping"); }
 
 }  // namespace ucp::hooks

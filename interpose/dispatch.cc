@@ -209,6 +209,8 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
   Guarded("OnRename", [&] { observer->OnRename(from_path, to_path); });
 }
 
+bool MayServe() noexcept { return hooks::GetServePolicy() != nullptr; }
+
 std::optional<std::string> Substitute(int dirfd, const char* path) noexcept {
   hooks::ServePolicy* policy = hooks::GetServePolicy();
   if (policy == nullptr) return std::nullopt;

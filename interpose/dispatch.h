@@ -101,6 +101,9 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
 
 // --- Load side ----------------------------------------------------------------------------
 
+// True when a ServePolicy is installed (otherwise Served() is the plain call).
+bool MayServe() noexcept;
+
 // The ServePolicy's substitute for `path` (relative to `dirfd`), or nullopt: no policy, no
 // substitute, or any failure. Keeps errno.
 std::optional<std::string> Substitute(int dirfd, const char* path) noexcept;

@@ -4,11 +4,6 @@
 
 namespace ucp {
 
-FdTable& FdTable::Get() noexcept {
-  static FdTable* const table = new FdTable();
-  return *table;
-}
-
 bool FdTable::IsTracked(int fd) const noexcept {
   if (fd < 0) return false;
   if (fd < kDirectFds) return MaybeTracked(fd);

@@ -32,7 +32,10 @@ class FdTable {
   FdTable& operator=(const FdTable&) = delete;
 
   // The process-wide table. Never destroyed (wrappers run during teardown).
-  static FdTable& Get() noexcept;
+  static FdTable& Get() noexcept {
+    static FdTable* const table = new FdTable();
+    return *table;
+  }
 
   // False means certainly untracked. True means "look closer" (IsTracked()).
   bool MaybeTracked(int fd) const noexcept {

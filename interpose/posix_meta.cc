@@ -18,7 +18,7 @@ bool Failed(int ret) { return ret != 0; }
 // `call(path)` runs the real call on `path` or on its substitute.
 template <typename Call>
 int Meta(int dirfd, const char* path, Call&& call) {
-  if (!ucp::InterceptGate()) return call(path);
+  if (!ucp::InterceptGate() || !ucp::dispatch::MayServe()) return call(path);
   ucp::ReentrancyGuard guard;
   return ucp::dispatch::Served(dirfd, path, call, &Failed);
 }

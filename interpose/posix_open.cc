@@ -22,9 +22,9 @@ template <typename Call>
 int Open(int dirfd, const char* path, int flags, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
   ucp::ReentrancyGuard guard;
-  const int fd = ucp::dispatch::IsPlainReadOpen(flags)
-                     ? ucp::dispatch::Served(dirfd, path, call, [](int ret) { return ret < 0; })
-                     : call(path);
+  const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
+  const int fd = serve ? ucp::dispatch::Served(dirfd, path, call, [](int ret) { return ret < 0; })
+                       : call(path);
   ucp::ErrnoPreserver keep;
   ucp::dispatch::OnOpen(fd, dirfd, path, flags);
   return fd;

@@ -35,24 +35,19 @@ int FlagsOfMode(const char* mode) {
   return flags;
 }
 
-// The stream's fd, or -1 (memory streams have none). Keeps errno: fileno sets EBADF for those.
-int FdOf(FILE* stream) {
-  if (stream == nullptr) return -1;
-  const int saved_errno = errno;
-  const int fd = ::fileno_unlocked(stream);
-  errno = saved_errno;
-  return fd;
-}
+// The stream's fd, or -1 (memory streams have none). Read from glibc's public FILE layout:
+// fileno() would cost a call and set errno for streams without an fd.
+int FdOf(FILE* stream) { return stream == nullptr ? -1 : stream->_fileno; }
 
 template <typename Call>
 FILE* Fopen(const char* path, const char* mode, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
   ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
+  const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
   FILE* const stream =
-      ucp::dispatch::IsPlainReadOpen(flags)
-          ? ucp::dispatch::Served(AT_FDCWD, path, call, [](FILE* ret) { return ret == nullptr; })
-          : call(path);
+      serve ? ucp::dispatch::Served(AT_FDCWD, path, call, [](FILE* ret) { return ret == nullptr; })
+            : call(path);
   ucp::ErrnoPreserver keep;
   ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, path, flags);
   return stream;
