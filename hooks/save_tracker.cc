@@ -225,10 +225,11 @@ void SaveTracker::OnRename(std::string_view, std::string_view to) {
 
 void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
   if (file->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  std::lock_guard<std::mutex> lock(file->mutex);
   if (file->match.role == FileRole::kData) {
+    std::lock_guard<std::mutex> lock(file->mutex);
     FinishData(*file);
   } else {
+    // No lock: a commit uses only the immutable path and match, and listeners run lock-free.
     Commit(file->match, file->path);
   }
 }

@@ -99,8 +99,9 @@ class SaveTracker final : public SaveObserver {
   std::shared_ptr<OpenFile> Erase(int fd);
   // One fd fewer refers to `file`; finishes it when none is left.
   void Release(const std::shared_ptr<OpenFile>& file);
-  void Finish(OpenFile& file);
+  // Journals a closed data file (caller holds file.mutex).
   void FinishData(OpenFile& file);
+  // Resolves, journals, logs and announces a commit signal.
   void Commit(const PathMatch& signal, const std::string& signal_path);
 
   const SaveTrackerOptions options_;
