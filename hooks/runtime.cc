@@ -1,6 +1,10 @@
 #include "hooks/runtime.h"
 
 #include "core/util/log.h"
+#include "hooks/checkpoint_layout.h"
+#include "hooks/events.h"
+#include "hooks/save_tracker.h"
+#include "hooks/stack_detect.h"
 #include "hooks/topology_registry.h"
 
 namespace ucp::hooks {
@@ -25,9 +29,20 @@ Status Start(const Config& config) {
                config.roots.size(), config.detect == Detect::kStack ? "stack" : "name",
                config.strict);
   TopologyRegistry::Global().SetDumpPath(config.dump_topology);
+  if (config.mode == Mode::kOff) return Status::Ok();
+  SaveTrackerOptions options;
+  UCP_ASSIGN_OR_RETURN(options.roots, RootSet::Create(config.roots));
+  if (config.detect == Detect::kStack) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<StackDetector> detector,
+                         StackDetector::Create(config.stack_patterns));
+    // Handlers are never destroyed: wrappers may still run during process teardown.
+    options.writer_check = detector.release();
+  }
+  SetSaveObserver(new SaveTracker(std::move(options)));
   return Status::Ok();
 }
 
+// Journal records are appended when each file closes, so there is nothing left to flush.
 void Stop() noexcept { UCP_LOG_INFO("hooks: stopping"); }
 
 }  // namespace ucp::hooks

@@ -1,0 +1,323 @@
+#include "hooks/save_tracker.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cerrno>
+#include <ctime>
+#include <filesystem>
+
+#include "core/util/log.h"
+#include "hooks/journal.h"
+
+namespace ucp::hooks {
+namespace {
+
+// Commit signals name a tag in a few bytes; more than this is not a commit signal.
+constexpr size_t kMaxSignalBytes = 4096;
+
+int64_t WallTimeNs() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+Result<std::string> ReadPrefix(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return PosixError("commit: open " + path, errno);
+  std::string bytes(limit, '\0');
+  size_t filled = 0;
+  while (filled < limit) {
+    const ssize_t n = ::read(fd, bytes.data() + filled, limit - filled);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("commit: read " + path, err);
+    }
+    if (n == 0) break;
+    filled += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  bytes.resize(filled);
+  return bytes;
+}
+
+// Runs `body`, turning any exception into a log line: the host never sees one.
+template <typename Body>
+void Contain(const char* what, Body&& body) noexcept {
+  try {
+    body();
+  } catch (const std::exception& error) {
+    UCP_LOG_ERROR("save: {}: {}; the file is no longer tracked", what, error.what());
+  } catch (...) {
+    UCP_LOG_ERROR("save: {}: unknown exception; the file is no longer tracked", what);
+  }
+}
+
+}  // namespace
+
+struct SaveTracker::OpenFile {
+  OpenFile(std::string_view file_path, PathMatch file_match)
+      : path(file_path), match(std::move(file_match)) {}
+
+  const std::string path;
+  const PathMatch match;
+  // How many fds refer to this open file (dups included); the last close finishes it.
+  std::atomic<int> fds{1};
+
+  std::mutex mutex;
+  XXH3_state_t hash;      // guarded by mutex
+  uint64_t hashed = 0;    // bytes fed to `hash`: [0, hashed) of the file
+  uint64_t position = 0;  // the file position that write() uses
+  bool append = false;    // O_APPEND: every write lands at the end
+  bool streaming = true;  // false once a write did not land at `hashed`
+};
+
+SaveTracker::SaveTracker(SaveTrackerOptions options) : options_(std::move(options)) {}
+SaveTracker::~SaveTracker() = default;
+
+void SaveTracker::AddCommitListener(CommitListener* listener) {
+  std::lock_guard<std::mutex> lock(listeners_mutex_);
+  listeners_.push_back(listener);
+}
+
+std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Find(int fd) {
+  Shard& shard = ShardOf(fd);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  const auto it = shard.files.find(fd);
+  return it == shard.files.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Insert(int fd, std::shared_ptr<OpenFile> file) {
+  Shard& shard = ShardOf(fd);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  std::shared_ptr<OpenFile>& slot = shard.files[fd];
+  std::swap(slot, file);
+  return file;
+}
+
+std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
+  Shard& shard = ShardOf(fd);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  const auto it = shard.files.find(fd);
+  if (it == shard.files.end()) return nullptr;
+  std::shared_ptr<OpenFile> file = std::move(it->second);
+  shard.files.erase(it);
+  return file;
+}
+
+bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) {
+  bool tracked = false;
+  Contain("open", [&] {
+    auto match = options_.layouts->Recognise(path, options_.roots);
+    if (!match) return;
+    if (match->role == FileRole::kData && options_.writer_check != nullptr &&
+        !options_.writer_check->IsCheckpointWriter()) {
+      UCP_LOG_DEBUG("save: {}: not written by a checkpoint writer (stack); not tracked", path);
+      return;
+    }
+    // `new`, not make_shared: XXH3_state_t is over-aligned.
+    std::shared_ptr<OpenFile> file(new OpenFile(path, std::move(*match)));
+    XXH3_64bits_reset(&file->hash);
+    file->append = append;
+    // Hashing on the fly needs the file to start empty at the first write; otherwise (appending
+    // to an existing file, fdopen of a moved fd) the close hashes the file from disk.
+    if (file->match.role != FileRole::kData) {
+      file->streaming = false;
+    } else if (append) {
+      struct stat st {};
+      file->streaming = ::fstat(fd, &st) == 0 && st.st_size == 0;
+    } else if (!truncated) {
+      const off_t position = ::lseek(fd, 0, SEEK_CUR);
+      file->streaming = position == 0;
+      file->position = position > 0 ? static_cast<uint64_t>(position) : 0;
+    }
+    UCP_LOG_DEBUG("save: tracking {} fd {} ({} {})", path, fd, file->match.framework,
+                  FileRoleName(file->match.role));
+    if (std::shared_ptr<OpenFile> stale = Insert(fd, std::move(file))) {
+      UCP_LOG_WARN("save: fd {} reopened while tracked as {}; the old file is finished now", fd,
+                   stale->path);
+      Release(stale);
+    }
+    tracked = true;
+  });
+  return tracked;
+}
+
+void SaveTracker::OnWrite(int fd, int64_t offset, const void* data, size_t size) {
+  const struct iovec piece = {const_cast<void*>(data), size};
+  OnWriteVector(fd, offset, &piece, 1, size);
+}
+
+void SaveTracker::OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                                size_t size) {
+  Contain("write", [&] {
+    const std::shared_ptr<OpenFile> file = Find(fd);
+    if (file == nullptr) return;
+    std::lock_guard<std::mutex> lock(file->mutex);
+    // Where these bytes landed: O_APPEND writes (pwrite included, on Linux) go to the end; a
+    // pwrite does not move the file position.
+    uint64_t start;
+    if (file->append) {
+      start = file->hashed;
+    } else if (offset < 0) {
+      start = file->position;
+      file->position += size;
+    } else {
+      start = static_cast<uint64_t>(offset);
+    }
+    if (!file->streaming) return;
+    if (start != file->hashed) {
+      UCP_LOG_DEBUG("save: {}: write at {} after {} hashed bytes; hashing at close instead",
+                    file->path, start, file->hashed);
+      file->streaming = false;
+      return;
+    }
+    size_t left = size;
+    for (int i = 0; i < iovcnt && left > 0; ++i) {
+      const size_t take = std::min(left, iov[i].iov_len);
+      XXH3_64bits_update(&file->hash, iov[i].iov_base, take);
+      left -= take;
+    }
+    file->hashed += size - left;
+    if (left != 0) file->streaming = false;  // the iovecs hold fewer bytes than were written
+  });
+}
+
+void SaveTracker::OnNonSequential(int fd) {
+  Contain("seek", [&] {
+    const std::shared_ptr<OpenFile> file = Find(fd);
+    if (file == nullptr) return;
+    std::lock_guard<std::mutex> lock(file->mutex);
+    // The position is unknown from now on; only a hash from disk can be trusted.
+    file->streaming = false;
+  });
+}
+
+void SaveTracker::OnDup(int old_fd, int new_fd) {
+  Contain("dup", [&] {
+    std::shared_ptr<OpenFile> file = Find(old_fd);
+    if (file == nullptr) return;
+    file->fds.fetch_add(1, std::memory_order_relaxed);
+    if (std::shared_ptr<OpenFile> replaced = Insert(new_fd, std::move(file))) Release(replaced);
+  });
+}
+
+void SaveTracker::OnClose(int fd) {
+  Contain("close", [&] {
+    if (const std::shared_ptr<OpenFile> file = Erase(fd)) Release(file);
+  });
+}
+
+// Durability is the framework's choice; the journal records what was closed.
+void SaveTracker::OnSync(int) {}
+
+void SaveTracker::OnRename(std::string_view, std::string_view to) {
+  Contain("rename", [&] {
+    const auto match = options_.layouts->Recognise(to, options_.roots);
+    if (match && match->role == FileRole::kCommitSignal) Commit(*match, std::string(to));
+  });
+}
+
+void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
+  if (file->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (file->match.role == FileRole::kData) {
+    std::lock_guard<std::mutex> lock(file->mutex);
+    FinishData(*file);
+  } else {
+    // No lock: a commit uses only the immutable path and match, and listeners run lock-free.
+    Commit(file->match, file->path);
+  }
+}
+
+void SaveTracker::FinishData(OpenFile& file) {
+  struct stat st {};
+  if (::stat(file.path.c_str(), &st) != 0) {
+    UCP_LOG_WARN("save: {}: {}; not journaled", file.path,
+                 PosixError("stat after close", errno).message());
+    return;
+  }
+  FileDigest digest;
+  if (file.streaming && file.hashed == static_cast<uint64_t>(st.st_size)) {
+    digest = {file.hashed, XXH3_64bits_digest(&file.hash)};
+  } else {
+    UCP_LOG_DEBUG("save: {}: {} of {} bytes hashed on the fly; hashing from disk", file.path,
+                  file.hashed, st.st_size);
+    auto from_disk = HashFile(file.path);
+    if (!from_disk.ok()) {
+      UCP_LOG_WARN("save: {}; not journaled", from_disk.status().message());
+      return;
+    }
+    digest = *from_disk;
+  }
+  JournalRecord record;
+  record.path = file.path.substr(file.match.tag_dir.size() + 1);
+  record.size = digest.size;
+  record.xxh3 = digest.xxh3;
+  record.rank = LauncherRank();
+  record.pid = ::getpid();
+  record.time_ns = WallTimeNs();
+  record.framework = file.match.framework;
+  record.role = FileRole::kData;
+  const Status status = AppendJournalRecord(file.match.tag_dir, record);
+  if (!status.ok()) {
+    UCP_LOG_WARN("save: {}: {}", file.path, status.message());
+    return;
+  }
+  UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
+                FormatXxh3(digest.xxh3));
+}
+
+void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path) {
+  const CheckpointLayout* layout = options_.layouts->Find(signal.framework);
+  if (layout == nullptr) return;
+  auto content = ReadPrefix(signal_path, kMaxSignalBytes);
+  if (!content.ok()) {
+    UCP_LOG_WARN("save: {}", content.status().message());
+    return;
+  }
+  auto target = layout->ResolveCommit(signal, *content);
+  if (!target.ok()) {
+    UCP_LOG_WARN("save: {}; not a commit", target.status().message());
+    return;
+  }
+  struct stat st {};
+  if (::stat(target->tag_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    UCP_LOG_WARN("save: {} names tag {}, which is not a directory; not a commit", signal_path,
+                 target->tag_dir);
+    return;
+  }
+  auto digest = HashFile(signal_path);
+  if (!digest.ok()) {
+    UCP_LOG_WARN("save: {}", digest.status().message());
+    return;
+  }
+  JournalRecord record;
+  record.path = std::filesystem::path(signal_path).lexically_relative(target->tag_dir).string();
+  record.size = digest->size;
+  record.xxh3 = digest->xxh3;
+  record.rank = LauncherRank();
+  record.pid = ::getpid();
+  record.time_ns = WallTimeNs();
+  record.framework = signal.framework;
+  record.role = FileRole::kCommitSignal;
+  const Status status = AppendJournalRecord(target->tag_dir, record);
+  if (!status.ok()) UCP_LOG_WARN("save: {}: {}", signal_path, status.message());
+
+  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir, target->tag,
+                          signal_path};
+  UCP_LOG_INFO("save: {} commit of tag {} in {} ({})", event.framework, event.tag, event.save_dir,
+               event.signal_path);
+  std::vector<CommitListener*> listeners;
+  {
+    std::lock_guard<std::mutex> lock(listeners_mutex_);
+    listeners = listeners_;
+  }
+  for (CommitListener* listener : listeners) listener->OnCommit(event);
+}
+
+}  // namespace ucp::hooks

@@ -1,0 +1,113 @@
+// SaveTracker: the SaveObserver that records checkpoint files as the trainer writes them.
+//
+// Thread-safety: every SaveObserver method may be called from any thread concurrently, as the
+// wrappers call them. Open files live in 64 fd-sharded maps, each with its own mutex held only to
+// find, insert or erase an fd; the bytes of a write are hashed under that open file's own mutex,
+// so writers of different files never contend. AddCommitListener is for start-up, before the
+// tracker is installed with SetSaveObserver.
+//
+// What happens to a written file:
+//   1. OnOpenForWrite: the path is recognised by a CheckpointLayout (and lies in the roots); in
+//      stack mode a data file is tracked only if the WriterCheck accepts the caller. Anything
+//      else returns false and is never seen again.
+//   2. OnWrite/OnWriteVector: while every write lands exactly at the end of the bytes hashed so
+//      far (write at the file position, pwrite at an explicit offset equal to it, O_APPEND), the
+//      bytes are fed to a streaming XXH3-64. Anything else (a seek, a gap, an overlap, a write
+//      ucp cannot see) stops on-the-fly hashing for that file.
+//   3. OnDup shares the open file between fds; OnClose of its last fd finishes it: the file is
+//      stat'ed by path (the fd is already closed), and if the streamed hash does not cover exactly
+//      its size, the file is hashed again from disk. A data file gets a journal record in its
+//      tag's `.ucp/`; a commit signal is read and resolved to its tag, which gets a "commit"
+//      record, and every CommitListener is told.
+//   4. OnRename onto a commit signal's name (DCP's .metadata.tmp → .metadata) commits the same way.
+// Any internal failure (allocation, I/O, a malformed commit signal) drops that file or commit,
+// logged; nothing here throws or changes what the host sees.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "hooks/checkpoint_layout.h"
+#include "hooks/events.h"
+#include "hooks/stack_detect.h"
+
+namespace ucp::hooks {
+
+// A tag that its framework has just declared complete.
+struct CommitEvent {
+  std::string framework;    // "deepspeed", "megatron", "dcp"
+  std::string save_dir;     // the directory holding the tags
+  std::string tag_dir;      // the committed tag's directory
+  std::string tag;          // its name, e.g. "global_step5"
+  std::string signal_path;  // the commit signal's path, e.g. <save_dir>/latest
+};
+
+class CommitListener {
+ public:
+  virtual ~CommitListener() = default;
+  // Called on the thread that closed (or renamed) the commit signal, inside the hooks, with no
+  // tracker lock held. Must not throw; should return quickly (hand long work to a thread).
+  virtual void OnCommit(const CommitEvent& event) noexcept = 0;
+};
+
+struct SaveTrackerOptions {
+  const LayoutRegistry* layouts = &LayoutRegistry::Builtin();
+  RootSet roots;  // UCP_ROOTS; empty = everywhere
+  // UCP_DETECT=stack: consulted for data files; nullptr = by name only. Not owned; outlives the
+  // tracker.
+  WriterCheck* writer_check = nullptr;
+};
+
+class SaveTracker final : public SaveObserver {
+ public:
+  explicit SaveTracker(SaveTrackerOptions options);
+  ~SaveTracker() override;
+  SaveTracker(const SaveTracker&) = delete;
+  SaveTracker& operator=(const SaveTracker&) = delete;
+
+  // Adds a listener told of every commit from now on. Not owned; must outlive the tracker.
+  void AddCommitListener(CommitListener* listener);
+
+  bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) override;
+  void OnWrite(int fd, int64_t offset, const void* data, size_t size) override;
+  void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                     size_t size) override;
+  void OnNonSequential(int fd) override;
+  void OnDup(int old_fd, int new_fd) override;
+  void OnClose(int fd) override;
+  void OnSync(int fd) override;
+  void OnRename(std::string_view from, std::string_view to) override;
+
+ private:
+  struct OpenFile;
+  struct Shard {
+    std::mutex mutex;
+    std::unordered_map<int, std::shared_ptr<OpenFile>> files;
+  };
+  static constexpr size_t kShards = 64;
+
+  Shard& ShardOf(int fd) { return shards_[static_cast<size_t>(fd) % kShards]; }
+  std::shared_ptr<OpenFile> Find(int fd);
+  // Maps `fd` to `file`; returns what `fd` mapped to before (a close ucp did not see).
+  std::shared_ptr<OpenFile> Insert(int fd, std::shared_ptr<OpenFile> file);
+  std::shared_ptr<OpenFile> Erase(int fd);
+  // One fd fewer refers to `file`; finishes it when none is left.
+  void Release(const std::shared_ptr<OpenFile>& file);
+  // Journals a closed data file (caller holds file.mutex).
+  void FinishData(OpenFile& file);
+  // Resolves, journals, logs and announces a commit signal.
+  void Commit(const PathMatch& signal, const std::string& signal_path);
+
+  const SaveTrackerOptions options_;
+  std::array<Shard, kShards> shards_;
+  std::mutex listeners_mutex_;
+  std::vector<CommitListener*> listeners_;
+};
+
+}  // namespace ucp::hooks
