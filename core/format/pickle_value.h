@@ -50,8 +50,8 @@ namespace ucp::pickle {
 
 // Deepest nesting any recursive walk (Render, the pickler) follows before failing with
 // kOutOfRange; the unpickler refuses to build deeper containers. Python's own pickler stops at
-// its recursion limit (1000 by default), so real pickles stay far below.
-inline constexpr uint32_t kMaxDepth = 4000;
+// its recursion limit (1000 by default), so no pickle Python wrote is deeper.
+inline constexpr uint32_t kMaxDepth = 1000;
 
 enum class Kind : uint8_t {
   kNone,
