@@ -84,6 +84,8 @@ enum class Construction : uint8_t {
   kObj,       // OBJ: marked class + args
 };
 
+class Value;
+
 // One change applied to a kObject after it was built, in pickle order.
 struct Mutation {
   enum class Op : uint8_t {
@@ -92,8 +94,8 @@ struct Mutation {
     kBuild,    // BUILD: obj.__setstate__(first) or obj.__dict__.update(first), second is null
   };
   Op op;
-  class Value* first;
-  class Value* second;
+  Value* first;
+  Value* second;
 };
 
 // One node. Accessors for a kind other than the node's own are programming errors (asserted);
