@@ -100,6 +100,9 @@ struct Mutation {
 
 // One node. Accessors for a kind other than the node's own are programming errors (asserted);
 // check kind() first or use the Is*/Get helpers, which return false/nullptr instead.
+// Nodes are shared wherever the pickle shared them (torch's pids all point at one 'storage'
+// and one 'cpu' str, tensors at one _rebuild_tensor_v2 global): changing a node in place changes
+// every reference to it; to change one place only, point that place at a new node.
 class Value {
  public:
   Value(const Value&) = delete;
@@ -225,6 +228,10 @@ class Graph {
   Value* Object(Construction construction, Value* callable, Value* args, Value* kwargs = nullptr);
   Value* PersistentId(Value* pid);
   Value* Extension(int32_t code);
+
+  // Copies everything reachable from `root` (a node of any Graph, this one included) into this
+  // Graph, keeping sharing and cycles; returns the copy of `root`.
+  Value* Import(const Value* root);
 
  private:
   Value* Add(Kind kind);
