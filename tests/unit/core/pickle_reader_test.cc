@@ -24,7 +24,10 @@ class PickleCorpusTest : public ::testing::Test {
     std::string output;
     ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
 
   static Graph ReadCase(const std::string& name) {
     auto graph = ReadPickle(ReadFileBytes(*dir_ / (name + ".pkl")));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -42,9 +43,11 @@ inline int RunPython(const std::string& script, const std::string& args,
   return rc;
 }
 
-// A fresh directory under the build tree for one test's files.
+// A fresh directory under the build tree for one test process's files (CTest runs the tests
+// of one suite as parallel processes, so the name carries the pid).
 inline std::filesystem::path FreshDir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::path(UCP_BINARY_DIR) / "pickle_tests" / name;
+  const std::filesystem::path dir = std::filesystem::path(UCP_BINARY_DIR) / "pickle_tests" /
+                                    (name + "." + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
