@@ -32,8 +32,7 @@ inline void WriteFileBytes(const std::filesystem::path& path, const std::string&
 inline int RunPython(const std::string& script, const std::string& args,
                      std::string* output = nullptr) {
   const std::string log = std::string(UCP_BINARY_DIR) + "/pickle_python_" +
-                          std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                          script + ".log";
+                          std::to_string(::getpid()) + "_" + script + ".log";
   const std::string command = std::string(UCP_PYTHON) + " " + UCP_SOURCE_DIR +
                               "/tests/fixtures/pickle/" + script + " " + args + " >" + log +
                               " 2>&1";
