@@ -148,7 +148,10 @@ class Pickler {
   // GLOBAL module\nname\n, memoized per name (one class object is one memo entry in Python).
   // Protocol 2 unpicklers look names up with a plain getattr, so a nested name such as
   // "Outer.Inner" is written as CPython writes it: getattr(<module.Outer>, "Inner").
-  Status SaveGlobal(const std::string& module, const std::string& name) {
+  // `depth` is the nesting of the global's place; each getattr level nests two deeper (the
+  // reduction's argument tuple, then the parent), as the read-back graph will.
+  Status SaveGlobal(const std::string& module, const std::string& name, uint32_t depth) {
+    UCP_RETURN_IF_ERROR(CheckDepth(depth));
     const auto key = std::make_pair(module, name);
     if (auto it = global_memo_.find(key); it != global_memo_.end()) {
       Get(it->second);
@@ -160,8 +163,8 @@ class Pickler {
                                      "' has a newline or is not UTF-8");
     }
     if (const size_t dot = name.rfind('.'); dot != std::string::npos) {
-      UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", "getattr"));
-      UCP_RETURN_IF_ERROR(SaveGlobal(module, name.substr(0, dot)));
+      UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", "getattr", depth + 1));
+      UCP_RETURN_IF_ERROR(SaveGlobal(module, name.substr(0, dot), depth + 2));
       UCP_RETURN_IF_ERROR(WriteUnicode(name.substr(dot + 1)));
       MemoizeAnonymous();
       out_ += '\x86';
@@ -179,14 +182,16 @@ class Pickler {
   }
 
   // The protocol 2 spelling of bytes: _codecs.encode(latin-1 text, 'latin1'), or bytes().
-  // Leaves the value on the stack without memoizing it.
-  Status SaveBytesReduction(std::string_view bytes) {
+  // Leaves the value on the stack without memoizing it. `depth` is the bytes value's; the text
+  // sits two deeper once read back.
+  Status SaveBytesReduction(std::string_view bytes, uint32_t depth) {
+    UCP_RETURN_IF_ERROR(CheckDepth(depth + 2));
     if (bytes.empty()) {
-      UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", "bytes"));
+      UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", "bytes", depth + 1));
       out_ += ")R";
       return Status::Ok();
     }
-    UCP_RETURN_IF_ERROR(SaveGlobal("_codecs", "encode"));
+    UCP_RETURN_IF_ERROR(SaveGlobal("_codecs", "encode", depth + 1));
     std::string text;
     for (char c : bytes) AppendUtf8(text, static_cast<uint8_t>(c));
     UCP_RETURN_IF_ERROR(WriteUnicode(text));
@@ -318,14 +323,16 @@ class Pickler {
     return Status::Ok();
   }
 
-  // set/frozenset/bytearray: GLOBAL cls, then the argument tuple, REDUCE, memoized.
+  // set/frozenset/bytearray: GLOBAL cls, then the argument tuple, REDUCE, memoized. Read back,
+  // the argument tuple is one deeper than the value and its list or bytes two.
   Status SaveReduction(const Value* v, const char* cls, uint32_t depth) {
-    UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", cls));
+    UCP_RETURN_IF_ERROR(CheckDepth(depth + 2));
+    UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", cls, depth + 1));
     if (v->kind() == Kind::kByteArray) {
       if (v->data().empty()) {
         out_ += ')';
       } else {
-        UCP_RETURN_IF_ERROR(SaveBytesReduction(v->data()));
+        UCP_RETURN_IF_ERROR(SaveBytesReduction(v->data(), depth + 2));
         MemoizeAnonymous();
         out_ += '\x85';
         MemoizeAnonymous();
@@ -333,7 +340,7 @@ class Pickler {
     } else {
       out_ += ']';
       MemoizeAnonymous();
-      UCP_RETURN_IF_ERROR(SaveListItems(v->items(), depth));
+      UCP_RETURN_IF_ERROR(SaveListItems(v->items(), depth + 2));
       out_ += '\x85';
       MemoizeAnonymous();
     }
@@ -368,7 +375,8 @@ class Pickler {
       case Construction::kObj:
         out_ += '(';
         UCP_RETURN_IF_ERROR(Save(v->callable(), depth + 1));
-        for (const Value* item : args->items()) UCP_RETURN_IF_ERROR(Save(item, depth + 1));
+        // The arguments sit in the argument tuple, one level down.
+        for (const Value* item : args->items()) UCP_RETURN_IF_ERROR(Save(item, depth + 2));
         out_ += 'o';
         break;
     }
@@ -404,11 +412,14 @@ class Pickler {
 
   // ---- dispatch ----
 
+  static Status CheckDepth(uint32_t depth) {
+    if (depth <= kMaxDepth) return Status::Ok();
+    return Status::OutOfRange("pickle: write: nesting deeper than " + std::to_string(kMaxDepth));
+  }
+
   Status Save(const Value* v, uint32_t depth) {
     if (v == nullptr) return Status::InvalidArgument("pickle: write: null node");
-    if (depth > kMaxDepth) {
-      return Status::OutOfRange("pickle: write: nesting deeper than " + std::to_string(kMaxDepth));
-    }
+    UCP_RETURN_IF_ERROR(CheckDepth(depth));
     if (const int64_t index = memo_[v]; index >= 0) {
       Get(static_cast<uint64_t>(index));
       return Status::Ok();
@@ -454,7 +465,7 @@ class Pickler {
         Memoize(v);
         return Status::Ok();
       case Kind::kBytes:
-        UCP_RETURN_IF_ERROR(SaveBytesReduction(v->data()));
+        UCP_RETURN_IF_ERROR(SaveBytesReduction(v->data(), depth));
         Memoize(v);
         return Status::Ok();
       case Kind::kByteArray:
@@ -474,7 +485,7 @@ class Pickler {
         Memoize(v);
         return SaveDictItems(v->entries(), depth);
       case Kind::kGlobal:
-        return SaveGlobal(v->module(), v->name());
+        return SaveGlobal(v->module(), v->name(), depth);
       case Kind::kObject:
         return SaveObject(v, depth);
       case Kind::kPersistentId:
