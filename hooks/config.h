@@ -1,0 +1,71 @@
+// Config: every UCP_* environment variable, read once when libucp.so starts, then immutable.
+//
+// Thread-safety: a value type; ParseConfig() has no shared state and may run anywhere. The
+// preload calls it once from its constructor with getenv as the lookup.
+//
+// Unset and empty variables take their defaults. Any bad value makes ParseConfig() fail with an
+// InvalidArgument whose message names the variable, the value and what is accepted, e.g.
+//   UCP_MODE=fast is invalid (expected index, atoms or off)
+// The preload prints that one line (the only thing ucp ever prints) and passes everything
+// through for the rest of the process.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/util/log.h"
+#include "core/util/status.h"
+
+namespace ucp::hooks {
+
+// UCP_MODE.
+enum class Mode {
+  kIndex,  // index the framework's own files (default)
+  kAtoms,  // also write consolidated atoms in the background
+  kOff,    // no checkpoint handling at all (the hooks pass everything through)
+};
+
+// UCP_DETECT: how a file being written is recognised as a checkpoint.
+enum class Detect {
+  kName,   // by its path (a registered adapter recognises the name); default
+  kStack,  // by its path and by the writer's call stack (UCP_STACK_PATTERNS)
+};
+
+// UCP_TOPOLOGY: each degree is optional; the ones not given are inferred (DESIGN.md §5).
+struct TopologyOverride {
+  std::optional<int> tp;
+  std::optional<int> pp;
+  std::optional<int> dp;
+
+  bool empty() const { return !tp && !pp && !dp; }
+  friend bool operator==(const TopologyOverride&, const TopologyOverride&) = default;
+};
+
+struct Config {
+  bool disable = false;                      // UCP_DISABLE=1
+  Mode mode = Mode::kIndex;                  // UCP_MODE
+  std::vector<std::string> roots;            // UCP_ROOTS; empty = anywhere
+  TopologyOverride topology;                 // UCP_TOPOLOGY
+  std::string cache_dir;                     // UCP_CACHE_DIR; empty = in the tag
+  log::Level log_level = log::Level::kWarn;  // UCP_LOG_LEVEL
+  std::string log_dir;                       // UCP_LOG_DIR; empty = no log file
+  bool strict = false;                       // UCP_STRICT=1
+  Detect detect = Detect::kName;             // UCP_DETECT
+  std::vector<std::string> stack_patterns{"PyTorchStreamWriter"};  // UCP_STACK_PATTERNS
+  std::string dump_topology;  // UCP_DUMP_TOPOLOGY; empty = no dump
+
+  // True when the wrappers should do anything at all (not UCP_DISABLE=1, not UCP_MODE=off).
+  bool active() const { return !disable && mode != Mode::kOff; }
+};
+
+// Looks up one environment variable by name; nullptr when unset (getenv's contract).
+using EnvLookup = std::function<const char*(const char* name)>;
+
+// Reads and validates every variable through `lookup`. Paths (roots, cache, log and dump
+// locations) must be absolute; they are returned lexically normalised. The first bad variable,
+// in the order of the fields above, is the one reported.
+[[nodiscard]] Result<Config> ParseConfig(const EnvLookup& lookup);
+
+}  // namespace ucp::hooks

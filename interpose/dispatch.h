@@ -1,0 +1,158 @@
+// The one bridge from the libc wrappers into hooks/ (hooks/events.h).
+//
+// Call order and context: wrappers call these only after InterceptGate() said yes, inside a
+// ReentrancyGuard, and (for the On* notifications) after the real call, with an ErrnoPreserver
+// alive. Every function is noexcept: a handler that throws is caught here, logged, and the
+// whole layer switches to pass-through (DESIGN.md §6.2). Nothing here changes what the host's
+// call returned.
+//
+// Thread-safety: all functions may be called concurrently. Lifecycle events of one fd number
+// (open, dup onto it, close) are serialised by FdTable::FdLock (see fd_table.h).
+#pragma once
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "hooks/topology_registry.h"
+
+namespace ucp::dispatch {
+
+// UCP_STRICT: a failed substitution fails the host's call with EIO instead of falling back.
+void SetStrict(bool strict) noexcept;
+bool Strict() noexcept;
+
+// --- Save side ---------------------------------------------------------------------------
+
+// `fd` was returned by an open-like call (open family, creat, fopen/freopen's fileno) of `path`
+// relative to `dirfd` with open(2) `flags`. Forgets whatever was tracked under that number
+// before (a close ucp did not see), and for a write-open asks the SaveObserver whether to track
+// it. Does nothing for fd < 0.
+void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept;
+
+// fdopen(fd, mode) succeeded with `flags` parsed from its mode: a writing stream on an
+// untracked fd is offered to the SaveObserver under the path /proc/self/fd shows.
+void OnFdopen(int fd, int flags) noexcept;
+
+// A write-like call on `fd` returned `ret` (bytes, or -1). `offset` is the explicit file offset,
+// or -1 for "at the current position".
+void OnWrite(int fd, int64_t offset, const void* data, ssize_t ret) noexcept;
+void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                   ssize_t ret) noexcept;
+
+// The file position of `fd` before an lseek (-1 when unknown); keeps errno.
+off_t PositionOf(int fd) noexcept;
+// An lseek on `fd` moved the position from `before` to `after` (-1 = failed).
+void OnSeek(int fd, off_t before, off_t after) noexcept;
+// Bytes ucp cannot see went into `fd` (sendfile, copy_file_range returned `ret`).
+void OnUnseenWrite(int fd, ssize_t ret) noexcept;
+// fsync/fdatasync of `fd` returned `ret`.
+void OnSync(int fd, int ret) noexcept;
+
+// A dup-like call (dup, dup2, dup3, fcntl F_DUPFD*) made `new_fd` (the call's result, -1 on
+// failure) refer to `old_fd`'s open file. A tracked number that `new_fd` replaced is reported
+// closed first; `new_fd` is tracked when `old_fd` is.
+void OnDup(int old_fd, int new_fd) noexcept;
+
+// Brackets the real call that closes `fd` (close, fclose, freopen's old stream): untracks the
+// number before the call and, after it, reports the close of a tracked fd. Holds FdLock(fd)
+// between the two for a tracked fd, so that an open reusing the number waits for OnClose.
+class FdRelease {
+ public:
+  explicit FdRelease(int fd) noexcept;
+  FdRelease(const FdRelease&) = delete;
+  FdRelease& operator=(const FdRelease&) = delete;
+
+  // Call after the real close returned (whatever it returned): reports the close of a tracked
+  // fd and releases FdLock(fd).
+  void Closed() noexcept;
+
+ private:
+  const int fd_;
+  std::unique_lock<std::mutex> lock_;
+  bool was_tracked_ = false;
+};
+
+// Brackets close_range(first, last, flags) in the same way (CLOSE_RANGE_CLOEXEC closes nothing).
+class RangeRelease {
+ public:
+  RangeRelease(unsigned first, unsigned last, int flags) noexcept;
+  ~RangeRelease();
+  RangeRelease(const RangeRelease&) = delete;
+  RangeRelease& operator=(const RangeRelease&) = delete;
+
+  // Call after the real close_range returned `ret`; on failure nothing was closed.
+  void Closed(int ret) noexcept;
+
+ private:
+  bool closes_;
+  unsigned first_;
+  unsigned last_;
+  int* fds_ = nullptr;  // the tracked fds it untracked (malloc'd; few)
+  int count_ = 0;
+};
+
+// A successful rename of `from` (relative to `from_dirfd`) to `to`; `ret` is the call's result.
+void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, int ret) noexcept;
+
+// --- Load side ----------------------------------------------------------------------------
+
+// True when a ServePolicy is installed (otherwise Served() is the plain call).
+bool MayServe() noexcept;
+
+// The ServePolicy's substitute for `path` (relative to `dirfd`), or nullopt: no policy, no
+// substitute, or any failure. Keeps errno.
+std::optional<std::string> Substitute(int dirfd, const char* path) noexcept;
+
+// True for open flags that only read an existing file (what the serve side may substitute).
+// (O_TMPFILE includes O_DIRECTORY.)
+constexpr bool IsPlainReadOpen(int flags) noexcept {
+  return (flags & O_ACCMODE) == O_RDONLY && (flags & (O_CREAT | O_TRUNC | O_DIRECTORY)) == 0;
+}
+
+// Runs `call(path)` on the ServePolicy's substitute for `path` when there is one, else on
+// `path`. A failing substituted call falls back to `path` (or fails with EIO under
+// UCP_STRICT). `failed(ret)` says whether a result is a failure.
+template <typename Call, typename Failed>
+auto Served(int dirfd, const char* path, Call&& call, Failed&& failed) noexcept {
+  const std::optional<std::string> substitute = Substitute(dirfd, path);
+  if (!substitute) return call(path);
+  const auto ret = call(substitute->c_str());
+  if (!failed(ret)) return ret;
+  if (Strict()) {
+    errno = EIO;
+    return ret;
+  }
+  return call(path);
+}
+
+// --- NCCL (interpose/nccl.cc) --------------------------------------------------------------
+
+// Communicators are their ncclComm_t values as integers, unique ids their raw bytes. Each call
+// updates hooks::TopologyRegistry::Global(); creations also record the calling thread's CUDA
+// device (hooks/cuda_device.h), which is the device NCCL uses for them.
+
+// ncclGetUniqueId wrote `size` bytes of a new unique id at `id`.
+void OnNcclUniqueId(const void* id, size_t size) noexcept;
+// `comm` (nranks ranks, this process `rank`) was created from the unique id(s) at `ids`.
+void OnNcclInit(uintptr_t comm, hooks::CommOrigin origin, int nranks, int rank, const void* ids,
+                size_t size) noexcept;
+// ncclCommInitAll created `comms[0..ndev)` on `devlist` (nullptr: devices 0..ndev-1).
+void OnNcclInitAll(const uintptr_t* comms, int ndev, const int* devlist) noexcept;
+// `child` was split from `parent` with `color` and `key`.
+void OnNcclSplit(uintptr_t parent, int color, int key, uintptr_t child) noexcept;
+// NCCL reports `nranks` ranks and this process as `rank` for the split child `child`.
+void OnNcclSplitResolved(uintptr_t child, int nranks, int rank) noexcept;
+// The creation order of the alive communicator `comm`, or nullopt when ucp never saw it.
+std::optional<uint64_t> NcclCommOrder(uintptr_t comm) noexcept;
+// The communicator created `order`-th was finalized, destroyed or aborted (`state`).
+void OnNcclEnd(uint64_t order, hooks::CommState state) noexcept;
+
+}  // namespace ucp::dispatch
