@@ -1,0 +1,255 @@
+#include "core/io/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "core/util/reentrancy_guard.h"
+
+namespace ucp {
+namespace {
+
+std::string Describe(std::string_view operation, const std::string& path) {
+  std::string out = "file: ";
+  out += operation;
+  out += " ";
+  out += path;
+  return out;
+}
+
+std::string DescribeRange(std::string_view operation, uint64_t length, uint64_t offset,
+                          const std::string& path) {
+  return "file: " + std::string(operation) + " " + std::to_string(length) + " bytes at " +
+         std::to_string(offset) + " of " + path;
+}
+
+int FlagsFor(File::Mode mode) {
+  switch (mode) {
+    case File::Mode::kRead:
+      return O_RDONLY;
+    case File::Mode::kReadWrite:
+      return O_RDWR;
+    case File::Mode::kCreate:
+      return O_RDWR | O_CREAT | O_TRUNC;
+    case File::Mode::kCreateExclusive:
+      return O_RDWR | O_CREAT | O_EXCL;
+  }
+  return O_RDONLY;
+}
+
+// Errors after which copy_file_range cannot work for this pair of files at all, so the
+// user-space loop takes over (cross-device on old kernels, special files, unsupported fs).
+bool CopyFileRangeUnsupported(int err) {
+  return err == EXDEV || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL || err == EBADF ||
+         err == ETXTBSY || err == EPERM;
+}
+
+}  // namespace
+
+Result<File> File::Open(std::string path, Mode mode, mode_t permissions) {
+  ReentrancyGuard guard;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), FlagsFor(mode) | O_CLOEXEC, permissions);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return PosixError(Describe("open", path), errno);
+  return File(fd, std::move(path));
+}
+
+File::File(File&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) {
+      ReentrancyGuard guard;
+      ::close(fd_);
+    }
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) {
+    ReentrancyGuard guard;
+    ::close(fd_);
+  }
+}
+
+Status File::CheckOpen(std::string_view operation) const {
+  if (fd_ >= 0) return Status::Ok();
+  return Status::FailedPrecondition(Describe(operation, path_) + ": file is closed");
+}
+
+Result<uint64_t> File::Size() const {
+  UCP_RETURN_IF_ERROR(CheckOpen("fstat"));
+  ReentrancyGuard guard;
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return PosixError(Describe("fstat", path_), errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Result<size_t> File::ReadSomeAt(uint64_t offset, std::span<std::byte> out) const {
+  UCP_RETURN_IF_ERROR(CheckOpen("pread"));
+  ReentrancyGuard guard;
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n =
+        ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return PosixError(DescribeRange("pread", out.size(), offset, path_), errno);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+Status File::ReadAt(uint64_t offset, std::span<std::byte> out) const {
+  UCP_ASSIGN_OR_RETURN(const size_t done, ReadSomeAt(offset, out));
+  if (done != out.size()) {
+    return Status::Corrupt(DescribeRange("pread", out.size(), offset, path_) +
+                           ": end of file after " + std::to_string(done) + " bytes");
+  }
+  return Status::Ok();
+}
+
+Status File::WriteAt(uint64_t offset, std::span<const std::byte> data) {
+  UCP_RETURN_IF_ERROR(CheckOpen("pwrite"));
+  ReentrancyGuard guard;
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return PosixError(DescribeRange("pwrite", data.size(), offset, path_), errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status File::Append(std::span<const std::byte> data) {
+  UCP_RETURN_IF_ERROR(CheckOpen("write"));
+  ReentrancyGuard guard;
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return PosixError(Describe("write " + std::to_string(data.size()) + " bytes to", path_),
+                        errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status File::Truncate(uint64_t size) {
+  UCP_RETURN_IF_ERROR(CheckOpen("ftruncate"));
+  ReentrancyGuard guard;
+  int rc;
+  do {
+    rc = ::ftruncate(fd_, static_cast<off_t>(size));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    return PosixError(Describe("ftruncate to " + std::to_string(size) + " bytes", path_), errno);
+  }
+  return Status::Ok();
+}
+
+Status File::Sync() {
+  UCP_RETURN_IF_ERROR(CheckOpen("fsync"));
+  ReentrancyGuard guard;
+  int rc;
+  do {
+    rc = ::fsync(fd_);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return PosixError(Describe("fsync", path_), errno);
+  return Status::Ok();
+}
+
+Status File::Close() {
+  if (fd_ < 0) return Status::Ok();
+  ReentrancyGuard guard;
+  // close(2) must not be retried on EINTR on Linux: the descriptor is already released.
+  const int rc = ::close(std::exchange(fd_, -1));
+  if (rc != 0 && errno != EINTR) return PosixError(Describe("close", path_), errno);
+  return Status::Ok();
+}
+
+Status CopyRange(const File& src, uint64_t src_offset, File& dst, uint64_t dst_offset,
+                 uint64_t length) {
+  if (!src.is_open() || !dst.is_open()) {
+    return Status::FailedPrecondition("file: copy " + src.path() + " to " + dst.path() +
+                                      ": file is closed");
+  }
+  ReentrancyGuard guard;
+  uint64_t done = 0;
+  bool kernel_copy = true;
+  while (done < length && kernel_copy) {
+    loff_t in = static_cast<loff_t>(src_offset + done);
+    loff_t out = static_cast<loff_t>(dst_offset + done);
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, 1u << 30));
+    const ssize_t n = ::copy_file_range(src.fd(), &in, dst.fd(), &out, want, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (CopyFileRangeUnsupported(errno)) {
+        kernel_copy = false;
+        break;
+      }
+      return PosixError("file: copy_file_range " + std::to_string(length) + " bytes from " +
+                            src.path() + " to " + dst.path(),
+                        errno);
+    }
+    if (n == 0) {
+      return Status::Corrupt(DescribeRange("copy", length, src_offset, src.path()) +
+                             ": end of file after " + std::to_string(done) + " bytes");
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  if (done == length) return Status::Ok();
+
+  const size_t buffer_size =
+      static_cast<size_t>(std::min<uint64_t>(length - done, kCopyChunkBytes));
+  std::unique_ptr<std::byte[]> buffer(new std::byte[buffer_size]);
+  while (done < length) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(length - done, buffer_size));
+    UCP_RETURN_IF_ERROR(src.ReadAt(src_offset + done, {buffer.get(), chunk}));
+    UCP_RETURN_IF_ERROR(dst.WriteAt(dst_offset + done, {buffer.get(), chunk}));
+    done += chunk;
+  }
+  return Status::Ok();
+}
+
+Status RenameFile(const std::string& from, const std::string& to) {
+  ReentrancyGuard guard;
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return PosixError("file: rename " + from + " to " + to, errno);
+  }
+  return Status::Ok();
+}
+
+Status RemoveFile(const std::string& path) {
+  ReentrancyGuard guard;
+  if (::unlink(path.c_str()) != 0) return PosixError(Describe("unlink", path), errno);
+  return Status::Ok();
+}
+
+Status SyncDirectory(const std::string& dir) {
+  UCP_ASSIGN_OR_RETURN(File directory, File::Open(dir, File::Mode::kRead));
+  UCP_RETURN_IF_ERROR(directory.Sync());
+  return directory.Close();
+}
+
+}  // namespace ucp
