@@ -1,16 +1,12 @@
 #include "core/format/safetensors_reader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <utility>
+#include <span>
 
+#include "core/io/file.h"
 #include "core/util/checked.h"
 
 namespace ucp {
@@ -54,48 +50,6 @@ Result<Json> ParseJsonRejectingDuplicates(std::string_view path, std::string_vie
   }
   return json;
 }
-
-// The file's size and ranged reads of it; the descriptor closes with the object.
-class FileBytes {
- public:
-  static Result<FileBytes> Open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return PosixError("safetensors: open " + path, errno);
-    FileBytes file(fd, path);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) return PosixError("safetensors: stat " + path, errno);
-    file.size_ = static_cast<uint64_t>(st.st_size);
-    return file;
-  }
-  FileBytes(FileBytes&& other) noexcept
-      : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), size_(other.size_) {}
-  FileBytes& operator=(FileBytes&&) = delete;
-  ~FileBytes() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  uint64_t size() const { return size_; }
-  Result<std::string> ReadAt(uint64_t offset, uint64_t length) const {
-    std::string out(length, '\0');
-    uint64_t done = 0;
-    while (done < length) {
-      const ssize_t n =
-          ::pread(fd_, out.data() + done, length - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return PosixError("safetensors: read " + path_, errno);
-      if (n == 0) return Corrupt(path_, "file shrank while being read");
-      done += static_cast<uint64_t>(n);
-    }
-    return out;
-  }
-
- private:
-  FileBytes(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-
-  int fd_;
-  std::string path_;
-  uint64_t size_ = 0;
-};
 
 uint64_t LoadLe64(std::string_view bytes) {
   uint64_t value = 0;
@@ -230,11 +184,14 @@ Result<SafetensorsHeader> SafetensorsHeader::Parse(std::string_view path, std::s
 }
 
 Result<SafetensorsHeader> SafetensorsHeader::Read(const std::string& path) {
-  UCP_ASSIGN_OR_RETURN(FileBytes file, FileBytes::Open(path));
-  UCP_ASSIGN_OR_RETURN(std::string first8, file.ReadAt(0, std::min<uint64_t>(8, file.size())));
-  UCP_ASSIGN_OR_RETURN(uint64_t length, HeaderLength(path, first8, file.size()));
-  UCP_ASSIGN_OR_RETURN(std::string header, file.ReadAt(8, length));
-  return Parse(path, header, file.size());
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
+  UCP_ASSIGN_OR_RETURN(uint64_t size, file.Size());
+  std::string first8(std::min<uint64_t>(8, size), '\0');
+  UCP_RETURN_IF_ERROR(file.ReadAt(0, std::as_writable_bytes(std::span(first8))));
+  UCP_ASSIGN_OR_RETURN(uint64_t length, HeaderLength(path, first8, size));
+  std::string header(length, '\0');
+  UCP_RETURN_IF_ERROR(file.ReadAt(8, std::as_writable_bytes(std::span(header))));
+  return Parse(path, header, size);
 }
 
 const SafetensorsTensor* SafetensorsHeader::Find(std::string_view name) const {
@@ -281,9 +238,11 @@ Result<SafetensorsIndex> SafetensorsIndex::Parse(std::string_view path,
 }
 
 Result<SafetensorsIndex> SafetensorsIndex::Read(const std::string& path) {
-  UCP_ASSIGN_OR_RETURN(FileBytes file, FileBytes::Open(path));
-  if (file.size() > kMaxSafetensorsHeader) return Corrupt(path, "index file is too large");
-  UCP_ASSIGN_OR_RETURN(std::string text, file.ReadAt(0, file.size()));
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
+  UCP_ASSIGN_OR_RETURN(uint64_t size, file.Size());
+  if (size > kMaxSafetensorsHeader) return Corrupt(path, "index file is too large");
+  std::string text(size, '\0');
+  UCP_RETURN_IF_ERROR(file.ReadAt(0, std::as_writable_bytes(std::span(text))));
   return Parse(path, text);
 }
 

@@ -1,22 +1,18 @@
 #include "core/format/safetensors_writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
+#include "core/io/file.h"
 #include "core/util/checked.h"
 
 namespace ucp {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
-
-constexpr size_t kCopyChunk = 8 << 20;
 
 bool ValidUtf8(std::string_view text) {
   size_t i = 0;
@@ -55,98 +51,21 @@ bool ValidUtf8(std::string_view text) {
   return true;
 }
 
-// An open descriptor, closed with the object.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, reporting the error close() returns (it can carry a delayed write error).
-  Status Close(const std::string& path) {
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) return PosixError("safetensors: close " + path, errno);
-    return Status::Ok();
-  }
-
- private:
-  int fd_;
-};
-
-Status WriteAll(int fd, const std::string& path, const void* data, size_t size) {
-  const auto* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, bytes, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return PosixError("safetensors: write " + path, errno);
-    bytes += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Appends [offset, offset + size) of `source` to `out_fd`: copy_file_range keeps the bytes in
-// the kernel; where it cannot (other file systems, old kernels) a buffered copy takes over.
-Status CopyRange(int out_fd, const std::string& out_path, const std::string& source,
-                 uint64_t offset, uint64_t size, std::vector<char>& buffer) {
-  Fd in(::open(source.c_str(), O_RDONLY | O_CLOEXEC));
-  if (in.get() < 0) return PosixError("safetensors: open " + source, errno);
-  struct stat st;
-  if (::fstat(in.get(), &st) != 0) return PosixError("safetensors: stat " + source, errno);
-  if (!RangeWithin(offset, size, static_cast<uint64_t>(st.st_size))) {
-    return Status::InvalidArgument("safetensors: range [" + std::to_string(offset) + ", +" +
-                                   std::to_string(size) + ") is outside " + source);
-  }
-  auto in_offset = static_cast<off_t>(offset);
-  uint64_t left = size;
-  bool kernel_copy = true;
-  while (left > 0) {
-    if (kernel_copy) {
-      const ssize_t n = ::copy_file_range(in.get(), &in_offset, out_fd, nullptr,
-                                          std::min<uint64_t>(left, 1u << 30), 0);
-      if (n > 0) {
-        left -= static_cast<uint64_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n == 0) return Status::Corrupt("safetensors: " + source + " shrank while being copied");
-      if (errno != EXDEV && errno != ENOSYS && errno != EINVAL && errno != EOPNOTSUPP) {
-        return PosixError("safetensors: copy " + source + " to " + out_path, errno);
-      }
-      kernel_copy = false;
-    }
-    if (buffer.empty()) buffer.resize(kCopyChunk);
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
-    const ssize_t n = ::pread(in.get(), buffer.data(), want, in_offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return PosixError("safetensors: read " + source, errno);
-    if (n == 0) return Status::Corrupt("safetensors: " + source + " shrank while being copied");
-    UCP_RETURN_IF_ERROR(WriteAll(out_fd, out_path, buffer.data(), static_cast<size_t>(n)));
-    in_offset += n;
-    left -= static_cast<uint64_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Writes `body(fd)` to "<path>.tmp.<pid>", fsyncs it and renames it over `path`; the temporary
-// file is removed on any failure.
+// Writes `body(file)` to "<path>.tmp.<pid>", fsyncs it and renames it over `path`; the
+// temporary file is removed on any failure.
 template <typename Body>
 Status WriteAtomically(const std::string& path, Body body) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return PosixError("safetensors: create " + temp, errno);
-  Status status = body(fd.get(), temp);
-  if (status.ok() && ::fsync(fd.get()) != 0)
-    status = PosixError("safetensors: fsync " + temp, errno);
-  if (status.ok()) status = fd.Close(temp);
-  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    status = PosixError("safetensors: rename " + temp + " to " + path, errno);
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreate));
+  Status status = body(file);
+  if (status.ok()) status = file.Sync();
+  if (status.ok()) status = file.Close();
+  if (status.ok()) status = RenameFile(temp, path);
+  if (!status.ok()) {
+    file.Close().ok();  // already failing; the first error is the one reported
+    RemoveFile(temp).ok();
   }
-  if (!status.ok()) ::unlink(temp.c_str());
-  return status;
+  return status.ok() ? status : status.WithContext("safetensors");
 }
 
 }  // namespace
@@ -224,19 +143,29 @@ Status SafetensorsWriter::Write(const std::string& path) const {
   if (header.size() > kMaxSafetensorsHeader) {
     return Status::OutOfRange("safetensors: header of " + path + " exceeds the size limit");
   }
-  return WriteAtomically(path, [&](int fd, const std::string& temp) -> Status {
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header.size() >> (8 * i));
-    UCP_RETURN_IF_ERROR(WriteAll(fd, temp, length, sizeof(length)));
-    UCP_RETURN_IF_ERROR(WriteAll(fd, temp, header.data(), header.size()));
-    std::vector<char> buffer;
+  return WriteAtomically(path, [&](File& out) -> Status {
+    std::byte length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<std::byte>(header.size() >> (8 * i));
+    // Explicit offsets throughout: CopyRange writes at an offset and leaves the file position.
+    UCP_RETURN_IF_ERROR(out.WriteAt(0, length));
+    UCP_RETURN_IF_ERROR(out.WriteAt(sizeof(length), std::as_bytes(std::span(header))));
+    uint64_t cursor = sizeof(length) + header.size();
     for (const Entry& entry : entries_) {
       if (entry.source.empty()) {
-        UCP_RETURN_IF_ERROR(WriteAll(fd, temp, entry.memory.data(), entry.memory.size()));
+        UCP_RETURN_IF_ERROR(out.WriteAt(cursor, entry.memory));
       } else {
-        UCP_RETURN_IF_ERROR(
-            CopyRange(fd, temp, entry.source, entry.source_offset, entry.size, buffer));
+        // The source is opened per tensor: many tensors of one file cost one open each, which
+        // is noise next to copying their bytes.
+        UCP_ASSIGN_OR_RETURN(File source, File::Open(entry.source, File::Mode::kRead));
+        UCP_ASSIGN_OR_RETURN(uint64_t source_size, source.Size());
+        if (!RangeWithin(entry.source_offset, entry.size, source_size)) {
+          return Status::InvalidArgument("range [" + std::to_string(entry.source_offset) + ", +" +
+                                         std::to_string(entry.size) + ") is outside " +
+                                         entry.source);
+        }
+        UCP_RETURN_IF_ERROR(CopyRange(source, entry.source_offset, out, cursor, entry.size));
       }
+      cursor += entry.size;
     }
     return Status::Ok();
   });
@@ -264,9 +193,8 @@ Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& in
       OrderedJson{{"metadata", std::move(metadata)}, {"weight_map", std::move(weight_map)}}.dump(
           2) +
       "\n";
-  return WriteAtomically(path, [&](int fd, const std::string& temp) {
-    return WriteAll(fd, temp, text.data(), text.size());
-  });
+  return WriteAtomically(path,
+                         [&](File& out) { return out.WriteAt(0, std::as_bytes(std::span(text))); });
 }
 
 }  // namespace ucp
