@@ -26,7 +26,7 @@
 //   'b' BUILD  'P' PERSID text\n  'Q' BINPERSID
 //   0x97 NEXT_BUFFER  0x98 READONLY_BUFFER (out-of-band buffers: rejected as kUnsupported)
 //
-// Errors are kCorrupt (truncation, unknown opcode, stack or mark misuse, bad operand) ,
+// Errors are kCorrupt (truncation, unknown opcode, stack or mark misuse, bad operand),
 // kUnsupported (out-of-band buffers, a protocol above 5, BUILD/APPEND/SETITEM on a node that
 // cannot take it) or kOutOfRange (a limit below), and name the input, the opcode and its
 // offset: "pickle: data.pkl offset 1234: MARK stack underflow at SETITEMS".

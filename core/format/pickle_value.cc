@@ -656,21 +656,65 @@ Value* Graph::Extension(int32_t code) {
   return v;
 }
 
-Status ForEachReachable(Value* root, const std::function<Status(Value*)>& visit) {
-  std::vector<Value*> pending = {root};
+namespace {
+
+// Calls visit(node) once per node reachable from root, root first, without recursion; stops
+// at the first non-OK Status.
+template <typename Visit>
+Status Walk(const Value* root, Visit&& visit) {
+  std::vector<const Value*> pending = {root};
   std::unordered_set<const Value*> seen = {root};
+  std::vector<const Value*> children;
   while (!pending.empty()) {
-    Value* v = pending.back();
+    const Value* v = pending.back();
     pending.pop_back();
     UCP_RETURN_IF_ERROR(visit(v));
     // Pushed in reverse so that children are visited in child order.
-    std::vector<Value*> children;
-    ForEachChild(v, [&](Value* child) { children.push_back(child); });
+    children.clear();
+    ForEachChild(v, [&](const Value* child) { children.push_back(child); });
     for (auto it = children.rbegin(); it != children.rend(); ++it) {
       if (seen.insert(*it).second) pending.push_back(*it);
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Value* Graph::Import(const Value* root) {
+  std::unordered_map<const Value*, Value*> copies;
+  std::vector<const Value*> originals;
+  (void)Walk(root, [&](const Value* v) {
+    Value* copy = Add(v->kind_);
+    copy->construction_ = v->construction_;
+    copy->bool_ = v->bool_;
+    copy->int_is_big_ = v->int_is_big_;
+    copy->int64_ = v->int64_;
+    copy->float_ = v->float_;
+    copy->data_ = v->data_;
+    copy->name_ = v->name_;
+    copies[v] = copy;
+    originals.push_back(v);
+    return Status::Ok();
+  });
+  const auto map = [&](const Value* v) { return v == nullptr ? nullptr : copies.at(v); };
+  for (const Value* v : originals) {
+    Value* copy = copies.at(v);
+    for (const Value* item : v->items_) copy->items_.push_back(map(item));
+    for (const auto& [key, value] : v->entries_) copy->entries_.emplace_back(map(key), map(value));
+    copy->callable_ = map(v->callable_);
+    copy->args_ = map(v->args_);
+    copy->kwargs_ = map(v->kwargs_);
+    for (const Mutation& m : v->mutations_) {
+      copy->mutations_.push_back({m.op, map(m.first), map(m.second)});
+    }
+  }
+  return copies.at(root);
+}
+
+Status ForEachReachable(Value* root, const std::function<Status(Value*)>& visit) {
+  // Graph owns its nodes as mutable; the walk itself only reads them.
+  return Walk(root, [&](const Value* v) { return visit(const_cast<Value*>(v)); });
 }
 
 Result<std::string> Render(const Value* root) {

@@ -84,6 +84,8 @@ enum class Construction : uint8_t {
   kObj,       // OBJ: marked class + args
 };
 
+class Value;
+
 // One change applied to a kObject after it was built, in pickle order.
 struct Mutation {
   enum class Op : uint8_t {
@@ -92,12 +94,15 @@ struct Mutation {
     kBuild,    // BUILD: obj.__setstate__(first) or obj.__dict__.update(first), second is null
   };
   Op op;
-  class Value* first;
-  class Value* second;
+  Value* first;
+  Value* second;
 };
 
 // One node. Accessors for a kind other than the node's own are programming errors (asserted);
 // check kind() first or use the Is*/Get helpers, which return false/nullptr instead.
+// Nodes are shared wherever the pickle shared them (torch's pids all point at one 'storage'
+// and one 'cpu' str, tensors at one _rebuild_tensor_v2 global): changing a node in place changes
+// every reference to it; to change one place only, point that place at a new node.
 class Value {
  public:
   Value(const Value&) = delete;
@@ -223,6 +228,10 @@ class Graph {
   Value* Object(Construction construction, Value* callable, Value* args, Value* kwargs = nullptr);
   Value* PersistentId(Value* pid);
   Value* Extension(int32_t code);
+
+  // Copies everything reachable from `root` (a node of any Graph, this one included) into this
+  // Graph, keeping sharing and cycles; returns the copy of `root`.
+  Value* Import(const Value* root);
 
  private:
   Value* Add(Kind kind);

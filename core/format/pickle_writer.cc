@@ -149,23 +149,34 @@ class Pickler {
   }
 
   // GLOBAL module\nname\n, memoized per name (one class object is one memo entry in Python).
+  // Protocol 2 unpicklers look names up with a plain getattr, so a nested name such as
+  // "Outer.Inner" is written as CPython writes it: getattr(<module.Outer>, "Inner").
   Status SaveGlobal(const std::string& module, const std::string& name) {
     const auto key = std::make_pair(module, name);
     if (auto it = global_memo_.find(key); it != global_memo_.end()) {
       Get(it->second);
       return Status::Ok();
     }
-    for (const std::string* s : {&module, &name}) {
-      if (s->find('\n') != std::string::npos || !IsValidUtf8(*s, false)) {
-        return Status::InvalidArgument("pickle: write: global name '" + module + "." + name +
-                                       "' has a newline or is not UTF-8");
-      }
+    if (module.find('\n') != std::string::npos || name.find('\n') != std::string::npos ||
+        !IsValidUtf8(module, false) || !IsValidUtf8(name, false)) {
+      return Status::InvalidArgument("pickle: write: global name '" + module + "." + name +
+                                     "' has a newline or is not UTF-8");
     }
-    out_ += 'c';
-    out_ += module;
-    out_ += '\n';
-    out_ += name;
-    out_ += '\n';
+    if (const size_t dot = name.rfind('.'); dot != std::string::npos) {
+      UCP_RETURN_IF_ERROR(SaveGlobal("__builtin__", "getattr"));
+      UCP_RETURN_IF_ERROR(SaveGlobal(module, name.substr(0, dot)));
+      UCP_RETURN_IF_ERROR(WriteUnicode(name.substr(dot + 1)));
+      MemoizeAnonymous();
+      out_ += '\x86';
+      MemoizeAnonymous();
+      out_ += 'R';
+    } else {
+      out_ += 'c';
+      out_ += module;
+      out_ += '\n';
+      out_ += name;
+      out_ += '\n';
+    }
     global_memo_[key] = MemoizeAnonymous();
     return Status::Ok();
   }

@@ -15,7 +15,9 @@
 //   tuple           EMPTY_TUPLE, TUPLE1/2/3, else MARK ... TUPLE
 //   list, dict      EMPTY_LIST/EMPTY_DICT, then APPEND/SETITEM for one element and
 //                   MARK ... APPENDS/SETITEMS per batch of up to 1000
-//   global          GLOBAL module\n name\n, memoized per (module, name)
+//   global          GLOBAL module\n name\n, memoized per (module, name); a nested name
+//                   "A.B" as GLOBAL '__builtin__ getattr' + (GLOBAL module A, 'B') + REDUCE,
+//                   since protocol 2 unpicklers resolve names with a plain getattr
 //   object          kReduce: callable, args, REDUCE; kNewObj: cls, args, NEWOBJ; kNewObjEx:
 //                   cls, args, kwargs, NEWOBJ_EX (a protocol 4 opcode: Python's unpickler
 //                   accepts it in any stream); kInst/kObj: MARK cls args... OBJ. Then each

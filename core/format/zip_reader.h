@@ -20,8 +20,7 @@
 //   - every header, name and data range lies within the file, computed with checked arithmetic;
 //     local and central headers agree on name and method; data ranges do not overlap each other
 //     or the central directory;
-//   - names are non-empty, unique, at most kMaxNameBytes, without NUL, backslash, leading '/'
-//     or "." / ".." components;
+//   - names are unique and valid (IsValidZipRecordName);
 //   - at most Limits::max_records records.
 // Malformed bytes are kCorrupt, limits exceeded kOutOfRange; messages name the file and the field,
 // e.g. "zip: central directory entry 3 of /x/model.pt: name length 70000 exceeds the directory".
@@ -53,10 +52,13 @@ struct ZipRecord {
   uint16_t method;         // compression method (always 0 once Open succeeded)
 };
 
+// True when `name` obeys the record-name rules above: non-empty, at most kMaxZipNameBytes, no NUL
+// or backslash, no leading '/', no empty, "." or ".." component.
+inline constexpr size_t kMaxZipNameBytes = 4096;
+[[nodiscard]] bool IsValidZipRecordName(std::string_view name);
+
 class ZipReader {
  public:
-  static constexpr size_t kMaxNameBytes = 4096;
-
   struct Limits {
     uint64_t max_records = uint64_t{1} << 22;
   };
