@@ -45,6 +45,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/format/zip_reader.h"
 #include "core/io/file.h"
 #include "core/util/status.h"
 
@@ -77,9 +78,8 @@ class ZipWriter {
   // Removes the temporary unless Finish() succeeded.
   ~ZipWriter();
 
-  // Appends record "<archive_name>/<name>" holding `data`. `name` must be non-empty, at most
-  // ZipReader::kMaxNameBytes with the prefix, without NUL/backslash/leading '/'/"."/"..", and not
-  // added before (kInvalidArgument).
+  // Appends record "<archive_name>/<name>" holding `data`. The full name must be valid
+  // (IsValidZipRecordName) and not added before, else kInvalidArgument.
   Status AddRecord(std::string_view name, std::span<const std::byte> data);
   Status AddRecord(std::string_view name, std::string_view data);
 
@@ -125,6 +125,7 @@ class ZipWriter {
   std::unique_ptr<std::byte[]> buffer_;  // lazily allocated copy buffer
   bool failed_ = false;
   bool finished_ = false;
+  bool owns_temp_ = true;  // the temporary exists and is this writer's to remove
 };
 
 }  // namespace ucp

@@ -42,7 +42,7 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-inline CommandResult Run(const std::string& command) {
+inline CommandResult RunCommand(const std::string& command) {
   CommandResult result;
   FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return result;
@@ -78,7 +78,7 @@ inline std::vector<OracleRecord> DescribeAll(const std::vector<std::string>& pat
     std::ofstream out(list);
     for (const std::string& path : paths) out << path << "\n";
   }
-  const CommandResult r = Run(FixtureScript() + " describe < '" + list + "'");
+  const CommandResult r = RunCommand(FixtureScript() + " describe < '" + list + "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<OracleRecord> out;
   std::istringstream lines(r.output);
@@ -131,7 +131,7 @@ class Fixtures {
 
  private:
   Fixtures() {
-    const CommandResult r = Run(FixtureScript() + " make '" + dir_.path().string() + "'");
+    const CommandResult r = RunCommand(FixtureScript() + " make '" + dir_.path().string() + "'");
     if (r.exit_code != 0) error_ = r.output;
   }
   ScratchDir dir_;

@@ -1,0 +1,333 @@
+#include "core/format/zip_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <utility>
+
+#include "core/format/crc32.h"
+#include "core/format/zip_spec.h"
+#include "core/util/checked.h"
+
+namespace ucp {
+namespace {
+
+using zip_spec::Put16;
+using zip_spec::Put32;
+using zip_spec::Put64;
+
+constexpr uint64_t kMarker32 = 0xFFFFFFFF;
+constexpr int kTempAttempts = 100;
+
+std::atomic<uint64_t> temp_counter{0};
+
+// What torch's writer (miniz in ZIP64 mode) puts in a record's headers for these values:
+// ZIP64 fields appear only for a size or header offset of 0xFFFFFFFF or more.
+struct Zip64Need {
+  bool size;
+  bool offset;
+  bool any() const { return size || offset; }
+  // Bytes of the ZIP64 extra field (header included), 0 when absent.
+  size_t extra_bytes() const { return any() ? 4 + (size ? 16 : 0) + (offset ? 8 : 0) : 0; }
+};
+
+Zip64Need NeedFor(uint64_t size, uint64_t header_offset, bool force) {
+  return {force || size >= kMarker32, force || header_offset >= kMarker32};
+}
+
+uint16_t FlagsFor(uint64_t size) {
+  // miniz announces a data descriptor only when there is data to describe.
+  return size > 0 ? zip_spec::kFlagUtf8 | zip_spec::kFlagDataDescriptor : zip_spec::kFlagUtf8;
+}
+
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+}  // namespace
+
+Result<ZipWriter> ZipWriter::Create(std::string path, Options options) {
+  if (options.archive_name.empty() || options.archive_name.find('/') != std::string::npos ||
+      !IsValidZipRecordName(options.archive_name)) {
+    return Status::InvalidArgument("zip: writer for " + path + ": invalid archive name \"" +
+                                   options.archive_name + "\"");
+  }
+  if (options.copy_buffer_bytes == 0) {
+    return Status::InvalidArgument("zip: writer for " + path + ": copy buffer of 0 bytes");
+  }
+  Status last;
+  for (int attempt = 0; attempt < kTempAttempts; ++attempt) {
+    std::string temp = path + ".ucp-tmp-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(temp_counter.fetch_add(1));
+    auto file = File::Open(temp, File::Mode::kCreateExclusive);
+    if (file.ok()) return ZipWriter(std::move(path), std::move(file).value(), std::move(options));
+    last = file.status();
+    std::error_code ignored;
+    if (!std::filesystem::exists(temp, ignored)) break;  // only a name clash is worth a retry
+  }
+  return last.WithContext("zip: writer for " + path);
+}
+
+ZipWriter::ZipWriter(std::string path, File file, Options options)
+    : path_(std::move(path)), file_(std::move(file)), options_(std::move(options)) {}
+
+ZipWriter::ZipWriter(ZipWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      file_(std::move(other.file_)),
+      options_(std::move(other.options_)),
+      cursor_(other.cursor_),
+      entries_(std::move(other.entries_)),
+      names_(std::move(other.names_)),
+      buffer_(std::move(other.buffer_)),
+      failed_(other.failed_),
+      finished_(other.finished_),
+      owns_temp_(std::exchange(other.owns_temp_, false)) {}
+
+ZipWriter::~ZipWriter() {
+  if (!owns_temp_) return;
+  const std::string temp = file_.path();
+  (void)file_.Close();
+  (void)RemoveFile(temp);
+}
+
+Status ZipWriter::CheckWritable(std::string_view operation) const {
+  if (finished_) {
+    return Status::FailedPrecondition("zip: " + std::string(operation) + " on " + path_ +
+                                      ": the archive is already finished");
+  }
+  if (failed_) {
+    return Status::FailedPrecondition("zip: " + std::string(operation) + " on " + path_ +
+                                      ": an earlier write failed");
+  }
+  return Status::Ok();
+}
+
+Status ZipWriter::Fail(Status status) {
+  failed_ = true;
+  return status;
+}
+
+Result<uint64_t> ZipWriter::BeginRecord(std::string_view name, uint64_t size,
+                                        std::string* full_name) {
+  UCP_RETURN_IF_ERROR(CheckWritable("add record"));
+  std::string full = options_.archive_name + "/" + std::string(name);
+  if (!IsValidZipRecordName(full)) {
+    return Status::InvalidArgument("zip: add record to " + path_ + ": invalid record name \"" +
+                                   full.substr(0, 256) + "\"");
+  }
+  if (names_.count(full) != 0) {
+    return Status::InvalidArgument("zip: add record to " + path_ + ": record \"" + full +
+                                   "\" was already written");
+  }
+  const uint64_t header_offset = cursor_;
+  const Zip64Need zip64 = NeedFor(size, header_offset, options_.force_zip64);
+
+  // Data starts after the fixed header, the name, the ZIP64 extra and the 4-byte 'FB' header,
+  // plus 'Z' padding to the next multiple of kAlignment (torch's getPadding).
+  const uint64_t fixed = zip_spec::kLocalHeaderSize + full.size() + zip64.extra_bytes() + 4;
+  const auto unpadded = CheckedAdd(header_offset, fixed);
+  if (!unpadded) return Status::OutOfRange("zip: add record to " + path_ + ": offset overflow");
+  const uint64_t padding = (kAlignment - *unpadded % kAlignment) % kAlignment;
+  const uint64_t data_offset = *unpadded + padding;
+  // Room for the data and the largest data descriptor.
+  const auto data_end = CheckedAdd(data_offset, size);
+  if (!data_end || !CheckedAdd(*data_end, uint64_t{24})) {
+    return Status::OutOfRange("zip: add record to " + path_ + ": offset overflow");
+  }
+
+  std::string header;
+  header.reserve(static_cast<size_t>(fixed + padding));
+  Put32(header, zip_spec::kLocalSignature);
+  Put16(header, 0);  // version needed: miniz writes 0 for stored records
+  Put16(header, FlagsFor(size));
+  Put16(header, zip_spec::kMethodStored);
+  Put16(header, 0);  // time
+  Put16(header, 0);  // date
+  Put32(header, 0);  // crc: in the data descriptor
+  Put32(header, 0);  // compressed size
+  Put32(header, 0);  // size
+  Put16(header, static_cast<uint16_t>(full.size()));
+  Put16(header, static_cast<uint16_t>(zip64.extra_bytes() + 4 + padding));
+  header += full;
+  if (zip64.any()) {
+    Put16(header, zip_spec::kZip64ExtraId);
+    Put16(header, static_cast<uint16_t>(zip64.extra_bytes() - 4));
+    if (zip64.size) {
+      Put64(header, size);
+      Put64(header, 0);  // compressed size, not known to miniz when it writes the local header
+    }
+    if (zip64.offset) Put64(header, header_offset);
+  }
+  Put16(header, zip_spec::kPaddingExtraId);
+  Put16(header, static_cast<uint16_t>(padding));
+  header.append(static_cast<size_t>(padding), 'Z');
+
+  if (Status st = file_.WriteAt(header_offset, AsBytes(header)); !st.ok()) {
+    return Fail(st.WithContext("zip: add record \"" + full + "\""));
+  }
+  cursor_ = data_offset;
+  *full_name = std::move(full);
+  return data_offset;
+}
+
+Status ZipWriter::EndRecord(std::string full_name, uint64_t header_offset, uint64_t size,
+                            uint32_t crc32) {
+  const uint64_t data_end = cursor_ + size;
+  if (size > 0) {
+    const Zip64Need zip64 = NeedFor(size, header_offset, options_.force_zip64);
+    std::string descriptor;
+    Put32(descriptor, zip_spec::kDataDescriptorSignature);
+    Put32(descriptor, crc32);
+    if (zip64.any()) {
+      Put64(descriptor, size);
+      Put64(descriptor, size);
+    } else {
+      Put32(descriptor, static_cast<uint32_t>(size));
+      Put32(descriptor, static_cast<uint32_t>(size));
+    }
+    if (Status st = file_.WriteAt(data_end, AsBytes(descriptor)); !st.ok()) {
+      return Fail(st.WithContext("zip: add record \"" + full_name + "\""));
+    }
+    cursor_ = data_end + descriptor.size();
+  }
+  names_.insert(full_name);
+  entries_.push_back(Entry{std::move(full_name), header_offset, size, crc32});
+  return Status::Ok();
+}
+
+Status ZipWriter::AddRecord(std::string_view name, std::span<const std::byte> data) {
+  const uint64_t header_offset = cursor_;
+  std::string full;
+  UCP_ASSIGN_OR_RETURN(const uint64_t data_offset, BeginRecord(name, data.size(), &full));
+  if (Status st = file_.WriteAt(data_offset, data); !st.ok()) {
+    return Fail(st.WithContext("zip: add record \"" + full + "\""));
+  }
+  return EndRecord(std::move(full), header_offset, data.size(), Crc32(data));
+}
+
+Status ZipWriter::AddRecord(std::string_view name, std::string_view data) {
+  return AddRecord(name, std::as_bytes(std::span(data.data(), data.size())));
+}
+
+Status ZipWriter::AddRecordFromFile(std::string_view name, const File& source, uint64_t offset,
+                                    uint64_t length, std::optional<uint32_t> crc32) {
+  const uint64_t header_offset = cursor_;
+  std::string full;
+  UCP_ASSIGN_OR_RETURN(const uint64_t data_offset, BeginRecord(name, length, &full));
+  const std::string context = "zip: add record \"" + full + "\" from " + source.path();
+  if (crc32) {
+    if (Status st = CopyRange(source, offset, file_, data_offset, length); !st.ok()) {
+      return Fail(st.WithContext(context));
+    }
+    return EndRecord(std::move(full), header_offset, length, *crc32);
+  }
+  const size_t chunk = static_cast<size_t>(
+      std::min<uint64_t>(std::max<uint64_t>(length, 1), options_.copy_buffer_bytes));
+  if (!buffer_) buffer_.reset(new std::byte[options_.copy_buffer_bytes]);
+  Crc32Stream crc;
+  for (uint64_t done = 0; done < length;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(length - done, chunk));
+    const std::span<std::byte> piece(buffer_.get(), n);
+    if (Status st = source.ReadAt(offset + done, piece); !st.ok()) {
+      return Fail(st.WithContext(context));
+    }
+    crc.Update(piece);
+    if (Status st = file_.WriteAt(data_offset + done, piece); !st.ok()) {
+      return Fail(st.WithContext(context));
+    }
+    done += n;
+  }
+  return EndRecord(std::move(full), header_offset, length, crc.value());
+}
+
+Result<uint64_t> ZipWriter::Finish() {
+  UCP_RETURN_IF_ERROR(CheckWritable("finish"));
+  const bool force = options_.force_zip64;
+  std::string tail;
+  for (const Entry& e : entries_) {
+    const Zip64Need zip64 = NeedFor(e.size, e.header_offset, force);
+    Put32(tail, zip_spec::kCentralSignature);
+    Put16(tail, 0);  // version made by
+    Put16(tail, 0);  // version needed
+    Put16(tail, FlagsFor(e.size));
+    Put16(tail, zip_spec::kMethodStored);
+    Put16(tail, 0);  // time
+    Put16(tail, 0);  // date
+    Put32(tail, e.crc32);
+    const uint32_t size32 = zip64.size ? kMarker32 : static_cast<uint32_t>(e.size);
+    Put32(tail, size32);  // compressed size
+    Put32(tail, size32);
+    Put16(tail, static_cast<uint16_t>(e.name.size()));
+    Put16(tail, static_cast<uint16_t>(zip64.extra_bytes()));
+    Put16(tail, 0);  // comment length
+    Put16(tail, 0);  // disk
+    Put16(tail, 0);  // internal attributes
+    Put32(tail, 0);  // external attributes
+    Put32(tail, zip64.offset ? kMarker32 : static_cast<uint32_t>(e.header_offset));
+    tail += e.name;
+    if (zip64.any()) {
+      Put16(tail, zip_spec::kZip64ExtraId);
+      Put16(tail, static_cast<uint16_t>(zip64.extra_bytes() - 4));
+      if (zip64.size) {
+        Put64(tail, e.size);
+        Put64(tail, e.size);
+      }
+      if (zip64.offset) Put64(tail, e.header_offset);
+    }
+  }
+  const uint64_t cd_offset = cursor_;
+  const uint64_t cd_size = tail.size();
+  const uint64_t count = entries_.size();
+  const uint64_t zip64_eocd_offset = cd_offset + cd_size;
+
+  Put32(tail, zip_spec::kZip64EocdSignature);
+  Put64(tail, zip_spec::kZip64EocdSize - 12);  // size of the rest of the record
+  Put16(tail, 0x031E);                         // version made by, as miniz writes it
+  Put16(tail, 0x002D);                         // version needed: 4.5, ZIP64
+  Put32(tail, 0);                              // this disk
+  Put32(tail, 0);                              // disk with the central directory
+  Put64(tail, count);
+  Put64(tail, count);
+  Put64(tail, cd_size);
+  Put64(tail, cd_offset);
+
+  Put32(tail, zip_spec::kZip64LocatorSignature);
+  Put32(tail, 0);  // disk with the zip64 end record
+  Put64(tail, zip64_eocd_offset);
+  Put32(tail, 1);  // total disks
+
+  Put32(tail, zip_spec::kEocdSignature);
+  Put16(tail, 0);
+  Put16(tail, 0);
+  const uint16_t count16 =
+      force ? 0xFFFF : static_cast<uint16_t>(std::min<uint64_t>(count, 0xFFFF));
+  Put16(tail, count16);
+  Put16(tail, count16);
+  Put32(tail, force ? kMarker32 : static_cast<uint32_t>(std::min(cd_size, kMarker32)));
+  Put32(tail, force ? kMarker32 : static_cast<uint32_t>(std::min(cd_offset, kMarker32)));
+  Put16(tail, 0);  // comment length
+
+  if (Status st = file_.WriteAt(cd_offset, AsBytes(tail)); !st.ok()) {
+    return Fail(st.WithContext("zip: finish"));
+  }
+  cursor_ = cd_offset + tail.size();
+  if (options_.sync) {
+    if (Status st = file_.Sync(); !st.ok()) return Fail(st.WithContext("zip: finish"));
+  }
+  if (Status st = file_.Close(); !st.ok()) return Fail(st.WithContext("zip: finish"));
+  if (Status st = RenameFile(file_.path(), path_); !st.ok()) {
+    return Fail(st.WithContext("zip: finish"));
+  }
+  owns_temp_ = false;
+  finished_ = true;
+  if (options_.sync) {
+    std::string dir = std::filesystem::path(path_).parent_path().string();
+    if (dir.empty()) dir = ".";
+    UCP_RETURN_IF_ERROR(SyncDirectory(dir).WithContext("zip: finish"));
+  }
+  return cursor_;
+}
+
+}  // namespace ucp
