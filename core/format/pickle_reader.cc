@@ -323,14 +323,9 @@ class Unpickler {
 
   // ---- depth bookkeeping ----
 
-  uint32_t DepthOf(const Value* v) const {
-    auto it = depth_.find(v);
-    return it == depth_.end() ? 0 : it->second;
-  }
-
   // Records that `parent` now contains `child`.
   Status Contain(Value* parent, const Value* child) {
-    const uint32_t d = DepthOf(child) + 1;
+    const uint32_t d = depth_[child] + 1;
     if (d > limits_.max_depth) {
       return Fail(StatusCode::kOutOfRange,
                   "nesting deeper than " + std::to_string(limits_.max_depth));
@@ -457,12 +452,21 @@ class Unpickler {
     return stack_.back();
   }
 
+  // The memo: CPython numbers entries 0, 1, 2, ..., so indices near the count live in a
+  // vector; far-off ones (only a crafted pickle has them) in a map, so that one huge index
+  // cannot force a huge allocation.
   Status Memoize(uint64_t index) {
     UCP_ASSIGN_OR_RETURN(Value * top, Top());
-    auto [it, inserted] = memo_.try_emplace(index, top);
-    if (!inserted) {
-      it->second = top;
-    } else if (memo_.size() > limits_.max_memo) {
+    bool is_new;
+    if (index < memo_dense_.size() || index < 2 * memo_count_ + 4096) {
+      if (index >= memo_dense_.size()) memo_dense_.resize(index + 1, nullptr);
+      is_new =
+          memo_dense_[index] == nullptr && (memo_sparse_.empty() || memo_sparse_.erase(index) == 0);
+      memo_dense_[index] = top;
+    } else {
+      is_new = memo_sparse_.insert_or_assign(index, top).second;
+    }
+    if (is_new && ++memo_count_ > limits_.max_memo) {
       return Fail(StatusCode::kOutOfRange,
                   "memo over " + std::to_string(limits_.max_memo) + " entries");
     }
@@ -470,8 +474,11 @@ class Unpickler {
   }
 
   Status Recall(uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) return Corrupt("memo key " + std::to_string(index) + " missing");
+    if (index < memo_dense_.size() && memo_dense_[index] != nullptr) {
+      return Push(memo_dense_[index]);
+    }
+    auto it = memo_sparse_.find(index);
+    if (it == memo_sparse_.end()) return Corrupt("memo key " + std::to_string(index) + " missing");
     return Push(it->second);
   }
 
@@ -679,7 +686,7 @@ class Unpickler {
         return Memoize(index);
       }
       case 0x94:
-        return Memoize(memo_.size());
+        return Memoize(memo_count_);
       case 'g': {
         UCP_ASSIGN_OR_RETURN(std::string_view line, ReadLine());
         UCP_ASSIGN_OR_RETURN(uint64_t index, ParseIndex(line));
@@ -801,8 +808,10 @@ class Unpickler {
   Graph graph_;
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Value*> memo_;
-  std::unordered_map<const Value*, uint32_t> depth_;
+  std::vector<Value*> memo_dense_;
+  std::unordered_map<uint64_t, Value*> memo_sparse_;
+  uint64_t memo_count_ = 0;  // distinct indices, as len(memo) in Python
+  NodeMap<uint32_t> depth_;  // container nesting as built (ReadLimits::max_depth)
 };
 
 }  // namespace

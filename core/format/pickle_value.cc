@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace ucp::pickle {
 
@@ -143,14 +141,12 @@ class Renderer {
   // rebuilt by the call in Python (`f(*args)`), so only their contents count.
   void CountReferences(const Value* root) {
     std::vector<const Value*> pending = {root};
-    std::unordered_set<const Value*> seen = {root};
     refs_[root] = 1;
     while (!pending.empty()) {
       const Value* v = pending.back();
       pending.pop_back();
       const auto visit = [&](const Value* child) {
-        ++refs_[child];
-        if (seen.insert(child).second) pending.push_back(child);
+        if (refs_[child]++ == 0) pending.push_back(child);
       };
       if (v->kind() == Kind::kObject) {
         visit(v->callable());
@@ -176,10 +172,12 @@ class Renderer {
       return Status::OutOfRange("pickle: render: nesting deeper than " + std::to_string(kMaxDepth));
     }
     if (IsSharable(v) && refs_[v] > 1) {
-      auto [it, inserted] = labels_.try_emplace(v, labels_.size() + 1);
+      uint64_t& label = labels_[v];
+      const bool first = label == 0;
+      if (first) label = ++label_count_;
       out += '#';
-      out += std::to_string(it->second);
-      if (!inserted) return Status::Ok();
+      out += std::to_string(label);
+      if (!first) return Status::Ok();
       out += '=';
     }
     return RenderBody(v, depth, out);
@@ -336,8 +334,9 @@ class Renderer {
     return Status::Ok();
   }
 
-  std::unordered_map<const Value*, uint64_t> refs_;
-  std::unordered_map<const Value*, uint64_t> labels_;
+  NodeMap<uint64_t> refs_;
+  NodeMap<uint64_t> labels_;  // 0: not printed yet
+  uint64_t label_count_ = 0;
 };
 
 }  // namespace
@@ -534,8 +533,9 @@ int32_t Value::extension_code() const {
 }
 
 Value* Graph::Add(Kind kind) {
-  nodes_.push_back(std::unique_ptr<Value>(new Value(kind)));
-  return nodes_.back().get();
+  Value& v = nodes_.emplace_back(Value::Key(), kind);
+  v.id_ = nodes_.size() - 1;
+  return &v;
 }
 
 Value* Graph::None() { return Add(Kind::kNone); }
@@ -663,7 +663,8 @@ namespace {
 template <typename Visit>
 Status Walk(const Value* root, Visit&& visit) {
   std::vector<const Value*> pending = {root};
-  std::unordered_set<const Value*> seen = {root};
+  NodeMap<uint8_t> seen;
+  seen[root] = 1;
   std::vector<const Value*> children;
   while (!pending.empty()) {
     const Value* v = pending.back();
@@ -673,7 +674,11 @@ Status Walk(const Value* root, Visit&& visit) {
     children.clear();
     ForEachChild(v, [&](const Value* child) { children.push_back(child); });
     for (auto it = children.rbegin(); it != children.rend(); ++it) {
-      if (seen.insert(*it).second) pending.push_back(*it);
+      uint8_t& mark = seen[*it];
+      if (mark == 0) {
+        mark = 1;
+        pending.push_back(*it);
+      }
     }
   }
   return Status::Ok();
@@ -682,7 +687,7 @@ Status Walk(const Value* root, Visit&& visit) {
 }  // namespace
 
 Value* Graph::Import(const Value* root) {
-  std::unordered_map<const Value*, Value*> copies;
+  NodeMap<Value*> copies(nullptr);
   std::vector<const Value*> originals;
   (void)Walk(root, [&](const Value* v) {
     Value* copy = Add(v->kind_);
@@ -697,9 +702,9 @@ Value* Graph::Import(const Value* root) {
     originals.push_back(v);
     return Status::Ok();
   });
-  const auto map = [&](const Value* v) { return v == nullptr ? nullptr : copies.at(v); };
+  const auto map = [&](const Value* v) { return v == nullptr ? nullptr : copies[v]; };
   for (const Value* v : originals) {
-    Value* copy = copies.at(v);
+    Value* copy = copies[v];
     for (const Value* item : v->items_) copy->items_.push_back(map(item));
     for (const auto& [key, value] : v->entries_) copy->entries_.emplace_back(map(key), map(value));
     copy->callable_ = map(v->callable_);
@@ -709,7 +714,7 @@ Value* Graph::Import(const Value* root) {
       copy->mutations_.push_back({m.op, map(m.first), map(m.second)});
     }
   }
-  return copies.at(root);
+  return copies[root];
 }
 
 Status ForEachReachable(Value* root, const std::function<Status(Value*)>& visit) {

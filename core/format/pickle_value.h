@@ -36,8 +36,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -104,11 +104,22 @@ struct Mutation {
 // and one 'cpu' str, tensors at one _rebuild_tensor_v2 global): changing a node in place changes
 // every reference to it; to change one place only, point that place at a new node.
 class Value {
+  // Lets only Graph construct nodes, through std::deque's in-place construction.
+  class Key {
+    friend class Graph;
+    Key() = default;
+  };
+
  public:
+  Value(Key, Kind kind) : kind_(kind) {}
   Value(const Value&) = delete;
   Value& operator=(const Value&) = delete;
 
   Kind kind() const { return kind_; }
+
+  // Position of this node in its Graph's creation order, 0 .. Graph::size()-1; never changes.
+  // Dense, so walkers keep per-node tables in vectors (NodeMap).
+  size_t id() const { return id_; }
 
   // kBool.
   bool bool_value() const;
@@ -171,9 +182,9 @@ class Value {
 
  private:
   friend class Graph;
-  explicit Value(Kind kind) : kind_(kind) {}
 
   Kind kind_;
+  size_t id_ = 0;
   Construction construction_ = Construction::kReduce;
   bool bool_ = false;
   bool int_is_big_ = false;  // int64_ is meaningless, data_ holds the two's-complement bytes
@@ -236,8 +247,25 @@ class Graph {
  private:
   Value* Add(Kind kind);
 
-  std::vector<std::unique_ptr<Value>> nodes_;
+  std::deque<Value> nodes_;  // a deque never moves its elements
   Value* root_ = nullptr;
+};
+
+// A per-node table for the nodes of one Graph, indexed by Value::id() and grown on demand;
+// entries never set read as `fill`. Not for nodes of different Graphs (their ids collide).
+template <typename T>
+class NodeMap {
+ public:
+  explicit NodeMap(T fill = T()) : fill_(fill) {}
+
+  T& operator[](const Value* v) {
+    if (v->id() >= slots_.size()) slots_.resize(v->id() + 1, fill_);
+    return slots_[v->id()];
+  }
+
+ private:
+  T fill_;
+  std::vector<T> slots_;
 };
 
 // Calls `visit` once for every node reachable from `root` (root first; an object's callable,

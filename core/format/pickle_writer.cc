@@ -2,8 +2,6 @@
 
 #include <cstring>
 #include <map>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "core/format/pickle_text.h"
@@ -30,11 +28,10 @@ class Pickler {
   // How often each node is reached, for the nodes memoized only when shared.
   void CountReferences(const Value* root) {
     std::vector<const Value*> pending = {root};
-    std::unordered_set<const Value*> seen = {root};
+    refs_[root] = 1;
     const auto visit = [&](const Value* child) {
       if (child == nullptr) return;
-      ++refs_[child];
-      if (seen.insert(child).second) pending.push_back(child);
+      if (refs_[child]++ == 0) pending.push_back(child);
     };
     while (!pending.empty()) {
       const Value* v = pending.back();
@@ -85,7 +82,7 @@ class Pickler {
   // BINPUT for a node just built.
   void Memoize(const Value* v) {
     const uint64_t index = next_memo_++;
-    memo_[v] = index;
+    memo_[v] = static_cast<int64_t>(index);
     WriteMemoOp('q', 'r', index);
   }
 
@@ -293,10 +290,10 @@ class Pickler {
   // itself (a cycle through a mutable container), drop what is on the stack (`drop`: POPs or
   // POP_MARK) and fetch the memoized value, as CPython does.
   bool FetchIfMemoized(const Value* v, std::string_view drop) {
-    auto it = memo_.find(v);
-    if (it == memo_.end()) return false;
+    const int64_t index = memo_[v];
+    if (index < 0) return false;
     out_ += drop;
-    Get(it->second);
+    Get(static_cast<uint64_t>(index));
     return true;
   }
 
@@ -412,27 +409,29 @@ class Pickler {
     if (depth > kMaxDepth) {
       return Status::OutOfRange("pickle: write: nesting deeper than " + std::to_string(kMaxDepth));
     }
-    if (auto it = memo_.find(v); it != memo_.end()) {
-      Get(it->second);
+    if (const int64_t index = memo_[v]; index >= 0) {
+      Get(static_cast<uint64_t>(index));
       return Status::Ok();
     }
     // A value reached again while its own parts are being written terminates only when a
     // container memoized before its contents lies on the way back to it.
-    if (auto it = path_index_.find(v); it != path_index_.end()) {
+    int64_t& on_path = path_index_[v];
+    if (on_path >= 0) {
       bool broken = false;
-      for (size_t i = it->second + 1; i < path_.size() && !broken; ++i) {
-        broken = memo_.count(path_[i]) != 0;
+      for (size_t i = static_cast<size_t>(on_path) + 1; i < path_.size() && !broken; ++i) {
+        broken = memo_[path_[i]] >= 0;
       }
       if (!broken) {
         return Status::InvalidArgument("pickle: write: a " + std::string(KindName(v->kind())) +
                                        " contains itself through immutable values only");
       }
     }
-    const bool first_on_path = path_index_.emplace(v, path_.size()).second;
+    const bool first_on_path = on_path < 0;
+    if (first_on_path) on_path = static_cast<int64_t>(path_.size());
     path_.push_back(v);
     Status status = SaveNew(v, depth);
     path_.pop_back();
-    if (first_on_path) path_index_.erase(v);
+    if (first_on_path) path_index_[v] = -1;
     return status;
   }
 
@@ -506,12 +505,12 @@ class Pickler {
 
   std::string out_;
   uint64_t next_memo_ = 0;
-  std::unordered_map<const Value*, uint64_t> memo_;
+  NodeMap<int64_t> memo_{-1};  // memo index, -1 when not memoized
   std::map<std::pair<std::string, std::string>, uint64_t> global_memo_;
   std::optional<uint64_t> latin1_memo_;
-  std::unordered_map<const Value*, uint64_t> refs_;
-  std::vector<const Value*> path_;
-  std::unordered_map<const Value*, size_t> path_index_;
+  NodeMap<uint32_t> refs_;
+  std::vector<const Value*> path_;   // the nodes being written, outermost first
+  NodeMap<int64_t> path_index_{-1};  // first position in path_, -1 when absent
 };
 
 }  // namespace

@@ -18,12 +18,14 @@
 //   - single disk; every record stored (method 0) and unencrypted; compressed or encrypted
 //     records are kUnsupported;
 //   - every header, name and data range lies within the file, computed with checked arithmetic;
-//     local and central headers agree on name and method; data ranges do not overlap each other
-//     or the central directory;
+//     local and central headers agree on name and method (and on CRC and size when the record
+//     has no data descriptor); records [local header, end of data) do not overlap each other or
+//     the central directory; 32-bit end-record fields agree with the ZIP64 record;
 //   - names are unique and valid (IsValidZipRecordName);
-//   - at most Limits::max_records records.
+//   - at most Limits::max_records records and a central directory of at most 1 GiB.
 // Malformed bytes are kCorrupt, limits exceeded kOutOfRange; messages name the file and the field,
-// e.g. "zip: central directory entry 3 of /x/model.pt: name length 70000 exceeds the directory".
+// e.g. "zip: central directory entry 3 of /x/model.pt: name, extra and comment (70000 bytes)
+// overrun the central directory".
 // Record CRCs are not checked by Open (that reads all data): call VerifyCrc.
 //
 // Thread-safety: after Open, every const method may be called from several threads at once.

@@ -18,6 +18,8 @@
 //   ZIP64 end of central directory record (PK\6\6) and locator (PK\6\7), always
 //   end of central directory record (PK\5\6), counts/size/offset capped at 0xFFFF / 0xFFFFFFFF,
 //   no comment.
+// Rewriting a torch 1.13 file record by record with this writer reproduces it byte for byte
+// (checked by the tests, and by hand for a 4 GiB + 1.5 KiB file with ZIP64 size and offset fields).
 //
 // The zip layer writes only what it is given: torch's `version` record (and `data.pkl`, `byteorder`
 // ...) are the archive layer's to add.
@@ -31,8 +33,9 @@
 // is never held whole.
 //
 // Thread-safety: none; one thread drives a writer. Call order: Create → AddRecord* /
-// AddRecordFromFile* → Finish. After any failed call the writer is poisoned: later calls fail
-// with kFailedPrecondition and the temporary is removed on destruction.
+// AddRecordFromFile* → Finish. After a failed write (I/O error, source too short) the writer is
+// poisoned: later calls fail with kFailedPrecondition and the temporary is removed on destruction.
+// A rejected name (kInvalidArgument) writes nothing and does not poison it.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,8 @@
 // libFuzzer target for the unpickler, with the pickler and Render on whatever it accepts.
 //
 // Checked properties: reading never crashes or leaks; what the pickler writes, the unpickler
-// reads back; and a second read → write round trip reproduces the first pickle exactly (the
-// protocol 2 form is a fixed point).
+// reads back; a second read → write round trip reproduces the first pickle exactly (the
+// protocol 2 form is a fixed point); and a copy made by Graph::Import writes the same bytes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +28,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)Render(graph->root());
   auto written = WritePickle(graph->root());
   if (!written.ok()) return 0;
+  Graph copy;
+  auto copied = WritePickle(copy.Import(graph->root()));
+  Check(copied.ok() && *copied == *written);
   auto reread = ReadPickle(*written);
   Check(reread.ok());
   auto rewritten = WritePickle(reread->root());

@@ -118,6 +118,25 @@ TEST_F(FileTest, CopyRangeCopiesExactBytesAcrossChunks) {
   EXPECT_TRUE(std::equal(got.begin() + 4, got.end(), data.begin() + from));
 }
 
+// Linux (5.19+) refuses copy_file_range between different file system types (EXDEV), so a copy
+// from tmpfs to the test folder takes the pread/pwrite path.
+TEST_F(FileTest, CopyRangeAcrossFileSystemsFallsBackToBufferedCopy) {
+  if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  const std::string shm_path = "/dev/shm/ucp_file_test_" + std::to_string(::getpid());
+  const std::vector<std::byte> data = Pattern(2 * kCopyChunkBytes + 77, 3);
+  auto src = File::Open(shm_path, File::Mode::kCreate);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(src->WriteAt(0, data).ok());
+  auto dst = File::Open(PathOf("from_shm"), File::Mode::kCreate);
+  ASSERT_TRUE(dst.ok());
+  const Status st = CopyRange(*src, 5, *dst, 0, data.size() - 5);
+  (void)RemoveFile(shm_path);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<std::byte> got(data.size() - 5);
+  ASSERT_TRUE(dst->ReadAt(0, got).ok());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin() + 5));
+}
+
 TEST_F(FileTest, CopyRangePastSourceEndIsCorrupt) {
   auto src = File::Open(PathOf("s"), File::Mode::kCreate);
   ASSERT_TRUE(src.ok());

@@ -47,6 +47,7 @@ TEST(PickleFixturesTest, EveryDeepSpeedDataPklReadsAndRoundTrips) {
   EXPECT_EQ(byte_exact, files.size());
   output.clear();
   EXPECT_EQ(RunPython("check_roundtrip.py", dir.string(), &output), 0) << output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -24,7 +24,10 @@ class PickleCorpusTest : public ::testing::Test {
     std::string output;
     ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
 
   static Graph ReadCase(const std::string& name) {
     auto graph = ReadPickle(ReadFileBytes(*dir_ / (name + ".pkl")));
@@ -266,6 +269,16 @@ TEST(PickleReaderTest, DeepChainsThroughTheMemoStopAtTheWalkers) {
                 return Status::Ok();
               }).ok());
   EXPECT_EQ(reachable, 5001u);
+}
+
+TEST(PickleReaderTest, AcceptsFarOffMemoIndices) {
+  // LONG_BINPUT/LONG_BINGET 0xfffffff0, then MEMOIZE, which numbers by count (Python's
+  // len(memo)) and so takes index 2 after two entries.
+  auto graph = ReadPickle(std::string_view(
+      "Nr\xf0\xff\xff\xffj\xf0\xff\xff\xffq\x00K\x07\x94h\x02\x87.", 21));
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  // pickle._loads (the pure-Python unpickler) gives (None, 7, 7).
+  EXPECT_EQ(Render(graph->root()).value(), "(None, 7, 7)");
 }
 
 TEST(PickleReaderTest, IgnoresBytesAfterStop) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -31,8 +32,7 @@ inline void WriteFileBytes(const std::filesystem::path& path, const std::string&
 inline int RunPython(const std::string& script, const std::string& args,
                      std::string* output = nullptr) {
   const std::string log = std::string(UCP_BINARY_DIR) + "/pickle_python_" +
-                          std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                          script + ".log";
+                          std::to_string(::getpid()) + "_" + script + ".log";
   const std::string command = std::string(UCP_PYTHON) + " " + UCP_SOURCE_DIR +
                               "/tests/fixtures/pickle/" + script + " " + args + " >" + log +
                               " 2>&1";
@@ -42,9 +42,11 @@ inline int RunPython(const std::string& script, const std::string& args,
   return rc;
 }
 
-// A fresh directory under the build tree for one test's files.
+// A fresh directory under the build tree for one test process's files (CTest runs the tests
+// of one suite as parallel processes, so the name carries the pid).
 inline std::filesystem::path FreshDir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::path(UCP_BINARY_DIR) / "pickle_tests" / name;
+  const std::filesystem::path dir = std::filesystem::path(UCP_BINARY_DIR) / "pickle_tests" /
+                                    (name + "." + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

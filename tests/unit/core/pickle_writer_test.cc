@@ -25,7 +25,10 @@ class PickleWriterCorpusTest : public ::testing::Test {
     std::string output;
     ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
 
   static std::filesystem::path* dir_;
 };
@@ -126,6 +129,7 @@ TEST(PickleWriterTest, WritesGraphsBuiltInCpp) {
   EXPECT_EQ(Render(again->root()).value() + "\n", literal);
   EXPECT_EQ(WritePickle(again->root()).value(), *bytes);
   EXPECT_EQ(again->root()->Get("a"), again->root()->Get("b"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PickleWriterTest, PlainDataLoadsWithPythonsOwnUnpickler) {
@@ -156,6 +160,7 @@ TEST(PickleWriterTest, PlainDataLoadsWithPythonsOwnUnpickler) {
                               (dir / "plain.pkl").string() + " >" + (dir / "log").string() +
                               " 2>&1";
   EXPECT_EQ(std::system(command.c_str()), 0) << ReadFileBytes(dir / "log");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PickleWriterTest, RejectsWhatProtocolTwoCannotSay) {

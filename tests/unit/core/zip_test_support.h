@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -116,14 +117,16 @@ inline void WriteAll(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// The archives tests/fixtures/zip_fixtures.py makes, generated once per test binary.
+// The archives tests/fixtures/zip_fixtures.py makes. CTest runs every test case as its own process
+// (several at once), and making them imports torch, so they are made once per build folder and
+// script version: into a private folder that is then renamed into place (the first rename wins).
 class Fixtures {
  public:
   static const Fixtures& Get() {
     static const Fixtures fixtures;
     return fixtures;
   }
-  std::string operator/(const std::string& name) const { return dir_ / name; }
+  std::string operator/(const std::string& name) const { return (dir_ / name).string(); }
   const std::string& error() const { return error_; }
   static std::vector<std::string> TorchFiles() {
     return {"small.pt", "nested.pt", "many.pt", "onebig.pt"};
@@ -131,10 +134,27 @@ class Fixtures {
 
  private:
   Fixtures() {
-    const CommandResult r = RunCommand(FixtureScript() + " make '" + dir_.path().string() + "'");
-    if (r.exit_code != 0) error_ = r.output;
+    const std::string script =
+        ReadAll(std::string(UCP_SOURCE_DIR) + "/tests/fixtures/zip_fixtures.py");
+    const std::filesystem::path parent = std::filesystem::path(UCP_BINARY_DIR) / "tests";
+    dir_ = parent / ("zip_fixtures_" + std::to_string(std::hash<std::string>{}(script)));
+    if (std::filesystem::exists(dir_)) return;
+    std::string tmpl = (parent / "zip_fixtures_tmp_XXXXXX").string();
+    std::filesystem::create_directories(parent);
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      error_ = "mkdtemp failed under " + parent.string();
+      return;
+    }
+    const CommandResult r = RunCommand(FixtureScript() + " make '" + tmpl + "'");
+    std::error_code ec;
+    if (r.exit_code != 0) {
+      error_ = r.output;
+    } else {
+      std::filesystem::rename(tmpl, dir_, ec);
+    }
+    std::filesystem::remove_all(tmpl, ec);  // left only when another process won or make failed
   }
-  ScratchDir dir_;
+  std::filesystem::path dir_;
   std::string error_;
 };
 

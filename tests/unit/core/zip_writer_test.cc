@@ -121,6 +121,51 @@ TEST_F(ZipWriterTest, OutputPassesUnzipZipinfoAndTorchLoad) {
   }
 }
 
+// Torch 2.x names the folder "archive" and adds .format_version, .storage_alignment, byteorder
+// and .data/serialization_id around the same records; torch 1.13 loads such a file and the reader
+// finds every record by its short name.
+TEST_F(ZipWriterTest, Torch2StyleArchiveLoadsAndReads) {
+  auto source = ZipReader::Open(Fixture("nested.pt"));
+  ASSERT_TRUE(source.ok());
+  const std::string target = dir_ / "torch2.pt";
+  {
+    auto writer = ZipWriter::Create(target);
+    ASSERT_TRUE(writer.ok());
+    const std::string prefix = source->archive_name() + "/";
+    auto copy = [&](const std::string& name) {
+      const ZipRecord* r = source->Find(name);
+      ASSERT_NE(r, nullptr) << name;
+      ASSERT_TRUE(
+          writer->AddRecordFromFile(name, source->file(), r->data_offset, r->size, r->crc32).ok());
+    };
+    copy("data.pkl");
+    ASSERT_TRUE(writer->AddRecord(".format_version", std::string_view("1")).ok());
+    ASSERT_TRUE(writer->AddRecord(".storage_alignment", std::string_view("64")).ok());
+    ASSERT_TRUE(writer->AddRecord("byteorder", std::string_view("little")).ok());
+    for (const ZipRecord& r : source->records()) {
+      const std::string name = r.name.substr(prefix.size());
+      if (name.rfind("data/", 0) == 0) copy(name);
+    }
+    copy("version");
+    ASSERT_TRUE(writer
+                    ->AddRecord(".data/serialization_id",
+                                std::string_view("1234567890123456789012345678901234567890"))
+                    .ok());
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  const CommandResult r = RunCommand(testing::FixtureScript() + " compare '" +
+                                     Fixture("nested.pt") + "' '" + target + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto reader = ZipReader::Open(target);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ(reader->archive_name(), "archive");
+  auto byteorder = reader->Get("byteorder");
+  ASSERT_TRUE(byteorder.ok());
+  EXPECT_EQ(*reader->ReadRecord(**byteorder), "little");
+  EXPECT_NE(reader->Find(".data/serialization_id"), nullptr);
+  EXPECT_EQ(Describe(target).size(), reader->records().size());
+}
+
 TEST_F(ZipWriterTest, ForcedZip64WritesTheZip64Structures) {
   ZipWriter::Options options;
   options.force_zip64 = true;
