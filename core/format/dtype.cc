@@ -73,4 +73,15 @@ std::optional<DType> DTypeFromTorchStorageClass(std::string_view class_name) {
   return std::nullopt;
 }
 
+std::optional<DType> StorageElementType(std::string_view class_name) {
+  if (class_name == "UntypedStorage") return DType::kUInt8;
+  if (class_name == "QInt8Storage") return DType::kInt8;
+  if (class_name == "QUInt8Storage" || class_name == "QUInt4x2Storage" ||
+      class_name == "QUInt2x4Storage") {
+    return DType::kUInt8;
+  }
+  if (class_name == "QInt32Storage") return DType::kInt32;
+  return DTypeFromTorchStorageClass(class_name);
+}
+
 }  // namespace ucp

@@ -49,4 +49,10 @@ std::string_view TorchName(DType dtype);
 std::optional<std::string_view> TorchStorageClass(DType dtype);
 std::optional<DType> DTypeFromTorchStorageClass(std::string_view class_name);
 
+// The element type whose size lays out a pickled storage of class `class_name` (module torch):
+// the typed storages above, "UntypedStorage" (bytes), and the quantized storages
+// ("QInt8Storage" → kInt8, "QUInt8Storage"/"QUInt4x2Storage"/"QUInt2x4Storage" → kUInt8,
+// "QInt32Storage" → kInt32), whose bytes ucp carries without interpreting them.
+std::optional<DType> StorageElementType(std::string_view class_name);
+
 }  // namespace ucp

@@ -99,10 +99,7 @@ Result<const TorchStorage*> TorchArchiveReader::StorageOf(const Value* pid_node)
   }
   const Value* type = pid->Item(1);
   std::optional<DType> dtype;
-  if (type->module() == "torch") {
-    dtype = type->name() == "UntypedStorage" ? std::optional(DType::kUInt8)
-                                             : DTypeFromTorchStorageClass(type->name());
-  }
+  if (type->module() == "torch") dtype = StorageElementType(type->name());
   if (!dtype) {
     return Status::Unsupported("torch archive " + path() + ": storage type " + type->module() +
                                "." + type->name());

@@ -48,7 +48,7 @@ namespace ucp {
 // One storage of the archive: the data/<key> record.
 struct TorchStorage {
   std::string key;       // "0", "1", ...
-  DType dtype;           // from the pickled storage type
+  DType dtype;           // element layout of the pickled storage type (StorageElementType)
   std::string location;  // "cpu", "cuda:0", ...
   uint64_t numel;        // elements, as pickled
   uint64_t offset;       // absolute file offset of the record's data

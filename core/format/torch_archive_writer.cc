@@ -65,9 +65,7 @@ Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
           return Status::InvalidArgument("torch archive " + path_ +
                                          ": persistent id is not a torch storage");
         }
-        const std::optional<DType> dtype = pid->Item(1)->name() == "UntypedStorage"
-                                               ? std::optional(DType::kUInt8)
-                                               : DTypeFromTorchStorageClass(pid->Item(1)->name());
+        const std::optional<DType> dtype = StorageElementType(pid->Item(1)->name());
         const std::optional<int64_t> numel = pid->Item(4)->AsInt64();
         const std::optional<uint64_t> size =
             dtype && numel && *numel >= 0

@@ -280,5 +280,31 @@ TEST_F(TorchArchiveTest, LocatesEveryDtypeAndStorageKeyInOrder) {
                           "torch.bool", "torch.complex64", "torch.complex128"));
 }
 
+TEST_F(TorchArchiveTest, CarriesQuantizedTensorsItDoesNotInterpret) {
+  RunPython(
+      "import torch; torch.manual_seed(0); "
+      "q = torch.quantize_per_tensor(torch.randn(6), 0.05, 3, torch.qint8); "
+      "torch.save({\"q\": q, \"t\": torch.ones(2)}, \"" +
+      Path("quantized.pt") + "\")");
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(Path("quantized.pt"));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_EQ(reader->unsupported_tensors().size(), 1u);
+  EXPECT_TRUE(reader->unsupported_tensors()[0]->IsCallOf("torch._utils", "_rebuild_qtensor"));
+  EXPECT_EQ(reader->TensorAt(*reader->Find("q")), nullptr);
+  EXPECT_NE(reader->TensorAt(*reader->Find("t")), nullptr);
+  EXPECT_EQ(reader->storages().size(), 2u);  // the quantized storage is located and carried
+
+  TorchArchiveWriter::Options options;
+  options.sync = false;
+  ASSERT_TRUE(RewriteArchive(*reader, Path("copy.pt"), options).ok());
+  EXPECT_EQ(RunPython("import torch; a = torch.load(\"" + Path("quantized.pt") +
+                      "\"); b = torch.load(\"" + Path("copy.pt") +
+                      "\"); print(torch.equal(a[\"q\"].int_repr(), b[\"q\"].int_repr()), "
+                      "a[\"q\"].q_scale() == b[\"q\"].q_scale(), "
+                      "a[\"q\"].q_zero_point() == b[\"q\"].q_zero_point(), "
+                      "torch.equal(a[\"t\"], b[\"t\"]))"),
+            "True True True True\n");
+}
+
 }  // namespace
 }  // namespace ucp
