@@ -1,0 +1,172 @@
+#include "core/format/torch_archive_writer.h"
+
+#include <utility>
+
+#include "core/format/pickle_writer.h"
+#include "core/format/torch_archive_reader.h"
+#include "core/util/checked.h"
+
+namespace ucp {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+// The file name without folders and without its last extension, as torch 1.13 names the folder.
+std::string Stem(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+}  // namespace
+
+Result<TorchArchiveWriter> TorchArchiveWriter::Create(std::string path, Options options) {
+  ZipWriter::Options zip_options;
+  zip_options.archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
+  zip_options.sync = options.sync;
+  if (zip_options.archive_name.empty()) {
+    return Status::InvalidArgument("torch archive " + path + ": empty archive name");
+  }
+  UCP_ASSIGN_OR_RETURN(ZipWriter zip, ZipWriter::Create(path, std::move(zip_options)));
+  return TorchArchiveWriter(std::move(path), std::move(zip));
+}
+
+Status TorchArchiveWriter::AddSource(std::string key, Source source) {
+  if (key.empty() || key.find('/') != std::string::npos) {
+    return Status::InvalidArgument("torch archive " + path_ + ": bad storage key \"" + key + "\"");
+  }
+  if (!sources_.emplace(key, source).second) {
+    return Status::InvalidArgument("torch archive " + path_ + ": storage " + key + " added twice");
+  }
+  return Status::Ok();
+}
+
+Status TorchArchiveWriter::AddStorageFromFile(std::string key, const File& source, uint64_t offset,
+                                              uint64_t size, std::optional<uint32_t> crc32) {
+  return AddSource(std::move(key), Source{&source, offset, size, crc32, {}});
+}
+
+Status TorchArchiveWriter::AddStorageFromMemory(std::string key, std::span<const std::byte> data) {
+  return AddSource(std::move(key), Source{nullptr, 0, data.size(), std::nullopt, data});
+}
+
+Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
+  if (root == nullptr) return Status::InvalidArgument("torch archive " + path_ + ": no object");
+  std::map<std::string, uint64_t> referenced;  // key → bytes its persistent ids promise
+  UCP_RETURN_IF_ERROR(
+      pickle::ForEachReachable(const_cast<Value*>(root), [&](Value* node) -> Status {
+        if (node->kind() != Kind::kPersistentId) return Status::Ok();
+        const Value* pid = node->pid();
+        if (pid == nullptr || pid->kind() != Kind::kTuple || pid->items().size() != 5 ||
+            pid->Item(1)->kind() != Kind::kGlobal || pid->Item(2)->kind() != Kind::kStr ||
+            pid->Item(4)->kind() != Kind::kInt) {
+          return Status::InvalidArgument("torch archive " + path_ +
+                                         ": persistent id is not a torch storage");
+        }
+        const std::optional<DType> dtype = StorageElementType(pid->Item(1)->name());
+        const std::optional<int64_t> numel = pid->Item(4)->AsInt64();
+        const std::optional<uint64_t> size =
+            dtype && numel && *numel >= 0
+                ? CheckedMul(static_cast<uint64_t>(*numel), ItemSize(*dtype))
+                : std::nullopt;
+        const std::string& key = pid->Item(2)->data();
+        if (!size) {
+          return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
+                                         " has an unknown type or a bad size");
+        }
+        const auto [it, added] = referenced.emplace(key, *size);
+        if (!added && it->second != *size) {
+          return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
+                                         " is referenced with two sizes");
+        }
+        return Status::Ok();
+      }));
+  for (const auto& [key, size] : referenced) {
+    const auto source = sources_.find(key);
+    if (source == sources_.end()) {
+      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
+                                     " is referenced but was not added");
+    }
+    if (source->second.size != size) {
+      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key + " has " +
+                                     std::to_string(source->second.size) +
+                                     " bytes, its references say " + std::to_string(size));
+    }
+  }
+  for (const auto& [key, source] : sources_) {
+    if (referenced.count(key) == 0) {
+      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
+                                     " was added but nothing references it");
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(std::string pickle_bytes, pickle::WritePickle(root));
+  UCP_RETURN_IF_ERROR(zip_.AddRecord("data.pkl", std::string_view(pickle_bytes)));
+  for (const auto& [key, source] : sources_) {
+    const std::string name = "data/" + key;
+    if (source.file != nullptr) {
+      UCP_RETURN_IF_ERROR(
+          zip_.AddRecordFromFile(name, *source.file, source.offset, source.size, source.crc32));
+    } else {
+      UCP_RETURN_IF_ERROR(zip_.AddRecord(name, source.memory));
+    }
+  }
+  UCP_RETURN_IF_ERROR(zip_.AddRecord("version", std::string_view("3\n")));
+  return zip_.Finish();
+}
+
+Result<uint64_t> RewriteArchive(const TorchArchiveReader& reader, std::string path,
+                                TorchArchiveWriter::Options options) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveWriter writer,
+                       TorchArchiveWriter::Create(std::move(path), std::move(options)));
+  for (const auto& [key, storage] : reader.storages()) {
+    UCP_RETURN_IF_ERROR(writer.AddStorageFromFile(key, reader.zip().file(), storage.offset,
+                                                  storage.size, storage.crc32));
+  }
+  return writer.Finish(reader.root());
+}
+
+Result<Value*> MakeTensorNode(pickle::Graph& graph, const TensorNodeSpec& spec) {
+  const std::optional<std::string_view> storage_class = TorchStorageClass(spec.dtype);
+  if (!storage_class) {
+    return Status::Unsupported("torch archive: torch 1.13 has no storage type for " +
+                               std::string(TorchName(spec.dtype)));
+  }
+  std::vector<uint64_t> stride = spec.stride;
+  if (stride.empty()) {
+    stride.resize(spec.shape.size());
+    uint64_t step = 1;
+    for (size_t i = spec.shape.size(); i-- > 0;) {
+      stride[i] = step;
+      step *= spec.shape[i];
+    }
+  }
+  if (stride.size() != spec.shape.size()) {
+    return Status::InvalidArgument("torch archive: tensor shape and stride differ in rank");
+  }
+  auto int_tuple = [&graph](const std::vector<uint64_t>& values) {
+    std::vector<Value*> items;
+    for (uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
+    return graph.Tuple(std::move(items));
+  };
+  auto empty_ordered_dict = [&graph] {
+    return graph.Object(pickle::Construction::kReduce, graph.Global("collections", "OrderedDict"),
+                        graph.Tuple({}));
+  };
+  Value* pid = graph.PersistentId(
+      graph.Tuple({graph.Str("storage"), graph.Global("torch", std::string(*storage_class)),
+                   graph.Str(spec.storage_key), graph.Str(spec.location),
+                   graph.Int(static_cast<int64_t>(spec.storage_numel))}));
+  Value* tensor = graph.Object(
+      pickle::Construction::kReduce, graph.Global("torch._utils", "_rebuild_tensor_v2"),
+      graph.Tuple({pid, graph.Int(static_cast<int64_t>(spec.storage_offset)), int_tuple(spec.shape),
+                   int_tuple(stride), graph.Bool(spec.parameter ? false : spec.requires_grad),
+                   empty_ordered_dict()}));
+  if (!spec.parameter) return tensor;
+  return graph.Object(pickle::Construction::kReduce,
+                      graph.Global("torch._utils", "_rebuild_parameter"),
+                      graph.Tuple({tensor, graph.Bool(spec.requires_grad), empty_ordered_dict()}));
+}
+
+}  // namespace ucp
