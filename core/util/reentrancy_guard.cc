@@ -2,6 +2,6 @@
 
 namespace ucp {
 
-thread_local int ReentrancyGuard::depth_ __attribute__((tls_model("initial-exec"))) = 0;
+constinit thread_local int ReentrancyGuard::depth_ __attribute__((tls_model("initial-exec"))) = 0;
 
 }  // namespace ucp

@@ -22,8 +22,9 @@ class ReentrancyGuard {
 
  private:
   // initial-exec: the preload is loaded at start-up, and the default TLS model would route
-  // every access through __tls_get_addr on the hot path of every hooked call.
-  static thread_local int depth_ __attribute__((tls_model("initial-exec")));
+  // every access through __tls_get_addr on the hot path of every hooked call. constinit tells
+  // other translation units there is no dynamic initializer, so they skip the TLS wrapper call.
+  static constinit thread_local int depth_ __attribute__((tls_model("initial-exec")));
 };
 
 }  // namespace ucp
