@@ -53,6 +53,10 @@ class DeepSpeedLayout final : public CheckpointLayout {
     return PathMatch{std::string(name()), FileRole::kData, std::string(save_dir), std::string(dir)};
   }
 
+  bool MayMatchFileName(std::string_view file) const override {
+    return file == "latest" || EndsWith(file, "_states.pt");
+  }
+
   Result<CommitTarget> ResolveCommit(const PathMatch& signal,
                                      std::string_view content) const override {
     const std::string_view tag = TrimWhitespace(content);
@@ -95,6 +99,11 @@ class MegatronLayout final : public CheckpointLayout {
     }
     return PathMatch{std::string(name()), FileRole::kData, std::string(save_dir),
                      std::string(tag_dir)};
+  }
+
+  bool MayMatchFileName(std::string_view file) const override {
+    return file == "latest_checkpointed_iteration.txt" || file == "model_optim_rng.pt" ||
+           file == "distrib_optim.pt";
   }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal,
@@ -140,6 +149,10 @@ class DcpLayout final : public CheckpointLayout {
       return std::nullopt;
     }
     return PathMatch{std::string(name()), role, std::string(save_dir), std::string(dir)};
+  }
+
+  bool MayMatchFileName(std::string_view file) const override {
+    return file == ".metadata" || EndsWith(file, ".distcp");
   }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal, std::string_view) const override {
@@ -211,6 +224,13 @@ std::optional<PathMatch> LayoutRegistry::Recognise(std::string_view path,
     if (auto match = layout->Recognise(path)) return match;
   }
   return std::nullopt;
+}
+
+bool LayoutRegistry::MayMatchFileName(std::string_view file_name) const {
+  for (const auto& layout : layouts_) {
+    if (layout->MayMatchFileName(file_name)) return true;
+  }
+  return false;
 }
 
 std::unique_ptr<CheckpointLayout> MakeDeepSpeedLayout() {

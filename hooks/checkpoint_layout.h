@@ -68,6 +68,10 @@ class CheckpointLayout {
   // names.
   virtual std::optional<PathMatch> Recognise(std::string_view path) const = 0;
 
+  // False when no path whose last component is `file_name` can be one of this layout's names.
+  // Must be cheap: it runs on every write-open in the process.
+  virtual bool MayMatchFileName(std::string_view file_name) const = 0;
+
   // For a kCommitSignal match from Recognise(): the tag it commits, given the signal file's
   // content (ignored by layouts whose signal is the file's existence). InvalidArgument when the
   // content names no valid tag.
@@ -109,6 +113,9 @@ class LayoutRegistry {
 
   // The first registered layout's match for `path`, if `path` lies in `roots`.
   std::optional<PathMatch> Recognise(std::string_view path, const RootSet& roots) const;
+
+  // True when some registered layout may match a path ending in `file_name`.
+  bool MayMatchFileName(std::string_view file_name) const;
 
  private:
   std::vector<std::unique_ptr<CheckpointLayout>> layouts_;

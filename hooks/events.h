@@ -35,6 +35,14 @@ class SaveObserver {
   // track the fd: only tracked fds report writes, seeks, dups and closes below.
   virtual bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) = 0;
 
+  // A cheap test on the last component of a path about to be opened for writing, made before
+  // ucp computes the absolute path and stats the fd: false promises that OnOpenForWrite would
+  // decline the file, so the write-open of an ordinary file costs almost nothing.
+  virtual bool MayTrackFileName(std::string_view file_name) {
+    static_cast<void>(file_name);
+    return true;
+  }
+
   // `size` bytes of `data` were written to tracked `fd` (the host call's successful return).
   // `offset` is the explicit file offset for pwrite-style calls, or -1 for "at the current file
   // position" (write, fwrite on the fd's FILE).

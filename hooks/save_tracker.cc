@@ -110,6 +110,10 @@ std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
   return file;
 }
 
+bool SaveTracker::MayTrackFileName(std::string_view file_name) {
+  return options_.layouts->MayMatchFileName(file_name);
+}
+
 bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) {
   bool tracked = false;
   Contain("open", [&] {

@@ -75,6 +75,7 @@ class SaveTracker final : public SaveObserver {
   void AddCommitListener(CommitListener* listener);
 
   bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) override;
+  bool MayTrackFileName(std::string_view file_name) override;
   void OnWrite(int fd, int64_t offset, const void* data, size_t size) override;
   void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
                      size_t size) override;

@@ -56,6 +56,17 @@ void ForgetStale(int fd, hooks::SaveObserver* observer) {
   if (observer != nullptr) Guarded("OnClose", [&] { observer->OnClose(fd); });
 }
 
+// The observer's cheap verdict on the last component of `path` as the host spelled it. A path
+// whose last component is empty, "." or ".." is decided on its absolute form instead.
+bool MayTrack(hooks::SaveObserver* observer, const char* path) {
+  const std::string_view spelled(path);
+  const std::string_view file_name = spelled.substr(spelled.rfind('/') + 1);
+  if (file_name.empty() || file_name == "." || file_name == "..") return true;
+  bool may = true;
+  Guarded("MayTrackFileName", [&] { may = observer->MayTrackFileName(file_name); });
+  return may;
+}
+
 // Offers a write-open to the observer. Caller holds FdLock(fd).
 void OfferForWrite(int fd, const std::string& path, bool truncated, bool append,
                    hooks::SaveObserver* observer) {
@@ -73,7 +84,7 @@ void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept {
   if (fd < 0) return;
   hooks::SaveObserver* observer = hooks::GetSaveObserver();
   FdTable& table = FdTable::Get();
-  const bool offer = observer != nullptr && IsWriteOpen(flags);
+  const bool offer = observer != nullptr && IsWriteOpen(flags) && MayTrack(observer, path);
   if (!offer && !table.MaybeTracked(fd)) return;
   const std::string absolute = offer ? AbsolutePath(dirfd, path) : std::string();
   std::lock_guard<std::mutex> lock(table.FdLock(fd));

@@ -13,7 +13,13 @@ namespace {
 namespace fs = std::filesystem;
 
 std::optional<PathMatch> Recognise(std::string_view path, const RootSet& roots = RootSet()) {
-  return LayoutRegistry::Builtin().Recognise(path, roots);
+  auto match = LayoutRegistry::Builtin().Recognise(path, roots);
+  // The write-open pre-filter must never turn away a name that the layouts recognise.
+  if (match.has_value()) {
+    const std::string_view file_name = path.substr(path.rfind('/') + 1);
+    EXPECT_TRUE(LayoutRegistry::Builtin().MayMatchFileName(file_name)) << path;
+  }
+  return match;
 }
 
 // Every file DeepSpeed itself wrote in the shared fixtures (training saves, not the
@@ -170,6 +176,19 @@ TEST(CheckpointLayoutTest, DcpNames) {
   for (const char* path :
        {"/d/step_10/.metadata.tmp", "/d/step_10/.distcp", "/d/x.distcp.tmp", "/x.distcp"}) {
     EXPECT_FALSE(Recognise(path)) << path;
+  }
+}
+
+TEST(CheckpointLayoutTest, FileNamePrefilterTurnsAwayOrdinaryFiles) {
+  const LayoutRegistry& layouts = LayoutRegistry::Builtin();
+  for (const char* name : {"train.log", "events.out.tfevents.1", "model.safetensors", "x.pt",
+                           "latest.txt", "optim_states.pt.tmp", ".metadata.tmp", "distcp"}) {
+    EXPECT_FALSE(layouts.MayMatchFileName(name)) << name;
+  }
+  for (const char* name :
+       {"latest", "mp_rank_00_model_states.pt", "model_optim_rng.pt", "distrib_optim.pt",
+        "latest_checkpointed_iteration.txt", ".metadata", "__0_0.distcp"}) {
+    EXPECT_TRUE(layouts.MayMatchFileName(name)) << name;
   }
 }
 
