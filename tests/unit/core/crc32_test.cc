@@ -9,18 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/core/test_bytes.h"
+
 namespace ucp {
 namespace {
 
-std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> out(n);
-  uint32_t x = seed;
-  for (auto& b : out) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return out;
-}
+using ::ucp::testing::Pattern;
 
 // The published check values of CRC-32/ISO-HDLC (the zip CRC).
 TEST(Crc32Test, KnownVectors) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/core/test_bytes.h"
+
 namespace ucp {
 namespace {
 
@@ -28,15 +30,7 @@ class FileTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> out(n);
-  uint32_t x = seed;
-  for (auto& b : out) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::byte>(x >> 24);
-  }
-  return out;
-}
+using ::ucp::testing::Pattern;
 
 TEST_F(FileTest, WriteReadSizeAndAppend) {
   auto file = File::Open(PathOf("a"), File::Mode::kCreate);

@@ -11,37 +11,21 @@ namespace ucp::pickle {
 namespace {
 
 using ::ucp::pickle::testing::FilesEndingWith;
-using ::ucp::pickle::testing::FreshDir;
 using ::ucp::pickle::testing::ReadFileBytes;
-using ::ucp::pickle::testing::RunPython;
 
 // CPython writes every case under protocols 0-5 (plus hand-assembled pickles) and renders each
 // with its own unpickler running on stand-ins; ucp's rendering must be the same string.
-class PickleCorpusTest : public ::testing::Test {
+class PickleCorpusTest : public ::ucp::pickle::testing::PickleCasesTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(FreshDir("reader_cases"));
-    std::string output;
-    ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
-
   static Graph ReadCase(const std::string& name) {
-    auto graph = ReadPickle(ReadFileBytes(*dir_ / (name + ".pkl")));
+    auto graph = ReadPickle(ReadFileBytes(cases_dir() / (name + ".pkl")));
     EXPECT_TRUE(graph.ok()) << graph.status().ToString();
     return graph.ok() ? std::move(graph).value() : Graph();
   }
-
-  static std::filesystem::path* dir_;
 };
 
-std::filesystem::path* PickleCorpusTest::dir_ = nullptr;
-
 TEST_F(PickleCorpusTest, EveryCaseRendersAsPythonSeesIt) {
-  const auto files = FilesEndingWith(*dir_, ".pkl");
+  const auto files = FilesEndingWith(cases_dir(), ".pkl");
   ASSERT_GT(files.size(), 200u);
   for (const auto& path : files) {
     SCOPED_TRACE(path.filename().string());
@@ -119,7 +103,7 @@ TEST_F(PickleCorpusTest, EveryTruncationFailsCleanly) {
        {"ordered_dict.p2", "dataclass.p0", "sets.p4", "reduce_all_parts.p5", "ints.p1",
         "raw_text_numbers", "raw_string", "raw_unicode_escape", "raw_inst", "bytearrays.p5"}) {
     SCOPED_TRACE(name);
-    const std::string bytes = ReadFileBytes(*dir_ / (std::string(name) + ".pkl"));
+    const std::string bytes = ReadFileBytes(cases_dir() / (std::string(name) + ".pkl"));
     ASSERT_TRUE(ReadPickle(bytes).ok());
     ReadOptions options;
     options.name = "sample";
@@ -274,8 +258,8 @@ TEST(PickleReaderTest, DeepChainsThroughTheMemoStopAtTheWalkers) {
 TEST(PickleReaderTest, AcceptsFarOffMemoIndices) {
   // LONG_BINPUT/LONG_BINGET 0xfffffff0, then MEMOIZE, which numbers by count (Python's
   // len(memo)) and so takes index 2 after two entries.
-  auto graph = ReadPickle(std::string_view(
-      "Nr\xf0\xff\xff\xffj\xf0\xff\xff\xffq\x00K\x07\x94h\x02\x87.", 21));
+  auto graph = ReadPickle(
+      std::string_view("Nr\xf0\xff\xff\xffj\xf0\xff\xff\xffq\x00K\x07\x94h\x02\x87.", 21));
   ASSERT_TRUE(graph.ok()) << graph.status().ToString();
   // pickle._loads (the pure-Python unpickler) gives (None, 7, 7).
   EXPECT_EQ(Render(graph->root()).value(), "(None, 7, 7)");

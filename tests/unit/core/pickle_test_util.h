@@ -67,4 +67,25 @@ inline std::vector<std::filesystem::path> FilesEndingWith(const std::filesystem:
   return out;
 }
 
+// A suite whose tests share the corpus tests/fixtures/pickle/make_cases.py writes: CPython's
+// pickles of every case under protocols 0-5, plus hand-assembled ones. Written once per suite
+// into a fresh directory, removed after it.
+class PickleCasesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(FreshDir("cases"));
+    std::string output;
+    ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static const std::filesystem::path& cases_dir() { return *dir_; }
+
+ private:
+  static inline std::filesystem::path* dir_ = nullptr;
+};
+
 }  // namespace ucp::pickle::testing

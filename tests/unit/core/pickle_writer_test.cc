@@ -18,22 +18,7 @@ using ::ucp::pickle::testing::ReadFileBytes;
 using ::ucp::pickle::testing::RunPython;
 using ::ucp::pickle::testing::WriteFileBytes;
 
-class PickleWriterCorpusTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(FreshDir("writer_cases"));
-    std::string output;
-    ASSERT_EQ(RunPython("make_cases.py", dir_->string(), &output), 0) << output;
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
-
-  static std::filesystem::path* dir_;
-};
-
-std::filesystem::path* PickleWriterCorpusTest::dir_ = nullptr;
+using PickleWriterCorpusTest = ::ucp::pickle::testing::PickleCasesTest;
 
 Result<std::string> Rewrite(const std::string& bytes) {
   UCP_ASSIGN_OR_RETURN(Graph graph, ReadPickle(bytes));
@@ -42,7 +27,7 @@ Result<std::string> Rewrite(const std::string& bytes) {
 
 // What CPython's protocol 2 pickler wrote, ucp reads and writes back byte for byte.
 TEST_F(PickleWriterCorpusTest, ProtocolTwoRoundTripIsByteExact) {
-  const auto files = FilesEndingWith(*dir_, ".p2.pkl");
+  const auto files = FilesEndingWith(cases_dir(), ".p2.pkl");
   ASSERT_GT(files.size(), 30u);
   for (const auto& path : files) {
     SCOPED_TRACE(path.filename().string());
@@ -62,7 +47,7 @@ TEST_F(PickleWriterCorpusTest, ProtocolTwoRoundTripIsByteExact) {
 // Every case, from every protocol, rewritten as protocol 2, loads in CPython to the same
 // values with the same sharing: under stand-ins, and with the real classes.
 TEST_F(PickleWriterCorpusTest, EveryCaseRoundTripsThroughPython) {
-  const auto files = FilesEndingWith(*dir_, ".pkl");
+  const auto files = FilesEndingWith(cases_dir(), ".pkl");
   for (const auto& path : files) {
     SCOPED_TRACE(path.filename().string());
     auto rewritten = Rewrite(ReadFileBytes(path));
@@ -71,7 +56,8 @@ TEST_F(PickleWriterCorpusTest, EveryCaseRoundTripsThroughPython) {
     WriteFileBytes(path.string() + ".out", *rewritten);
   }
   std::string output;
-  EXPECT_EQ(RunPython("check_roundtrip.py", "--real " + dir_->string(), &output), 0) << output;
+  EXPECT_EQ(RunPython("check_roundtrip.py", "--real " + cases_dir().string(), &output), 0)
+      << output;
   EXPECT_NE(output.find("checked " + std::to_string(files.size()) + ", 0 mismatches"),
             std::string::npos)
       << output;
