@@ -1,0 +1,175 @@
+// The universal atom index: one checkpoint tag described as per-parameter, per-state global
+// tensors ("atoms") whose bytes are fragments of the framework's own files.
+//
+// On disk: `<tag>/.ucp/index.json`, UTF-8 JSON, normative spec in README.md ("The atom index").
+// Shape of the document (every field required unless marked optional):
+//   {
+//     "format": "ucp-atom-index", "version": 1,
+//     "framework": {"name": "deepspeed", "version": "0.14.5"},
+//     "adapter":   {"name": "deepspeed-zero12", "schema": 1},
+//     "tag": "global_step5",
+//     "topology":  {"dp": 4, "tp": 1, "pp": 1, "world": 4, "zero_stage": 2},
+//     "files":  [{"path": "mp_rank_00_model_states.pt", "size": 123, "xxh3": "0123456789abcdef",
+//                 "role": "model_states", "rank": {"dp": 0, "tp": 0, "pp": 0}}, ...],
+//     "atoms":  [{"param": "wte.weight", "state": "fp32", "dtype": "float32", "shape": [67, 48],
+//                 "fragments": [{"file": 1, "offset": 4096, "dtype": "float32",
+//                                "region": {"flat": [0, 3216]}}            // or
+//                                "region": {"box": {"offsets": [0, 0], "extents": [34, 48]}}
+//                               , ...]}, ...],
+//     "groups": [{"params": ["wte.weight", ...], "hyperparameters": {"lr": 0.003, ...},
+//                 "scalars": {"step": 5}}],
+//     "carried": [{"role": "model_states", "file": 0, "rewritten": ["dp_world_size"]}, ...],
+//     "adapter_state": { ...adapter-specific, opaque to core... }
+//   }
+// "xxh3" is XXH3-64 of the whole file as 16 lower-case hex digits. "rank" is optional (files
+// shared by all ranks have none). Paths are relative to the tag directory.
+//
+// Validation (Create, and therefore Read) establishes, before anything is trusted:
+//   - every file path is relative, normalised, inside the tag (no "..", no leading "/", no "."
+//     components, no empty components) and listed once;
+//   - every (param, state) pair is unique; shapes' element counts fit in 64 bits;
+//   - every fragment names an existing file, has the atom's dtype, a region of the atom's
+//     shape, and lies within its file: offset + numel × itemsize <= size (checked arithmetic);
+//   - the fragments of every atom tile it exactly: every element held once (CheckTiling);
+//   - every group param names an atom's param; every carried entry names an existing file.
+// Errors name the index's source (path or "<memory>") and the JSON field, e.g.
+//   atom index /ck/global_step5/.ucp/index.json: atoms[3].fragments[1].offset: beyond the end of
+//   file zero_pp_rank_1_mp_rank_00_optim_states.pt (size 130112)
+//
+// Thread-safety: immutable after Create; concurrent const use is safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/format/dtype.h"
+#include "core/layout/region.h"
+#include "core/util/status.h"
+
+namespace ucp {
+
+inline constexpr std::string_view kAtomIndexFormat = "ucp-atom-index";
+inline constexpr uint32_t kAtomIndexVersion = 1;
+// Where the index of a tag lives, relative to the tag directory.
+inline constexpr std::string_view kAtomIndexRelativePath = ".ucp/index.json";
+
+// The parallel layout a checkpoint was written with (or is wanted in).
+struct Topology {
+  uint32_t dp = 1;
+  uint32_t tp = 1;
+  uint32_t pp = 1;
+  uint32_t world = 1;
+  uint32_t zero_stage = 0;
+  bool operator==(const Topology&) const = default;
+};
+
+// A rank's coordinates in a Topology.
+struct RankCoordinates {
+  uint32_t dp = 0;
+  uint32_t tp = 0;
+  uint32_t pp = 0;
+  bool operator==(const RankCoordinates&) const = default;
+};
+
+// One file of the tag.
+struct IndexedFile {
+  std::string path;  // relative to the tag directory
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;  // XXH3-64 of the whole file
+  std::string role;   // adapter-defined: "model_states", "optim_states", ...
+  std::optional<RankCoordinates> rank;
+};
+
+// A piece of an atom stored contiguously in a file: the elements of `region`, in the region's
+// storage order (region.h), starting at byte `offset` of file `file`.
+struct Fragment {
+  uint32_t file = 0;  // index into AtomIndexContents::files
+  uint64_t offset = 0;
+  DType dtype = DType::kFloat32;
+  Region region;
+};
+
+// One global tensor: state `state` ("fp32", "bit16", "exp_avg", "exp_avg_sq", "step", ...) of
+// parameter `param`.
+struct Atom {
+  std::string param;
+  std::string state;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<Fragment> fragments;
+};
+
+// One optimizer parameter group.
+struct ParamGroup {
+  std::vector<std::string> params;  // in the framework's order (flat-buffer order for ZeRO)
+  nlohmann::json hyperparameters = nlohmann::json::object();  // lr, betas, eps, ...
+  nlohmann::json scalars = nlohmann::json::object();          // per-group counters, e.g. step
+};
+
+// How a file of another topology gets its non-tensor objects: from the pickle of source file
+// `file`, with the objects at `rewritten` (adapter-defined paths) recomputed for that topology
+// and everything else carried unchanged.
+struct CarriedObject {
+  std::string role;
+  uint32_t file = 0;
+  std::vector<std::string> rewritten;
+};
+
+// Everything an index says, as plain data (what Create validates).
+struct AtomIndexContents {
+  std::string framework;
+  std::string framework_version;
+  std::string adapter;
+  uint32_t adapter_schema = 1;
+  std::string tag;
+  Topology topology;
+  std::vector<IndexedFile> files;
+  std::vector<Atom> atoms;
+  std::vector<ParamGroup> groups;
+  std::vector<CarriedObject> carried;
+  nlohmann::json adapter_state = nlohmann::json::object();
+};
+
+class AtomIndex {
+ public:
+  // Validates `contents` (see the file comment); `source` names it in errors.
+  static Result<AtomIndex> Create(AtomIndexContents contents, std::string source = "<memory>");
+  // Parses and validates a JSON document.
+  static Result<AtomIndex> Parse(std::string_view json, std::string source);
+  // Reads `path` (bounded: kOutOfRange above 1 GiB) and parses it.
+  static Result<AtomIndex> Read(const std::string& path);
+
+  AtomIndex(AtomIndex&&) = default;
+  AtomIndex& operator=(AtomIndex&&) = default;
+  AtomIndex(const AtomIndex&) = delete;
+  AtomIndex& operator=(const AtomIndex&) = delete;
+
+  const AtomIndexContents& contents() const { return contents_; }
+  const std::vector<IndexedFile>& files() const { return contents_.files; }
+  const std::vector<Atom>& atoms() const { return contents_.atoms; }
+  // The atom (param, state), or nullptr.
+  const Atom* Find(std::string_view param, std::string_view state) const;
+  // The file with relative path `path`, or nullptr.
+  const IndexedFile* FindFile(std::string_view path) const;
+
+  // The JSON document (deterministic: same contents, same bytes).
+  std::string ToJson() const;
+  // Writes ToJson() to `path` atomically: temporary name in the same directory, fsync, rename,
+  // fsync of the directory. Creates the parent directory when missing.
+  Status Write(const std::string& path) const;
+
+ private:
+  explicit AtomIndex(AtomIndexContents contents) : contents_(std::move(contents)) {}
+
+  AtomIndexContents contents_;
+  std::map<std::pair<std::string, std::string>, size_t, std::less<>> atom_by_name_;
+  std::map<std::string, size_t, std::less<>> file_by_path_;
+};
+
+}  // namespace ucp

@@ -1,0 +1,100 @@
+// The reshard executor: writes the files an OutputPlan describes, moving every tensor byte from
+// the source files by ranged reads (copy_file_range where no byte needs to be seen), through a
+// bounded buffer per worker: memory is O(threads × chunk), never O(file) or O(atom).
+//
+// An OutputPlan is what an adapter decides a target topology (or an export format) needs:
+// torch archives (an object tree + storages made of Segments), safetensors files (tensors made
+// of Segments), verbatim copies of source files, and small text files (DeepSpeed's `latest`).
+// Paths are relative to the output directory and may contain subdirectories, created as needed;
+// they must be normalised and stay inside it ("..", absolute paths: kInvalidArgument before
+// anything is written).
+//
+// Thread-safety: ExecutePlan runs its own worker threads and returns after they finished; the
+// plan, the index and the progress callback must stay valid until then. `progress` is called
+// from worker threads, serialised by the executor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/format/atom_index.h"
+#include "core/format/dtype.h"
+#include "core/format/pickle_value.h"
+#include "core/layout/region.h"
+#include "core/plan/copy_plan.h"
+#include "core/util/status.h"
+
+namespace ucp {
+
+// One storage record of an output archive: `segments` concatenated.
+struct OutputStorage {
+  std::string key;
+  std::vector<Segment> segments;
+};
+
+// A torch.save archive: `graph`'s root pickled as data.pkl (its storage persistent ids name the
+// keys of `storages`, with matching byte sizes), every storage streamed from its segments.
+struct ArchiveOutput {
+  std::string path;
+  std::string archive_name;  // empty: the file's stem, as torch.save names it
+  pickle::Graph graph;       // root() is the object written
+  std::vector<OutputStorage> storages;
+};
+
+// One tensor of a safetensors output.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<Segment> segments;  // product(shape) × itemsize bytes
+};
+
+struct SafetensorsOutput {
+  std::string path;
+  std::vector<SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// A byte-for-byte copy of source file `file`.
+struct CopyOutput {
+  std::string path;
+  uint32_t file = 0;
+};
+
+struct TextOutput {
+  std::string path;
+  std::string contents;
+};
+
+struct OutputPlan {
+  std::vector<ArchiveOutput> archives;
+  std::vector<SafetensorsOutput> safetensors;
+  std::vector<CopyOutput> copies;
+  std::vector<TextOutput> texts;
+
+  // Bytes the plan writes from sources or zeros (tensor data and copies), for progress.
+  uint64_t DataBytes() const;
+};
+
+struct ExecuteOptions {
+  unsigned threads = 0;                  // 0: min(hardware threads, 8)
+  size_t chunk_bytes = size_t{1} << 20;  // per-worker copy buffer
+  bool sync = true;                      // fsync each file and the directories it created
+  // Called as bytes land: (bytes done, DataBytes()).
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+// Writes every output of `plan` under `out_dir` (which must exist), reading the files of `index`
+// relative to `tag_dir`. Every source file is checked against the index's size before it is
+// read; a source shorter than a segment needs is kCorrupt naming the file. Each output is written
+// to a temporary name and renamed, so on failure no output path holds a partial file (outputs
+// already completed stay; the caller writes into a temporary directory when the set must be
+// all-or-nothing).
+[[nodiscard]] Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index,
+                                 const std::string& tag_dir, const std::string& out_dir,
+                                 const ExecuteOptions& options);
+
+}  // namespace ucp
