@@ -89,7 +89,14 @@ Status SafetensorsWriter::Add(Entry entry) {
   const std::optional<uint64_t> size = CheckedMul(numel, ItemSize(entry.dtype));
   const std::optional<uint64_t> total = size ? CheckedAdd(data_size_, *size) : std::nullopt;
   if (!total) return Status::OutOfRange(where + "byte size overflows");
-  if (entry.source.empty() && entry.memory.size() != *size) {
+  if (!entry.runs.empty()) {
+    const Result<uint64_t> runs_size = ByteRunsLength(entry.runs);
+    if (!runs_size.ok() || *runs_size != *size) {
+      return Status::InvalidArgument(where + "runs of " +
+                                     (runs_size.ok() ? std::to_string(*runs_size) : "too many") +
+                                     " bytes given for a tensor of " + std::to_string(*size));
+    }
+  } else if (entry.source.empty() && entry.memory.size() != *size) {
     return Status::InvalidArgument(where + std::to_string(entry.memory.size()) +
                                    " bytes given for a tensor of " + std::to_string(*size));
   }
@@ -102,13 +109,27 @@ Status SafetensorsWriter::Add(Entry entry) {
 
 Status SafetensorsWriter::AddFromMemory(std::string name, DType dtype, std::vector<uint64_t> shape,
                                         std::span<const std::byte> data) {
-  return Add(Entry{std::move(name), dtype, std::move(shape), 0, data, "", 0});
+  return Add(Entry{std::move(name), dtype, std::move(shape), 0, data, "", 0, {}});
 }
 
 Status SafetensorsWriter::AddFromFile(std::string name, DType dtype, std::vector<uint64_t> shape,
                                       std::string source, uint64_t offset) {
   if (source.empty()) return Status::InvalidArgument("safetensors: empty source path for " + name);
-  return Add(Entry{std::move(name), dtype, std::move(shape), 0, {}, std::move(source), offset});
+  return Add(Entry{std::move(name), dtype, std::move(shape), 0, {}, std::move(source), offset, {}});
+}
+
+Status SafetensorsWriter::AddFromRuns(std::string name, DType dtype, std::vector<uint64_t> shape,
+                                      std::span<const ByteRun> runs) {
+  // A tensor of no bytes has no runs to copy: its (empty) memory says the same.
+  if (runs.empty()) return AddFromMemory(std::move(name), dtype, std::move(shape), {});
+  return Add(Entry{std::move(name),
+                   dtype,
+                   std::move(shape),
+                   0,
+                   {},
+                   "",
+                   0,
+                   std::vector<ByteRun>(runs.begin(), runs.end())});
 }
 
 Status SafetensorsWriter::SetMetadata(std::string key, std::string value) {
@@ -151,7 +172,16 @@ Status SafetensorsWriter::Write(const std::string& path) const {
     UCP_RETURN_IF_ERROR(out.WriteAt(sizeof(length), std::as_bytes(std::span(header))));
     uint64_t cursor = sizeof(length) + header.size();
     for (const Entry& entry : entries_) {
-      if (entry.source.empty()) {
+      if (!entry.runs.empty()) {
+        uint64_t at = cursor;
+        for (const ByteRun& run : entry.runs) {
+          // The new file reads as zeros wherever nothing was written; its size is set below.
+          if (run.file != nullptr) {
+            UCP_RETURN_IF_ERROR(CopyRange(*run.file, run.offset, out, at, run.length));
+          }
+          at += run.length;
+        }
+      } else if (entry.source.empty()) {
         UCP_RETURN_IF_ERROR(out.WriteAt(cursor, entry.memory));
       } else {
         // The source is opened per tensor: many tensors of one file cost one open each, which
@@ -167,7 +197,8 @@ Status SafetensorsWriter::Write(const std::string& path) const {
       }
       cursor += entry.size;
     }
-    return Status::Ok();
+    // Trailing runs of zeros were skipped: the file must still end where the data does.
+    return out.Truncate(cursor);
   });
 }
 

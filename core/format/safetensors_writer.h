@@ -6,6 +6,9 @@
 // "__metadata__" first when any metadata was set, spaces padding the header so that the byte
 // buffer starts at a multiple of 8.
 //
+// File-sourced bytes move with copy_file_range (CopyRange), never through ucp's memory; runs of
+// zeros are left as holes of the new file.
+//
 // Thread-safety: not thread-safe; one thread builds and writes. Call order: Add*/SetMetadata in
 // any order, then Write() (which may be called again, e.g. to write the same file elsewhere).
 #pragma once
@@ -21,6 +24,7 @@
 
 #include "core/format/dtype.h"
 #include "core/format/safetensors_reader.h"
+#include "core/io/byte_run.h"
 #include "core/util/status.h"
 
 namespace ucp {
@@ -42,6 +46,12 @@ class SafetensorsWriter {
   Status AddFromFile(std::string name, DType dtype, std::vector<uint64_t> shape, std::string source,
                      uint64_t offset);
 
+  // Adds tensor `name` whose bytes are the concatenation of `runs` (ranges of open files, runs of
+  // zeros), copied when Write() runs; every run's File must stay open until the last Write()
+  // returns. Same name rules as above; the runs must total product(shape) × itemsize bytes.
+  Status AddFromRuns(std::string name, DType dtype, std::vector<uint64_t> shape,
+                     std::span<const ByteRun> runs);
+
   // Sets a "__metadata__" entry (both strings UTF-8).
   Status SetMetadata(std::string key, std::string value);
 
@@ -60,6 +70,7 @@ class SafetensorsWriter {
     std::span<const std::byte> memory;  // used when source is empty
     std::string source;
     uint64_t source_offset = 0;
+    std::vector<ByteRun> runs;  // used when not empty
   };
   Status Add(Entry entry);
   std::string Header() const;
