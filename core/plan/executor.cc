@@ -45,7 +45,7 @@ class Execution {
                            File::Open(tag_dir + "/" + indexed.path, File::Mode::kRead));
       UCP_ASSIGN_OR_RETURN(const uint64_t size, sources_[f].Size());
       if (size != indexed.size) {
-        return Status::Corrupt("reshard: source " + sources_[f].path() + " has " +
+        return Status::Corrupt("execute plan: source " + sources_[f].path() + " has " +
                                std::to_string(size) + " bytes, the index says " +
                                std::to_string(indexed.size) +
                                " (truncated, or changed since it was indexed)");
@@ -125,7 +125,7 @@ class Execution {
       (void)out.Close();  // already failing: the first error is the one reported
       (void)RemoveFile(temp);
     }
-    return status.WithContext("reshard: copy " + source.path() + " to " + path);
+    return status.WithContext("execute plan: copy " + source.path() + " to " + path);
   }
 
   Status Write(const TextOutput& output) {
@@ -186,7 +186,7 @@ uint64_t OutputPlan::DataBytes() const {
 Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
                    const std::string& out_dir, const ExecuteOptions& options) {
   if (options.chunk_bytes == 0) {
-    return Status::InvalidArgument("reshard: a copy buffer of 0 bytes");
+    return Status::InvalidArgument("execute plan: a copy buffer of 0 bytes");
   }
   // Everything is checked before the first byte is written.
   std::vector<Task> tasks;
@@ -194,11 +194,11 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
   std::set<uint32_t> used;
   const auto add_path = [&](const std::string& path) -> Status {
     if (!IsNormalRelativePath(path)) {
-      return Status::InvalidArgument("reshard: output path \"" + path +
+      return Status::InvalidArgument("execute plan: output path \"" + path +
                                      "\" is not a normalised path inside " + out_dir);
     }
     if (!paths.insert(path).second) {
-      return Status::InvalidArgument("reshard: output path \"" + path + "\" is planned twice");
+      return Status::InvalidArgument("execute plan: output path \"" + path + "\" is planned twice");
     }
     return Status::Ok();
   };
@@ -206,8 +206,9 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
     UCP_RETURN_IF_ERROR(add_path(output.path));
     uint64_t bytes = 0;
     for (const OutputStorage& storage : output.storages) {
-      UCP_RETURN_IF_ERROR(CheckSegments(
-          storage.segments, index, "reshard: " + output.path + " storage " + storage.key, used));
+      UCP_RETURN_IF_ERROR(CheckSegments(storage.segments, index,
+                                        "execute plan: " + output.path + " storage " + storage.key,
+                                        used));
       bytes += SegmentBytes(storage.segments);
     }
     tasks.push_back({bytes, [&output](Execution& e) { return e.Write(output); }});
@@ -217,7 +218,7 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
     uint64_t bytes = 0;
     for (const SafetensorsOutputTensor& tensor : output.tensors) {
       UCP_RETURN_IF_ERROR(CheckSegments(
-          tensor.segments, index, "reshard: " + output.path + " tensor " + tensor.name, used));
+          tensor.segments, index, "execute plan: " + output.path + " tensor " + tensor.name, used));
       bytes += SegmentBytes(tensor.segments);
     }
     tasks.push_back({bytes, [&output](Execution& e) { return e.Write(output); }});
@@ -226,7 +227,7 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
   for (const CopyOutput& output : plan.copies) {
     UCP_RETURN_IF_ERROR(add_path(output.path));
     if (output.file >= index.files().size()) {
-      return Status::InvalidArgument("reshard: " + output.path + ": copy of source file " +
+      return Status::InvalidArgument("execute plan: " + output.path + ": copy of source file " +
                                      std::to_string(output.file) + ", the index has " +
                                      std::to_string(index.files().size()));
     }
