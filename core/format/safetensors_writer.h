@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -58,8 +59,15 @@ class SafetensorsWriter {
   // Sum of the tensors' byte sizes.
   uint64_t data_size() const { return data_size_; }
 
+  struct WriteOptions {
+    bool sync = true;  // fsync the temporary before the rename
+    // When set, called with a byte count as tensor data from files or runs lands (at least
+    // every 64 MiB of a long copy).
+    std::function<void(uint64_t)> progress;
+  };
   // Writes the file to `path` (temporary "<path>.tmp.<pid>", fsync, rename).
-  Status Write(const std::string& path) const;
+  Status Write(const std::string& path) const { return Write(path, WriteOptions{}); }
+  Status Write(const std::string& path, const WriteOptions& options) const;
 
  private:
   struct Entry {
@@ -81,7 +89,11 @@ class SafetensorsWriter {
   uint64_t data_size_ = 0;
 };
 
-// Writes model.safetensors.index.json for `index` (temporary name + rename).
+// The text of model.safetensors.index.json for `index` ({"metadata": {"total_size": N, ...},
+// "weight_map": {...}}, two-space indent, newline-terminated); kInvalidArgument for text that
+// is not UTF-8 or metadata that is not JSON.
+Result<std::string> SafetensorsIndexJson(const SafetensorsIndex& index);
+// Writes SafetensorsIndexJson(index) to `path` (temporary name + rename).
 Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& index);
 
 }  // namespace ucp

@@ -26,6 +26,8 @@ Result<TorchArchiveWriter> TorchArchiveWriter::Create(std::string path, Options 
   ZipWriter::Options zip_options;
   zip_options.archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
   zip_options.sync = options.sync;
+  zip_options.copy_buffer_bytes = options.copy_buffer_bytes;
+  zip_options.progress = std::move(options.progress);
   if (zip_options.archive_name.empty()) {
     return Status::InvalidArgument("torch archive " + path + ": empty archive name");
   }

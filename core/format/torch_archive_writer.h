@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -38,6 +39,8 @@ class TorchArchiveWriter {
   struct Options {
     std::string archive_name;  // empty: the stem of the path
     bool sync = true;          // fsync before the rename (ZipWriter::Options::sync)
+    size_t copy_buffer_bytes = ZipWriter::Options{}.copy_buffer_bytes;  // ZipWriter's
+    std::function<void(uint64_t)> progress;  // storage bytes written (ZipWriter::Options)
   };
 
   static Result<TorchArchiveWriter> Create(std::string path, Options options);

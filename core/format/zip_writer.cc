@@ -221,6 +221,7 @@ Status ZipWriter::AddRecordFromFile(std::string_view name, const File& source, u
     if (Status st = CopyRange(source, offset, file_, data_offset, length); !st.ok()) {
       return Fail(st.WithContext(context));
     }
+    if (options_.progress) options_.progress(length);
     return EndRecord(std::move(full), header_offset, length, *crc32);
   }
   const ByteRun run{&source, offset, length};
@@ -248,6 +249,7 @@ Status ZipWriter::StreamRecord(std::string full_name, uint64_t header_offset, ui
                                      crc.Update(piece);
                                      UCP_RETURN_IF_ERROR(file_.WriteAt(data_offset + done, piece));
                                      done += piece.size();
+                                     if (options_.progress) options_.progress(piece.size());
                                      return Status::Ok();
                                    });
   if (!status.ok()) return Fail(status.WithContext(context));

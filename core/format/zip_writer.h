@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,6 +71,9 @@ class ZipWriter {
     // Bytes of the buffer through which file-sourced data is read (to CRC it) and written.
     // 256 KiB stays in L2 between the read, the CRC and the write (fastest in the benchmark).
     size_t copy_buffer_bytes = size_t{256} << 10;
+    // When set, called with a byte count each time record data streamed from a file or from
+    // runs has been written (per copy-buffer chunk; once per record moved by copy_file_range).
+    std::function<void(uint64_t)> progress;
   };
 
   // Opens the temporary next to `path` (nothing is written to `path` before Finish).
