@@ -17,6 +17,7 @@
 #include "core/format/torch_archive_writer.h"
 #include "core/io/file.h"
 #include "core/plan/copy_plan.h"
+#include "core/plan/executor.h"
 #include "hooks/framework_adapter.h"
 
 namespace ucp::hooks {
@@ -261,6 +262,106 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedResaveTest, ::testing::ValuesIn(Resa
                            return std::get<0>(test_param.param) + "_" +
                                   std::get<1>(test_param.param);
                          });
+
+// Tests need no durability: no fsync.
+ExecuteOptions NoSync() {
+  ExecuteOptions options;
+  options.sync = false;
+  return options;
+}
+
+// A temporary directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/ucp_deepspeed_test.XXXXXX";
+    path_ = ::mkdtemp(pattern) == nullptr ? "" : pattern;
+  }
+  ~TempDir() {
+    if (!path_.empty()) fs::remove_all(path_);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Reshards `tag` to `dp` ranks into `out_tag` (created), executing the plan.
+void Reshard(const std::string& tag, uint32_t dp, const std::string& out_tag) {
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> plan = Adapter().PlanReshard(*index, tag, Topology{dp, 1, 1, dp, 0});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  fs::create_directories(out_tag);
+  const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+}
+
+// Every file directly in `expected` exists in `actual` with the same object tree and the same bytes
+// in every tensor.
+void ExpectSameTensors(const std::string& expected, const std::string& actual) {
+  for (const fs::directory_entry& entry : fs::directory_iterator(expected)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    Result<TorchArchiveReader> want = TorchArchiveReader::Open(entry.path().string());
+    Result<TorchArchiveReader> got = TorchArchiveReader::Open(actual + "/" + name);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(RenderOf(got->root()), RenderOf(want->root()));
+    ASSERT_EQ(got->tensors().size(), want->tensors().size());
+    for (size_t i = 0; i < want->tensors().size(); ++i) {
+      EXPECT_TRUE(TensorBytes(*got, got->tensors()[i]) == TensorBytes(*want, want->tensors()[i]))
+          << "tensor " << i;
+    }
+  }
+}
+
+class DeepSpeedRoundTripTest : public ::testing::TestWithParam<std::tuple<std::string, uint32_t>> {
+};
+
+// dp4 → dpM → dp4 through executed plans reproduces every object and tensor of the original
+// (the intermediate tag is itself indexed, i.e. validated as a DeepSpeed tag).
+TEST_P(DeepSpeedRoundTripTest, ReshardThereAndBackIsLossless) {
+  const auto& [config, middle] = GetParam();
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string original = Tag(config, "dp4");
+  Reshard(original, middle, dir.path() + "/middle/global_step5");
+  Reshard(dir.path() + "/middle/global_step5", 4, dir.path() + "/back/global_step5");
+  ExpectSameTensors(original, dir.path() + "/back/global_step5");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedRoundTripTest,
+                         ::testing::Combine(::testing::Values("z1_fp32_odd", "z2_fp32_odd",
+                                                              "z2_bf16", "z1_bf16_bf16opt"),
+                                            ::testing::Values(2u, 1u)),
+                         [](const auto& test_param) {
+                           return std::get<0>(test_param.param) + "_dp" +
+                                  std::to_string(std::get<1>(test_param.param));
+                         });
+
+// The executed export writes what ds_to_universal wrote: same files, trees and tensor bytes.
+TEST(DeepSpeedExportTest, ExecutedExportEqualsDsToUniversal) {
+  const std::string tag = Tag("z2_fp32_odd", "dp4");
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*index, tag);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const Status status = ExecutePlan(*plan, *index, tag, dir.path(), NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectSameTensors(tag + "_universal", dir.path());
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag + "_universal/zero")) {
+    if (entry.is_directory()) {
+      ExpectSameTensors(entry.path().string(),
+                        dir.path() + "/zero/" + entry.path().filename().string());
+    }
+  }
+}
 
 TEST(DeepSpeedRefusalTest, RefusesZero3PipelineAndTensorParallelTags) {
   const std::vector<std::pair<std::string, std::string>> cases = {
