@@ -138,7 +138,11 @@ TEST_P(DeepSpeedFixtureTest, AtomsAndExportMatchDsToUniversal) {
   }
   EXPECT_EQ(states, (std::set<std::string>{"fp32", "exp_avg", "exp_avg_sq", "step", "bit16"}));
 
-  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*index, tag);
+  // The plan is made from the index as written to and read back from JSON.
+  Result<AtomIndex> reread = AtomIndex::Parse(index->ToJson(), "index.json");
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  EXPECT_EQ(reread->ToJson(), index->ToJson());
+  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*reread, tag);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   std::set<std::string> oracle_files;
   for (const fs::directory_entry& entry : fs::recursive_directory_iterator(universal)) {
