@@ -120,7 +120,7 @@ expect_failure("tp target", ["reshard", SOURCE, "--to", "dp=2,tp=2", "--out", sa
 code, _, err = harness.run_ucp(ucp, "reshard", SOURCE, "--to", "dp=2", "--out", save)
 report.check(code == 0, f"reshard into {save}: exit {code}: {err}")
 before = {n: harness.read_bytes(f"{save}/{n}") for n in harness.files_under(save)}
-expect_failure("existing output", ["reshard", SOURCE, "--to", "dp=1", "--out", save], INPUT,
+expect_failure("existing output", ["reshard", SOURCE, "--to", "dp=1", "--out", save], USAGE,
                ["global_step5", "--force"])
 report.check({n: harness.read_bytes(f"{save}/{n}") for n in harness.files_under(save)} == before,
              "existing output: left unchanged")
@@ -131,7 +131,7 @@ report.check(code == 0 and sorted(os.listdir(f"{save}/global_step5")) ==
 universal = f"{work}/existing_universal"
 os.makedirs(universal)
 expect_failure("existing export", ["export", SOURCE, "--format", "deepspeed-universal", "--out",
-                                   universal], INPUT, ["existing_universal", "--force"])
+                                   universal], USAGE, ["existing_universal", "--force"])
 
 # Checkpoints this version refuses: ZeRO-3, pipeline parallel, tensor parallel.
 for what, tag, words in (

@@ -59,14 +59,10 @@ for cfg in configs:
                                                              [f"{TAG}/{n}" for n in names]),
                      f"{what}: files {harness.files_under(save_dir)} vs DeepSpeed's {names}")
         for name in names:
-            try:
-                diffs = harness.compare_files(f"{expected}/{name}", f"{ours}/{name}",
-                                              harness.RUN_CONFIG_FIELDS,
-                                              harness.UNORDERED_IN_RESAVES)
-            except FileNotFoundError:
-                continue
-            report.diffs(diffs, f"{what}/{name}")
-            check_run_config(source_tag, f"{ours}/{name}", f"{what}/{name}")
+            diffs = harness.compare_files(f"{expected}/{name}", f"{ours}/{name}",
+                                          harness.RUN_CONFIG_FIELDS, harness.UNORDERED_IN_RESAVES)
+            if report.diffs(diffs, f"{what}/{name}"):
+                check_run_config(source_tag, f"{ours}/{name}", f"{what}/{name}")
 
     for middle in (2, 1):
         what = f"{cfg}: dp4 -> dp{middle} -> dp4"
@@ -78,9 +74,6 @@ for cfg in configs:
         names = harness.files_under(original)
         report.check(harness.files_under(f"{second}/{TAG}") == names, f"{what}: files")
         for name in names:
-            try:
-                diffs = harness.compare_files(f"{original}/{name}", f"{second}/{TAG}/{name}")
-            except FileNotFoundError:
-                continue
-            report.diffs(diffs, f"{what}: {name}")
+            report.diffs(harness.compare_files(f"{original}/{name}", f"{second}/{TAG}/{name}"),
+                         f"{what}: {name}")
 report.exit()

@@ -4,10 +4,10 @@ DeepSpeed's universal files hold them (zero/<param>/<state>.pt).
   check_safetensors.py UCP FIXTURES WORKDIR CFG...
 
 For each CFG and DP size: --state fp32 (one file, model.safetensors), exp_avg, and exp_avg_sq
-with --max-shard-size small enough to shard (HF naming model-0000K-of-0000N.safetensors plus
-model.safetensors.index.json whose weight_map names each tensor's shard and whose
-metadata.total_size is the tensor bytes). Every parameter present once, dtype, shape and bits
-equal.
+with --max-shard-size small enough to shard (HF naming model-0000K-of-0000N.safetensors). Always
+model.safetensors.index.json, whose weight_map names each tensor's file and whose
+metadata.total_size is the tensor bytes; each file's __metadata__ {"format": "pt"}. Every
+parameter present once, dtype, shape and bits equal.
 """
 
 import json
@@ -26,25 +26,24 @@ MAX_SHARD_BYTES = 100000
 
 
 def read_export(out, what):
-    """name -> tensor of an exported folder, checking its naming and index."""
+    """name -> tensor of an exported folder and its shard count, checking the HF naming and the
+    index file (written for one file too)."""
     names = sorted(os.listdir(out))
-    if "model.safetensors.index.json" not in names:
-        report.check(names == ["model.safetensors"], f"{what}: one file, got {names}")
-        tensors, _ = safetensors_reader.read(f"{out}/model.safetensors")
-        return tensors, 1
     with open(f"{out}/model.safetensors.index.json") as f:
         index = json.load(f)
     shards = sorted(n for n in names if n != "model.safetensors.index.json")
-    matches = [SHARD.match(n) for n in shards]
-    report.check(all(matches) and [int(m.group(1)) for m in matches] ==
-                 list(range(1, len(shards) + 1)) and
-                 {int(m.group(2)) for m in matches} == {len(shards)},
-                 f"{what}: shard names {shards}")
+    if shards != ["model.safetensors"]:
+        matches = [SHARD.match(n) for n in shards]
+        report.check(all(matches) and [int(m.group(1)) for m in matches] ==
+                     list(range(1, len(shards) + 1)) and
+                     {int(m.group(2)) for m in matches} == {len(shards)},
+                     f"{what}: shard names {shards}")
     tensors, total = {}, 0
     for shard in shards:
-        found, _ = safetensors_reader.read(f"{out}/{shard}")
+        found, metadata = safetensors_reader.read(f"{out}/{shard}")
+        report.check(metadata == {"format": "pt"}, f"{what}: {shard} metadata {metadata}")
         shard_bytes = sum(t.numel() * t.element_size() for t in found.values())
-        report.check(shard_bytes <= MAX_SHARD_BYTES or len(found) == 1,
+        report.check(shard_bytes <= MAX_SHARD_BYTES or len(found) == 1 or len(shards) == 1,
                      f"{what}: {shard} holds {shard_bytes} bytes")
         for name, tensor in found.items():
             report.check(name not in tensors, f"{what}: {name} in two shards")
@@ -81,7 +80,7 @@ for cfg in configs:
                     expected = ds_objects.load(f"{zero}/{param}/{state}.pt")["param"]
                     mine = tensors[param]
                     report.check(mine.dtype == expected.dtype and mine.shape == expected.shape and
-                                 not ds_objects.compare(expected.clone(), mine),
+                                 not ds_objects.compare(expected.detach().clone(), mine),
                                  f"{what}: {param} differs")
             report.check(not harness.temp_leftovers(work), f"{what}: temporaries left")
 report.exit()

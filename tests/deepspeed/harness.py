@@ -115,6 +115,10 @@ def get_path(obj, dotted):
 
 
 def compare_files(expected, actual, allowed=(), unordered=None):
-    """compare() of two torch.save files loaded with the DeepSpeed stand-ins."""
+    """compare() of two torch.save files loaded with the DeepSpeed stand-ins; a missing file is
+    one difference."""
+    for path in (expected, actual):
+        if not os.path.exists(path):
+            return [f"{path}: missing"]
     return ds_objects.compare(ds_objects.load(expected), ds_objects.load(actual), allowed=allowed,
                               unordered=unordered)
