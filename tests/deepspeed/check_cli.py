@@ -8,10 +8,12 @@ directory, XXH3-64 from xxhsum (when installed), atom shapes and group order fro
 (loaded with the DeepSpeed stand-ins), the topology from the fixture's names. verify must pass on
 the untouched copy, then exit 3 naming a file with one flipped byte, and a deleted file too. A
 stale index (another tag's) must not be trusted: reshard still gives DeepSpeed's own files.
+With a terminal on stderr, reshard draws its progress line.
 """
 
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -110,6 +112,25 @@ for what, config in (("with_index", CFG), ("stale_index", "z1_fp32")):
         report.diffs(harness.compare_files(f"{expected}/{name}", f"{save}/global_step5/{name}",
                                            harness.RUN_CONFIG_FIELDS,
                                            harness.UNORDERED_IN_RESAVES), f"{what}: {name}")
+
+# A terminal on stderr gets the progress line (every other run here, stderr a pipe, must show
+# nothing but errors: check_errors.py requires exactly one stderr line).
+controller, terminal = pty.openpty()
+proc = subprocess.run([ucp, "reshard", tag, "--to", "dp=1", "--out", f"{work}/tty"],
+                      stdout=subprocess.PIPE, stderr=terminal, timeout=300)
+os.close(terminal)
+drawn = b""
+while True:
+    try:
+        chunk = os.read(controller, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    drawn += chunk
+os.close(controller)
+report.check(proc.returncode == 0 and b"\rucp reshard: 100%" in drawn.replace(b"\x1b[K", b""),
+             f"progress on a terminal: exit {proc.returncode}, drew {drawn!r}")
 
 status, out, err = harness.run_ucp(ucp, "verify", tag)
 report.check(status == 0, f"verify: exit {status}: {out} {err}")

@@ -3,8 +3,9 @@ DeepSpeed's universal files hold them (zero/<param>/<state>.pt).
 
   check_safetensors.py UCP FIXTURES WORKDIR CFG...
 
-For each CFG and DP size: --state fp32 (one file, model.safetensors), exp_avg, and exp_avg_sq
-with --max-shard-size small enough to shard (HF naming model-0000K-of-0000N.safetensors). Always
+For each CFG and DP size: --state fp32, bit16 (against the model states' module tensors) and
+exp_avg (one file each, model.safetensors), and exp_avg_sq with --max-shard-size small enough to
+shard (HF naming model-0000K-of-0000N.safetensors). Always
 model.safetensors.index.json, whose weight_map names each tensor's file and whose
 metadata.total_size is the tensor bytes; each file's __metadata__ {"format": "pt"}. Every
 parameter present once, dtype, shape and bits equal.
@@ -57,12 +58,23 @@ def read_export(out, what):
     return tensors, len(shards)
 
 
+def expected_tensors(tag, zero, params, state):
+    """The atoms of `state` as DeepSpeed holds them: zero/<param>/<state>.pt of its universal
+    export, or for bit16 the module tensors of the model states (the weights the model runs with:
+    bf16 in bf16 runs, fp32 otherwise)."""
+    if state == "bit16":
+        module = ds_objects.load(f"{tag}/mp_rank_00_model_states.pt")["module"]
+        return {param: module[param] for param in params}
+    return {param: ds_objects.load(f"{zero}/{param}/{state}.pt")["param"] for param in params}
+
+
 for cfg in configs:
     for dp in ("dp4", "dp2"):
         tag = f"{fixtures}/{cfg}/{dp}/global_step5"
         zero = f"{fixtures}/{cfg}/{dp}/global_step5_universal/zero"
         params = sorted(n for n in os.listdir(zero) if os.path.isdir(f"{zero}/{n}"))
-        for state, shard in (("fp32", None), ("exp_avg", None), ("exp_avg_sq", MAX_SHARD_BYTES)):
+        for state, shard in (("fp32", None), ("bit16", None), ("exp_avg", None),
+                             ("exp_avg_sq", MAX_SHARD_BYTES)):
             what = f"{cfg}/{dp} {state}"
             out = f"{work}/{cfg}_{dp}_{state}"
             harness.fresh_dir(work)
@@ -75,12 +87,10 @@ for cfg in configs:
             tensors, shards = read_export(out, what)
             report.check(shards > 1 if shard else shards == 1, f"{what}: {shards} shards")
             report.check(sorted(tensors) == params, f"{what}: names {sorted(tensors)}")
-            for param in params:
-                if param in tensors:
-                    expected = ds_objects.load(f"{zero}/{param}/{state}.pt")["param"]
-                    mine = tensors[param]
-                    report.check(mine.dtype == expected.dtype and mine.shape == expected.shape and
-                                 not ds_objects.compare(expected.detach().clone(), mine),
-                                 f"{what}: {param} differs")
+            for param, expected in expected_tensors(tag, zero, params, state).items():
+                mine = tensors.get(param)
+                report.check(mine is not None and
+                             not ds_objects.compare(expected.detach().clone(), mine),
+                             f"{what}: {param} differs")
             report.check(not harness.temp_leftovers(work), f"{what}: temporaries left")
 report.exit()
