@@ -22,6 +22,8 @@
 // _codecs.encode(str, 'latin1') and (__builtin__|builtins).bytes() as "bytes", bytearray(those)
 // as "bytearray",
 // (__builtin__|builtins).set/frozenset([items]) as "set"/"frozenset".
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -37,6 +39,8 @@
 #include <vector>
 
 #include "core/cli/commands.h"
+#include "core/cli/inspect_tag.h"
+#include "core/cli/terminal.h"
 #include "core/format/safetensors_reader.h"
 #include "core/format/torch_archive_reader.h"
 #include "core/io/file.h"
@@ -665,8 +669,10 @@ Status Inspect(const InspectOptions& options) {
 void AddInspectCommand(CLI::App& app, Run* run) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* command = app.add_subcommand(
-      "inspect", "Print the object tree of a .pt (torch.save) or .safetensors file");
-  command->add_option("file", options->path, "the file")->required();
+      "inspect",
+      "Print the object tree of a .pt (torch.save) or .safetensors file, or a checkpoint tag "
+      "directory as atoms");
+  command->add_option("path", options->path, "the file, or the tag directory")->required();
   command->add_flag("--json", options->json, "machine-readable JSON");
   command->add_option("--tensor", options->tensor,
                       "print one tensor's first values; PATH like optimizer_state_dict/state/0/"
@@ -676,10 +682,16 @@ void AddInspectCommand(CLI::App& app, Run* run) {
   command->callback([options, command, run] {
     options->tensor_given = command->count("--tensor") > 0;
     *run = [options] {
+      struct stat info;
+      if (::stat(options->path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+        if (options->tensor_given) {
+          return PrintError("inspect", Status::InvalidArgument("--tensor takes a file"),
+                            kExitUsage);
+        }
+        return InspectTag(options->path, options->json);
+      }
       const Status status = Inspect(*options);
-      if (status.ok()) return 0;
-      std::cerr << "ucp inspect: " << status.ToString() << "\n";
-      return 1;
+      return status.ok() ? kExitOk : PrintError("inspect", status, kExitInput);
     };
   });
 }

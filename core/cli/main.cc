@@ -1,5 +1,7 @@
-// ucp: offline tools over checkpoints (see README.md, "The ucp command").
+// ucp: offline tools over checkpoints (see README.md, "The ucp command"; exit statuses in
+// commands.h).
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "core/cli/commands.h"
 
@@ -8,12 +10,23 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ucp::cli::Run run;
   ucp::cli::AddInspectCommand(app, &run);
+  ucp::cli::AddIndexCommand(app, &run);
+  ucp::cli::AddReshardCommand(app, &run);
+  ucp::cli::AddExportCommand(app, &run);
+  ucp::cli::AddVerifyCommand(app, &run);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
   } catch (const CLI::ParseError& error) {
-    // Usage errors exit with 2, keeping 1 for files that cannot be read.
-    const int code = app.exit(error);
-    return code == 0 ? 0 : 2;
+    // One line, like every other error, naming the subcommand when parsing got that far.
+    const std::vector<CLI::App*> chosen = app.get_subcommands();
+    std::cerr << "ucp" << (chosen.empty() ? "" : " " + chosen.front()->get_name())
+              << ": usage: " << error.what() << " (ucp "
+              << (chosen.empty() ? "" : chosen.front()->get_name() + " ") << "--help)\n";
+    return ucp::cli::kExitUsage;
   }
   return run();
 }

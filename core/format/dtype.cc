@@ -61,6 +61,13 @@ std::optional<DType> DTypeFromSafetensorsName(std::string_view name) {
 
 std::string_view TorchName(DType dtype) { return Names(dtype).torch; }
 
+std::optional<DType> DTypeFromTorchName(std::string_view name) {
+  for (const DTypeNames& names : kNames) {
+    if (names.torch == name) return names.dtype;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string_view> TorchStorageClass(DType dtype) {
   if (Names(dtype).storage_class.empty()) return std::nullopt;
   return Names(dtype).storage_class;

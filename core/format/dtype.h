@@ -42,6 +42,9 @@ std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
 
 // torch's name without the "torch." prefix: "float32", "bfloat16", "bool", ...
 std::string_view TorchName(DType dtype);
+// The inverse of TorchName: "float32" → kFloat32; nullopt for any other string (aliases such as
+// "float" or "half" included).
+std::optional<DType> DTypeFromTorchName(std::string_view name);
 
 // The legacy typed-storage class torch.save pickles for the dtype, e.g. "FloatStorage",
 // "BFloat16Storage" (module "torch"). Returns nullopt for dtypes torch 1.13 has no storage

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -13,6 +14,9 @@ namespace ucp {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
+
+// Long copies are cut into pieces of this size so that progress moves.
+constexpr uint64_t kProgressStep = uint64_t{64} << 20;
 
 bool ValidUtf8(std::string_view text) {
   size_t i = 0;
@@ -54,11 +58,11 @@ bool ValidUtf8(std::string_view text) {
 // Writes `body(file)` to "<path>.tmp.<pid>", fsyncs it and renames it over `path`; the
 // temporary file is removed on any failure.
 template <typename Body>
-Status WriteAtomically(const std::string& path, Body body) {
+Status WriteAtomically(const std::string& path, bool sync, Body body) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreate));
   Status status = body(file);
-  if (status.ok()) status = file.Sync();
+  if (status.ok() && sync) status = file.Sync();
   if (status.ok()) status = file.Close();
   if (status.ok()) status = RenameFile(temp, path);
   if (!status.ok()) {
@@ -89,7 +93,14 @@ Status SafetensorsWriter::Add(Entry entry) {
   const std::optional<uint64_t> size = CheckedMul(numel, ItemSize(entry.dtype));
   const std::optional<uint64_t> total = size ? CheckedAdd(data_size_, *size) : std::nullopt;
   if (!total) return Status::OutOfRange(where + "byte size overflows");
-  if (entry.source.empty() && entry.memory.size() != *size) {
+  if (!entry.runs.empty()) {
+    const Result<uint64_t> runs_size = ByteRunsLength(entry.runs);
+    if (!runs_size.ok() || *runs_size != *size) {
+      return Status::InvalidArgument(where + "runs of " +
+                                     (runs_size.ok() ? std::to_string(*runs_size) : "too many") +
+                                     " bytes given for a tensor of " + std::to_string(*size));
+    }
+  } else if (entry.source.empty() && entry.memory.size() != *size) {
     return Status::InvalidArgument(where + std::to_string(entry.memory.size()) +
                                    " bytes given for a tensor of " + std::to_string(*size));
   }
@@ -102,13 +113,27 @@ Status SafetensorsWriter::Add(Entry entry) {
 
 Status SafetensorsWriter::AddFromMemory(std::string name, DType dtype, std::vector<uint64_t> shape,
                                         std::span<const std::byte> data) {
-  return Add(Entry{std::move(name), dtype, std::move(shape), 0, data, "", 0});
+  return Add(Entry{std::move(name), dtype, std::move(shape), 0, data, "", 0, {}});
 }
 
 Status SafetensorsWriter::AddFromFile(std::string name, DType dtype, std::vector<uint64_t> shape,
                                       std::string source, uint64_t offset) {
   if (source.empty()) return Status::InvalidArgument("safetensors: empty source path for " + name);
-  return Add(Entry{std::move(name), dtype, std::move(shape), 0, {}, std::move(source), offset});
+  return Add(Entry{std::move(name), dtype, std::move(shape), 0, {}, std::move(source), offset, {}});
+}
+
+Status SafetensorsWriter::AddFromRuns(std::string name, DType dtype, std::vector<uint64_t> shape,
+                                      std::span<const ByteRun> runs) {
+  // A tensor of no bytes has no runs to copy: its (empty) memory says the same.
+  if (runs.empty()) return AddFromMemory(std::move(name), dtype, std::move(shape), {});
+  return Add(Entry{std::move(name),
+                   dtype,
+                   std::move(shape),
+                   0,
+                   {},
+                   "",
+                   0,
+                   std::vector<ByteRun>(runs.begin(), runs.end())});
 }
 
 Status SafetensorsWriter::SetMetadata(std::string key, std::string value) {
@@ -138,12 +163,12 @@ std::string SafetensorsWriter::Header() const {
   return text;
 }
 
-Status SafetensorsWriter::Write(const std::string& path) const {
+Status SafetensorsWriter::Write(const std::string& path, const WriteOptions& options) const {
   const std::string header = Header();
   if (header.size() > kMaxSafetensorsHeader) {
     return Status::OutOfRange("safetensors: header of " + path + " exceeds the size limit");
   }
-  return WriteAtomically(path, [&](File& out) -> Status {
+  return WriteAtomically(path, options.sync, [&](File& out) -> Status {
     std::byte length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<std::byte>(header.size() >> (8 * i));
     // Explicit offsets throughout: CopyRange writes at an offset and leaves the file position.
@@ -151,7 +176,22 @@ Status SafetensorsWriter::Write(const std::string& path) const {
     UCP_RETURN_IF_ERROR(out.WriteAt(sizeof(length), std::as_bytes(std::span(header))));
     uint64_t cursor = sizeof(length) + header.size();
     for (const Entry& entry : entries_) {
-      if (entry.source.empty()) {
+      if (!entry.runs.empty()) {
+        uint64_t at = cursor;
+        for (const ByteRun& run : entry.runs) {
+          // The new file reads as zeros wherever nothing was written; its size is set below.
+          for (uint64_t done = 0; run.file != nullptr && done < run.length;) {
+            const uint64_t n = std::min(run.length - done, kProgressStep);
+            UCP_RETURN_IF_ERROR(CopyRange(*run.file, run.offset + done, out, at + done, n));
+            if (options.progress) options.progress(n);
+            done += n;
+          }
+          if (run.file == nullptr && run.length > 0 && options.progress) {
+            options.progress(run.length);
+          }
+          at += run.length;
+        }
+      } else if (entry.source.empty()) {
         UCP_RETURN_IF_ERROR(out.WriteAt(cursor, entry.memory));
       } else {
         // The source is opened per tensor: many tensors of one file cost one open each, which
@@ -164,14 +204,16 @@ Status SafetensorsWriter::Write(const std::string& path) const {
                                          entry.source);
         }
         UCP_RETURN_IF_ERROR(CopyRange(source, entry.source_offset, out, cursor, entry.size));
+        if (options.progress) options.progress(entry.size);
       }
       cursor += entry.size;
     }
-    return Status::Ok();
+    // Trailing runs of zeros were skipped: the file must still end where the data does.
+    return out.Truncate(cursor);
   });
 }
 
-Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& index) {
+Result<std::string> SafetensorsIndexJson(const SafetensorsIndex& index) {
   OrderedJson metadata = OrderedJson::object();
   if (index.total_size) metadata["total_size"] = *index.total_size;
   for (const auto& [key, value] : index.metadata) {
@@ -189,11 +231,14 @@ Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& in
     }
     weight_map[name] = file;
   }
-  const std::string text =
-      OrderedJson{{"metadata", std::move(metadata)}, {"weight_map", std::move(weight_map)}}.dump(
-          2) +
-      "\n";
-  return WriteAtomically(path,
+  return OrderedJson{{"metadata", std::move(metadata)}, {"weight_map", std::move(weight_map)}}.dump(
+             2) +
+         "\n";
+}
+
+Status WriteSafetensorsIndex(const std::string& path, const SafetensorsIndex& index) {
+  UCP_ASSIGN_OR_RETURN(const std::string text, SafetensorsIndexJson(index));
+  return WriteAtomically(path, /*sync=*/true,
                          [&](File& out) { return out.WriteAt(0, std::as_bytes(std::span(text))); });
 }
 

@@ -26,6 +26,8 @@ Result<TorchArchiveWriter> TorchArchiveWriter::Create(std::string path, Options 
   ZipWriter::Options zip_options;
   zip_options.archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
   zip_options.sync = options.sync;
+  zip_options.copy_buffer_bytes = options.copy_buffer_bytes;
+  zip_options.progress = std::move(options.progress);
   if (zip_options.archive_name.empty()) {
     return Status::InvalidArgument("torch archive " + path + ": empty archive name");
   }
@@ -37,7 +39,7 @@ Status TorchArchiveWriter::AddSource(std::string key, Source source) {
   if (key.empty() || key.find('/') != std::string::npos) {
     return Status::InvalidArgument("torch archive " + path_ + ": bad storage key \"" + key + "\"");
   }
-  if (!sources_.emplace(key, source).second) {
+  if (!sources_.emplace(key, std::move(source)).second) {
     return Status::InvalidArgument("torch archive " + path_ + ": storage " + key + " added twice");
   }
   return Status::Ok();
@@ -45,11 +47,18 @@ Status TorchArchiveWriter::AddSource(std::string key, Source source) {
 
 Status TorchArchiveWriter::AddStorageFromFile(std::string key, const File& source, uint64_t offset,
                                               uint64_t size, std::optional<uint32_t> crc32) {
-  return AddSource(std::move(key), Source{&source, offset, size, crc32, {}});
+  return AddSource(std::move(key), Source{&source, offset, size, crc32, {}, {}});
+}
+
+Status TorchArchiveWriter::AddStorageFromRuns(std::string key, std::span<const ByteRun> runs) {
+  const Result<uint64_t> size = ByteRunsLength(runs);
+  if (!size.ok()) return size.status().WithContext("torch archive " + path_ + ": storage " + key);
+  return AddSource(std::move(key),
+                   Source{nullptr, 0, *size, std::nullopt, {}, {runs.begin(), runs.end()}});
 }
 
 Status TorchArchiveWriter::AddStorageFromMemory(std::string key, std::span<const std::byte> data) {
-  return AddSource(std::move(key), Source{nullptr, 0, data.size(), std::nullopt, data});
+  return AddSource(std::move(key), Source{nullptr, 0, data.size(), std::nullopt, data, {}});
 }
 
 Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
@@ -108,6 +117,8 @@ Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
     if (source.file != nullptr) {
       UCP_RETURN_IF_ERROR(
           zip_.AddRecordFromFile(name, *source.file, source.offset, source.size, source.crc32));
+    } else if (!source.runs.empty()) {
+      UCP_RETURN_IF_ERROR(zip_.AddRecordFromRuns(name, source.runs));
     } else {
       UCP_RETURN_IF_ERROR(zip_.AddRecord(name, source.memory));
     }

@@ -12,9 +12,11 @@
 // Atomicity: as ZipWriter (temporary file, fsync, rename): `path` is untouched or complete.
 //
 // Thread-safety: none; one thread drives a writer. Call order: Create → AddStorage* → Finish.
+// Storage bytes are read and written in Finish, through ZipWriter's bounded copy buffer.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -24,6 +26,7 @@
 #include "core/format/dtype.h"
 #include "core/format/pickle_value.h"
 #include "core/format/zip_writer.h"
+#include "core/io/byte_run.h"
 #include "core/io/file.h"
 #include "core/util/status.h"
 
@@ -36,6 +39,8 @@ class TorchArchiveWriter {
   struct Options {
     std::string archive_name;  // empty: the stem of the path
     bool sync = true;          // fsync before the rename (ZipWriter::Options::sync)
+    size_t copy_buffer_bytes = ZipWriter::Options{}.copy_buffer_bytes;  // ZipWriter's
+    std::function<void(uint64_t)> progress;  // storage bytes written (ZipWriter::Options)
   };
 
   static Result<TorchArchiveWriter> Create(std::string path, Options options);
@@ -53,6 +58,9 @@ class TorchArchiveWriter {
   // in the kernel without being read. A key may be added once.
   Status AddStorageFromFile(std::string key, const File& source, uint64_t offset, uint64_t size,
                             std::optional<uint32_t> crc32 = std::nullopt);
+  // Storage `key` holds the concatenation of `runs` (ranges of open files, runs of zeros); every
+  // run's File must stay open until Finish returns. Its bytes are read and CRC'd in Finish.
+  Status AddStorageFromRuns(std::string key, std::span<const ByteRun> runs);
   // Storage `key` holds `data`, kept alive and unchanged by the caller until Finish returns.
   Status AddStorageFromMemory(std::string key, std::span<const std::byte> data);
 
@@ -63,11 +71,12 @@ class TorchArchiveWriter {
 
  private:
   struct Source {
-    const File* file = nullptr;  // null: memory
+    const File* file = nullptr;  // null: memory, or `runs` when there are any
     uint64_t offset = 0;
     uint64_t size = 0;
     std::optional<uint32_t> crc32;
     std::span<const std::byte> memory;
+    std::vector<ByteRun> runs;
   };
   TorchArchiveWriter(std::string path, ZipWriter zip)
       : path_(std::move(path)), zip_(std::move(zip)) {}

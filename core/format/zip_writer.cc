@@ -221,25 +221,39 @@ Status ZipWriter::AddRecordFromFile(std::string_view name, const File& source, u
     if (Status st = CopyRange(source, offset, file_, data_offset, length); !st.ok()) {
       return Fail(st.WithContext(context));
     }
+    if (options_.progress) options_.progress(length);
     return EndRecord(std::move(full), header_offset, length, *crc32);
   }
-  const size_t chunk = static_cast<size_t>(
-      std::min<uint64_t>(std::max<uint64_t>(length, 1), options_.copy_buffer_bytes));
+  const ByteRun run{&source, offset, length};
+  return StreamRecord(std::move(full), header_offset, data_offset, std::span(&run, 1), length,
+                      context);
+}
+
+Status ZipWriter::AddRecordFromRuns(std::string_view name, std::span<const ByteRun> runs) {
+  UCP_ASSIGN_OR_RETURN(const uint64_t length, ByteRunsLength(runs));
+  const uint64_t header_offset = cursor_;
+  std::string full;
+  UCP_ASSIGN_OR_RETURN(const uint64_t data_offset, BeginRecord(name, length, &full));
+  const std::string context = "zip: add record \"" + full + "\"";
+  return StreamRecord(std::move(full), header_offset, data_offset, runs, length, context);
+}
+
+Status ZipWriter::StreamRecord(std::string full_name, uint64_t header_offset, uint64_t data_offset,
+                               std::span<const ByteRun> runs, uint64_t length,
+                               const std::string& context) {
   if (!buffer_) buffer_.reset(new std::byte[options_.copy_buffer_bytes]);
   Crc32Stream crc;
-  for (uint64_t done = 0; done < length;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(length - done, chunk));
-    const std::span<std::byte> piece(buffer_.get(), n);
-    if (Status st = source.ReadAt(offset + done, piece); !st.ok()) {
-      return Fail(st.WithContext(context));
-    }
-    crc.Update(piece);
-    if (Status st = file_.WriteAt(data_offset + done, piece); !st.ok()) {
-      return Fail(st.WithContext(context));
-    }
-    done += n;
-  }
-  return EndRecord(std::move(full), header_offset, length, crc.value());
+  uint64_t done = 0;
+  const Status status = StreamRuns(runs, std::span(buffer_.get(), options_.copy_buffer_bytes),
+                                   [&](std::span<const std::byte> piece) -> Status {
+                                     crc.Update(piece);
+                                     UCP_RETURN_IF_ERROR(file_.WriteAt(data_offset + done, piece));
+                                     done += piece.size();
+                                     if (options_.progress) options_.progress(piece.size());
+                                     return Status::Ok();
+                                   });
+  if (!status.ok()) return Fail(status.WithContext(context));
+  return EndRecord(std::move(full_name), header_offset, length, crc.value());
 }
 
 Result<uint64_t> ZipWriter::Finish() {

@@ -33,13 +33,14 @@
 // is never held whole.
 //
 // Thread-safety: none; one thread drives a writer. Call order: Create → AddRecord* /
-// AddRecordFromFile* → Finish. After a failed write (I/O error, source too short) the writer is
-// poisoned: later calls fail with kFailedPrecondition and the temporary is removed on destruction.
-// A rejected name (kInvalidArgument) writes nothing and does not poison it.
+// AddRecordFromFile* / AddRecordFromRuns* → Finish. After a failed write (I/O error, source too
+// short) the writer is poisoned: later calls fail with kFailedPrecondition and the temporary is
+// removed on destruction. A rejected name (kInvalidArgument) writes nothing and does not poison it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "core/format/zip_reader.h"
+#include "core/io/byte_run.h"
 #include "core/io/file.h"
 #include "core/util/status.h"
 
@@ -69,6 +71,9 @@ class ZipWriter {
     // Bytes of the buffer through which file-sourced data is read (to CRC it) and written.
     // 256 KiB stays in L2 between the read, the CRC and the write (fastest in the benchmark).
     size_t copy_buffer_bytes = size_t{256} << 10;
+    // When set, called with a byte count each time record data streamed from a file or from
+    // runs has been written (per copy-buffer chunk; once per record moved by copy_file_range).
+    std::function<void(uint64_t)> progress;
   };
 
   // Opens the temporary next to `path` (nothing is written to `path` before Finish).
@@ -94,6 +99,11 @@ class ZipWriter {
   Status AddRecordFromFile(std::string_view name, const File& source, uint64_t offset,
                            uint64_t length, std::optional<uint32_t> crc32 = std::nullopt);
 
+  // Appends a record whose data is the concatenation of `runs` (byte ranges of open files and
+  // runs of zeros), read through the copy buffer, CRC'd and written: memory stays at one buffer
+  // whatever the record's size. A source ending early is kCorrupt.
+  Status AddRecordFromRuns(std::string_view name, std::span<const ByteRun> runs);
+
   // Writes the central directory and end records, then commits (see Atomicity). Returns the final
   // archive size. No call is valid afterwards.
   Result<uint64_t> Finish();
@@ -118,6 +128,10 @@ class ZipWriter {
   // the full name and the data offset.
   Result<uint64_t> BeginRecord(std::string_view name, uint64_t size, std::string* full_name);
   Status EndRecord(std::string full_name, uint64_t header_offset, uint64_t size, uint32_t crc32);
+  // Writes the record `full_name` (begun at `header_offset`, data at `data_offset`) from `runs`
+  // of `length` bytes in total, CRC'ing them on the way; `context` prefixes errors.
+  Status StreamRecord(std::string full_name, uint64_t header_offset, uint64_t data_offset,
+                      std::span<const ByteRun> runs, uint64_t length, const std::string& context);
   Status Fail(Status status);
 
   std::string path_;

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -250,6 +252,33 @@ Status SyncDirectory(const std::string& dir) {
   UCP_ASSIGN_OR_RETURN(File directory, File::Open(dir, File::Mode::kRead));
   UCP_RETURN_IF_ERROR(directory.Sync());
   return directory.Close();
+}
+
+Status CreateDirectories(const std::string& dir) {
+  ReentrancyGuard guard;
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return PosixError("file: create directory " + dir, error.value());
+  return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view contents, bool sync) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string temp =
+      path + ".ucp-tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreateExclusive));
+  Status status = file.WriteAt(0, std::as_bytes(std::span(contents.data(), contents.size())));
+  if (status.ok() && sync) status = file.Sync();
+  if (status.ok()) status = file.Close();
+  if (status.ok()) status = RenameFile(temp, path);
+  if (!status.ok()) {
+    (void)file.Close();  // already failing: the first error is the one reported
+    (void)RemoveFile(temp);
+    return status;
+  }
+  if (!sync) return Status::Ok();
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return SyncDirectory(dir.empty() ? "." : dir);
 }
 
 }  // namespace ucp

@@ -96,4 +96,12 @@ Status RemoveFile(const std::string& path);
 // fsyncs the directory `dir`, making a preceding create or rename in it durable.
 Status SyncDirectory(const std::string& dir);
 
+// Creates directory `dir` and any missing parents (mkdir -p); an existing directory is OK.
+Status CreateDirectories(const std::string& dir);
+
+// Writes `contents` to `path` atomically: a temporary "<path>.ucp-tmp-<pid>-<n>" in the same
+// directory (created exclusively), then, with `sync`, fsync; rename over `path`; with `sync`,
+// fsync of the directory. On failure the temporary is removed and `path` is untouched.
+Status WriteFileAtomically(const std::string& path, std::string_view contents, bool sync = true);
+
 }  // namespace ucp

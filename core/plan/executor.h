@@ -44,8 +44,9 @@ struct ArchiveOutput {
   std::vector<OutputStorage> storages;
 };
 
-// One tensor of a safetensors output.
-struct SafetensorsTensor {
+// One tensor of a safetensors output (named apart from safetensors_reader.h's SafetensorsTensor,
+// a parsed header entry).
+struct SafetensorsOutputTensor {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
@@ -54,7 +55,7 @@ struct SafetensorsTensor {
 
 struct SafetensorsOutput {
   std::string path;
-  std::vector<SafetensorsTensor> tensors;
+  std::vector<SafetensorsOutputTensor> tensors;
   std::map<std::string, std::string> metadata;
 };
 
@@ -75,15 +76,18 @@ struct OutputPlan {
   std::vector<CopyOutput> copies;
   std::vector<TextOutput> texts;
 
-  // Bytes the plan writes from sources or zeros (tensor data and copies), for progress.
+  // Bytes of tensor data the plan writes from sources or zeros (copies not included: their sizes
+  // are the index's).
   uint64_t DataBytes() const;
 };
 
 struct ExecuteOptions {
-  unsigned threads = 0;                  // 0: min(hardware threads, 8)
-  size_t chunk_bytes = size_t{1} << 20;  // per-worker copy buffer
-  bool sync = true;                      // fsync each file and the directories it created
-  // Called as bytes land: (bytes done, DataBytes()).
+  unsigned threads = 0;  // 0: min(hardware threads, 8)
+  // Per-worker copy buffer for bytes that must be seen (archive records are CRC'd); 256 KiB
+  // stays in L2 between read, CRC and write (ZipWriter::Options::copy_buffer_bytes).
+  size_t chunk_bytes = size_t{256} << 10;
+  bool sync = true;  // fsync each file and the directories it created
+  // Called as bytes land: (bytes done, total), total = DataBytes() + the copied files' sizes.
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

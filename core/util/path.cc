@@ -39,4 +39,17 @@ std::string JoinAndNormalize(std::string_view base, std::string_view path) {
   return LexicallyNormal(joined);
 }
 
+bool IsNormalRelativePath(std::string_view path) {
+  if (path.empty()) return false;
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    const size_t slash = path.find('/', pos);
+    const size_t end = slash == std::string_view::npos ? path.size() : slash;
+    const std::string_view part = path.substr(pos, end - pos);
+    if (part.empty() || part == "." || part == "..") return false;
+    pos = end + 1;
+  }
+  return true;
+}
+
 }  // namespace ucp

@@ -19,4 +19,8 @@ std::string LexicallyNormal(std::string_view path);
 // and `path` is relative.
 std::string JoinAndNormalize(std::string_view base, std::string_view path);
 
+// True when `path` is relative and already normal, so that joining it to a directory stays inside
+// that directory: non-empty, no leading or trailing '/', and no empty, "." or ".." component.
+bool IsNormalRelativePath(std::string_view path);
+
 }  // namespace ucp

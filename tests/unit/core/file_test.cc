@@ -155,5 +155,31 @@ TEST_F(FileTest, RenameRemoveAndSyncDirectory) {
   EXPECT_EQ(*t->Size(), 100u);
 }
 
+TEST_F(FileTest, CreateDirectoriesAndWriteFileAtomically) {
+  ASSERT_TRUE(CreateDirectories(PathOf("a/b/c")).ok());
+  ASSERT_TRUE(CreateDirectories(PathOf("a/b/c")).ok());  // existing: fine
+  EXPECT_TRUE(std::filesystem::is_directory(PathOf("a/b/c")));
+  ASSERT_TRUE(File::Open(PathOf("plain"), File::Mode::kCreate).ok());
+  EXPECT_FALSE(CreateDirectories(PathOf("plain/sub")).ok());
+
+  const std::string target = PathOf("a/b/c/latest");
+  ASSERT_TRUE(WriteFileAtomically(target, "global_step5").ok());
+  ASSERT_TRUE(WriteFileAtomically(target, "global_step10", /*sync=*/false).ok());
+  auto file = File::Open(target, File::Mode::kRead);
+  ASSERT_TRUE(file.ok());
+  std::string text(13, '\0');
+  ASSERT_TRUE(file->ReadAt(0, std::as_writable_bytes(std::span(text))).ok());
+  EXPECT_EQ(text, "global_step10");
+  EXPECT_EQ(*file->Size(), 13u);
+  // Only the target remains: no temporaries.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(PathOf("a/b/c")),
+                          std::filesystem::directory_iterator()),
+            1);
+  // A directory that does not exist: the error names the temporary's path, nothing is left.
+  const Status missing = WriteFileAtomically(PathOf("none/x"), "x");
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find(PathOf("none/x")), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ucp

@@ -31,5 +31,20 @@ TEST(PathTest, JoinAndNormalize) {
   EXPECT_EQ(JoinAndNormalize("relative", "x"), "");
 }
 
+TEST(PathTest, IsNormalRelativePath) {
+  EXPECT_TRUE(IsNormalRelativePath("x.pt"));
+  EXPECT_TRUE(IsNormalRelativePath("zero/wte.weight/fp32.pt"));
+  EXPECT_TRUE(IsNormalRelativePath(".ucp/index.json"));
+  EXPECT_TRUE(IsNormalRelativePath("a/..b/c.."));
+  EXPECT_FALSE(IsNormalRelativePath(""));
+  EXPECT_FALSE(IsNormalRelativePath("/x"));
+  EXPECT_FALSE(IsNormalRelativePath("x/"));
+  EXPECT_FALSE(IsNormalRelativePath("a//b"));
+  EXPECT_FALSE(IsNormalRelativePath("./a"));
+  EXPECT_FALSE(IsNormalRelativePath("a/."));
+  EXPECT_FALSE(IsNormalRelativePath("a/../b"));
+  EXPECT_FALSE(IsNormalRelativePath(".."));
+}
+
 }  // namespace
 }  // namespace ucp

@@ -1,0 +1,62 @@
+#include "core/cli/tag.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "core/cli/staging.h"
+
+namespace ucp::cli {
+namespace {
+
+// The saved index, when it still describes the files on disk (sizes; hashes are `ucp verify`'s).
+Result<Tag> SavedIndex(const std::string& dir) {
+  UCP_ASSIGN_OR_RETURN(AtomIndex index, AtomIndex::Read(IndexPath(dir)));
+  UCP_ASSIGN_OR_RETURN(const hooks::FrameworkAdapter* adapter,
+                       hooks::FindAdapter(index.contents().adapter));
+  if (index.contents().adapter_schema != adapter->schema()) {
+    return Status::FailedPrecondition("saved index: another adapter schema");
+  }
+  for (const IndexedFile& file : index.files()) {
+    struct stat info;
+    const std::string path = dir + "/" + file.path;
+    if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+        static_cast<uint64_t>(info.st_size) != file.size) {
+      return Status::FailedPrecondition("saved index: " + file.path + " changed");
+    }
+  }
+  Tag tag{.dir = dir,
+          .name = SplitPath(dir).second,
+          .adapter = adapter,
+          .index = std::move(index),
+          .saved_index = true};
+  return tag;
+}
+
+}  // namespace
+
+std::string IndexPath(const std::string& tag_dir) {
+  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
+}
+
+Result<Tag> OpenTag(const std::string& given, const hooks::IndexOptions& options,
+                    bool use_saved_index) {
+  const std::string dir = TrimTrailingSlashes(given);
+  struct stat info;
+  if (::stat(dir.c_str(), &info) != 0) return PosixError("tag " + dir, errno);
+  if (!S_ISDIR(info.st_mode)) return Status::NotFound("tag " + dir + ": not a directory");
+  if (use_saved_index) {
+    Result<Tag> saved = SavedIndex(dir);
+    if (saved.ok()) return saved;
+  }
+  UCP_ASSIGN_OR_RETURN(const hooks::FrameworkAdapter* adapter, hooks::DetectAdapter(dir));
+  UCP_ASSIGN_OR_RETURN(AtomIndex index, adapter->BuildIndex(dir, options));
+  Tag tag{.dir = dir,
+          .name = SplitPath(dir).second,
+          .adapter = adapter,
+          .index = std::move(index),
+          .saved_index = false};
+  return tag;
+}
+
+}  // namespace ucp::cli

@@ -1,0 +1,99 @@
+// `ucp verify TAGDIR`: every file the tag's saved index lists, re-hashed and compared.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/cli/commands.h"
+#include "core/cli/staging.h"
+#include "core/cli/tag.h"
+#include "core/cli/terminal.h"
+#include "hooks/journal.h"
+
+namespace ucp::cli {
+namespace {
+
+struct VerifyOptions {
+  std::string tag_dir;
+  unsigned threads = 0;
+};
+
+std::string Hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+// "" when `file` matches, else what differs.
+std::string Check(const std::string& dir, const IndexedFile& file) {
+  Result<hooks::FileDigest> digest = hooks::HashFile(dir + "/" + file.path);
+  if (!digest.ok()) {
+    if (digest.status().code() == StatusCode::kNotFound) return "missing";
+    return "unreadable: " + digest.status().message();
+  }
+  if (digest->size != file.size) {
+    return "size " + std::to_string(digest->size) + ", index says " + std::to_string(file.size);
+  }
+  if (digest->xxh3 != file.xxh3) {
+    return "xxh3 " + Hex64(digest->xxh3) + ", index says " + Hex64(file.xxh3);
+  }
+  return "";
+}
+
+int RunVerify(const VerifyOptions& options) {
+  constexpr std::string_view kCommand = "verify";
+  const std::string dir = TrimTrailingSlashes(options.tag_dir);
+  Result<AtomIndex> index = AtomIndex::Read(IndexPath(dir));
+  if (!index.ok()) {
+    return PrintError(kCommand, index.status().WithContext("no usable index (ucp index writes it)"),
+                      kExitInput);
+  }
+  const std::vector<IndexedFile>& files = index->files();
+  std::vector<std::string> problems(files.size());
+  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads =
+      std::clamp<unsigned>(options.threads != 0 ? options.threads : std::min(hardware, 8u), 1,
+                           static_cast<unsigned>(std::max<size_t>(files.size(), 1)));
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&] {
+      for (size_t i = next++; i < files.size(); i = next++) problems[i] = Check(dir, files[i]);
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+
+  size_t bad = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    bytes += files[i].size;
+    if (problems[i].empty()) continue;
+    ++bad;
+    std::cout << files[i].path << ": " << problems[i] << "\n";
+  }
+  if (bad != 0) {
+    std::cerr << "ucp verify: " << bad << " of " << files.size()
+              << " files differ from the index of " << dir << "\n";
+    return kExitMismatch;
+  }
+  std::cout << dir << ": " << files.size() << " files (" << HumanBytes(bytes)
+            << ") match the index\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddVerifyCommand(CLI::App& app, Run* run) {
+  auto options = std::make_shared<VerifyOptions>();
+  CLI::App* command =
+      app.add_subcommand("verify", "Re-hash the files of a tag against its saved index");
+  command->add_option("tagdir", options->tag_dir, "the tag directory, e.g. ckpt/global_step5")
+      ->required();
+  command->add_option("--threads", options->threads, "hashing threads (0: up to 8)");
+  command->callback([options, run] { *run = [options] { return RunVerify(*options); }; });
+}
+
+}  // namespace ucp::cli

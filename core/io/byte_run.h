@@ -1,0 +1,38 @@
+// ByteRun: a run of bytes to be written, taken from an open File or made of zeros, and the one
+// loop that streams a sequence of runs through a bounded buffer.
+//
+// Writers that gather a record or tensor from many places (the reshard executor's segments) take
+// a span of runs; the bytes are read chunk by chunk, never held whole.
+//
+// Thread-safety: StreamRuns only reads the runs' files (pread); several threads may stream runs
+// of the same File at once, each with its own buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "core/io/file.h"
+#include "core/util/status.h"
+
+namespace ucp {
+
+// `length` bytes at `offset` of `file`, or `length` zero bytes when `file` is null. The File is
+// borrowed: it must stay open while the run is used.
+struct ByteRun {
+  const File* file = nullptr;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Total bytes of `runs`; kOutOfRange when the sum overflows 64 bits.
+[[nodiscard]] Result<uint64_t> ByteRunsLength(std::span<const ByteRun> runs);
+
+// Reads the bytes of `runs`, in order, into `buffer` and hands each filled chunk to `sink`
+// (every chunk buffer.size() bytes except the last; a chunk may span several runs). Stops at the
+// first error, from a read (a source ending early is kCorrupt) or from `sink`.
+[[nodiscard]] Status StreamRuns(std::span<const ByteRun> runs, std::span<std::byte> buffer,
+                                const std::function<Status(std::span<const std::byte>)>& sink);
+
+}  // namespace ucp

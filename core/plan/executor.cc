@@ -1,0 +1,307 @@
+#include "core/plan/executor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "core/format/safetensors_writer.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/io/byte_run.h"
+#include "core/io/file.h"
+#include "core/util/checked.h"
+#include "core/util/path.h"
+
+namespace ucp {
+namespace {
+
+constexpr unsigned kMaxDefaultThreads = 8;
+// Verbatim copies are cut into pieces of this size so that progress moves.
+constexpr uint64_t kCopyProgressStep = uint64_t{64} << 20;
+
+std::string Parent(const std::string& relative) {
+  const size_t slash = relative.rfind('/');
+  return slash == std::string::npos ? std::string() : relative.substr(0, slash);
+}
+
+// Everything the workers share: the opened sources, the progress counter, the first error.
+class Execution {
+ public:
+  Execution(const AtomIndex& index, const std::string& out_dir, const ExecuteOptions& options,
+            uint64_t total)
+      : index_(index), out_dir_(out_dir), options_(options), total_(total) {}
+
+  // Opens every source file `plan` reads, once, and checks its size against the index.
+  Status OpenSources(const std::set<uint32_t>& used, const std::string& tag_dir) {
+    sources_.resize(index_.files().size());
+    for (const uint32_t f : used) {
+      const IndexedFile& indexed = index_.files()[f];
+      UCP_ASSIGN_OR_RETURN(sources_[f],
+                           File::Open(tag_dir + "/" + indexed.path, File::Mode::kRead));
+      UCP_ASSIGN_OR_RETURN(const uint64_t size, sources_[f].Size());
+      if (size != indexed.size) {
+        return Status::Corrupt("execute plan: source " + sources_[f].path() + " has " +
+                               std::to_string(size) + " bytes, the index says " +
+                               std::to_string(indexed.size) +
+                               " (truncated, or changed since it was indexed)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  std::vector<ByteRun> Runs(const std::vector<Segment>& segments) const {
+    std::vector<ByteRun> runs;
+    runs.reserve(segments.size());
+    for (const Segment& segment : segments) {
+      runs.push_back({segment.zero_fill() ? nullptr : &sources_[segment.file], segment.offset,
+                      segment.length});
+    }
+    return runs;
+  }
+
+  std::string OutPath(const std::string& relative) const { return out_dir_ + "/" + relative; }
+
+  void Progress(uint64_t bytes) {
+    if (!options_.progress) return;
+    std::lock_guard lock(progress_mutex_);
+    done_ += bytes;
+    options_.progress(done_, total_);
+  }
+  std::function<void(uint64_t)> ProgressHook() {
+    if (!options_.progress) return {};
+    return [this](uint64_t bytes) { Progress(bytes); };
+  }
+
+  Status Write(const ArchiveOutput& output) {
+    TorchArchiveWriter::Options writer_options;
+    writer_options.archive_name = output.archive_name;
+    writer_options.sync = options_.sync;
+    writer_options.copy_buffer_bytes = options_.chunk_bytes;
+    writer_options.progress = ProgressHook();
+    UCP_ASSIGN_OR_RETURN(TorchArchiveWriter writer,
+                         TorchArchiveWriter::Create(OutPath(output.path), writer_options));
+    for (const OutputStorage& storage : output.storages) {
+      UCP_RETURN_IF_ERROR(writer.AddStorageFromRuns(storage.key, Runs(storage.segments)));
+    }
+    return writer.Finish(output.graph.root()).status();
+  }
+
+  Status Write(const SafetensorsOutput& output) {
+    SafetensorsWriter writer;
+    for (const SafetensorsOutputTensor& tensor : output.tensors) {
+      UCP_RETURN_IF_ERROR(
+          writer.AddFromRuns(tensor.name, tensor.dtype, tensor.shape, Runs(tensor.segments)));
+    }
+    for (const auto& [key, value] : output.metadata) {
+      UCP_RETURN_IF_ERROR(writer.SetMetadata(key, value));
+    }
+    return writer.Write(OutPath(output.path), {options_.sync, ProgressHook()});
+  }
+
+  Status Write(const CopyOutput& output) {
+    const File& source = sources_[output.file];
+    const uint64_t size = index_.files()[output.file].size;
+    const std::string path = OutPath(output.path);
+    static std::atomic<uint64_t> counter{0};
+    const std::string temp = path + ".ucp-tmp-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(counter.fetch_add(1));
+    UCP_ASSIGN_OR_RETURN(File out, File::Open(temp, File::Mode::kCreateExclusive));
+    Status status;
+    for (uint64_t done = 0; status.ok() && done < size;) {
+      const uint64_t n = std::min(size - done, kCopyProgressStep);
+      status = CopyRange(source, done, out, done, n);
+      if (status.ok()) Progress(n);
+      done += n;
+    }
+    if (status.ok() && options_.sync) status = out.Sync();
+    if (status.ok()) status = out.Close();
+    if (status.ok()) status = RenameFile(temp, path);
+    if (!status.ok()) {
+      (void)out.Close();  // already failing: the first error is the one reported
+      (void)RemoveFile(temp);
+    }
+    return status.WithContext("execute plan: copy " + source.path() + " to " + path);
+  }
+
+  Status Write(const TextOutput& output) {
+    return WriteFileAtomically(OutPath(output.path), output.contents, options_.sync);
+  }
+
+ private:
+  const AtomIndex& index_;
+  const std::string& out_dir_;
+  const ExecuteOptions& options_;
+  const uint64_t total_;
+  std::vector<File> sources_;  // by index file number; open only where the plan reads
+  std::mutex progress_mutex_;
+  uint64_t done_ = 0;
+};
+
+// One output file to write, with its byte weight for scheduling.
+struct Task {
+  uint64_t bytes;
+  std::function<Status(Execution&)> run;
+};
+
+Status CheckSegments(const std::vector<Segment>& segments, const AtomIndex& index,
+                     const std::string& where, std::set<uint32_t>& used) {
+  for (const Segment& segment : segments) {
+    if (segment.zero_fill()) continue;
+    if (segment.file >= index.files().size()) {
+      return Status::InvalidArgument(where + ": segment of source file " +
+                                     std::to_string(segment.file) + ", the index has " +
+                                     std::to_string(index.files().size()));
+    }
+    const IndexedFile& file = index.files()[segment.file];
+    if (!RangeWithin(segment.offset, segment.length, file.size)) {
+      return Status::InvalidArgument(where + ": segment [" + std::to_string(segment.offset) +
+                                     ", +" + std::to_string(segment.length) + ") is outside " +
+                                     file.path + " (" + std::to_string(file.size) + " bytes)");
+    }
+    used.insert(segment.file);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t OutputPlan::DataBytes() const {
+  uint64_t total = 0;
+  for (const ArchiveOutput& archive : archives) {
+    for (const OutputStorage& storage : archive.storages) total += SegmentBytes(storage.segments);
+  }
+  for (const SafetensorsOutput& output : safetensors) {
+    for (const SafetensorsOutputTensor& tensor : output.tensors) {
+      total += SegmentBytes(tensor.segments);
+    }
+  }
+  return total;
+}
+
+Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
+                   const std::string& out_dir, const ExecuteOptions& options) {
+  if (options.chunk_bytes == 0) {
+    return Status::InvalidArgument("execute plan: a copy buffer of 0 bytes");
+  }
+  // Everything is checked before the first byte is written.
+  std::vector<Task> tasks;
+  std::set<std::string> paths;
+  std::set<uint32_t> used;
+  const auto add_path = [&](const std::string& path) -> Status {
+    if (!IsNormalRelativePath(path)) {
+      return Status::InvalidArgument("execute plan: output path \"" + path +
+                                     "\" is not a normalised path inside " + out_dir);
+    }
+    if (!paths.insert(path).second) {
+      return Status::InvalidArgument("execute plan: output path \"" + path + "\" is planned twice");
+    }
+    return Status::Ok();
+  };
+  for (const ArchiveOutput& output : plan.archives) {
+    UCP_RETURN_IF_ERROR(add_path(output.path));
+    uint64_t bytes = 0;
+    for (const OutputStorage& storage : output.storages) {
+      UCP_RETURN_IF_ERROR(CheckSegments(storage.segments, index,
+                                        "execute plan: " + output.path + " storage " + storage.key,
+                                        used));
+      bytes += SegmentBytes(storage.segments);
+    }
+    tasks.push_back({bytes, [&output](Execution& e) { return e.Write(output); }});
+  }
+  for (const SafetensorsOutput& output : plan.safetensors) {
+    UCP_RETURN_IF_ERROR(add_path(output.path));
+    uint64_t bytes = 0;
+    for (const SafetensorsOutputTensor& tensor : output.tensors) {
+      UCP_RETURN_IF_ERROR(CheckSegments(
+          tensor.segments, index, "execute plan: " + output.path + " tensor " + tensor.name, used));
+      bytes += SegmentBytes(tensor.segments);
+    }
+    tasks.push_back({bytes, [&output](Execution& e) { return e.Write(output); }});
+  }
+  uint64_t copied = 0;
+  for (const CopyOutput& output : plan.copies) {
+    UCP_RETURN_IF_ERROR(add_path(output.path));
+    if (output.file >= index.files().size()) {
+      return Status::InvalidArgument("execute plan: " + output.path + ": copy of source file " +
+                                     std::to_string(output.file) + ", the index has " +
+                                     std::to_string(index.files().size()));
+    }
+    used.insert(output.file);
+    copied += index.files()[output.file].size;
+    tasks.push_back(
+        {index.files()[output.file].size, [&output](Execution& e) { return e.Write(output); }});
+  }
+  for (const TextOutput& output : plan.texts) {
+    UCP_RETURN_IF_ERROR(add_path(output.path));
+    tasks.push_back({output.contents.size(), [&output](Execution& e) { return e.Write(output); }});
+  }
+
+  Execution execution(index, out_dir, options, plan.DataBytes() + copied);
+  UCP_RETURN_IF_ERROR(execution.OpenSources(used, tag_dir));
+
+  // Directories: create what is missing, remembering what was created so that its entry in its
+  // parent can be made durable.
+  std::set<std::string> parents;
+  for (const std::string& path : paths) parents.insert(Parent(path));
+  std::vector<std::string> created;
+  for (const std::string& parent : parents) {
+    for (std::string dir = parent; !dir.empty(); dir = Parent(dir)) {
+      std::error_code error;
+      if (std::filesystem::is_directory(out_dir + "/" + dir, error)) break;
+      created.push_back(dir);
+    }
+    if (!parent.empty()) UCP_RETURN_IF_ERROR(CreateDirectories(out_dir + "/" + parent));
+  }
+
+  // Biggest first, so that one large file does not start last and run alone.
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.bytes > b.bytes; });
+  unsigned threads = options.threads;
+  if (threads == 0)
+    threads = std::clamp(std::thread::hardware_concurrency(), 1u, kMaxDefaultThreads);
+  threads = static_cast<unsigned>(std::min<size_t>(threads, tasks.size()));
+
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  Status first_error;
+  const auto work = [&] {
+    for (size_t t = next++; t < tasks.size() && !failed; t = next++) {
+      Status status = tasks[t].run(execution);
+      if (!status.ok()) {
+        std::lock_guard lock(error_mutex);
+        if (!failed.exchange(true)) first_error = std::move(status);
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  for (unsigned w = 1; w < threads; ++w) workers.emplace_back(work);
+  work();
+  for (std::thread& worker : workers) worker.join();
+  UCP_RETURN_IF_ERROR(first_error);
+
+  if (options.sync) {
+    // The writers fsync the directory they rename into; created directories also need their
+    // own entries made durable in their parents.
+    std::set<std::string> synced;
+    for (const std::string& dir : created) {
+      const std::string parent = Parent(dir);
+      if (synced.insert(parent).second) {
+        UCP_RETURN_IF_ERROR(SyncDirectory(parent.empty() ? out_dir : out_dir + "/" + parent));
+      }
+    }
+    for (const std::string& parent : parents) {
+      if (synced.insert(parent).second) {
+        UCP_RETURN_IF_ERROR(SyncDirectory(parent.empty() ? out_dir : out_dir + "/" + parent));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ucp

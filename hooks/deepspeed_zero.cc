@@ -1,0 +1,1284 @@
+#include "hooks/deepspeed_zero.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <utility>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/plan/copy_plan.h"
+#include "core/util/checked.h"
+#include "hooks/file_hashing.h"
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+// DeepSpeed pads every group's flat buffer to a multiple of nccl_start_alignment_factor × DP.
+constexpr uint64_t kAlignmentFactor = 2;
+constexpr std::string_view kModelRole = "model_states";
+constexpr std::string_view kOptimRole = "optim_states";
+constexpr std::string_view kUniversalRole = "universal_optimizer_state";
+constexpr std::string_view kOsd = "optimizer_state_dict";
+constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
+constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
+
+std::string Prefix(const std::string& where) { return "deepspeed: " + where + ": "; }
+
+std::string ModelStatesName(uint32_t mp) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "mp_rank_%02u_model_states.pt", mp);
+  return name;
+}
+
+std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp) {
+  char name[96];
+  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_optim_states.pt", dp, mp);
+  return std::string(prefix) + name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// File names of a tag.
+
+struct OptimEntry {
+  std::string name;
+  std::string prefix;  // "" or "bf16_"
+  uint32_t dp = 0;
+  uint32_t mp = 0;
+};
+
+struct TagListing {
+  std::map<uint32_t, std::string> model_states;  // mp rank → name
+  std::vector<OptimEntry> optim;
+  std::vector<std::string> zero3_model_states;
+  std::vector<std::string> layer_files;
+};
+
+std::optional<uint32_t> ParseIndex(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9) return std::nullopt;
+  return static_cast<uint32_t>(std::stoul(digits));
+}
+
+Result<TagListing> ListTag(const std::string& tag_dir) {
+  static const std::regex kModel(R"(mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex kOptim(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex kZero3Model(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
+  static const std::regex kLayer(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
+  std::error_code error;
+  fs::directory_iterator it(tag_dir, error);
+  if (error) return PosixError(Prefix(tag_dir) + "list", error.value());
+  TagListing listing;
+  for (const fs::directory_entry& entry : it) {
+    if (!entry.is_regular_file(error)) continue;
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kModel)) {
+      const std::optional<uint32_t> mp = ParseIndex(m[1].str());
+      if (mp) listing.model_states[*mp] = name;
+    } else if (std::regex_match(name, m, kOptim)) {
+      const std::optional<uint32_t> dp = ParseIndex(m[2].str());
+      const std::optional<uint32_t> mp = ParseIndex(m[3].str());
+      if (dp && mp) listing.optim.push_back({name, m[1].str(), *dp, *mp});
+    } else if (std::regex_match(name, kZero3Model)) {
+      listing.zero3_model_states.push_back(name);
+    } else if (std::regex_match(name, kLayer)) {
+      listing.layer_files.push_back(name);
+    }
+  }
+  return listing;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading pickle fields, every error naming the file and the field.
+
+Status FieldError(const TorchArchiveReader& reader, std::string_view field, std::string what) {
+  return Status::Corrupt(Prefix(reader.path()) + std::string(field) + ": " + what);
+}
+
+Result<const Value*> Field(const TorchArchiveReader& reader, std::string_view field) {
+  Result<const Value*> node = reader.Find(field);
+  if (!node.ok()) return FieldError(reader, field, "missing");
+  return *node;
+}
+
+const Value* OptionalField(const TorchArchiveReader& reader, std::string_view field) {
+  Result<const Value*> node = reader.Find(field);
+  return node.ok() ? *node : nullptr;
+}
+
+Result<int64_t> IntField(const TorchArchiveReader& reader, std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  std::optional<int64_t> value;
+  if (node->kind() == Kind::kInt) value = node->AsInt64();
+  if (!value) return FieldError(reader, field, "not an int");
+  return *value;
+}
+
+Result<std::string> StrField(const TorchArchiveReader& reader, std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  if (node->kind() != Kind::kStr) return FieldError(reader, field, "not a str");
+  return node->data();
+}
+
+Result<std::vector<int64_t>> IntListField(const TorchArchiveReader& reader,
+                                          std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  if (node->kind() != Kind::kList && node->kind() != Kind::kTuple) {
+    return FieldError(reader, field, "not a list");
+  }
+  std::vector<int64_t> out;
+  for (const Value* item : node->items()) {
+    std::optional<int64_t> value;
+    if (item->kind() == Kind::kInt) value = item->AsInt64();
+    if (!value) return FieldError(reader, field, "an element is not an int");
+    out.push_back(*value);
+  }
+  return out;
+}
+
+std::string ListText(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+std::string ShapeText(const Shape& shape) {
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  return ListText(dims);
+}
+
+// torch.Size((a, b)) as pickled: REDUCE(torch.Size, ((a, b),)); plain tuples/lists accepted.
+std::optional<Shape> ShapeOf(const Value* node) {
+  if (node->kind() == Kind::kObject && node->IsCallOf("torch", "Size") &&
+      node->args()->items().size() == 1) {
+    node = node->args()->Item(0);
+  }
+  if (node->kind() != Kind::kTuple && node->kind() != Kind::kList) return std::nullopt;
+  Shape shape;
+  for (const Value* dim : node->items()) {
+    std::optional<int64_t> value;
+    if (dim->kind() == Kind::kInt) value = dim->AsInt64();
+    if (!value || *value < 0) return std::nullopt;
+    shape.push_back(static_cast<uint64_t>(*value));
+  }
+  return shape;
+}
+
+// ZeroStageEnum as pickled: getattr(ZeroStageEnum, 'optimizer_states'), or a plain int.
+std::optional<int64_t> ZeroStageOf(const Value* node) {
+  if (node->kind() == Kind::kInt) return node->AsInt64();
+  if (node->kind() != Kind::kObject) return std::nullopt;
+  const Value* args = node->args();
+  if (node->IsCallOf("__builtin__", "getattr") || node->IsCallOf("builtins", "getattr")) {
+    if (args->items().size() != 2 || args->Item(1)->kind() != Kind::kStr) return std::nullopt;
+    static const std::map<std::string, int64_t, std::less<>> kStages = {{"disabled", 0},
+                                                                        {"optimizer_states", 1},
+                                                                        {"gradients", 2},
+                                                                        {"weights", 3},
+                                                                        {"max_stage", 3}};
+    const auto it = kStages.find(args->Item(1)->data());
+    if (it == kStages.end()) return std::nullopt;
+    return it->second;
+  }
+  if (args->items().size() == 1 && args->Item(0)->kind() == Kind::kInt) {
+    return args->Item(0)->AsInt64();
+  }
+  return std::nullopt;
+}
+
+// A pickled hyperparameter as JSON (numbers, strings, bools, None, lists, str-keyed dicts);
+// anything else as its canonical rendering.
+nlohmann::json JsonOf(const Value* node) {
+  switch (node->kind()) {
+    case Kind::kNone:
+      return nullptr;
+    case Kind::kBool:
+      return node->bool_value();
+    case Kind::kInt: {
+      const std::optional<int64_t> value = node->AsInt64();
+      if (value) return *value;
+      return node->IntDecimal();
+    }
+    case Kind::kFloat:
+      return node->float_value();
+    case Kind::kStr:
+      return node->data();
+    case Kind::kTuple:
+    case Kind::kList: {
+      nlohmann::json array = nlohmann::json::array();
+      for (const Value* item : node->items()) array.push_back(JsonOf(item));
+      return array;
+    }
+    case Kind::kDict: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& [key, value] : node->entries()) object[KeyText(key)] = JsonOf(value);
+      return object;
+    }
+    default: {
+      Result<std::string> text = pickle::Render(node);
+      return text.ok() ? *text : std::string(pickle::KindName(node->kind()));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed's partitioning rules.
+
+struct GroupLayout {
+  std::vector<std::string> names;  // flat-buffer order
+  std::vector<Shape> shapes;
+  std::vector<uint64_t> offsets;  // element offset of each param in the flat buffer
+  std::vector<uint64_t> numels;
+  uint64_t total = 0;  // real elements
+};
+
+struct Partitioning {
+  uint64_t padded = 0;     // flat buffer length
+  uint64_t partition = 0;  // P: elements per rank
+  uint64_t padding = 0;    // at the end, on the last rank
+  uint32_t ranks = 1;
+  uint64_t begin(uint32_t r) const { return uint64_t{r} * partition; }
+  uint64_t padding_of(uint32_t r) const { return r + 1 == ranks ? padding : 0; }
+};
+
+Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
+  Partitioning p;
+  p.ranks = dp;
+  const uint64_t alignment = kAlignmentFactor * dp;
+  const uint64_t remainder = total % alignment;
+  p.padding = remainder == 0 ? 0 : alignment - remainder;
+  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
+  if (!padded) {
+    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
+                              " elements: too large");
+  }
+  p.padded = *padded;
+  p.partition = p.padded / dp;
+  return p;
+}
+
+Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes) {
+  GroupLayout layout;
+  layout.names = std::move(names);
+  layout.shapes = std::move(shapes);
+  for (const Shape& shape : layout.shapes) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(shape));
+    layout.offsets.push_back(layout.total);
+    layout.numels.push_back(numel);
+    const std::optional<uint64_t> total = CheckedAdd(layout.total, numel);
+    if (!total) return Status::OutOfRange("deepspeed: parameter group: more than 2^64 elements");
+    layout.total = *total;
+  }
+  return layout;
+}
+
+// DeepSpeed's _round_robin_reorder: positions i grouped by i % parts, groups in order.
+std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts) {
+  std::vector<size_t> order;
+  order.reserve(n);
+  for (size_t j = 0; j < std::min<size_t>(parts, n); ++j) {
+    for (size_t i = j; i < n; i += parts) order.push_back(i);
+  }
+  return order;
+}
+
+// The optimizer's own parameter order, from a flat order saved at `dp` ranks.
+std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp) {
+  std::vector<size_t> original(n);
+  if (!round_robin) {
+    for (size_t i = 0; i < n; ++i) original[i] = i;
+    return original;
+  }
+  const std::vector<size_t> order = RoundRobinOrder(n, dp);
+  for (size_t position = 0; position < n; ++position) original[order[position]] = position;
+  return original;  // original[i] = flat position of the optimizer's i-th parameter
+}
+
+// A layout's parameters in the flat order DeepSpeed uses at `dp` ranks.
+Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32_t source_dp,
+                             uint32_t dp) {
+  if (!round_robin) return MakeLayout(source.names, source.shapes);
+  const std::vector<size_t> original = OptimizerOrder(source.names.size(), true, source_dp);
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (const size_t i : RoundRobinOrder(source.names.size(), dp)) {
+    names.push_back(source.names[original[i]]);
+    shapes.push_back(source.shapes[original[i]]);
+  }
+  return MakeLayout(std::move(names), std::move(shapes));
+}
+
+// param_slice_mappings of rank r: (name, numel, start) in the optimizer's parameter order.
+struct SliceMapping {
+  std::string name;
+  uint64_t numel = 0;
+  uint64_t start = 0;
+  bool operator==(const SliceMapping&) const = default;
+};
+
+std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
+                                           uint32_t r, bool round_robin, uint32_t dp) {
+  std::vector<SliceMapping> out;
+  const uint64_t begin = p.begin(r);
+  const uint64_t end = begin + p.partition;
+  for (const size_t k : OptimizerOrder(layout.names.size(), round_robin, dp)) {
+    const uint64_t lo = std::max(layout.offsets[k], begin);
+    const uint64_t hi = std::min(layout.offsets[k] + layout.numels[k], end);
+    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The files of a tag, read.
+
+struct ModelStates {
+  std::string name;
+  TorchArchiveReader reader;
+  std::string ds_version;
+  uint32_t dp = 0;
+  std::vector<GroupLayout> groups;
+  std::optional<int64_t> config_stage;
+  bool round_robin = false;
+};
+
+// One per-rank state tensor of a group: a partition-shaped state (1-d, P elements) or a 0-d one.
+struct StateTensor {
+  std::string key;
+  const TorchTensor* tensor = nullptr;
+};
+
+struct OptimGroup {
+  std::vector<StateTensor> states;  // in the pickle's order
+  const TorchTensor* fp32 = nullptr;
+  std::vector<SliceMapping> mappings;
+  const Value* param_group = nullptr;
+};
+
+struct OptimStates {
+  OptimEntry entry;
+  TorchArchiveReader reader;
+  bool bf16_optimizer = false;
+  std::optional<int64_t> zero_stage;
+  std::vector<int64_t> partition_count;
+  std::vector<int64_t> group_paddings;
+  std::string ds_version;
+  std::vector<OptimGroup> groups;
+};
+
+Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
+  ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
+  const TorchArchiveReader& r = ms.reader;
+  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
+  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(r, "dp_world_size"));
+  if (dp <= 0 || dp > (int64_t{1} << 24)) {
+    return FieldError(r, "dp_world_size", std::to_string(dp) + ": out of range");
+  }
+  ms.dp = static_cast<uint32_t>(dp);
+  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
+  if (shapes->kind() != Kind::kList || shapes->items().empty()) {
+    return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
+  }
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    std::vector<std::string> names;
+    std::vector<Shape> dims;
+    const std::string field = "param_shapes/" + std::to_string(g);
+    for (const auto& [key, value] : NamedChildren(shapes->items()[g])) {
+      std::optional<Shape> shape = ShapeOf(value);
+      if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
+      names.push_back(key);
+      dims.push_back(std::move(*shape));
+    }
+    if (names.empty()) return FieldError(r, field, "no parameters");
+    Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
+    if (!layout.ok()) return FieldError(r, field, layout.status().message());
+    ms.groups.push_back(std::move(*layout));
+  }
+  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
+  }
+  if (const Value* rr = OptionalField(r, "ds_config/zero_optimization/round_robin_gradients")) {
+    ms.round_robin = rr->kind() == Kind::kBool && rr->bool_value();
+  }
+  return ms;
+}
+
+Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& r,
+                                               const std::string& field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(r, field));
+  std::vector<SliceMapping> out;
+  for (const auto& [name, address] : NamedChildren(node)) {
+    int64_t numel = -1;
+    int64_t start = -1;
+    for (const auto& [attr, value] : NamedChildren(address)) {
+      if (value->kind() != Kind::kInt) continue;
+      if (attr == "numel") numel = value->AsInt64().value_or(-1);
+      if (attr == "start") start = value->AsInt64().value_or(-1);
+    }
+    if (numel < 0 || start < 0) {
+      return FieldError(r, field + "/" + name, "not a fragment_address(numel, start)");
+    }
+    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
+  }
+  return out;
+}
+
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const OptimEntry& entry,
+                                    size_t groups) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
+  OptimStates os{entry, std::move(reader), false, std::nullopt, {}, {}, {}, {}};
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  if (const Value* stage = OptionalField(r, osd + "/zero_stage")) {
+    os.zero_stage = ZeroStageOf(stage);
+    if (!os.zero_stage) return FieldError(r, osd + "/zero_stage", "not a ZeroStageEnum");
+  }
+  if (os.zero_stage && *os.zero_stage >= 3) {
+    return Status::Unsupported(Prefix(r.path()) +
+                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+  }
+  os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
+  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
+  UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
+  UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
+  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
+  if (state == nullptr || state->kind() != Kind::kDict) {
+    return Status::Unsupported(Prefix(r.path()) + osd +
+                               "/base_optimizer_state: not a torch optimizer state_dict "
+                               "(elastic checkpoints are not supported)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    OptimGroup group;
+    const std::string gs = std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
+    for (const auto& [key, value] : NamedChildren(states)) {
+      const TorchTensor* tensor = r.TensorAt(value);
+      if (tensor != nullptr) group.states.push_back({key, tensor});
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* fp32,
+                         Field(r, osd + "/single_partition_of_fp32_groups/" + gs));
+    group.fp32 = r.TensorAt(fp32);
+    if (group.fp32 == nullptr) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
+    }
+    UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
+    UCP_ASSIGN_OR_RETURN(group.param_group,
+                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
+    os.groups.push_back(std::move(group));
+  }
+  return os;
+}
+
+// Checks one rank's file against the layout param_shapes gives (its partition sizes, paddings
+// and param_slice_mappings are what DeepSpeed computes from it).
+Status CheckRank(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  const size_t groups = ms.groups.size();
+  if (os.ds_version != ms.ds_version) {
+    return FieldError(r, osd + "/ds_version",
+                      "\"" + os.ds_version + "\", but " + ms.name + " has \"" + ms.ds_version +
+                          "\" (a file of another save)");
+  }
+  if (os.partition_count != std::vector<int64_t>(groups, ms.dp)) {
+    return FieldError(r, osd + "/partition_count",
+                      ListText(os.partition_count) + ", but " + ms.name + " has dp_world_size " +
+                          std::to_string(ms.dp) + " and " + std::to_string(groups) +
+                          " parameter group(s) (a file of another save)");
+  }
+  if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
+    return FieldError(r, osd + "/zero_stage",
+                      "differs from " + first.entry.name + " (a file of another save)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const std::string gs = std::to_string(g);
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    const uint64_t padding = p.padding_of(os.entry.dp);
+    if (os.group_paddings.size() != groups ||
+        static_cast<uint64_t>(os.group_paddings[g]) != padding) {
+      return FieldError(r, osd + "/group_paddings",
+                        ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
+                            " for group " + gs + " from param_shapes in " + ms.name);
+    }
+    const OptimGroup& group = os.groups[g];
+    const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
+    if (group.fp32->shape.size() != 1 || group.fp32->numel() != fp32_numel ||
+        !group.fp32->contiguous()) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
+                        "shape " + ShapeText(group.fp32->shape) + ", expected [" +
+                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
+    }
+    if (group.states.size() != first.groups[g].states.size()) {
+      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
+                        "other state keys than " + first.entry.name);
+    }
+    for (size_t k = 0; k < group.states.size(); ++k) {
+      const StateTensor& st = group.states[k];
+      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
+      const StateTensor& reference = first.groups[g].states[k];
+      if (st.key != reference.key || st.tensor->shape != reference.tensor->shape ||
+          st.tensor->dtype != reference.tensor->dtype) {
+        return FieldError(r, field, "differs in name, shape or dtype from " + first.entry.name);
+      }
+      if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
+      const bool scalar = st.tensor->shape.empty();
+      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
+      if (!scalar && !partition) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
+            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
+      }
+    }
+    const std::vector<SliceMapping> expected =
+        ExpectedMappings(layout, p, os.entry.dp, ms.round_robin, ms.dp);
+    const std::string field = osd + "/param_slice_mappings/" + gs;
+    for (size_t i = 0; i < std::max(expected.size(), group.mappings.size()); ++i) {
+      if (i < expected.size() && i < group.mappings.size() && expected[i] == group.mappings[i]) {
+        continue;
+      }
+      if (i >= group.mappings.size()) {
+        return FieldError(r, field,
+                          "no entry for " + expected[i].name + ", which param_shapes in " +
+                              ms.name + " places in this partition");
+      }
+      const SliceMapping& got = group.mappings[i];
+      std::string want = "nothing";
+      if (i < expected.size()) {
+        want = expected[i].name + " numel " + std::to_string(expected[i].numel) + " start " +
+               std::to_string(expected[i].start);
+      }
+      return FieldError(r, field + "/" + got.name,
+                        "numel " + std::to_string(got.numel) + " start " +
+                            std::to_string(got.start) + ", but param_shapes in " + ms.name +
+                            " gives " + want);
+    }
+  }
+  return Status::Ok();
+}
+
+// Fragments of a flat state of param k: the intersection of its range with every rank's
+// partition, at the byte of that rank's tensor where it starts.
+Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
+                             const std::vector<const TorchTensor*>& per_rank) {
+  const uint64_t off = layout.offsets[k];
+  const uint64_t end = off + layout.numels[k];
+  for (uint32_t r = 0; r < p.ranks; ++r) {
+    const uint64_t lo = std::max(off, p.begin(r));
+    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
+    if (lo >= hi) continue;
+    const TorchTensor* tensor = per_rank[r];
+    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
+    const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
+    const std::optional<uint64_t> offset =
+        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
+    if (!offset) {
+      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
+                                ": offset overflow");
+    }
+    atom.fragments.push_back({1 + r, *offset, tensor->dtype, std::move(region)});
+  }
+  return Status::Ok();
+}
+
+std::optional<nlohmann::json> ScalarValue(const TorchArchiveReader& reader,
+                                          const TorchTensor& tensor) {
+  std::byte bytes[8] = {};
+  const uint64_t size = ItemSize(tensor.dtype);
+  if (size > sizeof(bytes) ||
+      !reader.ReadStorage(*tensor.storage, tensor.storage_offset * size, {bytes, size}).ok()) {
+    return std::nullopt;
+  }
+  switch (tensor.dtype) {
+    case DType::kFloat32: {
+      float value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return static_cast<double>(value);
+    }
+    case DType::kFloat64: {
+      double value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return value;
+    }
+    case DType::kInt64: {
+      int64_t value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return value;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string TagName(const std::string& tag_dir) {
+  fs::path path = fs::path(tag_dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  return path.filename().string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans.
+
+// The index's layout of every group (source flat order) and the facts PlanReshard needs.
+struct IndexFacts {
+  std::vector<GroupLayout> groups;
+  uint32_t dp = 0;
+  bool round_robin = false;
+  bool bf16_optimizer = false;
+  std::string prefix;
+  uint32_t model_file = 0;
+  uint32_t optim_file = 0;
+};
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  if (c.adapter != DeepSpeedZeroAdapter::kName) {
+    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
+                                   std::string(DeepSpeedZeroAdapter::kName));
+  }
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  const nlohmann::json& state = c.adapter_state;
+  if (!state.is_object() || !state.contains("optimizer") || !state["optimizer"].is_string() ||
+      !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
+      !state.contains("round_robin_gradients") || !state["round_robin_gradients"].is_boolean()) {
+    return Status::Corrupt(
+        "deepspeed: index adapter_state: optimizer, file_prefix or "
+        "round_robin_gradients missing or mistyped");
+  }
+  facts.bf16_optimizer = state["optimizer"].get<std::string>() == kBf16Optimizer;
+  facts.prefix = state["file_prefix"].get<std::string>();
+  if (facts.prefix != "" && facts.prefix != "bf16_") {
+    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + facts.prefix +
+                           "\" is neither \"\" nor \"bf16_\"");
+  }
+  facts.round_robin = state["round_robin_gradients"].get<bool>();
+  bool have_model = false;
+  bool have_optim = false;
+  for (const CarriedObject& carried : c.carried) {
+    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
+    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_model || !have_optim) {
+    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
+  }
+  for (const ParamGroup& group : c.groups) {
+    std::vector<Shape> shapes;
+    for (const std::string& name : group.params) {
+      const Atom* atom = index.Find(name, "fp32");
+      if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
+      shapes.push_back(atom->shape);
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.params, std::move(shapes)));
+    facts.groups.push_back(std::move(layout));
+  }
+  return facts;
+}
+
+Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,
+                                      uint32_t file) {
+  const IndexedFile& indexed = index.files().at(file);
+  const std::string path = tag_dir + "/" + indexed.path;
+  std::error_code error;
+  const uint64_t size = fs::file_size(path, error);
+  if (error) return PosixError(Prefix(path) + "size", error.value());
+  if (size != indexed.size) {
+    return Status::Corrupt(Prefix(path) + std::to_string(size) + " bytes, the index says " +
+                           std::to_string(indexed.size) + " (changed since it was indexed)");
+  }
+  return TorchArchiveReader::Open(path);
+}
+
+// The storage key a persistent id names: ('storage', cls, key, location, numel).
+const Value* PidTuple(const Value* node) {
+  if (node->kind() != Kind::kPersistentId) return nullptr;
+  const Value* pid = node->pid();
+  if (pid->kind() != Kind::kTuple || pid->items().size() < 5 ||
+      pid->Item(2)->kind() != Kind::kStr) {
+    return nullptr;
+  }
+  return pid;
+}
+
+// The storages of `root`'s archive: those in `replaced` as given, every other one carried from
+// `template_reader`'s record (source file `file`). Every reference to one key must agree on its
+// element count (a carried view of a rewritten storage would not).
+Result<std::vector<OutputStorage>> CollectStorages(
+    Value* root, const TorchArchiveReader& template_reader, uint32_t file,
+    std::map<std::string, std::vector<Segment>> replaced) {
+  std::map<std::string, std::string> numel_by_key;
+  UCP_RETURN_IF_ERROR(pickle::ForEachReachable(root, [&](Value* node) -> Status {
+    const Value* pid = PidTuple(node);
+    if (pid == nullptr) return Status::Ok();
+    const std::string numel = KeyText(pid->Item(4));
+    const auto [it, inserted] = numel_by_key.emplace(pid->Item(2)->data(), numel);
+    if (!inserted && it->second != numel) {
+      return Status::Internal(Prefix(template_reader.path()) + "storage " + it->first +
+                              ": referenced with " + it->second + " and " + numel + " elements");
+    }
+    return Status::Ok();
+  }));
+  std::vector<OutputStorage> storages;
+  for (const auto& [key, numel] : numel_by_key) {
+    auto it = replaced.find(key);
+    if (it != replaced.end()) {
+      storages.push_back({key, std::move(it->second)});
+      continue;
+    }
+    const auto record = template_reader.storages().find(key);
+    if (record == template_reader.storages().end()) {
+      return Status::Corrupt(Prefix(template_reader.path()) + "storage " + key + ": no record");
+    }
+    storages.push_back({key, {Segment{file, record->second.offset, record->second.size}}});
+  }
+  return storages;
+}
+
+// Bytes of elements [begin, end) of state `state`'s flat buffer laid out as `layout` (end <=
+// layout.total), as segments of the index's files.
+Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
+                                          std::string_view state, uint64_t begin, uint64_t end) {
+  std::vector<Segment> segments;
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const uint64_t off = layout.offsets[k];
+    const uint64_t lo = std::max(off, begin);
+    const uint64_t hi = std::min(off + layout.numels[k], end);
+    if (lo >= hi) continue;
+    const Atom* atom = index.Find(layout.names[k], state);
+    if (atom == nullptr) {
+      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
+                             std::string(state));
+    }
+    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo - off, hi - off, atom->shape));
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, region));
+    AppendSegments(segments, more);
+  }
+  return segments;
+}
+
+Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::string& where) {
+  if (dict == nullptr || dict->kind() != Kind::kDict) {
+    return Status::Corrupt(Prefix(where) + "not a dict where " + std::string(key) + " belongs");
+  }
+  for (auto it = dict->mutable_entries().rbegin(); it != dict->mutable_entries().rend(); ++it) {
+    if (it->first->kind() == Kind::kStr && it->first->data() == key) {
+      it->second = value;
+      return Status::Ok();
+    }
+  }
+  return Status::Corrupt(Prefix(where) + std::string(key) + ": missing");
+}
+
+Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
+  std::vector<Value*> items;
+  for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
+  return graph.List(std::move(items));
+}
+
+// OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
+Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
+  Value* dict = graph.Object(pickle::Construction::kReduce,
+                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
+  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
+  for (const SliceMapping& m : mappings) {
+    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
+    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
+                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
+    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
+    dict->mutable_mutations().push_back(
+        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
+  }
+  return dict;
+}
+
+// A replacement for template tensor `tensor`: `numel` elements viewed from a storage of
+// `storage_numel` under the same key.
+Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, uint64_t numel,
+                               uint64_t storage_numel) {
+  TensorNodeSpec spec;
+  spec.storage_key = tensor.storage->key;
+  spec.dtype = tensor.dtype;
+  spec.location = tensor.storage->location;
+  spec.storage_numel = storage_numel;
+  spec.shape = {numel};
+  spec.requires_grad = tensor.requires_grad;
+  spec.parameter = tensor.parameter;
+  return MakeTensorNode(graph, spec);
+}
+
+Status CheckTarget(const Topology& target) {
+  if (target.tp != 1) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
+                               ": tensor-parallel resharding is not supported yet");
+  }
+  if (target.pp != 1) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
+                               ": pipeline-parallel resharding is not supported yet");
+  }
+  if (target.dp == 0) return Status::InvalidArgument("deepspeed: dp=0: no ranks to reshard to");
+  if (target.world != 0 && target.world % target.dp != 0) {
+    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
+                                   " does not divide world=" + std::to_string(target.world));
+  }
+  if (target.world != 0 && target.world != target.dp) {
+    return Status::Unsupported("deepspeed: world=" + std::to_string(target.world) +
+                               " with dp=" + std::to_string(target.dp) +
+                               ": only pure data parallelism (world = dp) is supported");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && (!listing->model_states.empty() || !listing->optim.empty() ||
+                          !listing->zero3_model_states.empty());
+}
+
+Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
+                                                   const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  if (!listing.zero3_model_states.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+  }
+  if (!listing.layer_files.empty()) {
+    return Status::Unsupported(
+        Prefix(tag_dir) + "pp=" + std::to_string(std::max<size_t>(listing.model_states.size(), 2)) +
+        ": pipeline-parallel resharding is not supported yet");
+  }
+  if (listing.model_states.size() > 1) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "tp=" + std::to_string(listing.model_states.size()) +
+                               ": tensor-parallel resharding is not supported yet");
+  }
+  if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
+    return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
+  }
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  UCP_ASSIGN_OR_RETURN(ModelStates ms,
+                       ReadModelStates(tag_dir, listing.model_states.begin()->second));
+  if (ms.config_stage && *ms.config_stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+  }
+
+  // One optimizer file per DP rank, all with one prefix and mp rank 00.
+  const std::string prefix = listing.optim.front().prefix;
+  std::map<uint32_t, const OptimEntry*> by_rank;
+  for (const OptimEntry& entry : listing.optim) {
+    if (entry.mp != 0) {
+      return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
+                                 ": tensor-parallel resharding is not supported yet");
+    }
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= ms.dp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "dp rank " +
+                             std::to_string(entry.dp) + " >= dp_world_size " +
+                             std::to_string(ms.dp) + " of " + ms.name +
+                             " (a file of another save)");
+    }
+    by_rank[entry.dp] = &entry;
+  }
+  for (uint32_t r = 0; r < ms.dp; ++r) {
+    if (!by_rank.contains(r)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, 0)) +
+                              "not found (dp_world_size " + std::to_string(ms.dp) + " in " +
+                              ms.name + ")");
+    }
+  }
+  std::vector<OptimStates> ranks;
+  for (uint32_t r = 0; r < ms.dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size()));
+    ranks.push_back(std::move(os));
+  }
+  for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckRank(os, ms, ranks.front()));
+  const OptimStates& first = ranks.front();
+  const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
+
+  AtomIndexContents c;
+  c.framework = "deepspeed";
+  c.framework_version = ms.ds_version;
+  c.adapter = std::string(kName);
+  c.adapter_schema = kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {ms.dp, 1, 1, ms.dp, static_cast<uint32_t>(zero_stage)};
+
+  std::vector<std::string> paths = {ms.name};
+  for (const OptimStates& os : ranks) paths.push_back(os.entry.name);
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
+                     std::string(i == 0 ? kModelRole : kOptimRole), std::nullopt};
+    if (i > 0) file.rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
+    c.files.push_back(std::move(file));
+  }
+
+  std::map<std::string, const TorchTensor*> module;
+  if (const Value* node = OptionalField(ms.reader, "module")) {
+    for (const auto& [name, value] : NamedChildren(node)) module[name] = ms.reader.TensorAt(value);
+  }
+  std::set<std::string> seen;
+  for (size_t g = 0; g < ms.groups.size(); ++g) {
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    const std::string gs = std::to_string(g);
+    ParamGroup group;
+    group.params = layout.names;
+    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) continue;
+      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+        group.scalars[st.key] = *value;
+      }
+    }
+    c.groups.push_back(std::move(group));
+
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      const std::string& name = layout.names[k];
+      if (!seen.insert(name).second) {
+        return FieldError(ms.reader, "param_shapes/" + gs + "/" + name, "listed twice");
+      }
+      Atom fp32{name, "fp32", first.groups[g].fp32->dtype, layout.shapes[k], {}};
+      std::vector<const TorchTensor*> per_rank;
+      for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].fp32);
+      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank));
+      c.atoms.push_back(std::move(fp32));
+
+      for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
+        const StateTensor& st = first.groups[g].states[s];
+        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+        if (st.tensor->shape.empty()) {
+          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+          const uint32_t r = static_cast<uint32_t>(layout.offsets[k] / p.partition);
+          const TorchTensor* tensor = ranks[std::min(r, ms.dp - 1)].groups[g].states[s].tensor;
+          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+          atom.fragments.push_back(
+              {1 + std::min(r, ms.dp - 1), tensor->file_offset(), tensor->dtype, std::move(whole)});
+        } else {
+          atom.shape = layout.shapes[k];
+          per_rank.clear();
+          for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].states[s].tensor);
+          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank));
+        }
+        c.atoms.push_back(std::move(atom));
+      }
+
+      const auto it = module.find(name);
+      if (it == module.end() || it->second == nullptr) {
+        return FieldError(ms.reader, "module/" + name,
+                          "missing (param_shapes/" + gs + " names it)");
+      }
+      const TorchTensor& bit16 = *it->second;
+      if (bit16.shape != layout.shapes[k]) {
+        return FieldError(
+            ms.reader, "param_shapes/" + gs + "/" + name,
+            ShapeText(layout.shapes[k]) + ", but module/" + name + " is " + ShapeText(bit16.shape));
+      }
+      if (!bit16.contiguous()) return FieldError(ms.reader, "module/" + name, "not contiguous");
+      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16.shape));
+      c.atoms.push_back({name,
+                         "bit16",
+                         bit16.dtype,
+                         bit16.shape,
+                         {{0, bit16.file_offset(), bit16.dtype, whole}}});
+    }
+  }
+
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < ms.groups.size(); ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (const char* field : {"single_partition_of_fp32_groups", "group_paddings", "partition_count",
+                            "param_slice_mappings"}) {
+    rewritten_optim.push_back(std::string(kOsd) + "/" + field);
+  }
+  std::vector<std::string> rewritten_model = {"dp_world_size"};
+  if (ms.round_robin) rewritten_model.push_back("param_shapes");
+  c.carried = {
+      {std::string(kModelRole), 0, rewritten_model},
+      {std::string(kOptimRole), 1, rewritten_optim},
+      {std::string(kUniversalRole),
+       1,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+  c.adapter_state = {
+      {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
+      {"file_prefix", prefix},
+      {"mp_rank", 0},
+      {"alignment_factor", kAlignmentFactor},
+      {"round_robin_gradients", ms.round_robin},
+      {"fp32_padding_stripped", !first.bf16_optimizer},
+      {"zero_stage", zero_stage},
+  };
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
+                                                     const std::string& tag_dir,
+                                                     const Topology& target) const {
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  const uint32_t m = target.dp;
+  OutputPlan plan;
+
+  std::vector<GroupLayout> layouts;
+  std::vector<Partitioning> partitions;
+  for (const GroupLayout& source : facts.groups) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, Relayout(source, facts.round_robin, facts.dp, m));
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, m));
+    if (p.padding > p.partition) {
+      return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
+                                 std::to_string(layout.total) +
+                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
+    }
+    layouts.push_back(std::move(layout));
+    partitions.push_back(p);
+  }
+
+  // Model states: dp_world_size (and a round-robin flat order) rewritten, the rest carried.
+  {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                         OpenSource(index, tag_dir, facts.model_file));
+    ArchiveOutput out;
+    out.path = index.files()[facts.model_file].path;
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
+    if (facts.round_robin) {
+      Value* shapes = root->Get("param_shapes");
+      for (size_t g = 0; g < layouts.size() && shapes != nullptr; ++g) {
+        Value* group = shapes->Item(g);
+        if (group == nullptr || group->kind() != Kind::kObject) {
+          return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
+                                 ": not an OrderedDict");
+        }
+        std::map<std::string, pickle::Mutation> by_name;
+        for (const pickle::Mutation& mutation : group->mutations()) {
+          if (mutation.op == pickle::Mutation::Op::kSetItem) {
+            by_name.emplace(KeyText(mutation.first), mutation);
+          }
+        }
+        std::vector<pickle::Mutation> reordered;
+        for (const std::string& name : layouts[g].names) {
+          const auto it = by_name.find(name);
+          if (it == by_name.end()) {
+            return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
+                                   "/" + name + ": missing");
+          }
+          reordered.push_back(it->second);
+        }
+        group->mutable_mutations() = std::move(reordered);
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, facts.model_file, {}));
+    plan.archives.push_back(std::move(out));
+  }
+
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+  for (uint32_t r = 0; r < m; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    const Value* template_dict = reader.root()->Get(kOsd);
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<uint64_t> paddings;
+    std::vector<Value*> fp32_items;
+    std::vector<Value*> mapping_items;
+    for (size_t g = 0; g < layouts.size(); ++g) {
+      const GroupLayout& layout = layouts[g];
+      const Partitioning& p = partitions[g];
+      const uint64_t begin = p.begin(r);
+      const uint64_t padding = p.padding_of(r);
+      const uint64_t real_end = std::min(begin + p.partition, layout.total);
+      UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
+      const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
+      UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
+      Value* states = nullptr;
+      if (Value* base = dict->Get("base_optimizer_state")) {
+        if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
+          for (auto& [key, value] : all->mutable_entries()) {
+            if (KeyText(key) == std::to_string(g)) states = value;
+          }
+        }
+      }
+      if (states == nullptr || states->kind() != Kind::kDict ||
+          states->entries().size() != template_states->entries().size()) {
+        return FieldError(reader, field, "not a dict of states");
+      }
+      for (size_t s = 0; s < states->entries().size(); ++s) {
+        const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
+        if (tensor == nullptr || tensor->shape.size() != 1) continue;
+        if (tensor->numel() != source_p.partition) {
+          return FieldError(reader, field + "/" + KeyText(template_states->entries()[s].first),
+                            "not a partition of " + std::to_string(source_p.partition));
+        }
+        const std::string state = KeyText(states->entries()[s].first);
+        UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                             FlatSegments(index, layout, state, begin, real_end));
+        AppendZeros(segments,
+                    (begin + p.partition - std::max(begin, real_end)) * ItemSize(tensor->dtype));
+        UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
+                             PartitionTensor(out.graph, *tensor, p.partition, p.partition));
+        replaced[tensor->storage->key] = std::move(segments);
+      }
+
+      // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
+      // tensor but keeps the P-element storage it is a view of.
+      const std::string fp32_field = osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
+      UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
+      const TorchTensor* fp32 = reader.TensorAt(fp32_node);
+      if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
+      const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                           FlatSegments(index, layout, "fp32", begin, real_end));
+      AppendZeros(segments,
+                  (begin + p.partition - std::max(begin, real_end)) * ItemSize(fp32->dtype));
+      UCP_ASSIGN_OR_RETURN(Value * node,
+                           PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
+      fp32_items.push_back(node);
+      replaced[fp32->storage->key] = std::move(segments);
+
+      paddings.push_back(padding);
+      mapping_items.push_back(
+          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin, m)));
+    }
+    if (template_dict == nullptr || dict == nullptr) {
+      return FieldError(reader, osd, "missing");
+    }
+    UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
+                                    out.graph.List(std::move(fp32_items)), reader.path()));
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(dict, "group_paddings", IntList(out.graph, paddings), reader.path()));
+    UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count",
+                                    IntList(out.graph, std::vector<uint64_t>(layouts.size(), m)),
+                                    reader.path()));
+    UCP_RETURN_IF_ERROR(SetDictItem(dict, "param_slice_mappings",
+                                    out.graph.List(std::move(mapping_items)), reader.path()));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return plan;
+}
+
+Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& index,
+                                                             const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+
+  // ds_to_universal saves narrowed clones of the source tensors, which keep their requires_grad
+  // (True for the fp32 master partition).
+  std::map<std::string, bool> requires_grad;  // "<param>/<state>"
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    std::vector<std::pair<std::string, const TorchTensor*>> tensors;
+    UCP_ASSIGN_OR_RETURN(const Value* fp32,
+                         Field(reader, osd + "/single_partition_of_fp32_groups/" + gs));
+    tensors.emplace_back("fp32", reader.TensorAt(fp32));
+    UCP_ASSIGN_OR_RETURN(const Value* states,
+                         Field(reader, osd + "/base_optimizer_state/state/" + gs));
+    for (const auto& [key, value] : NamedChildren(states)) {
+      tensors.emplace_back(key, reader.TensorAt(value));
+    }
+    for (const std::string& name : facts.groups[g].names) {
+      for (const auto& [state, tensor] : tensors) {
+        if (tensor != nullptr) requires_grad[name + "/" + state] = tensor->requires_grad;
+      }
+    }
+  }
+
+  OutputPlan plan;
+  for (const Atom& atom : index.atoms()) {
+    if (atom.state == "bit16") continue;
+    ArchiveOutput out;
+    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+    TensorNodeSpec spec;
+    spec.storage_key = "0";
+    spec.dtype = atom.dtype;
+    spec.storage_numel = numel;
+    spec.shape = atom.shape;
+    spec.requires_grad = requires_grad[atom.param + "/" + atom.state];
+    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+    if (atom.shape.empty()) {
+      out.graph.set_root(tensor);  // step.pt: the bare 0-d tensor
+    } else {
+      out.graph.set_root(out.graph.Dict(
+          {{out.graph.Str("cat_dim"), out.graph.Int(0)}, {out.graph.Str("param"), tensor}}));
+    }
+    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+    out.storages.push_back({"0", std::move(segments)});
+    plan.archives.push_back(std::move(out));
+  }
+
+  // zero/optimizer_state.pt: rank 0's optimizer_state_dict without its partitioned entries,
+  // plus the base optimizer's param_groups.
+  ArchiveOutput out;
+  out.path = "zero/optimizer_state.pt";
+  const Value* template_dict = reader.root()->Get(kOsd);
+  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
+    return FieldError(reader, kOsd, "missing");
+  }
+  Value* dict = out.graph.Import(template_dict);
+  Value* base = dict->Get("base_optimizer_state");
+  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
+  if (param_groups == nullptr) {
+    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
+  }
+  std::vector<std::pair<Value*, Value*>> entries;
+  for (const auto& [key, value] : dict->entries()) {
+    const std::string name = KeyText(key);
+    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
+        name == "param_slice_mappings") {
+      continue;
+    }
+    entries.emplace_back(key, value);
+  }
+  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
+  out.graph.set_root(out.graph.Dict(std::move(entries)));
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(out.graph.root(), reader, facts.optim_file, {}));
+  plan.archives.push_back(std::move(out));
+
+  for (uint32_t i = 0; i < index.files().size(); ++i) {
+    if (index.files()[i].role == kModelRole) plan.copies.push_back({index.files()[i].path, i});
+  }
+  return plan;
+}
+
+}  // namespace ucp::hooks

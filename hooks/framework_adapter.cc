@@ -1,0 +1,31 @@
+#include "hooks/framework_adapter.h"
+
+#include "hooks/deepspeed_zero.h"
+
+namespace ucp::hooks {
+
+const std::vector<const FrameworkAdapter*>& Adapters() {
+  static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
+  static const std::vector<const FrameworkAdapter*>* const kAdapters =
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero};
+  return *kAdapters;
+}
+
+Result<const FrameworkAdapter*> FindAdapter(std::string_view name) {
+  std::string known;
+  for (const FrameworkAdapter* adapter : Adapters()) {
+    if (adapter->name() == name) return adapter;
+    known += (known.empty() ? "" : ", ") + std::string(adapter->name());
+  }
+  return Status::NotFound("framework adapter \"" + std::string(name) +
+                          "\": unknown (known: " + known + ")");
+}
+
+Result<const FrameworkAdapter*> DetectAdapter(const std::string& tag_dir) {
+  for (const FrameworkAdapter* adapter : Adapters()) {
+    if (adapter->Recognizes(tag_dir)) return adapter;
+  }
+  return Status::NotFound("framework adapter: no adapter recognises the files in " + tag_dir);
+}
+
+}  // namespace ucp::hooks

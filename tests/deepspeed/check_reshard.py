@@ -1,0 +1,79 @@
+"""`ucp reshard` against DeepSpeed's own resaved files, and lossless round trips.
+
+  check_reshard.py UCP FIXTURES WORKDIR CFG...
+
+Resaved cases (<CFG>/resaved/dpM_from_dpN, made by DeepSpeed: universal load at DP=M, then
+save_checkpoint): `ucp reshard <CFG>/dpN/global_step5 --to dp=M --out SAVEDIR` must give the same
+files as DeepSpeed, every object and tensor bit-identical (optimizer partitions, exp_avg padding,
+param_slice_mappings, partition_count, group_paddings, dp_world_size, module tensors and their
+storage sharing), except the run-config fields of harness.RUN_CONFIG_FIELDS, which must hold the
+source's values; SAVEDIR/latest holds the tag.
+
+Round trips dp4 -> dp2 -> dp4 and dp4 -> dp1 -> dp4 must reproduce every tensor and every
+non-tensor object of the original, with no exception.
+"""
+
+import sys
+
+import ds_objects
+import harness
+
+ucp, fixtures, work, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+report = harness.Report("check_reshard")
+TAG = "global_step5"
+
+
+def reshard(tag_dir, dp, save_dir, what):
+    harness.fresh_dir(save_dir)
+    status, _, err = harness.run_ucp(ucp, "reshard", tag_dir, "--to", f"dp={dp}", "--out",
+                                     save_dir)
+    ok = report.check(status == 0, f"{what}: ucp reshard exit {status}: {err}")
+    if ok:
+        report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{what}: latest")
+        report.check(not harness.temp_leftovers(save_dir), f"{what}: temporaries left")
+    return ok
+
+
+def check_run_config(source_tag, ours, what):
+    """The run-config fields of our file hold the source's values (every file of a DeepSpeed
+    save, model states and optimizer states alike, holds the same top-level ds_config)."""
+    source = ds_objects.load(f"{source_tag}/mp_rank_00_model_states.pt")
+    mine = ds_objects.load(ours)
+    for field in harness.RUN_CONFIG_FIELDS:
+        report.check(harness.get_path(mine, field) == harness.get_path(source, field),
+                     f"{what}: {field} is the source's")
+
+
+for cfg in configs:
+    for target, source_dp in ((2, 4), (1, 4), (4, 2), (4, 4)):
+        case = f"dp{target}_from_dp{source_dp}"
+        what = f"{cfg}/{case}"
+        source_tag = f"{fixtures}/{cfg}/dp{source_dp}/{TAG}"
+        expected = f"{fixtures}/{cfg}/resaved/{case}/{TAG}"
+        save_dir = f"{work}/{cfg}/{case}"
+        if not reshard(source_tag, target, save_dir, what):
+            continue
+        ours = f"{save_dir}/{TAG}"
+        names = harness.files_under(expected)
+        report.check(harness.files_under(save_dir) == sorted(["latest"] +
+                                                             [f"{TAG}/{n}" for n in names]),
+                     f"{what}: files {harness.files_under(save_dir)} vs DeepSpeed's {names}")
+        for name in names:
+            diffs = harness.compare_files(f"{expected}/{name}", f"{ours}/{name}",
+                                          harness.RUN_CONFIG_FIELDS, harness.UNORDERED_IN_RESAVES)
+            if report.diffs(diffs, f"{what}/{name}"):
+                check_run_config(source_tag, f"{ours}/{name}", f"{what}/{name}")
+
+    for middle in (2, 1):
+        what = f"{cfg}: dp4 -> dp{middle} -> dp4"
+        original = f"{fixtures}/{cfg}/dp4/{TAG}"
+        first, second = f"{work}/{cfg}/rt{middle}_a", f"{work}/{cfg}/rt{middle}_b"
+        if not (reshard(original, middle, first, what) and
+                reshard(f"{first}/{TAG}", 4, second, what)):
+            continue
+        names = harness.files_under(original)
+        report.check(harness.files_under(f"{second}/{TAG}") == names, f"{what}: files")
+        for name in names:
+            report.diffs(harness.compare_files(f"{original}/{name}", f"{second}/{TAG}/{name}"),
+                         f"{what}: {name}")
+report.exit()

@@ -1,0 +1,124 @@
+"""Shared pieces of the DeepSpeed fixture checks: running ucp, walking trees, reporting."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import ds_objects
+
+# Fields of the files a DeepSpeed run saves that describe the run which saved rather than the
+# training state (RESAVED.txt finding 3): DeepSpeed's own resaves hold the resaving run's values,
+# ucp carries the source's. The only allowed differences against DeepSpeed's resaved files, at
+# these paths of model-state files and of optimizer files alike.
+RUN_CONFIG_FIELDS = (
+    "ds_config.train_micro_batch_size_per_gpu",
+    "ds_config.checkpoint.load_universal",
+)
+# DeepSpeed's universal load fills the per-parameter Adam state in no fixed key order (its own
+# dp4_from_dp4 control differs from the original save there); ucp keeps the source's order.
+UNORDERED_IN_RESAVES = re.compile(r"^optimizer_state_dict\.base_optimizer_state\.state\.\d+$")
+
+TEMP_PREFIX = ".ucp-tmp"
+
+
+class Report:
+    """Collects failures; exit() prints a summary and sets the exit status."""
+
+    def __init__(self, name):
+        self.name = name
+        self.failures = []
+        self.checks = 0
+
+    def check(self, ok, what):
+        self.checks += 1
+        if not ok:
+            self.failures.append(what)
+            print(f"FAIL {what}", flush=True)
+        return ok
+
+    def diffs(self, diffs, what):
+        self.checks += 1
+        for diff in diffs[:20]:
+            self.failures.append(f"{what}: {diff}")
+            print(f"FAIL {what}: {diff}", flush=True)
+        if len(diffs) > 20:
+            print(f"FAIL {what}: ... {len(diffs) - 20} more", flush=True)
+        return not diffs
+
+    def exit(self):
+        if self.failures:
+            print(f"{self.name}: {len(self.failures)} failures in {self.checks} checks")
+            sys.exit(1)
+        print(f"{self.name}: {self.checks} checks passed")
+        sys.exit(0)
+
+
+def run_ucp(ucp, *args):
+    """Runs ucp; returns (exit status, stdout, stderr)."""
+    proc = subprocess.run([ucp, *map(str, args)], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def fresh_dir(path):
+    """An empty directory at path (removed first if present)."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    return path
+
+
+def copy_tag(source, destination):
+    """A writable copy of a (read-only) fixture tag directory."""
+    if os.path.lexists(destination):
+        shutil.rmtree(destination)
+    shutil.copytree(source, destination, copy_function=shutil.copyfile)
+    os.chmod(destination, 0o755)
+    return destination
+
+
+def files_under(root):
+    """Relative paths of the regular files under root, sorted."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            found.append(os.path.relpath(os.path.join(directory, name), root))
+    return sorted(found)
+
+
+def temp_leftovers(root):
+    """Entries under root whose name marks a ucp temporary."""
+    leftovers = []
+    for directory, dirs, names in os.walk(root):
+        for name in dirs + names:
+            if name.startswith(TEMP_PREFIX) or ".tmp" in name:
+                leftovers.append(os.path.join(directory, name))
+    return leftovers
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def get_path(obj, dotted):
+    """The object at a compare() path ('ds_config.checkpoint.load_universal'), or KeyError."""
+    for key in dotted.split("."):
+        if isinstance(obj, dict):
+            obj = obj[key]
+        elif isinstance(obj, (list, tuple)):
+            obj = obj[int(key)]
+        else:
+            raise KeyError(dotted)
+    return obj
+
+
+def compare_files(expected, actual, allowed=(), unordered=None):
+    """compare() of two torch.save files loaded with the DeepSpeed stand-ins; a missing file is
+    one difference."""
+    for path in (expected, actual):
+        if not os.path.exists(path):
+            return [f"{path}: missing"]
+    return ds_objects.compare(ds_objects.load(expected), ds_objects.load(actual), allowed=allowed,
+                              unordered=unordered)

@@ -1,0 +1,339 @@
+// Tests core/plan/executor.cc and core/plan/export_plan.cc on small synthetic source files: every
+// output must equal the same file written from bytes assembled in memory (the writers are tested
+// on their own), and plans that are wrong or sources that changed must fail before any output
+// path is written.
+#include "core/plan/executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/format/safetensors_reader.h"
+#include "core/format/safetensors_writer.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/plan/export_plan.h"
+#include "test_bytes.h"
+
+namespace ucp {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() /
+            ("ucp_executor_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_ / "tag");
+    std::filesystem::create_directories(root_ / "out");
+    std::filesystem::create_directories(root_ / "expected");
+    const size_t sizes[] = {300'000, 5'000, 1'000'003};
+    for (uint32_t f = 0; f < 3; ++f) {
+      sources_.push_back(testing::Pattern(sizes[f], 100 + f));
+      std::ofstream(Tag("src" + std::to_string(f) + ".bin"), std::ios::binary)
+          .write(reinterpret_cast<const char*>(sources_[f].data()),
+                 static_cast<std::streamsize>(sources_[f].size()));
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  std::string Tag(const std::string& name) const { return (root_ / "tag" / name).string(); }
+  std::string Out(const std::string& name) const { return (root_ / "out" / name).string(); }
+  std::string Expected(const std::string& name) const {
+    return (root_ / "expected" / name).string();
+  }
+
+  // Two atoms over the three sources: "w" (fp32, 100×50) in three flat fragments, "b" (bf16,
+  // 3000) in one; each with an "exp_avg" state.
+  AtomIndex Index() const {
+    AtomIndexContents c;
+    c.framework = "test";
+    c.adapter = "test";
+    c.tag = "tag";
+    for (uint32_t f = 0; f < 3; ++f) {
+      c.files.push_back({"src" + std::to_string(f) + ".bin", sources_[f].size(), 0, "data", {}});
+    }
+    const Shape w{100, 50};
+    const Shape b{3000};
+    c.atoms = {
+        {"w",
+         "fp32",
+         DType::kFloat32,
+         w,
+         {{2, 1000, DType::kFloat32, Region::Flat(0, 2000, w).value()},
+          {0, 64, DType::kFloat32, Region::Flat(2000, 4500, w).value()},
+          {2, 999'003 - 2000, DType::kFloat32, Region::Flat(4500, 5000, w).value()}}},
+        {"b",
+         "fp32",
+         DType::kBFloat16,
+         b,
+         {{0, 200'000, DType::kBFloat16, Region::Whole(b).value()}}},
+        {"w",
+         "exp_avg",
+         DType::kFloat32,
+         w,
+         {{2, 100'000, DType::kFloat32, Region::Whole(w).value()}}},
+        {"b",
+         "exp_avg",
+         DType::kBFloat16,
+         b,
+         {{1, 0, DType::kBFloat16, Region::Flat(0, 2500, b).value()},
+          {0, 0, DType::kBFloat16, Region::Flat(2500, 3000, b).value()}}},
+    };
+    return AtomIndex::Create(std::move(c)).value();
+  }
+
+  // The bytes of `segments`, assembled from the in-memory sources.
+  std::vector<std::byte> Bytes(const std::vector<Segment>& segments) const {
+    std::vector<std::byte> out;
+    for (const Segment& s : segments) {
+      if (s.zero_fill()) {
+        out.insert(out.end(), s.length, std::byte{0});
+      } else {
+        const auto begin = sources_[s.file].begin() + static_cast<ptrdiff_t>(s.offset);
+        out.insert(out.end(), begin, begin + static_cast<ptrdiff_t>(s.length));
+      }
+    }
+    return out;
+  }
+
+  // An archive with one fp32 tensor per storage, each storage made of `segments`.
+  ArchiveOutput Archive(const std::string& path,
+                        const std::vector<std::vector<Segment>>& storages) const {
+    ArchiveOutput archive;
+    archive.path = path;
+    archive.archive_name = "archive";
+    std::vector<pickle::Value*> tensors;
+    for (size_t s = 0; s < storages.size(); ++s) {
+      TensorNodeSpec spec;
+      spec.storage_key = std::to_string(s);
+      spec.storage_numel = SegmentBytes(storages[s]) / 4;
+      spec.shape = {spec.storage_numel};
+      tensors.push_back(MakeTensorNode(archive.graph, spec).value());
+      archive.storages.push_back({spec.storage_key, storages[s]});
+    }
+    archive.graph.set_root(archive.graph.List(tensors));
+    return archive;
+  }
+
+  // The same archive written from memory.
+  void WriteExpectedArchive(const ArchiveOutput& archive, const std::string& path) const {
+    TorchArchiveWriter::Options options;
+    options.archive_name = archive.archive_name;
+    options.sync = false;
+    TorchArchiveWriter writer = TorchArchiveWriter::Create(path, options).value();
+    std::vector<std::vector<std::byte>> data;
+    for (const OutputStorage& storage : archive.storages) data.push_back(Bytes(storage.segments));
+    for (size_t s = 0; s < data.size(); ++s) {
+      ASSERT_TRUE(writer.AddStorageFromMemory(archive.storages[s].key, data[s]).ok());
+    }
+    ASSERT_TRUE(writer.Finish(archive.graph.root()).ok());
+  }
+
+  std::vector<std::string> OutEntries() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(root_ / "out")) {
+      names.push_back(std::filesystem::relative(entry.path(), root_ / "out").string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::filesystem::path root_;
+  std::vector<std::vector<std::byte>> sources_;
+};
+
+TEST_F(ExecutorTest, WritesEveryKindOfOutput) {
+  const AtomIndex index = Index();
+  const Atom& w = *index.Find("w", "fp32");
+  const Atom& b = *index.Find("b", "exp_avg");
+  std::vector<Segment> first =
+      PlanRegion(index, w, Region::Flat(1500, 2600, w.shape).value()).value();
+  AppendZeros(first, 40);
+  std::vector<Segment> second = {{1, 10, 400}, {Segment::kZeroFill, 0, 8}, {2, 0, 4}};
+
+  OutputPlan plan;
+  plan.archives.push_back(Archive("a/b/rank0.pt", {first, second}));
+  plan.archives.push_back(Archive("rank1.pt", {{{0, 4, 40}}}));
+  SafetensorsOutput safetensors;
+  safetensors.path = "st/model.safetensors";
+  safetensors.metadata = {{"format", "pt"}};
+  safetensors.tensors.push_back({"w", DType::kFloat32, w.shape,
+                                 PlanRegion(index, w, Region::Whole(w.shape).value()).value()});
+  std::vector<Segment> padded = PlanRegion(index, b, Region::Whole(b.shape).value()).value();
+  AppendZeros(padded, 6);
+  safetensors.tensors.push_back({"b", DType::kBFloat16, {3003}, padded});
+  plan.safetensors.push_back(safetensors);
+  plan.copies.push_back({"a/copy.bin", 1});
+  plan.texts.push_back({"latest", "global_step5"});
+
+  std::mutex mutex;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  ExecuteOptions options;
+  options.threads = 3;
+  options.sync = false;
+  options.chunk_bytes = 4096;
+  options.progress = [&](uint64_t done, uint64_t total) {
+    std::lock_guard lock(mutex);
+    calls.emplace_back(done, total);
+  };
+  const Status status =
+      ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "out").string(), options);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+
+  for (const ArchiveOutput& archive : plan.archives) {
+    WriteExpectedArchive(archive, Expected("x.pt"));
+    EXPECT_EQ(ReadAll(Out(archive.path)), ReadAll(Expected("x.pt"))) << archive.path;
+  }
+  SafetensorsWriter expected;
+  const std::vector<std::byte> w_bytes = Bytes(safetensors.tensors[0].segments);
+  const std::vector<std::byte> b_bytes = Bytes(padded);
+  ASSERT_TRUE(expected.AddFromMemory("w", DType::kFloat32, w.shape, w_bytes).ok());
+  ASSERT_TRUE(expected.AddFromMemory("b", DType::kBFloat16, {3003}, b_bytes).ok());
+  ASSERT_TRUE(expected.SetMetadata("format", "pt").ok());
+  ASSERT_TRUE(expected.Write(Expected("x.safetensors")).ok());
+  EXPECT_EQ(ReadAll(Out("st/model.safetensors")), ReadAll(Expected("x.safetensors")));
+  EXPECT_EQ(ReadAll(Out("a/copy.bin")), ReadAll(Tag("src1.bin")));
+  EXPECT_EQ(ReadAll(Out("latest")), "global_step5");
+  EXPECT_EQ(OutEntries(),
+            (std::vector<std::string>{"a", "a/b", "a/b/rank0.pt", "a/copy.bin", "latest",
+                                      "rank1.pt", "st", "st/model.safetensors"}));
+
+  const uint64_t total = plan.DataBytes() + sources_[1].size();
+  EXPECT_EQ(plan.DataBytes(),
+            SegmentBytes(first) + SegmentBytes(second) + 40 + 5000 * 4 + 3003 * 2);
+  ASSERT_FALSE(calls.empty());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, total);
+    if (i > 0) {
+      EXPECT_GT(calls[i].first, calls[i - 1].first);
+    }
+  }
+  EXPECT_EQ(calls.back().first, total);
+}
+
+TEST_F(ExecutorTest, SyncedRunAndSingleThread) {
+  const AtomIndex index = Index();
+  OutputPlan plan;
+  plan.archives.push_back(Archive("x/y/z.pt", {{{2, 0, 1'000'000}}}));
+  plan.copies.push_back({"x/src0.bin", 0});
+  ExecuteOptions options;
+  options.threads = 1;
+  ASSERT_TRUE(
+      ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "out").string(), options).ok());
+  WriteExpectedArchive(plan.archives[0], Expected("z.pt"));
+  EXPECT_EQ(ReadAll(Out("x/y/z.pt")), ReadAll(Expected("z.pt")));
+  EXPECT_EQ(ReadAll(Out("x/src0.bin")), ReadAll(Tag("src0.bin")));
+}
+
+TEST_F(ExecutorTest, ShortSourceIsCorruptAndNothingIsWritten) {
+  const AtomIndex index = Index();
+  std::filesystem::resize_file(Tag("src2.bin"), 999'000);
+  OutputPlan plan;
+  plan.texts.push_back({"latest", "x"});
+  plan.archives.push_back(Archive("dir/rank0.pt", {{{2, 0, 400}}}));
+  ExecuteOptions options;
+  options.sync = false;
+  const Status status =
+      ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "out").string(), options);
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr(Tag("src2.bin") + " has 999000 bytes, the index says "
+                                                            "1000003"));
+  EXPECT_TRUE(OutEntries().empty());
+
+  std::filesystem::remove(Tag("src2.bin"));
+  EXPECT_EQ(
+      ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "out").string(), options).code(),
+      StatusCode::kNotFound);
+  EXPECT_TRUE(OutEntries().empty());
+}
+
+TEST_F(ExecutorTest, BadPlansAreRejectedBeforeWriting) {
+  const AtomIndex index = Index();
+  ExecuteOptions options;
+  options.sync = false;
+  const auto run = [&](OutputPlan plan) {
+    plan.texts.push_back({"latest", "x"});
+    return ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "out").string(), options);
+  };
+  for (const std::string bad : {"../escape.pt", "/abs.pt", "a/./b.pt", "a//b.pt", "", "dir/"}) {
+    OutputPlan plan;
+    plan.archives.push_back(Archive(bad, {{{0, 0, 4}}}));
+    const Status status = run(std::move(plan));
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("\"" + bad + "\" is not a normalised path")) << bad;
+  }
+  OutputPlan twice;
+  twice.copies.push_back({"latest", 0});
+  EXPECT_THAT(run(std::move(twice)).message(), HasSubstr("\"latest\" is planned twice"));
+  OutputPlan outside;
+  outside.archives.push_back(Archive("r.pt", {{{1, 4990, 12}}}));
+  EXPECT_THAT(run(std::move(outside)).message(),
+              HasSubstr("r.pt storage 0: segment [4990, +12) is outside src1.bin (5000 bytes)"));
+  OutputPlan no_file;
+  no_file.copies.push_back({"c.bin", 3});
+  EXPECT_EQ(run(std::move(no_file)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(OutEntries().empty());
+}
+
+TEST_F(ExecutorTest, SafetensorsExportShardsAndIndex) {
+  const AtomIndex index = Index();
+  // w is 20000 bytes, b 6000: a 21000-byte limit puts them in two shards.
+  const OutputPlan sharded = PlanSafetensorsExport(index, "fp32", 21'000).value();
+  ASSERT_EQ(sharded.safetensors.size(), 2u);
+  EXPECT_EQ(sharded.safetensors[0].path, "model-00001-of-00002.safetensors");
+  EXPECT_EQ(sharded.safetensors[1].path, "model-00002-of-00002.safetensors");
+  ASSERT_EQ(sharded.texts.size(), 1u);
+  EXPECT_EQ(sharded.texts[0].path, "model.safetensors.index.json");
+  ASSERT_TRUE(ExecutePlan(sharded, index, (root_ / "tag").string(), (root_ / "out").string(),
+                          ExecuteOptions{})
+                  .ok());
+  const SafetensorsShardedReader reader =
+      SafetensorsShardedReader::Open(Out("model.safetensors.index.json")).value();
+  EXPECT_EQ(reader.index().total_size, 26'000u);
+  EXPECT_EQ(reader.index().weight_map.at("w"), "model-00001-of-00002.safetensors");
+  EXPECT_EQ(reader.index().weight_map.at("b"), "model-00002-of-00002.safetensors");
+  for (const std::string param : {"w", "b"}) {
+    const Atom& atom = *index.Find(param, "fp32");
+    const SafetensorsShardedReader::Located found = reader.Find(param).value();
+    EXPECT_EQ(found.tensor->dtype, atom.dtype);
+    EXPECT_EQ(found.tensor->shape, atom.shape);
+    const std::string file = ReadAll(*found.file);
+    const std::vector<std::byte> bytes =
+        Bytes(PlanRegion(index, atom, Region::Whole(atom.shape).value()).value());
+    ASSERT_EQ(found.tensor->size, bytes.size());
+    EXPECT_EQ(0, std::memcmp(file.data() + found.tensor->offset, bytes.data(), bytes.size()));
+  }
+
+  const OutputPlan single = PlanSafetensorsExport(index, "exp_avg", 0).value();
+  ASSERT_EQ(single.safetensors.size(), 1u);
+  EXPECT_EQ(single.safetensors[0].path, "model.safetensors");
+  ASSERT_EQ(single.safetensors[0].tensors.size(), 2u);
+  EXPECT_EQ(single.safetensors[0].tensors[0].name, "w");
+  EXPECT_EQ(single.safetensors[0].metadata.at("format"), "pt");
+
+  const Status missing = PlanSafetensorsExport(index, "exp_avg_sq", 0).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("no atom has that state (states: exp_avg, fp32)"));
+}
+
+}  // namespace
+}  // namespace ucp

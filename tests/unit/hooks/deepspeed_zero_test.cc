@@ -1,0 +1,504 @@
+#include "hooks/deepspeed_zero.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/format/pickle_value.h"
+#include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/io/file.h"
+#include "core/plan/copy_plan.h"
+#include "core/plan/executor.h"
+#include "hooks/framework_adapter.h"
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
+
+std::string Tag(const std::string& config, const std::string& run) {
+  return kFixtures + "/" + config + "/" + run + "/global_step5";
+}
+
+const DeepSpeedZeroAdapter& Adapter() {
+  static const DeepSpeedZeroAdapter adapter;
+  return adapter;
+}
+
+std::string ReadBytes(const std::string& path, uint64_t offset, uint64_t length) {
+  Result<File> file = File::Open(path, File::Mode::kRead);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (!file.ok()) return {};
+  std::string bytes(length, '\0');
+  const Status status =
+      file->ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return bytes;
+}
+
+// The bytes `segments` stand for, read from the index's files under `tag_dir`.
+std::string SegmentBytes(const AtomIndex& index, const std::string& tag_dir,
+                         const std::vector<Segment>& segments) {
+  std::string out;
+  for (const Segment& segment : segments) {
+    if (segment.zero_fill()) {
+      out.append(segment.length, '\0');
+    } else {
+      out += ReadBytes(tag_dir + "/" + index.files()[segment.file].path, segment.offset,
+                       segment.length);
+    }
+  }
+  return out;
+}
+
+// A tensor's own elements as stored in its archive (tensors here are contiguous).
+std::string TensorBytes(const TorchArchiveReader& reader, const TorchTensor& tensor) {
+  EXPECT_TRUE(tensor.contiguous());
+  return ReadBytes(reader.path(), tensor.file_offset(), tensor.byte_size());
+}
+
+std::string RenderOf(const pickle::Value* node) {
+  Result<std::string> text = pickle::Render(node);
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
+  return text.ok() ? *text : "";
+}
+
+// A tensor node without its storage key (DeepSpeed's key numbering follows the order in which
+// it happened to restore the state dict): storage class, location, storage size, offset, shape,
+// stride, requires_grad.
+std::string TensorMeta(const pickle::Value* tensor) {
+  const pickle::Value* pid = tensor->args()->Item(0)->pid();
+  std::string meta =
+      RenderOf(pid->Item(1)) + " " + RenderOf(pid->Item(3)) + " " + RenderOf(pid->Item(4));
+  for (size_t i = 1; i <= 4; ++i) meta += " " + RenderOf(tensor->args()->Item(i));
+  return meta;
+}
+
+// The storage key of a tensor node built by MakeTensorNode / torch.save.
+std::string StorageKey(const pickle::Value* tensor) {
+  const pickle::Value* pid = tensor->args()->Item(0);
+  return pid->pid()->Item(2)->data();
+}
+
+const std::vector<std::string> kConfigs = {
+    "z1_fp32", "z2_fp32", "z1_bf16", "z2_bf16", "z1_bf16_bf16opt", "z1_fp32_odd", "z2_fp32_odd"};
+
+class DeepSpeedFixtureTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+};
+
+// Every fp32 / optimizer-state / step atom, assembled by the planner from the original per-rank
+// files, equals the tensor DeepSpeed's ds_to_universal wrote for it; the export plan has
+// ds_to_universal's files and object trees.
+TEST_P(DeepSpeedFixtureTest, AtomsAndExportMatchDsToUniversal) {
+  const auto& [config, run] = GetParam();
+  const std::string tag = Tag(config, run);
+  const std::string universal = tag + "_universal";
+  ASSERT_TRUE(Adapter().Recognizes(tag));
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  const uint32_t dp = run == "dp4" ? 4 : 2;
+  EXPECT_EQ(index->contents().topology, (Topology{dp, 1, 1, dp, config[1] == '1' ? 1u : 2u}));
+  EXPECT_EQ(index->files().size(), 1 + dp);
+
+  std::set<std::string> states;
+  for (const Atom& atom : index->atoms()) {
+    states.insert(atom.state);
+    if (atom.state == "bit16") continue;
+    SCOPED_TRACE(atom.param + "/" + atom.state);
+    Result<TorchArchiveReader> oracle =
+        TorchArchiveReader::Open(universal + "/zero/" + atom.param + "/" + atom.state + ".pt");
+    ASSERT_TRUE(oracle.ok()) << oracle.status().ToString();
+    const pickle::Value* node = oracle->root();
+    if (atom.state != "step") {
+      ASSERT_EQ(RenderOf(node->Get("cat_dim")), "0");
+      node = node->Get("param");
+    }
+    const TorchTensor* tensor = oracle->TensorAt(node);
+    ASSERT_NE(tensor, nullptr);
+    EXPECT_EQ(tensor->shape, atom.shape);
+    EXPECT_EQ(tensor->dtype, atom.dtype);
+    Result<Region> whole = Region::Whole(atom.shape);
+    ASSERT_TRUE(whole.ok());
+    Result<std::vector<Segment>> segments = PlanRegion(*index, atom, *whole);
+    ASSERT_TRUE(segments.ok()) << segments.status().ToString();
+    EXPECT_TRUE(SegmentBytes(*index, tag, *segments) == TensorBytes(*oracle, *tensor));
+  }
+  EXPECT_EQ(states, (std::set<std::string>{"fp32", "exp_avg", "exp_avg_sq", "step", "bit16"}));
+
+  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*index, tag);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::set<std::string> oracle_files;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(universal)) {
+    if (entry.is_regular_file()) {
+      oracle_files.insert(fs::relative(entry.path(), universal).string());
+    }
+  }
+  std::set<std::string> planned;
+  for (const ArchiveOutput& archive : plan->archives) {
+    planned.insert(archive.path);
+    Result<TorchArchiveReader> oracle = TorchArchiveReader::Open(universal + "/" + archive.path);
+    ASSERT_TRUE(oracle.ok()) << oracle.status().ToString();
+    EXPECT_EQ(RenderOf(archive.graph.root()), RenderOf(oracle->root())) << archive.path;
+  }
+  for (const CopyOutput& copy : plan->copies) planned.insert(copy.path);
+  EXPECT_EQ(planned, oracle_files);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedFixtureTest,
+                         ::testing::Combine(::testing::ValuesIn(kConfigs),
+                                            ::testing::Values("dp4", "dp2")),
+                         [](const auto& test_param) {
+                           return std::get<0>(test_param.param) + "_" +
+                                  std::get<1>(test_param.param);
+                         });
+
+class DeepSpeedResaveTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+};
+
+// PlanReshard(M) of the DP=N tag describes DeepSpeed's own files at DP=M (saved after a
+// universal load): every optimizer object tree is identical and every partition tensor holds the
+// same bytes; the model states differ only in the fields a new run legitimately changes.
+TEST_P(DeepSpeedResaveTest, ReshardMatchesDeepSpeedsOwnSave) {
+  const auto& [config, resave_case] = GetParam();
+  const std::string source_run = resave_case.substr(resave_case.size() - 3);
+  const uint32_t m = static_cast<uint32_t>(resave_case[2] - '0');
+  const std::string tag = Tag(config, source_run);
+  const std::string oracle_tag =
+      kFixtures + "/" + config + "/resaved/" + resave_case + "/global_step5";
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> plan = Adapter().PlanReshard(*index, tag, Topology{m, 1, 1, m, 0});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->archives.size(), 1 + m);
+
+  std::set<std::string> oracle_files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(oracle_tag)) {
+    oracle_files.insert(entry.path().filename().string());
+  }
+  std::set<std::string> planned;
+  for (const ArchiveOutput& archive : plan->archives) planned.insert(archive.path);
+  EXPECT_EQ(planned, oracle_files);
+
+  for (const ArchiveOutput& archive : plan->archives) {
+    SCOPED_TRACE(archive.path);
+    Result<TorchArchiveReader> oracle = TorchArchiveReader::Open(oracle_tag + "/" + archive.path);
+    ASSERT_TRUE(oracle.ok()) << oracle.status().ToString();
+    const pickle::Value* root = archive.graph.root();
+    if (archive.path == "mp_rank_00_model_states.pt") {
+      for (const auto& [key, value] : root->entries()) {
+        const std::string name = KeyText(key);
+        // ds_config is the new run's (micro batch, load_universal); module tensors are views of
+        // the flat buffer, whose padded length depends on the DP size.
+        if (name == "ds_config" || name == "module") continue;
+        EXPECT_EQ(RenderOf(value), RenderOf(oracle->root()->Get(name))) << name;
+      }
+      continue;
+    }
+    const pickle::Value* osd = root->Get("optimizer_state_dict");
+    const pickle::Value* oracle_osd = oracle->root()->Get("optimizer_state_dict");
+    ASSERT_NE(osd, nullptr);
+    ASSERT_NE(oracle_osd, nullptr);
+    // Every entry is identical except the optimizer state dict, whose key order (and so its
+    // storage keys) follows the order in which DeepSpeed restored it.
+    ASSERT_EQ(osd->entries().size(), oracle_osd->entries().size());
+    for (size_t i = 0; i < osd->entries().size(); ++i) {
+      const std::string name = KeyText(osd->entries()[i].first);
+      ASSERT_EQ(name, KeyText(oracle_osd->entries()[i].first));
+      if (name == "base_optimizer_state") continue;
+      EXPECT_EQ(RenderOf(osd->entries()[i].second), RenderOf(oracle_osd->entries()[i].second))
+          << name;
+    }
+    EXPECT_EQ(RenderOf(osd->Get("base_optimizer_state")->Get("param_groups")),
+              RenderOf(oracle_osd->Get("base_optimizer_state")->Get("param_groups")));
+
+    std::map<std::string, const OutputStorage*> storages;
+    for (const OutputStorage& storage : archive.storages) storages[storage.key] = &storage;
+    const pickle::Value* states = osd->Get("base_optimizer_state")->Get("state");
+    std::vector<std::pair<std::string, const pickle::Value*>> tensors;
+    for (const auto& [key, value] : NamedChildren(states->entries().front().second)) {
+      tensors.emplace_back("base_optimizer_state/state/0/" + key, value);
+    }
+    tensors.emplace_back("single_partition_of_fp32_groups/0",
+                         osd->Get("single_partition_of_fp32_groups")->Item(0));
+    for (const auto& [path, node] : tensors) {
+      SCOPED_TRACE(path);
+      Result<const pickle::Value*> oracle_node = oracle->Find("optimizer_state_dict/" + path);
+      ASSERT_TRUE(oracle_node.ok());
+      const TorchTensor* oracle_tensor = oracle->TensorAt(*oracle_node);
+      ASSERT_NE(oracle_tensor, nullptr);
+      EXPECT_EQ(TensorMeta(node), TensorMeta(*oracle_node));
+      const OutputStorage* storage = storages.at(StorageKey(node));
+      const std::string expected =
+          ReadBytes(oracle->path(), oracle_tensor->storage->offset, oracle_tensor->storage->size);
+      EXPECT_TRUE(SegmentBytes(*index, tag, storage->segments) == expected);
+    }
+  }
+}
+
+std::vector<std::tuple<std::string, std::string>> ResaveCases() {
+  std::vector<std::tuple<std::string, std::string>> cases;
+  for (const std::string& config : kConfigs) {
+    for (const char* resave : {"dp2_from_dp4", "dp1_from_dp4", "dp4_from_dp2", "dp4_from_dp4"}) {
+      cases.emplace_back(config, resave);
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedResaveTest, ::testing::ValuesIn(ResaveCases()),
+                         [](const auto& test_param) {
+                           return std::get<0>(test_param.param) + "_" +
+                                  std::get<1>(test_param.param);
+                         });
+
+// Tests need no durability: no fsync.
+ExecuteOptions NoSync() {
+  ExecuteOptions options;
+  options.sync = false;
+  return options;
+}
+
+// A temporary directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/ucp_deepspeed_test.XXXXXX";
+    path_ = ::mkdtemp(pattern) == nullptr ? "" : pattern;
+  }
+  ~TempDir() {
+    if (!path_.empty()) fs::remove_all(path_);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Reshards `tag` to `dp` ranks into `out_tag` (created), executing the plan.
+void Reshard(const std::string& tag, uint32_t dp, const std::string& out_tag) {
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> plan = Adapter().PlanReshard(*index, tag, Topology{dp, 1, 1, dp, 0});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  fs::create_directories(out_tag);
+  const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+}
+
+// Every file directly in `expected` exists in `actual` with the same object tree and the same bytes
+// in every tensor.
+void ExpectSameTensors(const std::string& expected, const std::string& actual) {
+  for (const fs::directory_entry& entry : fs::directory_iterator(expected)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    Result<TorchArchiveReader> want = TorchArchiveReader::Open(entry.path().string());
+    Result<TorchArchiveReader> got = TorchArchiveReader::Open(actual + "/" + name);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(RenderOf(got->root()), RenderOf(want->root()));
+    ASSERT_EQ(got->tensors().size(), want->tensors().size());
+    for (size_t i = 0; i < want->tensors().size(); ++i) {
+      EXPECT_TRUE(TensorBytes(*got, got->tensors()[i]) == TensorBytes(*want, want->tensors()[i]))
+          << "tensor " << i;
+    }
+  }
+}
+
+class DeepSpeedRoundTripTest : public ::testing::TestWithParam<std::tuple<std::string, uint32_t>> {
+};
+
+// dp4 → dpM → dp4 through executed plans reproduces every object and tensor of the original
+// (the intermediate tag is itself indexed, i.e. validated as a DeepSpeed tag).
+TEST_P(DeepSpeedRoundTripTest, ReshardThereAndBackIsLossless) {
+  const auto& [config, middle] = GetParam();
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string original = Tag(config, "dp4");
+  Reshard(original, middle, dir.path() + "/middle/global_step5");
+  Reshard(dir.path() + "/middle/global_step5", 4, dir.path() + "/back/global_step5");
+  ExpectSameTensors(original, dir.path() + "/back/global_step5");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedRoundTripTest,
+                         ::testing::Combine(::testing::Values("z1_fp32_odd", "z2_fp32_odd",
+                                                              "z2_bf16", "z1_bf16_bf16opt"),
+                                            ::testing::Values(2u, 1u)),
+                         [](const auto& test_param) {
+                           return std::get<0>(test_param.param) + "_dp" +
+                                  std::to_string(std::get<1>(test_param.param));
+                         });
+
+// The executed export writes what ds_to_universal wrote: same files, trees and tensor bytes.
+TEST(DeepSpeedExportTest, ExecutedExportEqualsDsToUniversal) {
+  const std::string tag = Tag("z2_fp32_odd", "dp4");
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*index, tag);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const Status status = ExecutePlan(*plan, *index, tag, dir.path(), NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectSameTensors(tag + "_universal", dir.path());
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag + "_universal/zero")) {
+    if (entry.is_directory()) {
+      ExpectSameTensors(entry.path().string(),
+                        dir.path() + "/zero/" + entry.path().filename().string());
+    }
+  }
+}
+
+TEST(DeepSpeedRefusalTest, RefusesZero3PipelineAndTensorParallelTags) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {Tag("z3_fp32", "dp4"), "zero_stage=3: use the ZeRO-3 adapter (not supported yet)"},
+      {Tag("z3_bf16", "dp2"), "zero_stage=3: use the ZeRO-3 adapter (not supported yet)"},
+      {Tag("pipe_z1_fp32", "pp2dp2"), "pp=2: pipeline-parallel resharding is not supported yet"},
+      {Tag("tp2_z1_fp32", "tp2dp2"), "tp=2: tensor-parallel resharding is not supported yet"},
+  };
+  for (const auto& [tag, message] : cases) {
+    ASSERT_TRUE(Adapter().Recognizes(tag)) << tag;
+    Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+    ASSERT_FALSE(index.ok()) << tag;
+    EXPECT_EQ(index.status().code(), StatusCode::kUnsupported) << tag;
+    EXPECT_THAT(index.status().message(), HasSubstr(message));
+  }
+}
+
+TEST(DeepSpeedRefusalTest, RefusesTargetsItCannotProduce) {
+  const std::string tag = Tag("z1_fp32_odd", "dp2");
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<OutputPlan> tp = Adapter().PlanReshard(*index, tag, Topology{2, 2, 1, 4, 0});
+  EXPECT_EQ(tp.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(tp.status().message(), HasSubstr("tp=2: tensor-parallel resharding"));
+  Result<OutputPlan> pp = Adapter().PlanReshard(*index, tag, Topology{2, 1, 2, 4, 0});
+  EXPECT_EQ(pp.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(pp.status().message(), HasSubstr("pp=2: pipeline-parallel resharding"));
+  Result<OutputPlan> none = Adapter().PlanReshard(*index, tag, Topology{0, 1, 1, 0, 0});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  Result<OutputPlan> uneven = Adapter().PlanReshard(*index, tag, Topology{3, 1, 1, 8, 0});
+  EXPECT_EQ(uneven.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(uneven.status().message(), HasSubstr("does not divide world=8"));
+}
+
+TEST(DeepSpeedRegistryTest, FindsAndDetectsTheAdapter) {
+  Result<const FrameworkAdapter*> found = FindAdapter("deepspeed-zero12");
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ((*found)->name(), "deepspeed-zero12");
+  EXPECT_EQ(FindAdapter("megatron").status().code(), StatusCode::kNotFound);
+  Result<const FrameworkAdapter*> detected = DetectAdapter(Tag("z2_bf16", "dp2"));
+  ASSERT_TRUE(detected.ok());
+  EXPECT_EQ(*detected, *found);
+  EXPECT_EQ(DetectAdapter(kFixtures).status().code(), StatusCode::kNotFound);
+}
+
+// A writable copy of a fixture tag, removed afterwards.
+class DeepSpeedBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/ucp_deepspeed_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    tag_ = dir_ + "/global_step5";
+    fs::copy(Tag("z1_fp32_odd", "dp4"), tag_);
+    for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
+      fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Status Build() { return Adapter().BuildIndex(tag_, {}).status(); }
+
+  std::string dir_;
+  std::string tag_;
+};
+
+TEST_F(DeepSpeedBadInputTest, TheCopyIsGood) { EXPECT_TRUE(Build().ok()); }
+
+TEST_F(DeepSpeedBadInputTest, MissingRankFileIsNotFoundNamingIt) {
+  fs::remove(tag_ + "/zero_pp_rank_2_mp_rank_00_optim_states.pt");
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("zero_pp_rank_2_mp_rank_00_optim_states.pt"));
+}
+
+TEST_F(DeepSpeedBadInputTest, TruncatedFileNamesIt) {
+  const std::string path = tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  fs::resize_file(path, fs::file_size(path) / 2);
+  const Status status = Build();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+}
+
+TEST_F(DeepSpeedBadInputTest, RankFileOfAnotherDpSizeNamesFileAndField) {
+  const std::string name = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  fs::copy_file(Tag("z1_fp32_odd", "dp2") + "/" + name, tag_ + "/" + name,
+                fs::copy_options::overwrite_existing);
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr(name));
+  EXPECT_THAT(status.message(), HasSubstr("partition_count"));
+}
+
+TEST_F(DeepSpeedBadInputTest, RankFileOfAnotherZeroStageNamesFileAndField) {
+  const std::string name = "zero_pp_rank_3_mp_rank_00_optim_states.pt";
+  fs::copy_file(Tag("z2_fp32_odd", "dp4") + "/" + name, tag_ + "/" + name,
+                fs::copy_options::overwrite_existing);
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr(name));
+  EXPECT_THAT(status.message(), HasSubstr("zero_stage"));
+}
+
+TEST_F(DeepSpeedBadInputTest, ExtraRankFileIsAFileOfAnotherSave) {
+  fs::copy_file(tag_ + "/zero_pp_rank_3_mp_rank_00_optim_states.pt",
+                tag_ + "/zero_pp_rank_4_mp_rank_00_optim_states.pt");
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr("zero_pp_rank_4_mp_rank_00_optim_states.pt"));
+}
+
+// param_shapes says wte.weight is [66, 30] (30 elements fewer): the partitions no longer add up.
+TEST_F(DeepSpeedBadInputTest, MismatchingParamShapesNamesFileAndField) {
+  const std::string path = tag_ + "/mp_rank_00_model_states.pt";
+  {
+    Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+    ASSERT_TRUE(reader.ok());
+    pickle::Graph& graph = reader->mutable_graph();
+    pickle::Value* shapes = graph.root()->Get("param_shapes")->Item(0);
+    bool edited = false;
+    for (pickle::Mutation& mutation : shapes->mutable_mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem && mutation.first->data() == "wte.weight") {
+        mutation.second->set_args(graph.Tuple({graph.Tuple({graph.Int(66), graph.Int(30)})}));
+        edited = true;
+      }
+    }
+    ASSERT_TRUE(edited);
+    Result<uint64_t> written = RewriteArchive(*reader, path + ".new");
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+  }
+  fs::rename(path + ".new", path);
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr("mp_rank_00_model_states.pt"));
+  EXPECT_THAT(status.message(), HasSubstr("zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  EXPECT_THAT(status.message(), HasSubstr("single_partition_of_fp32_groups"));
+}
+
+}  // namespace
+}  // namespace ucp::hooks
