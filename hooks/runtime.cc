@@ -10,6 +10,9 @@
 namespace ucp::hooks {
 namespace {
 
+// The installed tracker, stopped at teardown; never destroyed (wrappers may still run).
+SaveTracker* g_tracker = nullptr;
+
 const char* ModeName(Mode mode) {
   switch (mode) {
     case Mode::kIndex:
@@ -38,11 +41,15 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
-  SetSaveObserver(new SaveTracker(std::move(options)));
+  g_tracker = new SaveTracker(std::move(options));
+  SetSaveObserver(g_tracker);
   return Status::Ok();
 }
 
-// Journal records are appended when each file closes, so there is nothing left to flush.
-void Stop() noexcept { UCP_LOG_INFO("hooks: stopping"); }
+// The tracker's worker may still be hashing or journaling files closed just before the exit.
+void Stop() noexcept {
+  UCP_LOG_INFO("hooks: stopping");
+  if (g_tracker != nullptr) g_tracker->Stop();
+}
 
 }  // namespace ucp::hooks
