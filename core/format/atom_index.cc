@@ -533,11 +533,19 @@ std::string AtomIndex::ToJson() const {
 }
 
 Status AtomIndex::Write(const std::string& path) const {
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  if (!dir.empty()) {
-    UCP_RETURN_IF_ERROR(CreateDirectories(dir).WithContext("atom index " + path));
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  const bool create = !dir.empty() && !std::filesystem::is_directory(dir, error);
+  if (create) {
+    UCP_RETURN_IF_ERROR(CreateDirectories(dir.string()).WithContext("atom index " + path));
   }
-  return WriteFileAtomically(path, ToJson()).WithContext("atom index " + path);
+  UCP_RETURN_IF_ERROR(WriteFileAtomically(path, ToJson()).WithContext("atom index " + path));
+  // A directory made here (the tag's .ucp/) must itself be durable in its parent.
+  if (create) {
+    const std::string parent = dir.parent_path().string();
+    return SyncDirectory(parent.empty() ? "." : parent).WithContext("atom index " + path);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ucp

@@ -32,6 +32,9 @@
 //     shape, and lies within its file: offset + numel × itemsize <= size (checked arithmetic);
 //   - the fragments of every atom tile it exactly: every element held once (CheckTiling);
 //   - every group param names an atom's param; every carried entry names an existing file.
+// Members not listed above are rejected (the "version" is the compatibility gate: a reader
+// rejects a higher one). Create reports invalid contents as kInvalidArgument; Parse and Read
+// report a malformed or invalid document as kCorrupt and a newer version as kUnsupported.
 // Errors name the index's source (path or "<memory>") and the JSON field, e.g.
 //   atom index /ck/global_step5/.ucp/index.json: atoms[3].fragments[1].offset: beyond the end of
 //   file zero_pp_rank_1_mp_rank_00_optim_states.pt (size 130112)

@@ -29,7 +29,7 @@ std::string Parent(const std::string& relative) {
   return slash == std::string::npos ? std::string() : relative.substr(0, slash);
 }
 
-// Everything the workers share: the opened sources, the progress counter, the first error.
+// What the workers share: the opened sources and the progress counter.
 class Execution {
  public:
   Execution(const AtomIndex& index, const std::string& out_dir, const ExecuteOptions& options,
