@@ -318,7 +318,11 @@ Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32
   return MakeLayout(std::move(names), std::move(shapes));
 }
 
-// param_slice_mappings of rank r: (name, numel, start) in the optimizer's parameter order.
+// param_slice_mappings of rank r as DeepSpeed computes them (_init_lp_to_hp_mapping): over the
+// optimizer's parameter order with offsets accumulated in THAT order. Without round robin that is
+// the flat buffer's order. With round_robin_gradients the flat buffer is permuted but these
+// offsets are not, so v0.14.5's mappings (and ds_to_universal's output) do not describe the
+// data; the data follows param_shapes, which the index and the partitions use.
 struct SliceMapping {
   std::string name;
   uint64_t numel = 0;
@@ -331,10 +335,12 @@ std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Part
   std::vector<SliceMapping> out;
   const uint64_t begin = p.begin(r);
   const uint64_t end = begin + p.partition;
+  uint64_t offset = 0;
   for (const size_t k : OptimizerOrder(layout.names.size(), round_robin, dp)) {
-    const uint64_t lo = std::max(layout.offsets[k], begin);
-    const uint64_t hi = std::min(layout.offsets[k] + layout.numels[k], end);
+    const uint64_t lo = std::max(offset, begin);
+    const uint64_t hi = std::min(offset + layout.numels[k], end);
     if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
+    offset += layout.numels[k];
   }
   return out;
 }
@@ -998,6 +1004,13 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
             ShapeText(layout.shapes[k]) + ", but module/" + name + " is " + ShapeText(bit16.shape));
       }
       if (!bit16.contiguous()) return FieldError(ms.reader, "module/" + name, "not contiguous");
+      // Module tensors saved as views of the flat buffer show where the data really is.
+      if (bit16.storage->numel == p.padded && bit16.storage_offset != layout.offsets[k]) {
+        return FieldError(ms.reader, "module/" + name,
+                          "a view at element " + std::to_string(bit16.storage_offset) +
+                              " of the flat buffer, but param_shapes/" + gs + " places it at " +
+                              std::to_string(layout.offsets[k]));
+      }
       UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16.shape));
       c.atoms.push_back({name,
                          "bit16",

@@ -60,7 +60,9 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   // with dp_world_size rewritten (and param_shapes reordered when round_robin_gradients is on),
   // and one optimizer file per rank whose partitions, paddings, group_paddings,
   // partition_count and param_slice_mappings are those DeepSpeed computes at that size; every
-  // other object is carried from the source's rank-0 file.
+  // other object is carried from the source's rank-0 file. target.world is 0 (unspecified) or
+  // target.dp; a world that dp does not divide is kInvalidArgument, tp or pp other than 1
+  // kUnsupported, dp = 0 kInvalidArgument.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
