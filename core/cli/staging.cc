@@ -15,7 +15,8 @@ namespace ucp::cli {
 namespace {
 
 std::string TemporaryName(const std::string& parent, const std::string& name) {
-  return parent + "/" + std::string(kTemporaryPrefix) + name + "-" + std::to_string(::getpid());
+  return (parent == "/" ? "" : parent) + "/" + std::string(kTemporaryPrefix) + name + "-" +
+         std::to_string(::getpid());
 }
 
 void RemoveTree(const std::string& path) {
@@ -73,7 +74,7 @@ Result<StagedDirectory> StagedDirectory::Create(std::string final_path) {
     for (auto made = created.rbegin(); made != created.rend(); ++made) ::rmdir(made->c_str());
     return PosixError("mkdir " + temporary, err);
   }
-  std::string final_name = parent + "/" + name;
+  std::string final_name = (parent == "/" ? "" : parent) + "/" + name;
   return StagedDirectory(std::move(final_name), std::move(parent), std::move(temporary),
                          std::move(created));
 }

@@ -113,6 +113,15 @@ for spec, words in (("dp=3,world=4", ["world"]), ("dp=0", ["dp"]), ("dq=2", ["dq
                     ("dp=99999999999", ["dp"])):
     expect_failure(f"--to '{spec}'", ["reshard", SOURCE, "--to", spec, "--out", save], USAGE,
                    words, save)
+# Well-formed specifications: every key spelled out works; a world the target divides passes the
+# parser and reaches the adapter, which has no ranks outside dp × tp × pp for ZeRO-1/2.
+full = harness.fresh_dir(f"{work}/full_spec_out")
+code, _, err = harness.run_ucp(ucp, "reshard", SOURCE, "--to", "pp=1,world=2,tp=1,dp=2", "--out",
+                               full)
+report.check(code == 0 and os.path.isfile(f"{full}/global_step5/mp_rank_00_model_states.pt"),
+             f"--to pp=1,world=2,tp=1,dp=2: exit {code}: {err}")
+expect_failure("--to dp=2,world=4", ["reshard", SOURCE, "--to", "dp=2,world=4", "--out", save],
+               INPUT, ["world=4"], save)
 expect_failure("unknown format", ["export", SOURCE, "--format", "onnx", "--out", f"{save}/x"],
                USAGE, ["onnx"], save)
 expect_failure("tp target", ["reshard", SOURCE, "--to", "dp=2,tp=2", "--out", save], INPUT,
