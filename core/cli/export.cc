@@ -63,15 +63,8 @@ int RunExport(const ExportOptions& options) {
                 : PlanSafetensorsExport(tag->index, options.state, options.max_shard_bytes);
   if (!plan.ok()) return PrintError(kCommand, plan.status(), kExitInput);
 
-  Result<StagedDirectory> staged = StagedDirectory::Create(out);
-  if (!staged.ok()) return PrintError(kCommand, staged.status(), kExitInput);
-  Progress progress(std::string{kCommand});
-  ExecuteOptions execute;
-  execute.threads = options.threads;
-  execute.progress = progress.Callback();
-  Status status = ExecutePlan(*plan, tag->index, tag->dir, staged->path(), execute);
-  progress.Finish();
-  if (status.ok()) status = staged->Commit(options.force);
+  Status status =
+      ExecuteStaged(*plan, tag->index, tag->dir, out, options.threads, options.force, kCommand);
   const auto [parent, name] = SplitPath(out);
   if (status.ok() && universal) status = WriteFileAtomically(parent + "/latest_universal", name);
   if (!status.ok()) return PrintError(kCommand, status, kExitInput);

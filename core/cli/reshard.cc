@@ -41,15 +41,8 @@ int RunReshard(const ReshardOptions& options) {
   Result<OutputPlan> plan = tag->adapter->PlanReshard(tag->index, tag->dir, *target);
   if (!plan.ok()) return PrintError(kCommand, plan.status(), kExitInput);
 
-  Result<StagedDirectory> staged = StagedDirectory::Create(final_path);
-  if (!staged.ok()) return PrintError(kCommand, staged.status(), kExitInput);
-  Progress progress(std::string{kCommand});
-  ExecuteOptions execute;
-  execute.threads = options.threads;
-  execute.progress = progress.Callback();
-  Status status = ExecutePlan(*plan, tag->index, tag->dir, staged->path(), execute);
-  progress.Finish();
-  if (status.ok()) status = staged->Commit(options.force);
+  Status status = ExecuteStaged(*plan, tag->index, tag->dir, final_path, options.threads,
+                                options.force, kCommand);
   if (status.ok()) status = WriteFileAtomically(save_dir + "/latest", tag->name);
   if (!status.ok()) return PrintError(kCommand, status, kExitInput);
   std::cout << final_path << ": " << TopologyText(source) << " -> " << TopologyText(*target) << ", "

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/cli/terminal.h"
 #include "core/io/file.h"
 
 namespace ucp::cli {
@@ -126,6 +127,20 @@ Status StagedDirectory::Commit(bool replace) {
   committed_ = true;
   RemoveTree(temporary_);
   return SyncDirectory(parent_);
+}
+
+Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
+                     const std::string& final_path, unsigned threads, bool force,
+                     std::string_view command) {
+  UCP_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::Create(final_path));
+  Progress progress{std::string(command)};
+  ExecuteOptions execute;
+  execute.threads = threads;
+  execute.progress = progress.Callback();
+  const Status status = ExecutePlan(plan, index, tag_dir, staged.path(), execute);
+  progress.Finish();
+  UCP_RETURN_IF_ERROR(status);
+  return staged.Commit(force);
 }
 
 }  // namespace ucp::cli

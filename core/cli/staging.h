@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/format/atom_index.h"
+#include "core/plan/executor.h"
 #include "core/util/status.h"
 
 namespace ucp::cli {
@@ -54,6 +56,13 @@ class StagedDirectory {
   std::vector<std::string> created_;  // ancestors Create made, outermost first
   bool committed_ = false;
 };
+
+// Writes `plan` (over the files of `index` in `tag_dir`) into a StagedDirectory for `final_path`,
+// with a progress line for `command` on a terminal, and commits it (an existing `final_path` is
+// replaced only with `force`). On failure nothing is left at `final_path` or beside it.
+[[nodiscard]] Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index,
+                                   const std::string& tag_dir, const std::string& final_path,
+                                   unsigned threads, bool force, std::string_view command);
 
 // kFailedPrecondition "<path> exists (--force replaces it)" when `path` exists and !force: the
 // early form of Commit's check, before any work.

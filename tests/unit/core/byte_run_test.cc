@@ -26,20 +26,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::ReadAll;
 
 class ByteRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ucp_byte_run_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
+    dir_ = testing::ScratchDirectory("ucp_byte_run_test");
     source_bytes_ = testing::Pattern(1 << 20, 7);
     std::ofstream(Path("source.bin"), std::ios::binary)
         .write(reinterpret_cast<const char*>(source_bytes_.data()),

@@ -28,20 +28,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::ReadAll;
 
 class ExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = std::filesystem::temp_directory_path() /
-            ("ucp_executor_test_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(root_);
+    root_ = testing::ScratchDirectory("ucp_executor_test");
     std::filesystem::create_directories(root_ / "tag");
     std::filesystem::create_directories(root_ / "out");
     std::filesystem::create_directories(root_ / "expected");
