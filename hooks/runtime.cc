@@ -10,9 +10,6 @@
 namespace ucp::hooks {
 namespace {
 
-// The installed tracker, stopped at teardown; never destroyed (wrappers may still run).
-SaveTracker* g_tracker = nullptr;
-
 const char* ModeName(Mode mode) {
   switch (mode) {
     case Mode::kIndex:
@@ -41,15 +38,11 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
-  g_tracker = new SaveTracker(std::move(options));
-  SetSaveObserver(g_tracker);
+  SetSaveObserver(new SaveTracker(std::move(options)));
   return Status::Ok();
 }
 
-// The tracker's worker may still be hashing or journaling files closed just before the exit.
-void Stop() noexcept {
-  UCP_LOG_INFO("hooks: stopping");
-  if (g_tracker != nullptr) g_tracker->Stop();
-}
+// Journal records are appended when each file closes, so there is nothing left to flush.
+void Stop() noexcept { UCP_LOG_INFO("hooks: stopping"); }
 
 }  // namespace ucp::hooks

@@ -11,7 +11,6 @@
 #include <filesystem>
 
 #include "core/util/log.h"
-#include "core/util/reentrancy_guard.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
@@ -47,15 +46,6 @@ Result<std::string> ReadPrefix(const std::string& path, size_t limit) {
   return bytes;
 }
 
-// A read-only descriptor of the file open as `fd` (which is often write-only): through
-// /proc/self/fd, so it is the same file even if `path` is renamed meanwhile; by path without /proc.
-int OpenForReading(int fd, const std::string& path) {
-  const std::string proc_path = "/proc/self/fd/" + std::to_string(fd);
-  const int read_fd = ::open(proc_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (read_fd >= 0 || errno != ENOENT) return read_fd;
-  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-}
-
 // Runs `body`, turning any exception into a log line: the host never sees one.
 template <typename Body>
 void Contain(const char* what, Body&& body) noexcept {
@@ -70,182 +60,29 @@ void Contain(const char* what, Body&& body) noexcept {
 
 }  // namespace
 
-// Bytes the worker reads per pread: small enough to stay in L2 between the copy and the hash.
-constexpr size_t kHashChunk = size_t{256} << 10;
-// Bytes the worker hashes of one file before looking at the others and at closed files.
-constexpr uint64_t kHashBurst = uint64_t{16} << 20;
-
 struct SaveTracker::OpenFile {
   OpenFile(std::string_view file_path, PathMatch file_match)
       : path(file_path), match(std::move(file_match)) {}
-  ~OpenFile() {
-    if (read_fd >= 0) ::close(read_fd);
-  }
-  OpenFile(const OpenFile&) = delete;
-  OpenFile& operator=(const OpenFile&) = delete;
 
   const std::string path;
   const PathMatch match;
   // How many fds refer to this open file (dups included); the last close finishes it.
   std::atomic<int> fds{1};
 
-  std::mutex mutex;       // guards the fields below up to `written`
+  std::mutex mutex;
+  XXH3_state_t hash;      // guarded by mutex
+  uint64_t hashed = 0;    // bytes fed to `hash`: [0, hashed) of the file
   uint64_t position = 0;  // the file position that write() uses
   bool append = false;    // O_APPEND: every write lands at the end
-  bool streaming = true;  // false once a write did not land at `written`
-  uint64_t written = 0;   // [0, written) was written sequentially
-
-  // The worker's own: a read-only descriptor of the same file (the host may close its fd at any
-  // time) and the hash of [0, hashed).
-  int read_fd = -1;
-  XXH3_state_t hash;
-  uint64_t hashed = 0;
-};
-
-struct SaveTracker::PendingCommit {
-  JournalRecord record;
-  CommitEvent event;
+  bool streaming = true;  // false once a write did not land at `hashed`
 };
 
 SaveTracker::SaveTracker(SaveTrackerOptions options) : options_(std::move(options)) {}
-SaveTracker::~SaveTracker() { Stop(); }
+SaveTracker::~SaveTracker() = default;
 
 void SaveTracker::AddCommitListener(CommitListener* listener) {
   std::lock_guard<std::mutex> lock(listeners_mutex_);
   listeners_.push_back(listener);
-}
-
-bool SaveTracker::EnsureWorker() {
-  std::lock_guard<std::mutex> lock(worker_mutex_);
-  if (worker_state_ == WorkerState::kNotStarted) {
-    try {
-      worker_ = std::thread([this] { WorkerLoop(); });
-      worker_pid_ = ::getpid();
-      worker_state_ = WorkerState::kRunning;
-    } catch (const std::exception& error) {
-      UCP_LOG_WARN("save: no hashing thread ({}); files are hashed at close", error.what());
-      worker_state_ = WorkerState::kUnavailable;
-    }
-  }
-  return worker_state_ == WorkerState::kRunning;
-}
-
-void SaveTracker::Submit(Task task) {
-  {
-    std::lock_guard<std::mutex> lock(worker_mutex_);
-    if (worker_state_ == WorkerState::kRunning) {
-      tasks_.push_back(std::move(task));
-      poked_ = true;
-      wake_.notify_one();
-      return;
-    }
-  }
-  RunTask(task);
-}
-
-void SaveTracker::Flush() noexcept {
-  std::unique_lock<std::mutex> lock(worker_mutex_);
-  if (worker_state_ != WorkerState::kRunning || std::this_thread::get_id() == worker_.get_id()) {
-    return;
-  }
-  const uint64_t generation = flush_generation_;
-  poked_ = true;
-  wake_.notify_one();
-  idle_.wait(lock, [&] {
-    return flush_generation_ != generation || worker_state_ != WorkerState::kRunning;
-  });
-}
-
-void SaveTracker::Stop() noexcept {
-  {
-    std::lock_guard<std::mutex> lock(worker_mutex_);
-    if (worker_state_ != WorkerState::kRunning || worker_pid_ != ::getpid()) return;
-    stopping_ = true;
-    wake_.notify_one();
-  }
-  Contain("stop", [&] { worker_.join(); });
-}
-
-void SaveTracker::WorkerLoop() noexcept {
-  // The worker's reads, stats and journal appends are ucp's own I/O: never seen by the hooks.
-  ReentrancyGuard guard;
-  std::unique_ptr<std::byte[]> buffer(new (std::nothrow) std::byte[kHashChunk]);
-  std::unique_lock<std::mutex> lock(worker_mutex_);
-  for (;;) {
-    if (!poked_ && !behind_) {
-      ++flush_generation_;
-      idle_.notify_all();
-      if (stopping_ && tasks_.empty()) break;
-      wake_.wait(lock, [&] { return poked_ || stopping_; });
-      continue;
-    }
-    poked_ = false;
-    const std::vector<std::shared_ptr<OpenFile>> files = hashing_;
-    lock.unlock();
-    bool more = false;
-    for (const std::shared_ptr<OpenFile>& file : files) {
-      Contain("hash", [&] { more |= HashWritten(*file, buffer.get()); });
-    }
-    lock.lock();
-    while (!tasks_.empty() && Ready(tasks_.front())) {
-      const Task task = std::move(tasks_.front());
-      tasks_.pop_front();
-      if (task.file != nullptr) std::erase(hashing_, task.file);
-      lock.unlock();
-      RunTask(task);
-      lock.lock();
-    }
-    behind_ = more || !tasks_.empty();
-  }
-  // Later closes are finished by the closing thread.
-  worker_state_ = WorkerState::kUnavailable;
-  idle_.notify_all();
-}
-
-bool SaveTracker::HashWritten(OpenFile& file, std::byte* buffer) {
-  uint64_t written;
-  {
-    std::lock_guard<std::mutex> lock(file.mutex);
-    if (!file.streaming || file.read_fd < 0 || buffer == nullptr) {
-      file.streaming = false;
-      return false;
-    }
-    written = file.written;
-  }
-  const uint64_t burst_end = std::min(written, file.hashed + kHashBurst);
-  while (file.hashed < burst_end) {
-    const size_t want =
-        static_cast<size_t>(std::min<uint64_t>(kHashChunk, burst_end - file.hashed));
-    const ssize_t n = ::pread(file.read_fd, buffer, want, static_cast<off_t>(file.hashed));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      // Shorter than what was written (truncated behind our back) or unreadable: the close
-      // hashes whatever is on disk then.
-      UCP_LOG_DEBUG("save: {}: read back at {} failed; hashing at close instead", file.path,
-                    file.hashed);
-      std::lock_guard<std::mutex> lock(file.mutex);
-      file.streaming = false;
-      return false;
-    }
-    XXH3_64bits_update(&file.hash, buffer, static_cast<size_t>(n));
-    file.hashed += static_cast<uint64_t>(n);
-  }
-  return file.hashed < written;
-}
-
-bool SaveTracker::Ready(const Task& task) {
-  if (task.file == nullptr) return true;
-  OpenFile& file = *task.file;
-  std::lock_guard<std::mutex> lock(file.mutex);
-  return !file.streaming || file.hashed == file.written;
-}
-
-void SaveTracker::RunTask(const Task& task) {
-  if (task.file != nullptr) {
-    Contain("close", [&] { FinishData(*task.file); });
-  } else {
-    Contain("commit", [&] { Announce(*task.commit); });
-  }
 }
 
 std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Find(int fd) {
@@ -303,16 +140,8 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, 
       file->streaming = position == 0;
       file->position = position > 0 ? static_cast<uint64_t>(position) : 0;
     }
-    if (file->streaming) {
-      file->read_fd = EnsureWorker() ? OpenForReading(fd, file->path) : -1;
-      file->streaming = file->read_fd >= 0;
-    }
     UCP_LOG_DEBUG("save: tracking {} fd {} ({} {})", path, fd, file->match.framework,
                   FileRoleName(file->match.role));
-    if (file->streaming) {
-      std::lock_guard<std::mutex> lock(worker_mutex_);
-      hashing_.push_back(file);
-    }
     if (std::shared_ptr<OpenFile> stale = Insert(fd, std::move(file))) {
       UCP_LOG_WARN("save: fd {} reopened while tracked as {}; the old file is finished now", fd,
                    stale->path);
@@ -323,40 +152,43 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, 
   return tracked;
 }
 
-void SaveTracker::OnWrite(int fd, int64_t offset, const void*, size_t size) {
-  OnWriteVector(fd, offset, nullptr, 0, size);
+void SaveTracker::OnWrite(int fd, int64_t offset, const void* data, size_t size) {
+  const struct iovec piece = {const_cast<void*>(data), size};
+  OnWriteVector(fd, offset, &piece, 1, size);
 }
 
-// The worker reads the bytes back from the file, so the buffers themselves are not needed.
-void SaveTracker::OnWriteVector(int fd, int64_t offset, const struct iovec*, int, size_t size) {
+void SaveTracker::OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                                size_t size) {
   Contain("write", [&] {
     const std::shared_ptr<OpenFile> file = Find(fd);
     if (file == nullptr) return;
-    {
-      std::lock_guard<std::mutex> lock(file->mutex);
-      // Where these bytes landed: O_APPEND writes (pwrite included, on Linux) go to the end; a
-      // pwrite does not move the file position.
-      uint64_t start;
-      if (file->append) {
-        start = file->written;
-      } else if (offset < 0) {
-        start = file->position;
-        file->position += size;
-      } else {
-        start = static_cast<uint64_t>(offset);
-      }
-      if (!file->streaming) return;
-      if (start != file->written) {
-        UCP_LOG_DEBUG("save: {}: write at {} after {} sequential bytes; hashing at close instead",
-                      file->path, start, file->written);
-        file->streaming = false;
-        return;
-      }
-      file->written += size;
+    std::lock_guard<std::mutex> lock(file->mutex);
+    // Where these bytes landed: O_APPEND writes (pwrite included, on Linux) go to the end; a
+    // pwrite does not move the file position.
+    uint64_t start;
+    if (file->append) {
+      start = file->hashed;
+    } else if (offset < 0) {
+      start = file->position;
+      file->position += size;
+    } else {
+      start = static_cast<uint64_t>(offset);
     }
-    std::lock_guard<std::mutex> lock(worker_mutex_);
-    poked_ = true;
-    wake_.notify_one();
+    if (!file->streaming) return;
+    if (start != file->hashed) {
+      UCP_LOG_DEBUG("save: {}: write at {} after {} hashed bytes; hashing at close instead",
+                    file->path, start, file->hashed);
+      file->streaming = false;
+      return;
+    }
+    size_t left = size;
+    for (int i = 0; i < iovcnt && left > 0; ++i) {
+      const size_t take = std::min(left, iov[i].iov_len);
+      XXH3_64bits_update(&file->hash, iov[i].iov_base, take);
+      left -= take;
+    }
+    file->hashed += size - left;
+    if (left != 0) file->streaming = false;  // the iovecs hold fewer bytes than were written
   });
 }
 
@@ -391,17 +223,18 @@ void SaveTracker::OnSync(int) {}
 void SaveTracker::OnRename(std::string_view, std::string_view to) {
   Contain("rename", [&] {
     const auto match = options_.layouts->Recognise(to, options_.roots);
-    if (!match || match->role != FileRole::kCommitSignal) return;
-    if (auto commit = ResolveCommit(*match, std::string(to))) Submit(Task{nullptr, commit});
+    if (match && match->role == FileRole::kCommitSignal) Commit(*match, std::string(to));
   });
 }
 
 void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
   if (file->fds.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   if (file->match.role == FileRole::kData) {
-    Submit(Task{file, nullptr});
-  } else if (auto commit = ResolveCommit(file->match, file->path)) {
-    Submit(Task{nullptr, commit});
+    std::lock_guard<std::mutex> lock(file->mutex);
+    FinishData(*file);
+  } else {
+    // No lock: a commit uses only the immutable path and match, and listeners run lock-free.
+    Commit(file->match, file->path);
   }
 }
 
@@ -412,19 +245,8 @@ void SaveTracker::FinishData(OpenFile& file) {
                  PosixError("stat after close", errno).message());
     return;
   }
-  bool streamed;
-  {
-    std::lock_guard<std::mutex> lock(file.mutex);
-    streamed = file.streaming && file.hashed == static_cast<uint64_t>(st.st_size);
-  }
-  if (streamed) {
-    // The bytes were read through the dup: they are this path's only if it is still that file.
-    struct stat read_st {};
-    streamed = ::fstat(file.read_fd, &read_st) == 0 && read_st.st_dev == st.st_dev &&
-               read_st.st_ino == st.st_ino;
-  }
   FileDigest digest;
-  if (streamed) {
+  if (file.streaming && file.hashed == static_cast<uint64_t>(st.st_size)) {
     digest = {file.hashed, XXH3_64bits_digest(&file.hash)};
   } else {
     UCP_LOG_DEBUG("save: {}: {} of {} bytes hashed on the fly; hashing from disk", file.path,
@@ -454,33 +276,31 @@ void SaveTracker::FinishData(OpenFile& file) {
                 FormatXxh3(digest.xxh3));
 }
 
-std::shared_ptr<SaveTracker::PendingCommit> SaveTracker::ResolveCommit(
-    const PathMatch& signal, const std::string& signal_path) {
+void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path) {
   const CheckpointLayout* layout = options_.layouts->Find(signal.framework);
-  if (layout == nullptr) return nullptr;
+  if (layout == nullptr) return;
   auto content = ReadPrefix(signal_path, kMaxSignalBytes);
   if (!content.ok()) {
     UCP_LOG_WARN("save: {}", content.status().message());
-    return nullptr;
+    return;
   }
   auto target = layout->ResolveCommit(signal, *content);
   if (!target.ok()) {
     UCP_LOG_WARN("save: {}; not a commit", target.status().message());
-    return nullptr;
+    return;
   }
   struct stat st {};
   if (::stat(target->tag_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     UCP_LOG_WARN("save: {} names tag {}, which is not a directory; not a commit", signal_path,
                  target->tag_dir);
-    return nullptr;
+    return;
   }
   auto digest = HashFile(signal_path);
   if (!digest.ok()) {
     UCP_LOG_WARN("save: {}", digest.status().message());
-    return nullptr;
+    return;
   }
-  auto commit = std::make_shared<PendingCommit>();
-  JournalRecord& record = commit->record;
+  JournalRecord record;
   record.path = std::filesystem::path(signal_path).lexically_relative(target->tag_dir).string();
   record.size = digest->size;
   record.xxh3 = digest->xxh3;
@@ -489,15 +309,11 @@ std::shared_ptr<SaveTracker::PendingCommit> SaveTracker::ResolveCommit(
   record.time_ns = WallTimeNs();
   record.framework = signal.framework;
   record.role = FileRole::kCommitSignal;
-  commit->event =
-      CommitEvent{signal.framework, signal.save_dir, target->tag_dir, target->tag, signal_path};
-  return commit;
-}
+  const Status status = AppendJournalRecord(target->tag_dir, record);
+  if (!status.ok()) UCP_LOG_WARN("save: {}: {}", signal_path, status.message());
 
-void SaveTracker::Announce(const PendingCommit& commit) {
-  const CommitEvent& event = commit.event;
-  const Status status = AppendJournalRecord(event.tag_dir, commit.record);
-  if (!status.ok()) UCP_LOG_WARN("save: {}: {}", event.signal_path, status.message());
+  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir, target->tag,
+                          signal_path};
   UCP_LOG_INFO("save: {} commit of tag {} in {} ({})", event.framework, event.tag, event.save_dir,
                event.signal_path);
   std::vector<CommitListener*> listeners;

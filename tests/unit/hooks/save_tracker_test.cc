@@ -84,11 +84,9 @@ class SaveTrackerTest : public ::testing::Test {
     ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
     tracker.OnWrite(fd, offset, bytes.data(), bytes.size());
   }
-  // Closes as the host would, tells the tracker, and waits for its worker to catch up.
   static void Close(SaveTracker& tracker, int fd) {
     ASSERT_EQ(::close(fd), 0);
     tracker.OnClose(fd);
-    tracker.Flush();
   }
 
   std::vector<JournalRecord> Records() const {
@@ -141,9 +139,7 @@ TEST_F(SaveTrackerTest, SequentialWritesAreHashedOnTheFly) {
   const std::string name = "mp_rank_00_model_states.pt";
   const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
   for (unsigned i = 0; i < 5; ++i) Write(tracker, fd, RandomBytes(100000 + i, i));
-  tracker.Flush();
   EXPECT_TRUE(Records().empty()) << "journaled before the close";
-  // The worker has hashed the bytes as written: changing them now does not change the record.
   const std::string copy = CopyAsideAndTamper(name);
   Close(tracker, fd);
   const auto records = Records();
@@ -166,7 +162,6 @@ TEST_F(SaveTrackerTest, PwriteAtTheRunningPositionAndWriteVector) {
                          {const_cast<char*>(b.data()), b.size()}};
   ASSERT_EQ(::pwritev(fd, iov, 2, 1500), 1000);
   tracker.OnWriteVector(fd, 1500, iov, 2, 1000);
-  tracker.Flush();
   const std::string copy = CopyAsideAndTamper(name);
   Close(tracker, fd);
   const auto records = Records();
@@ -321,46 +316,6 @@ TEST_F(SaveTrackerTest, DeepSpeedLatestCommitsItsTag) {
   EXPECT_EQ(FormatXxh3(records[1].xxh3), XxhsumH3(save_dir_ + "/latest"));
 }
 
-TEST_F(SaveTrackerTest, CommitIsAnnouncedAfterTheFilesClosedBeforeIt) {
-  SaveTracker tracker({});
-  RecordingListener listener;
-  tracker.AddCommitListener(&listener);
-  const std::string name = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
-  const int data = Open(tracker, tag_dir_ + "/" + name, kCreate);
-  // Large enough that the worker is still hashing it when the commit arrives.
-  const std::string chunk = RandomBytes(4 << 20, 21);
-  for (int i = 0; i < 16; ++i) Write(tracker, data, chunk);
-  ASSERT_EQ(::close(data), 0);
-  tracker.OnClose(data);
-  const int latest = Open(tracker, save_dir_ + "/latest", kCreate);
-  Write(tracker, latest, "global_step5");
-  ASSERT_EQ(::close(latest), 0);
-  tracker.OnClose(latest);
-  tracker.Flush();
-  ASSERT_EQ(listener.events.size(), 1u);
-  const auto records = Records();
-  ASSERT_EQ(records.size(), 2u);
-  EXPECT_EQ(records[0].path, name);
-  EXPECT_EQ(records[1].path, "../latest");
-  ExpectJournaled(name);
-}
-
-TEST_F(SaveTrackerTest, AfterStopFilesAreHashedAtClose) {
-  SaveTracker tracker({});
-  const std::string open_name = "mp_rank_00_model_states.pt";
-  const int open_fd = Open(tracker, tag_dir_ + "/" + open_name, kCreate);
-  Write(tracker, open_fd, RandomBytes(5000, 22));
-  tracker.Stop();
-  Write(tracker, open_fd, RandomBytes(3000, 23));
-  Close(tracker, open_fd);
-  ExpectJournaled(open_name);
-  const std::string later = "mp_rank_01_model_states.pt";
-  const int later_fd = Open(tracker, tag_dir_ + "/" + later, kCreate);
-  Write(tracker, later_fd, RandomBytes(7000, 24));
-  Close(tracker, later_fd);
-  ExpectJournaled(later);
-}
-
 TEST_F(SaveTrackerTest, CommitSignalsNamingNoTagAreIgnored) {
   SaveTracker tracker({});
   RecordingListener listener;
@@ -412,7 +367,6 @@ TEST_F(SaveTrackerTest, DcpMetadataRenameCommits) {
   ASSERT_EQ(::rename((dir + "/.metadata.tmp").c_str(), (dir + "/.metadata").c_str()), 0);
   EXPECT_TRUE(listener.events.empty());
   tracker.OnRename(dir + "/.metadata.tmp", dir + "/.metadata");
-  tracker.Flush();
   ASSERT_EQ(listener.events.size(), 1u);
   EXPECT_EQ(listener.events[0].framework, "dcp");
   EXPECT_EQ(listener.events[0].tag_dir, dir);
@@ -440,7 +394,6 @@ TEST_F(SaveTrackerTest, ThreadsWritingTheirOwnFiles) {
     });
   }
   for (auto& thread : threads) thread.join();
-  tracker.Flush();
   EXPECT_EQ(Records().size(), static_cast<size_t>(kThreads));
   for (int t = 0; t < kThreads; ++t) {
     ExpectJournaled("zero_pp_rank_" + std::to_string(t) + "_mp_rank_00_optim_states.pt");
