@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "region_reference.h"
+
 namespace ucp {
 namespace {
 
@@ -19,31 +21,9 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kFileSize = 1 << 20;
 
-uint64_t Numel(const Shape& shape) { return NumElements(shape).value(); }
-
-// Flat element indices of `region`, in its storage order (ascending), decided element by
-// element from the region's defining numbers.
-std::vector<uint64_t> Elements(const Region& region) {
-  std::vector<uint64_t> out;
-  const Shape& shape = region.shape();
-  for (uint64_t i = 0; i < Numel(shape); ++i) {
-    bool inside;
-    if (region.kind() == Region::Kind::kFlat) {
-      inside = i >= region.bounds().begin && i < region.bounds().end;
-    } else {
-      inside = true;
-      uint64_t rest = i;
-      for (size_t d = shape.size(); d > 0; --d) {
-        const uint64_t coordinate = rest % shape[d - 1];
-        rest /= shape[d - 1];
-        inside = inside && coordinate >= region.offsets()[d - 1] &&
-                 coordinate < region.offsets()[d - 1] + region.extents()[d - 1];
-      }
-    }
-    if (inside) out.push_back(i);
-  }
-  return out;
-}
+using testing::Elements;
+using testing::Numel;
+using testing::RandomRegion;
 
 struct ByteSource {
   uint32_t file;
@@ -135,23 +115,6 @@ std::vector<Fragment> RandomFragments(std::mt19937& rng, const Shape& shape, DTy
     cursor[file] += region.numel() * ItemSize(dtype);
   }
   return fragments;
-}
-
-Region RandomRegion(std::mt19937& rng, const Shape& shape) {
-  const uint64_t numel = Numel(shape);
-  if (rng() % 2 == 0) {
-    uint64_t a = rng() % (numel + 1);
-    uint64_t b = rng() % (numel + 1);
-    if (a > b) std::swap(a, b);
-    return Region::Flat(a, b, shape).value();
-  }
-  std::vector<uint64_t> offsets(shape.size());
-  std::vector<uint64_t> extents(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    offsets[d] = rng() % (shape[d] + 1);
-    extents[d] = rng() % (shape[d] - offsets[d] + 1);
-  }
-  return Region::Box(offsets, extents, shape).value();
 }
 
 TEST(CopyPlanTest, FlatFragmentsOfAFlatPartition) {
