@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hooks/framework_adapter.h"
 
@@ -47,6 +48,12 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   // True when `tag_dir` holds DeepSpeed checkpoint file names (model or optimizer states of any
   // ZeRO stage, so that BuildIndex can refuse the ones it does not handle by name).
   bool Recognizes(const std::string& tag_dir) const override;
+
+  // mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt for r <
+  // dp_world_size (the optimizer files are bf16_ when any such file exists, or the model
+  // states' ds_config enables bf16). kFailedPrecondition when the model-states file is missing or
+  // is not yet a complete archive.
+  Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag: one model-states file, an optimizer file for every DP rank of
   // partition_count, every file of one save (ds_version, zero_stage, partition_count, param

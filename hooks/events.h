@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ucp::hooks {
 
@@ -65,15 +66,39 @@ class SaveObserver {
   virtual void OnRename(std::string_view from, std::string_view to) = 0;
 };
 
-// Load side: what the host reads. Decides whether a path is served from another file.
+// Load side: what the host reads. Decides whether a path is served from another file, and what a
+// directory listing shows.
+//
+// What the host sees at a path.
+struct ServeDecision {
+  enum class Kind {
+    kPassThrough,  // the call runs on the host's path, unchanged
+    kSubstitute,   // the call runs on `path` instead (falls back to the host's path if it fails)
+    kAbsent,       // the name does not exist for the host: the call fails with ENOENT
+    kFail,         // UCP_STRICT only: serving failed; the call fails with EIO
+  };
+  Kind kind = Kind::kPassThrough;
+  std::string path;  // kSubstitute: absolute path of the file to use
+};
+
+// How a directory's listing differs from the real one.
+struct ListingChange {
+  std::vector<std::string> hide;  // real entries (names, no '/') the listing leaves out
+  std::vector<std::string> add;   // names (not among the real entries) the listing adds, as files
+};
+
 class ServePolicy {
  public:
   virtual ~ServePolicy() = default;
 
-  // The host is about to open `path` read-only, or stat/access it. Returns the absolute path of
-  // the file to use in its place, or nullopt to pass the call through unchanged. The returned
-  // file must exist when this returns (it is built before returning, if it must be built).
-  virtual std::optional<std::string> Substitute(std::string_view path) = 0;
+  // The host is about to open `path` read-only, or stat/access it. A kSubstitute file exists
+  // when this returns (it is built before returning, if it must be built).
+  virtual ServeDecision Resolve(std::string_view path) = 0;
+
+  // The host is opening directory `dir` for listing (opendir/fdopendir). nullopt: the real
+  // listing. Consistent with Resolve: an added name resolves to kSubstitute, a hidden one to
+  // kAbsent.
+  virtual std::optional<ListingChange> ChangeListing(std::string_view dir) = 0;
 };
 
 // The registered handlers (nullptr = none). Set during start-up only.

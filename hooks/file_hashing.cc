@@ -9,6 +9,8 @@
 #include <optional>
 #include <thread>
 
+#include "core/util/reentrancy_guard.h"
+
 namespace ucp::hooks {
 namespace {
 
@@ -70,7 +72,13 @@ Result<std::vector<FileDigest>> HashTagFiles(const std::string& tag_dir,
     }
   };
   std::vector<std::thread> workers;
-  for (unsigned t = 1; t < threads; ++t) workers.emplace_back(work);
+  for (unsigned t = 1; t < threads; ++t) {
+    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve.
+    workers.emplace_back([&work] {
+      ReentrancyGuard guard;
+      work();
+    });
+  }
   work();
   for (std::thread& worker : workers) worker.join();
 

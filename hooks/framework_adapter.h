@@ -1,7 +1,8 @@
 // FrameworkAdapter: what one checkpoint schema (DeepSpeed ZeRO-1/2, ZeRO-3, Megatron, ...) means
 // in terms of atoms. One implementation per schema, registered by name and schema version.
 //
-// Call order for one tag: Recognizes → BuildIndex (reads every file's pickle, never tensor data;
+// Call order for one tag: Recognizes → (ExpectedFiles, while a save may still be running) →
+// BuildIndex (reads every file's pickle, never tensor data;
 // hashes the files unless the tag's journals already did) → any number of Plan* against that
 // index. The plans are pure descriptions (executor.h runs them); an adapter never writes.
 //
@@ -42,6 +43,13 @@ class FrameworkAdapter {
   // True when the files directly in `tag_dir` have this schema's names (cheap: a directory
   // listing, no file is opened).
   virtual bool Recognizes(const std::string& tag_dir) const = 0;
+
+  // The files (paths relative to `tag_dir`) a complete save of the tag holds, judged from what
+  // is on disk now (DeepSpeed: the model-states file's dp_world_size, mp_world_size and ZeRO
+  // stage, and whether its optimizer files are bf16_ ones). kFailedPrecondition while that cannot
+  // be told yet (the file that says it is missing or still being written); kUnsupported for a tag
+  // this adapter would refuse to index. Reads at most a pickle, never tensor data.
+  virtual Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const = 0;
 
   // Reads the tag and describes it as atoms. Validates everything it relies on (every rank file
   // present, one tag, shapes and partition metadata consistent).

@@ -226,18 +226,20 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
 
 bool MayServe() noexcept { return hooks::GetServePolicy() != nullptr; }
 
-std::optional<std::string> Substitute(int dirfd, const char* path) noexcept {
+hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept {
   hooks::ServePolicy* policy = hooks::GetServePolicy();
-  if (policy == nullptr) return std::nullopt;
+  if (policy == nullptr) return {};
   const int saved_errno = errno;
-  std::optional<std::string> substitute;
+  hooks::ServeDecision decision;
   const std::string absolute = AbsolutePath(dirfd, path);
   if (!absolute.empty()) {
-    Guarded("Substitute", [&] { substitute = policy->Substitute(absolute); });
+    Guarded("Resolve", [&] { decision = policy->Resolve(absolute); });
   }
-  if (substitute) UCP_LOG_DEBUG("dispatch: serving {} from {}", absolute, *substitute);
+  if (decision.kind == hooks::ServeDecision::Kind::kSubstitute) {
+    UCP_LOG_DEBUG("dispatch: serving {} from {}", absolute, decision.path);
+  }
   errno = saved_errno;
-  return substitute;
+  return decision;
 }
 
 void OnNcclUniqueId(const void* id, size_t size) noexcept {

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "hooks/events.h"
 #include "hooks/topology_registry.h"
 
 namespace ucp::dispatch {
@@ -107,9 +108,9 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
 // True when a ServePolicy is installed (otherwise Served() is the plain call).
 bool MayServe() noexcept;
 
-// The ServePolicy's substitute for `path` (relative to `dirfd`), or nullopt: no policy, no
-// substitute, or any failure. Keeps errno.
-std::optional<std::string> Substitute(int dirfd, const char* path) noexcept;
+// The ServePolicy's decision for `path` (relative to `dirfd`): kPassThrough when there is no
+// policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
+hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept;
 
 // True for open flags that only read an existing file (what the serve side may substitute).
 // (O_TMPFILE includes O_DIRECTORY.)
@@ -117,14 +118,26 @@ constexpr bool IsPlainReadOpen(int flags) noexcept {
   return (flags & O_ACCMODE) == O_RDONLY && (flags & (O_CREAT | O_TRUNC | O_DIRECTORY)) == 0;
 }
 
-// Runs `call(path)` on the ServePolicy's substitute for `path` when there is one, else on
-// `path`. A failing substituted call falls back to `path` (or fails with EIO under
-// UCP_STRICT). `failed(ret)` says whether a result is a failure.
-template <typename Call, typename Failed>
-auto Served(int dirfd, const char* path, Call&& call, Failed&& failed) noexcept {
-  const std::optional<std::string> substitute = Substitute(dirfd, path);
-  if (!substitute) return call(path);
-  const auto ret = call(substitute->c_str());
+// Runs `call(path)` as the ServePolicy decides: on `path`, on its substitute, or not at all
+// (kAbsent: `fail_result` with ENOENT; kFail: `fail_result` with EIO). A failing substituted call
+// falls back to `path` (or fails with EIO under UCP_STRICT). `failed(ret)` says whether a result
+// is a failure.
+template <typename Call, typename Failed, typename Ret>
+Ret Served(int dirfd, const char* path, Call&& call, Failed&& failed, Ret fail_result) noexcept {
+  const hooks::ServeDecision decision = Resolve(dirfd, path);
+  switch (decision.kind) {
+    case hooks::ServeDecision::Kind::kPassThrough:
+      return call(path);
+    case hooks::ServeDecision::Kind::kAbsent:
+      errno = ENOENT;
+      return fail_result;
+    case hooks::ServeDecision::Kind::kFail:
+      errno = EIO;
+      return fail_result;
+    case hooks::ServeDecision::Kind::kSubstitute:
+      break;
+  }
+  const Ret ret = call(decision.path.c_str());
   if (!failed(ret)) return ret;
   if (Strict()) {
     errno = EIO;

@@ -20,7 +20,7 @@ template <typename Call>
 int Meta(int dirfd, const char* path, Call&& call) {
   if (!ucp::InterceptGate() || !ucp::dispatch::MayServe()) return call(path);
   ucp::ReentrancyGuard guard;
-  return ucp::dispatch::Served(dirfd, path, call, &Failed);
+  return ucp::dispatch::Served(dirfd, path, call, &Failed, -1);
 }
 
 // fstatat(fd, "", AT_EMPTY_PATH) describes the fd itself: nothing to substitute.

@@ -23,7 +23,8 @@ int Open(int dirfd, const char* path, int flags, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
   ucp::ReentrancyGuard guard;
   const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
-  const int fd = serve ? ucp::dispatch::Served(dirfd, path, call, [](int ret) { return ret < 0; })
+  const int fd = serve ? ucp::dispatch::Served(
+                             dirfd, path, call, [](int ret) { return ret < 0; }, -1)
                        : call(path);
   ucp::ErrnoPreserver keep;
   ucp::dispatch::OnOpen(fd, dirfd, path, flags);

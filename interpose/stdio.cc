@@ -45,9 +45,10 @@ FILE* Fopen(const char* path, const char* mode, Call&& call) {
   ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
   const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
-  FILE* const stream =
-      serve ? ucp::dispatch::Served(AT_FDCWD, path, call, [](FILE* ret) { return ret == nullptr; })
-            : call(path);
+  FILE* const stream = serve ? ucp::dispatch::Served(
+                                   AT_FDCWD, path, call, [](FILE* ret) { return ret == nullptr; },
+                                   static_cast<FILE*>(nullptr))
+                             : call(path);
   ucp::ErrnoPreserver keep;
   ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, path, flags);
   return stream;
@@ -60,10 +61,11 @@ FILE* Freopen(const char* path, const char* mode, FILE* stream, Call&& call) {
   ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
   ucp::dispatch::FdRelease release(FdOf(stream));
-  FILE* const ret =
-      path != nullptr && ucp::dispatch::IsPlainReadOpen(flags)
-          ? ucp::dispatch::Served(AT_FDCWD, path, call, [](FILE* f) { return f == nullptr; })
-          : call(path);
+  FILE* const ret = path != nullptr && ucp::dispatch::IsPlainReadOpen(flags)
+                        ? ucp::dispatch::Served(
+                              AT_FDCWD, path, call, [](FILE* f) { return f == nullptr; },
+                              static_cast<FILE*>(nullptr))
+                        : call(path);
   ucp::ErrnoPreserver keep;
   release.Closed();
   if (path != nullptr) {

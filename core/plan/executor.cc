@@ -16,6 +16,7 @@
 #include "core/io/file.h"
 #include "core/util/checked.h"
 #include "core/util/path.h"
+#include "core/util/reentrancy_guard.h"
 
 namespace ucp {
 namespace {
@@ -280,7 +281,13 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
     }
   };
   std::vector<std::thread> workers;
-  for (unsigned w = 1; w < threads; ++w) workers.emplace_back(work);
+  for (unsigned w = 1; w < threads; ++w) {
+    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve.
+    workers.emplace_back([&work] {
+      ReentrancyGuard guard;
+      work();
+    });
+  }
   work();
   for (std::thread& worker : workers) worker.join();
   UCP_RETURN_IF_ERROR(first_error);

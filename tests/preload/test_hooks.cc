@@ -25,10 +25,13 @@ namespace {
 class MapPolicy : public ucp::hooks::ServePolicy {
  public:
   explicit MapPolicy(std::map<std::string, std::string> map) : map_(std::move(map)) {}
-  std::optional<std::string> Substitute(std::string_view path) override {
+  ucp::hooks::ServeDecision Resolve(std::string_view path) override {
     const auto it = map_.find(std::string(path));
-    if (it == map_.end()) return std::nullopt;
-    return it->second;
+    if (it == map_.end()) return {};
+    return {ucp::hooks::ServeDecision::Kind::kSubstitute, it->second};
+  }
+  std::optional<ucp::hooks::ListingChange> ChangeListing(std::string_view) override {
+    return std::nullopt;
   }
 
  private:

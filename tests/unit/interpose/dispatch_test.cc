@@ -303,10 +303,13 @@ TEST_F(DispatchTest, AThrowingHandlerSwitchesTheLayerOff) {
 class MapPolicy : public hooks::ServePolicy {
  public:
   std::map<std::string, std::string> map;
-  std::optional<std::string> Substitute(std::string_view path) override {
+  hooks::ServeDecision Resolve(std::string_view path) override {
     const auto it = map.find(std::string(path));
-    if (it == map.end()) return std::nullopt;
-    return it->second;
+    if (it == map.end()) return {};
+    return {hooks::ServeDecision::Kind::kSubstitute, it->second};
+  }
+  std::optional<hooks::ListingChange> ChangeListing(std::string_view) override {
+    return std::nullopt;
   }
 };
 
@@ -320,22 +323,22 @@ TEST_F(DispatchTest, ServedCallsUseTheSubstitute) {
     return ::stat(path, &st) == 0 ? st.st_size : -1;
   };
   auto failed = [](off_t ret) { return ret < 0; };
-  EXPECT_EQ(Served(AT_FDCWD, a.c_str(), size_of, failed), 0);
+  EXPECT_EQ(Served(AT_FDCWD, a.c_str(), size_of, failed, off_t{-1}), 0);
   MapPolicy policy;
   policy.map[a] = b;
   policy.map[dir_ + "/gone"] = dir_ + "/missing";
   hooks::SetServePolicy(&policy);
   const int dirfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
-  EXPECT_EQ(Served(AT_FDCWD, a.c_str(), size_of, failed), 42);
+  EXPECT_EQ(Served(AT_FDCWD, a.c_str(), size_of, failed, off_t{-1}), 42);
   errno = 0;
-  EXPECT_EQ(Substitute(dirfd, "./a"), b);
+  EXPECT_EQ(Resolve(dirfd, "./a").path, b);
   EXPECT_EQ(errno, 0);
   // A substitute that fails falls back to the original (here: missing too, so ENOENT).
   errno = 0;
-  EXPECT_EQ(Served(AT_FDCWD, (dir_ + "/gone").c_str(), size_of, failed), -1);
+  EXPECT_EQ(Served(AT_FDCWD, (dir_ + "/gone").c_str(), size_of, failed, off_t{-1}), -1);
   EXPECT_EQ(errno, ENOENT);
   SetStrict(true);
-  EXPECT_EQ(Served(AT_FDCWD, (dir_ + "/gone").c_str(), size_of, failed), -1);
+  EXPECT_EQ(Served(AT_FDCWD, (dir_ + "/gone").c_str(), size_of, failed, off_t{-1}), -1);
   EXPECT_EQ(errno, EIO);
   ::close(dirfd);
 }

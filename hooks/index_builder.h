@@ -1,0 +1,83 @@
+// IndexBuilder: the save side's CommitListener. When a framework commits a tag, it builds the tag's
+// universal index (<tag>/.ucp/index.json) in a background thread of the process that wrote the
+// commit signal, without delaying or altering anything the trainer does.
+//
+// Why it waits: DeepSpeed v0.14.5's rank 0 writes `latest` right after its own files and before
+// the final barrier of engine.save_checkpoint, so other ranks may still be writing theirs. The
+// builder asks the tag's adapter which files a complete save holds (ExpectedFiles) and waits until
+// each is recorded closed in the tag's journals by a record of this save (newer than the
+// tag's previous commit record, if any) whose size is the file's size on disk now. It polls
+// (kPollInterval) up to options.wait; past that it gives up, logged, and the tag stays unindexed.
+//
+// Then it builds the index with the adapter (hashes come from those journal records) and commits
+// it atomically (temporary name, fsync, rename, fsync of .ucp/). A second commit of the same tag
+// while a build of it is pending or running supersedes it: the newer commit's build is the one
+// that lands, so the index always describes the tag's latest save. A build that fails (a file
+// the adapter rejects, an I/O error) leaves the tag exactly as the framework wrote it, logged,
+// and removes any index.json an earlier save of the tag left (it would describe other bytes).
+//
+// Threads: one worker thread, started on the first commit, holding a ReentrancyGuard for its
+// whole life (its own file I/O must never be seen or served by the hooks); builds run one at a
+// time, in commit order.
+//
+// Thread-safety: OnCommit may be called from any thread (it only queues); Drain from one thread
+// at a time. Call order: Create → any OnCommit → Drain (at process exit) → destruction.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/util/status.h"
+#include "hooks/framework_adapter.h"
+#include "hooks/save_tracker.h"
+
+namespace ucp::hooks {
+
+struct IndexBuilderOptions {
+  // The longest a build waits for the other ranks' files.
+  std::chrono::milliseconds wait{std::chrono::minutes(10)};
+  // Hashing threads for files the journals do not cover (IndexOptions::threads).
+  unsigned threads = 0;
+};
+
+class IndexBuilder final : public CommitListener {
+ public:
+  static constexpr std::chrono::milliseconds kPollInterval{50};
+
+  explicit IndexBuilder(IndexBuilderOptions options);
+  ~IndexBuilder() override;  // stops waiting, abandons queued builds, joins the worker
+  IndexBuilder(const IndexBuilder&) = delete;
+  IndexBuilder& operator=(const IndexBuilder&) = delete;
+
+  // Queues the build of event.tag_dir (frameworks without an adapter are logged and ignored).
+  void OnCommit(const CommitEvent& event) noexcept override;
+
+  // Waits until every queued build has finished or given up, or `deadline` passed (then the
+  // builds still running are abandoned: their tags stay unindexed). For the preload's teardown,
+  // so that a trainer that exits right after its last save still gets that save indexed.
+  void Drain(std::chrono::steady_clock::time_point deadline) noexcept;
+
+  // Builds that committed an index, for tests and logs.
+  uint64_t committed() const;
+
+ private:
+  void Run();
+  // Waits for the tag's files, builds and commits the index; false when abandoned or failed.
+  Status Build(const CommitEvent& event);
+
+  const IndexBuilderOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<CommitEvent> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  uint64_t committed_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace ucp::hooks
