@@ -76,7 +76,8 @@ def main():
     bottom.set_ylabel("|loss - uninterrupted|\n(1e-10 = equal)")
     bottom.set_xlabel("step")
     bottom.set_ylim(1e-11, 1e-2)
-    bottom.legend(fontsize=9)
+    if any(resumes.values()):
+        bottom.legend(fontsize=9)
     fig.tight_layout()
     png = os.path.join(out, "loss.png")
     fig.savefig(png, dpi=110)

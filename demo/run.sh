@@ -47,7 +47,8 @@ fi
 if [[ ! -f $root/build/build.ninja ]]; then
   cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-ninja -C "$root/build" ${UCP_BUILD_JOBS:+-j "$UCP_BUILD_JOBS"} ucp >/dev/null
+# (the ninja target of the preload library is its file: `ucp` names the CLI executable)
+ninja -C "$root/build" ${UCP_BUILD_JOBS:+-j "$UCP_BUILD_JOBS"} libucp.so >/dev/null
 preload=(env LD_PRELOAD="$root/build/libucp.so" UCP_LOG_DIR="$out/ucp-logs")
 
 rm -rf "$out"
