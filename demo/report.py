@@ -21,6 +21,8 @@ def load(path):
 def main():
     out, save_step = sys.argv[1], int(sys.argv[2])
     full = load(os.path.join(out, "full_dp4.json"))
+    with open(os.path.join(out, "full_dp4.json")) as f:
+        trainer = json.load(f).get("trainer", "")
     saved = load(os.path.join(out, "save_dp4.json"))
     resumes = {n: load(os.path.join(out, f"resume_dp{n}.json")) for n in (2, 8)}
     steps = sorted(full)
@@ -66,12 +68,16 @@ def main():
                      label=f"resumed at {n} ranks under ucp")
             bottom.semilogy(xs, [max(abs(losses[s] - full[s]), 1e-10) for s in xs], marker=marker, ls="--",
                             color=color, label=f"{n} ranks")
+    if refusal:
+        top.plot([save_step + 1], [full[save_step]], "x", color="red", ms=11, mew=2.5,
+                 label="resumed at 2 ranks without ucp: refused")
+    bottom.set_yscale("log")
     for axis in (top, bottom):
         axis.axvline(save_step + 0.5, color="red", ls=":", lw=1)
-    top.text(save_step + 0.6, max(full.values()), "topology change\n(no ucp: refused)", color="red", va="top",
+    top.text(save_step + 0.6, max(full.values()), "topology change", color="red", va="top",
              fontsize=9)
     top.set_ylabel("training loss (global batch mean)")
-    top.set_title("Saved at 4 ranks, resumed at 2 and 8 with LD_PRELOAD=libucp.so")
+    top.set_title(f"{trainer}\nsaved at 4 ranks, resumed at 2 and 8 with LD_PRELOAD=libucp.so", fontsize=11)
     top.legend(loc="lower left", fontsize=9)
     bottom.set_ylabel("|loss - uninterrupted|\n(1e-10 = equal)")
     bottom.set_xlabel("step")
