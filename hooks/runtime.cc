@@ -1,11 +1,14 @@
 #include "hooks/runtime.h"
 
+#include <cstdlib>
+
 #include "core/util/log.h"
 #include "hooks/checkpoint_layout.h"
 #include "hooks/events.h"
 #include "hooks/save_tracker.h"
 #include "hooks/stack_detect.h"
 #include "hooks/topology_registry.h"
+#include "hooks/view_server.h"
 
 namespace ucp::hooks {
 namespace {
@@ -38,7 +41,16 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
+  ViewServerOptions serve;
+  serve.roots = options.roots;
+  serve.cache_dir = config.cache_dir;
+  serve.strict = config.strict;
+  serve.current_topology = [topology = config.topology](const Topology& source) {
+    return ResolveCurrentTopology(topology, TopologyRegistry::Global().Summary(), &::getenv,
+                                  source);
+  };
   SetSaveObserver(new SaveTracker(std::move(options)));
+  SetServePolicy(new ViewServer(std::move(serve)));
   return Status::Ok();
 }
 
