@@ -1,6 +1,7 @@
 #include "hooks/runtime.h"
 
 #include <chrono>
+#include <cstdlib>
 
 #include "core/util/log.h"
 #include "hooks/checkpoint_layout.h"
@@ -9,6 +10,7 @@
 #include "hooks/save_tracker.h"
 #include "hooks/stack_detect.h"
 #include "hooks/topology_registry.h"
+#include "hooks/view_server.h"
 
 namespace ucp::hooks {
 namespace {
@@ -51,10 +53,19 @@ Status Start(const Config& config) {
     // Handlers are never destroyed: wrappers may still run during process teardown.
     options.writer_check = detector.release();
   }
+  ViewServerOptions serve;
+  serve.roots = options.roots;
+  serve.cache_dir = config.cache_dir;
+  serve.strict = config.strict;
+  serve.current_topology = [topology = config.topology](const Topology& source) {
+    return ResolveCurrentTopology(topology, TopologyRegistry::Global().Summary(), &::getenv,
+                                  source);
+  };
   auto* tracker = new SaveTracker(std::move(options));
   g_index_builder = new IndexBuilder(IndexBuilderOptions{});
   tracker->AddCommitListener(g_index_builder);
   SetSaveObserver(tracker);
+  SetServePolicy(new ViewServer(std::move(serve)));
   return Status::Ok();
 }
 

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -73,12 +74,12 @@ class View {
 
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-       OutputPlan plan);
+       std::map<std::string, OutputPlan> plans);
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;
   std::string directory_;
-  OutputPlan plan_;
+  std::map<std::string, OutputPlan> plans_;  // the adapter's plan, one output per name
   std::set<std::string> names_;
   mutable std::mutex mutex_;
   std::set<std::string> ready_;  // names known built, to skip the lock on repeated opens

@@ -242,6 +242,19 @@ hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept {
   return decision;
 }
 
+std::optional<hooks::ListingChange> ChangeListing(int dirfd, const char* path) noexcept {
+  hooks::ServePolicy* policy = hooks::GetServePolicy();
+  if (policy == nullptr) return std::nullopt;
+  const int saved_errno = errno;
+  std::optional<hooks::ListingChange> change;
+  const std::string absolute = AbsolutePath(dirfd, path);
+  if (!absolute.empty()) {
+    Guarded("ChangeListing", [&] { change = policy->ChangeListing(absolute); });
+  }
+  errno = saved_errno;
+  return change;
+}
+
 void OnNcclUniqueId(const void* id, size_t size) noexcept {
   Guarded("OnNcclUniqueId", [&] {
     hooks::TopologyRegistry::Global().RecordGeneratedUniqueId(

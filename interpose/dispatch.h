@@ -112,6 +112,11 @@ bool MayServe() noexcept;
 // policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
 hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept;
 
+// The ServePolicy's change to the listing of directory `path` (relative to `dirfd`; "." with a
+// directory fd names that directory): nullopt when there is no policy, when the path cannot be
+// made absolute, or on any failure. Keeps errno.
+std::optional<hooks::ListingChange> ChangeListing(int dirfd, const char* path) noexcept;
+
 // True for open flags that only read an existing file (what the serve side may substitute).
 // (O_TMPFILE includes O_DIRECTORY.)
 constexpr bool IsPlainReadOpen(int flags) noexcept {

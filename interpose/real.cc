@@ -88,6 +88,8 @@ struct dirent* readdir(DIR*) {
 struct dirent64* readdir64(DIR*) {
   return Unavailable<struct dirent64*>(nullptr);
 }
+// Without a libc rewinddir the stream cannot be rewound; it has no way to report that.
+void rewinddir(DIR*) __THROW {}
 int closedir(DIR*) { return Unavailable(-1); }
 
 ssize_t write(int fd, const void* buf, size_t n) { return ::syscall(SYS_write, fd, buf, n); }

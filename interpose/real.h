@@ -38,7 +38,7 @@
   X(stat) X(stat64) X(lstat) X(lstat64) X(fstatat) X(fstatat64) X(statx) X(__xstat)          \
   X(__xstat64) X(__lxstat) X(__lxstat64) X(__fxstatat) X(__fxstatat64) X(access)             \
   X(faccessat)                                                                               \
-  X(opendir) X(fdopendir) X(readdir) X(readdir64) X(closedir)                                \
+  X(opendir) X(fdopendir) X(readdir) X(readdir64) X(rewinddir) X(closedir)                  \
   X(rename) X(renameat) X(renameat2) X(unlink) X(unlinkat)
 // clang-format on
 

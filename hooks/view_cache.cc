@@ -1,0 +1,273 @@
+#include "hooks/view_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "core/io/file.h"
+#include "core/util/log.h"
+#include "hooks/file_hashing.h"
+
+namespace ucp::hooks {
+namespace {
+
+constexpr int kViewVersion = 1;
+constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
+
+std::string Hex16(uint64_t value) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<size_t>(i)] = kDigits[value & 0xf];
+  return out;
+}
+
+std::string LastComponent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// An exclusive flock(2) on a lock file, held while the object lives. Each holder opens its own
+// descriptor, so the lock also excludes other threads of the same process.
+class FileLock {
+ public:
+  static Result<FileLock> Acquire(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("view: open lock " + path, errno);
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return PosixError("view: flock " + path, err);
+    }
+    return FileLock(fd);
+  }
+
+  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock& operator=(FileLock&&) = delete;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  // Closing the only descriptor of the open file releases the lock.
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+bool IsRegularFile(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+// One output of `plan` per path, moved out of it.
+std::map<std::string, OutputPlan> SplitPlan(OutputPlan plan) {
+  std::map<std::string, OutputPlan> plans;
+  for (ArchiveOutput& output : plan.archives) {
+    std::string path = output.path;
+    plans[path].archives.push_back(std::move(output));
+  }
+  for (SafetensorsOutput& output : plan.safetensors) {
+    std::string path = output.path;
+    plans[path].safetensors.push_back(std::move(output));
+  }
+  for (CopyOutput& output : plan.copies) plans[output.path].copies.push_back(output);
+  for (TextOutput& output : plan.texts) {
+    std::string path = output.path;
+    plans[path].texts.push_back(std::move(output));
+  }
+  return plans;
+}
+
+nlohmann::json TargetJson(const Topology& target) {
+  return {{"dp", target.dp}, {"tp", target.tp}, {"pp", target.pp}, {"world", target.world}};
+}
+
+// view.json's verdict for the index, or nullopt when it is absent, unreadable or about another
+// index or target (the view is then re-created).
+struct Recorded {
+  bool verified = false;
+  std::string error;
+};
+
+std::optional<Recorded> ReadViewJson(const std::string& path, const std::string& index_hex,
+                                     const Topology& target) {
+  Result<File> file = File::Open(path, File::Mode::kRead);
+  if (!file.ok()) return std::nullopt;
+  Result<uint64_t> size = file->Size();
+  if (!size.ok() || *size > kMaxViewJsonBytes) return std::nullopt;
+  std::string bytes(*size, '\0');
+  if (!file->ReadAt(0, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}).ok()) {
+    return std::nullopt;
+  }
+  const nlohmann::json json = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return std::nullopt;
+  const auto field = [&](const char* key) { return json.find(key); };
+  if (field("version") == json.end() || *field("version") != kViewVersion ||
+      field("index_xxh3") == json.end() || *field("index_xxh3") != index_hex ||
+      field("target") == json.end() || *field("target") != TargetJson(target) ||
+      field("verified") == json.end() || !field("verified")->is_boolean()) {
+    return std::nullopt;
+  }
+  Recorded recorded;
+  recorded.verified = field("verified")->get<bool>();
+  if (const auto error = field("error"); error != json.end() && error->is_string()) {
+    recorded.error = error->get<std::string>();
+  }
+  return recorded;
+}
+
+// Removes everything in `directory` but the lock files: the files of a view of another index.
+// Build locks stay, so that a process still building under one keeps excluding the others.
+Status EmptyView(const std::string& directory) {
+  std::error_code error;
+  std::vector<std::filesystem::path> doomed;
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with('.') && name.ends_with(".lock")) continue;
+    doomed.push_back(it->path());
+  }
+  if (error) return PosixError("view: list " + directory, error.value());
+  for (const std::filesystem::path& path : doomed) {
+    std::filesystem::remove_all(path, error);
+    if (error) return PosixError("view: remove " + path.string(), error.value());
+  }
+  return Status::Ok();
+}
+
+// Checks every source file of `index` against its recorded size and XXH3. kCorrupt naming the
+// first file that differs; the hashing's own errors (a missing file: kNotFound) as they are.
+Status VerifySources(const AtomIndex& index, const std::string& tag_dir) {
+  std::vector<std::string> paths;
+  paths.reserve(index.files().size());
+  for (const IndexedFile& file : index.files()) paths.push_back(file.path);
+  HashOptions options;
+  options.trust_journal = false;
+  UCP_ASSIGN_OR_RETURN(std::vector<FileDigest> digests, HashTagFiles(tag_dir, paths, options));
+  for (size_t i = 0; i < digests.size(); ++i) {
+    const IndexedFile& file = index.files()[i];
+    const std::string path = tag_dir + "/" + file.path;
+    if (digests[i].size != file.size) {
+      return Status::Corrupt("view: source " + path + " has " + std::to_string(digests[i].size) +
+                             " bytes, the index says " + std::to_string(file.size));
+    }
+    if (digests[i].xxh3 != file.xxh3) {
+      return Status::Corrupt("view: source " + path + " has XXH3 " + Hex16(digests[i].xxh3) +
+                             ", the index says " + Hex16(file.xxh3));
+    }
+  }
+  return Status::Ok();
+}
+
+// Under the view's .lock: reuses view.json's verdict for this index, or empties the view,
+// verifies the sources and records the verdict.
+Status CheckOrCreateView(const AtomIndex& index, uint64_t index_xxh3, const std::string& tag_dir,
+                         const std::string& directory, const Topology& target) {
+  const std::string index_hex = Hex16(index_xxh3);
+  const std::string json_path = directory + "/view.json";
+  if (const std::optional<Recorded> recorded = ReadViewJson(json_path, index_hex, target)) {
+    if (recorded->verified) return Status::Ok();
+    return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
+  }
+  UCP_RETURN_IF_ERROR(EmptyView(directory));
+  const Status verified = VerifySources(index, tag_dir);
+  nlohmann::json json = {{"version", kViewVersion},
+                         {"index_xxh3", index_hex},
+                         {"target", TargetJson(target)},
+                         {"verified", verified.ok()},
+                         {"error", verified.ok() ? "" : verified.message()}};
+  UCP_RETURN_IF_ERROR(WriteFileAtomically(json_path, json.dump(2) + "\n"));
+  UCP_LOG_INFO("view: created {} for index {} ({})", directory, index_hex,
+               verified.ok() ? "sources verified" : verified.message());
+  if (verified.ok() || verified.code() == StatusCode::kCorrupt) return verified;
+  return Status::Corrupt(verified.message());
+}
+
+}  // namespace
+
+std::string ViewName(const Topology& topology) {
+  return "tp" + std::to_string(topology.tp) + "-pp" + std::to_string(topology.pp) + "-dp" +
+         std::to_string(topology.dp);
+}
+
+std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,
+                          const Topology& target) {
+  if (cache_dir.empty()) return tag_dir + "/.ucp/views/" + ViewName(target);
+  const uint64_t tag_hash = XXH3_64bits(tag_dir.data(), tag_dir.size());
+  return cache_dir + "/" + LastComponent(tag_dir) + "-" + Hex16(tag_hash) + "/" + ViewName(target);
+}
+
+Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
+                                         std::shared_ptr<const AtomIndex> index,
+                                         uint64_t index_xxh3, std::string tag_dir,
+                                         const std::string& cache_dir, const Topology& target) {
+  if (index == nullptr) return Status::InvalidArgument("view: no index for " + tag_dir);
+  UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
+  std::string directory = ViewDirectory(tag_dir, cache_dir, target);
+  UCP_RETURN_IF_ERROR(CreateDirectories(directory));
+  {
+    UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory + "/.lock"));
+    UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, index_xxh3, tag_dir, directory, target));
+  }
+  return std::unique_ptr<View>(new View(std::move(index), std::move(tag_dir), std::move(directory),
+                                        SplitPlan(std::move(plan))));
+}
+
+View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
+           std::map<std::string, OutputPlan> plans)
+    : index_(std::move(index)),
+      tag_dir_(std::move(tag_dir)),
+      directory_(std::move(directory)),
+      plans_(std::move(plans)) {
+  for (const auto& [name, plan] : plans_) names_.insert(name);
+}
+
+Result<std::string> View::Materialize(const std::string& name) {
+  const auto plan = plans_.find(name);
+  if (plan == plans_.end()) {
+    return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
+  }
+  std::string path = directory_ + "/" + name;
+  {
+    std::lock_guard lock(mutex_);
+    if (ready_.contains(name)) return path;
+  }
+  if (!IsRegularFile(path)) {
+    // Names may have directories: the lock sits beside the view's top-level files.
+    std::string lock_name = name;
+    for (char& c : lock_name) c = c == '/' ? '#' : c;
+    UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory_ + "/." + lock_name + ".lock"));
+    // Whoever held the lock before may have built it.
+    if (!IsRegularFile(path)) {
+      ExecuteOptions options;
+      options.threads = 1;
+      UCP_RETURN_IF_ERROR(ExecutePlan(plan->second, *index_, tag_dir_, directory_, options)
+                              .WithContext("view: build " + path));
+      UCP_LOG_INFO("view: built {}", path);
+      std::lock_guard guard(mutex_);
+      ++built_;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  ready_.insert(name);
+  return path;
+}
+
+uint64_t View::built() const {
+  std::lock_guard lock(mutex_);
+  return built_;
+}
+
+}  // namespace ucp::hooks

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The load side under the real preload: a copy of a DeepSpeed fixture tag saved at dp4, indexed
+# with `ucp index`, read by python3 + torch with LD_PRELOAD=libucp.so at other world sizes.
+# Usage: serve_test.sh CASE, with UCP_LIB (libucp.so), UCP_CLI (ucp), UCP_PYTHON, PRELOAD_FIRST
+# and FIXTURES (the DeepSpeed fixtures directory) set.
+#   served       WORLD_SIZE=2: the tag reads as `ucp reshard --to dp=2` wrote it (bytes, torch.load,
+#                exists/stat of the ranks that are and are not there)
+#   listing      os.listdir, os.scandir and glob show the dp2 file set (dp8: the added ranks)
+#   passthrough  WORLD_SIZE=4 (the source's): the real files, no view is created
+#   corrupt      a source byte changed after indexing: pass-through with a warning in the log;
+#                under UCP_STRICT=1, OSError EIO
+#   concurrent   8 processes open every file at once: each file is built once, same bytes
+set -euo pipefail
+
+case_name=$1
+here=$(dirname "$0")
+work=$(mktemp -d /tmp/ucp_serve.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL ($case_name): $*" >&2
+  exit 1
+}
+
+tag=$work/ckpt/global_step5
+mkdir -p "$tag" "$work/logs"
+cp "$FIXTURES"/z2_fp32/dp4/global_step5/*.pt "$tag/"
+chmod u+w "$tag"/*.pt
+"$UCP_CLI" index "$tag" >/dev/null || fail "ucp index"
+
+# reference DP: `ucp reshard` of the tag at DP, in $work/ref<DP>/global_step5.
+reference() {
+  "$UCP_CLI" reshard "$tag" --to "dp=$1" --out "$work/ref$1" >/dev/null || fail "ucp reshard dp=$1"
+}
+
+# served_python [ENV=VALUE...] -- ARGS...: check_serve.py under the preload.
+served_python() {
+  local vars=()
+  while [[ $1 != -- ]]; do
+    vars+=("$1")
+    shift
+  done
+  shift
+  env "${vars[@]}" UCP_LOG_DIR="$work/logs" UCP_LOG_LEVEL=info \
+    LD_PRELOAD="${PRELOAD_FIRST:+$PRELOAD_FIRST }$UCP_LIB" "$UCP_PYTHON" "$here/check_serve.py" "$@"
+}
+
+built_lines() { cat "$work"/logs/ucp.*.log 2>/dev/null | grep -c "view: built" || true; }
+
+case "$case_name" in
+  served)
+    reference 2
+    served_python WORLD_SIZE=2 RANK=0 -- served "$tag" "$work/ref2/global_step5" 2 ||
+      fail "check_serve.py served"
+    [[ $(built_lines) == 3 ]] || fail "$(built_lines) files built, expected 3"
+    ;;
+
+  listing)
+    reference 2
+    reference 8
+    served_python WORLD_SIZE=2 RANK=1 -- listing "$tag" "$work/ref2/global_step5" ||
+      fail "check_serve.py listing at dp2"
+    served_python WORLD_SIZE=8 RANK=5 -- listing "$tag" "$work/ref8/global_step5" ||
+      fail "check_serve.py listing at dp8"
+    ;;
+
+  passthrough)
+    served_python WORLD_SIZE=4 RANK=0 -- passthrough "$tag" ||
+      fail "check_serve.py passthrough"
+    [[ ! -e $tag/.ucp/views ]] || fail "a view was created for the source's own topology"
+    ;;
+
+  corrupt)
+    "$UCP_PYTHON" - "$tag/zero_pp_rank_1_mp_rank_00_optim_states.pt" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(2000)
+    byte = f.read(1)
+    f.seek(2000)
+    f.write(bytes([byte[0] ^ 1]))
+PY
+    served_python WORLD_SIZE=2 RANK=0 -- corrupt "$tag" lenient || fail "check_serve.py corrupt"
+    grep -q "warning.*serve: $tag: .*zero_pp_rank_1_mp_rank_00_optim_states.pt" "$work"/logs/ucp.*.log ||
+      fail "no warning naming the changed file: $(cat "$work"/logs/ucp.*.log)"
+    served_python WORLD_SIZE=2 RANK=0 UCP_STRICT=1 -- corrupt "$tag" strict ||
+      fail "check_serve.py corrupt strict"
+    ;;
+
+  concurrent)
+    reference 8
+    pids=()
+    for rank in 0 1 2 3 4 5 6 7; do
+      served_python WORLD_SIZE=8 RANK=$rank -- concurrent "$tag" "$work/go" \
+        >"$work/digests.$rank" &
+      pids+=($!)
+    done
+    sleep 2
+    touch "$work/go"
+    for pid in "${pids[@]}"; do wait "$pid" || fail "a reader failed"; done
+    "$UCP_PYTHON" "$here/check_serve.py" digests "$work/ref8/global_step5" >"$work/digests.ref"
+    for rank in 0 1 2 3 4 5 6 7; do
+      cmp -s "$work/digests.$rank" "$work/digests.ref" ||
+        fail "rank $rank read other bytes: $(diff "$work/digests.$rank" "$work/digests.ref")"
+    done
+    expected=$(ls "$work/ref8/global_step5" | wc -l)
+    [[ $(built_lines) == "$expected" ]] || fail "$(built_lines) builds for $expected files"
+    ;;
+
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ok: $case_name"

@@ -1,0 +1,55 @@
+// A writable copy of a DeepSpeed fixture tag with a committed index, for the load-side tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "core/format/atom_index.h"
+#include "core/io/file.h"
+#include "hooks/deepspeed_zero.h"
+#include "hooks/journal.h"
+#include "tests/unit/core/test_bytes.h"
+
+namespace ucp::hooks::testing {
+
+inline const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
+
+// The fixture tag <config>/<run>/global_step5.
+inline std::string FixtureTag(const std::string& config, const std::string& run) {
+  return kFixtures + "/" + config + "/" + run + "/global_step5";
+}
+
+// Saves the fixture tag's files into `tag_dir` (created; the files of an earlier save there are
+// removed first, .ucp/ is kept) and writes its index, as `ucp index` does. Returns the XXH3 of
+// index.json's bytes.
+inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& tag_dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(tag_dir);
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag_dir)) {
+    if (entry.is_regular_file()) fs::remove(entry.path());
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(fixture_tag)) {
+    if (!entry.is_regular_file()) continue;
+    const fs::path to = fs::path(tag_dir) / entry.path().filename();
+    fs::copy_file(entry.path(), to);
+    fs::permissions(to, fs::perms::owner_read | fs::perms::owner_write);
+  }
+  const DeepSpeedZeroAdapter adapter;
+  IndexOptions options;
+  options.trust_journal = false;
+  Result<AtomIndex> index = adapter.BuildIndex(tag_dir, options);
+  EXPECT_TRUE(index.ok()) << index.status().ToString();
+  if (!index.ok()) return 0;
+  EXPECT_TRUE(CreateDirectories(tag_dir + "/.ucp").ok());
+  const std::string index_path = tag_dir + "/" + std::string(kAtomIndexRelativePath);
+  const Status written = index->Write(index_path);
+  EXPECT_TRUE(written.ok()) << written.ToString();
+  Result<FileDigest> digest = HashFile(index_path);
+  EXPECT_TRUE(digest.ok()) << digest.status().ToString();
+  return digest.ok() ? digest->xxh3 : 0;
+}
+
+}  // namespace ucp::hooks::testing
