@@ -4,8 +4,9 @@ v0.14.5's checkpoint layout), multi-process on CPU with gloo on 127.0.0.1.
 
 Usage: e2e.py UCP_CLI LIBUCP WORK CASE [ARGS]
   save                 4 ranks under the preload train steps 1..10 and save at step 5:
-                       WORK/ckpt (the checkpoint) and WORK/full_dp4.json (the losses every resume
-                       is held to). The other cases need it (CTest fixture).
+                       WORK/ckpt (the checkpoint, indexed at save by the preload) and
+                       WORK/full_dp4.json (the losses every resume is held to). The other cases
+                       need it (CTest fixture).
   resume N             resume WORK/ckpt at N ranks under the preload: training continues to
                        step 10 with the uninterrupted losses (float32 reduction-order noise), and
                        each rank's optimizer state right after loading equals, bit for bit, what
@@ -14,7 +15,8 @@ Usage: e2e.py UCP_CLI LIBUCP WORK CASE [ARGS]
   refusal N            the same resume without the preload fails with DeepSpeed's refusal.
   kill POINT           4 ranks under the preload save at steps 3 and 6, SIGKILLed when POINT is
                        reached in the second save (`model_states`: its first file exists;
-                       `latest`: `latest` names it, the index build has just started). The
+                       `latest`: `latest` names it, the index build has just started; `index`:
+                       its index is committed, training goes on). The
                        previous tag resumes at 2 ranks under the preload with the uninterrupted
                        losses; the interrupted tag is either served (and then resumes exactly
                        like the reshard of it) or listed exactly as written (not served).
@@ -44,7 +46,8 @@ SAVE_STEP = 5
 # Losses of a resume at another data-parallel size differ from the uninterrupted run only by the
 # order of float32 reductions (DeepSpeed's own dp4 and dp2 runs differ by 4.8e-7 on this model).
 LOSS_TOLERANCE = 1e-5
-PORTS = {"layout": 29870, "save": 29800, "resume": 29810, "reshard": 29830, "refusal": 29850, "kill": 29860}
+KILL_POINTS = ["model_states", "latest", "index"]
+PORTS = {"layout": 29870, "save": 29800, "resume": 29810, "reshard": 29830, "refusal": 29850, "kill": 29900}
 
 
 class Failure(Exception):
@@ -139,7 +142,9 @@ def case_save(cli, lib, work):
     check(names == expected, f"{tag} holds {names}")
     with open(os.path.join(work, "ckpt", "latest")) as f:
         check(f.read() == f"global_step{SAVE_STEP}", "latest does not name the tag")
-    print(f"saved {tag} at 4 ranks under the preload: {names}")
+    # The preload indexes the tag behind the scenes once `latest` names it (before the job exits).
+    check(os.path.isfile(os.path.join(tag, ".ucp", "index.json")), f"the preload built no index of {tag}")
+    print(f"saved {tag} at 4 ranks under the preload: {names}, indexed at save")
 
 
 def case_resume(cli, lib, work, nproc):
@@ -193,13 +198,17 @@ def case_kill(cli, lib, work, point):
     os.makedirs(kwork)
     ckpt = os.path.join(kwork, "ckpt")
     tag_dir = os.path.join(ckpt, "global_step6")
-    proc = launch(4, PORTS["kill"] + (0 if point == "model_states" else 1),
-                  ["--steps", 8, "--save_dir", ckpt, "--save_at", 3, 6], os.path.join(kwork, "save.log"),
+    port = PORTS["kill"] + 10 * KILL_POINTS.index(point)
+    # Steps beyond 6 only keep the job alive until the kill.
+    proc = launch(4, port,
+                  ["--steps", 60, "--save_dir", ckpt, "--save_at", 3, 6], os.path.join(kwork, "save.log"),
                   preload=lib, wait=False)
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline:
         if point == "model_states":
             reached = os.path.exists(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+        elif point == "index":
+            reached = os.path.exists(os.path.join(tag_dir, ".ucp", "index.json"))
         else:
             try:
                 with open(os.path.join(ckpt, "latest")) as f:
@@ -216,8 +225,7 @@ def case_kill(cli, lib, work, point):
     print(f"killed at '{point}': global_step6 holds {written}")
 
     name = os.path.join(kwork, "resume_previous")
-    rc = launch(2, PORTS["kill"] + 2 + (0 if point == "model_states" else 4),
-                ["--steps", 8, "--load_dir", ckpt, "--load_tag", "global_step3", "--out", name + ".json"],
+    rc = launch(2, port + 1, ["--steps", 8, "--load_dir", ckpt, "--load_tag", "global_step3", "--out", name + ".json"],
                 name + ".log", preload=lib)
     check(rc == 0, f"the previous tag did not resume at 2 ranks under the preload (see {name}.log)")
     compare_losses(losses(name + ".json"), reference, "previous tag global_step3 resumed at 2 ranks under ucp")
@@ -231,12 +239,10 @@ def case_kill(cli, lib, work, point):
         return
     print(f"the interrupted tag is served at 2 ranks: {served}")
     dump = os.path.join(kwork, "served_state{rank}.pt")
-    rc = launch(2, PORTS["kill"] + 3 + (0 if point == "model_states" else 4),
-                ["--steps", 6, "--load_dir", ckpt, "--load_tag", "global_step6", "--dump_state", dump],
+    rc = launch(2, port + 2, ["--steps", 6, "--load_dir", ckpt, "--load_tag", "global_step6", "--dump_state", dump],
                 os.path.join(kwork, "served.log"), preload=lib)
     check(rc == 0, f"the served interrupted tag did not load (see {kwork}/served.log)")
-    offline, _ = reshard_and_load(cli, kwork, tag_dir, 2, "reshard", PORTS["kill"] + 8 + (0 if point == "model_states"
-                                                                                           else 1), 6)
+    offline, _ = reshard_and_load(cli, kwork, tag_dir, 2, "reshard", port + 3, 6)
     compare_dumps(dump, offline, 2, "served interrupted tag vs ucp reshard + plain load")
 
 
