@@ -53,7 +53,7 @@ def main():
     dscomm.cdb.all_gather_function = None
     dscomm.cdb.reduce_scatter_function = None
     rank, world = dist.get_rank(), dist.get_world_size()
-    assert args.global_bs % world == 0, f"--global_bs {args.global_bs} is not divisible by {world} ranks"
+    assert args.global_bs % world == 0, f"--global_bs {args.global_bs} is not divisible by {world}"
     micro = args.global_bs // world
     torch.manual_seed(args.seed)
     model = TinyGPT(args.vocab, args.d, args.nlayer, args.nhead, args.seq)
@@ -72,12 +72,14 @@ def main():
         "wall_clock_breakdown": False,
         "checkpoint": {"load_universal": False},
     }
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
 
     if args.load_dir:
         load_path, _ = engine.load_checkpoint(args.load_dir, tag=args.load_tag)
         if rank == 0:
-            print(f"LOADED {load_path} global_steps={engine.global_steps} at {world} ranks", flush=True)
+            print(f"LOADED {load_path} global_steps={engine.global_steps} at {world} ranks",
+                  flush=True)
         if args.dump_state:
             opt = engine.optimizer
             fp32 = opt.single_partition_of_fp32_groups[0]
@@ -94,7 +96,8 @@ def main():
     losses = {}
     for step in range(engine.global_steps + 1, args.steps + 1):
         x, y = global_batch(step, args.global_bs, args.vocab, args.seq)
-        loss = engine(x[rank * micro:(rank + 1) * micro], y[rank * micro:(rank + 1) * micro])
+        mine = slice(rank * micro, (rank + 1) * micro)
+        loss = engine(x[mine], y[mine])
         engine.backward(loss)
         engine.step()
         mean = loss.detach().float().clone()
@@ -103,13 +106,15 @@ def main():
         if rank == 0:
             print(f"STEP {step} loss {losses[step]:.8f}", flush=True)
         if args.save_dir and step in args.save_at:
-            engine.save_checkpoint(args.save_dir, tag=f"global_step{step}", client_state={"my_step": step})
+            engine.save_checkpoint(args.save_dir, tag=f"global_step{step}",
+                                   client_state={"my_step": step})
             if rank == 0:
                 print(f"SAVED {args.save_dir}/global_step{step}", flush=True)
 
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
-            json.dump({"trainer": "DeepSpeed " + deepspeed.__version__, "world": world, "losses": losses}, f, indent=1)
+            json.dump({"trainer": "DeepSpeed " + deepspeed.__version__, "world": world,
+                       "losses": losses}, f, indent=1)
     dist.barrier()
 
 

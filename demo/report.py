@@ -54,11 +54,12 @@ def main():
     except ImportError:
         print("no matplotlib (Debian: apt-get install python3-matplotlib): loss.png not drawn")
         return
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
     top.plot(steps, [full[s] for s in steps], "k-", lw=2.5, label="4 ranks, uninterrupted")
     if saved:
-        top.plot(sorted(saved), [saved[s] for s in sorted(saved)], "o", color="gray", ms=7, mfc="none",
-                 label=f"4 ranks, saved at step {save_step}")
+        top.plot(sorted(saved), [saved[s] for s in sorted(saved)], "o", color="gray", ms=7,
+                 mfc="none", label=f"4 ranks, saved at step {save_step}")
     styles = {2: ("tab:blue", "s"), 8: ("tab:orange", "^")}
     for n, losses in resumes.items():
         if losses:
@@ -66,8 +67,8 @@ def main():
             color, marker = styles[n]
             top.plot(xs, [losses[s] for s in xs], marker=marker, ls="--", color=color,
                      label=f"resumed at {n} ranks under ucp")
-            bottom.semilogy(xs, [max(abs(losses[s] - full[s]), 1e-10) for s in xs], marker=marker, ls="--",
-                            color=color, label=f"{n} ranks")
+            bottom.semilogy(xs, [max(abs(losses[s] - full[s]), 1e-10) for s in xs],
+                            marker=marker, ls="--", color=color, label=f"{n} ranks")
     if refusal:
         top.plot([save_step + 1], [full[save_step]], "x", color="red", ms=11, mew=2.5,
                  label="resumed at 2 ranks without ucp: refused")
@@ -77,7 +78,8 @@ def main():
     top.text(save_step + 0.6, max(full.values()), "topology change", color="red", va="top",
              fontsize=9)
     top.set_ylabel("training loss (global batch mean)")
-    top.set_title(f"{trainer}\nsaved at 4 ranks, resumed at 2 and 8 with LD_PRELOAD=libucp.so", fontsize=11)
+    top.set_title(f"{trainer}\nsaved at 4 ranks, resumed at 2 and 8 with LD_PRELOAD=libucp.so",
+                  fontsize=11)
     top.legend(loc="lower left", fontsize=9)
     bottom.set_ylabel("|loss - uninterrupted|\n(1e-10 = equal)")
     bottom.set_xlabel("step")

@@ -73,12 +73,14 @@ def argument_parser(description):
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=10, help="train until this global step (inclusive)")
     p.add_argument("--save_dir", default=None)
-    p.add_argument("--save_at", type=int, nargs="*", default=[], help="global steps after which to save")
+    p.add_argument("--save_at", type=int, nargs="*", default=[],
+                   help="global steps after which to save")
     p.add_argument("--load_dir", default=None)
     p.add_argument("--load_tag", default=None, help="tag to load (default: the one `latest` names)")
     p.add_argument("--out", default=None, help="json file for the losses (rank 0)")
     p.add_argument("--dump_state", default=None,
-                   help="after loading, torch.save this rank's optimizer state here ({rank} is replaced)")
+                   help="after loading, torch.save this rank's optimizer state here "
+                   "({rank} is replaced by the rank)")
     p.add_argument("--vocab", type=int, default=67)
     p.add_argument("--d", type=int, default=48)
     p.add_argument("--nlayer", type=int, default=2)
@@ -86,5 +88,6 @@ def argument_parser(description):
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--global_bs", type=int, default=8, help="sequences per step, divisible by the world size")
+    p.add_argument("--global_bs", type=int, default=8,
+                   help="sequences per step, divisible by the world size")
     return p

@@ -203,11 +203,12 @@ class Engine:
         return loss
 
     def _model_states(self, client_state):
+        param_names = self.optimizer.names
         state = {
             "module": self.model.state_dict(),
-            "buffer_names": [n for n in self.model.state_dict() if n not in self.optimizer.names.values()],
+            "buffer_names": [n for n in self.model.state_dict() if n not in param_names.values()],
             "optimizer": None,
-            "param_shapes": [OrderedDict((self.optimizer.names[p], p.shape) for p in self.optimizer.params)],
+            "param_shapes": [OrderedDict((param_names[p], p.shape) for p in self.optimizer.params)],
             "frozen_param_shapes": OrderedDict(),
             "shared_params": {},
             "frozen_param_fragments": OrderedDict(),
@@ -234,13 +235,16 @@ class Engine:
         tag_dir = os.path.join(save_dir, tag)
         os.makedirs(tag_dir, exist_ok=True)
         if self.rank == 0:
-            torch.save(self._model_states(client_state), os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
+            torch.save(self._model_states(client_state),
+                       os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
         for rank in range(self.dp):
             if rank == self.rank:
                 os.makedirs(tag_dir, exist_ok=True)
             dist.barrier()
-        zero = {"optimizer_state_dict": self.optimizer.state_dict(), "ds_config": self.config, "ds_version": DS_VERSION}
-        torch.save(zero, os.path.join(tag_dir, f"zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt"))
+        zero = {"optimizer_state_dict": self.optimizer.state_dict(), "ds_config": self.config,
+                "ds_version": DS_VERSION}
+        name = f"zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt"
+        torch.save(zero, os.path.join(tag_dir, name))
         if self.rank == 0:
             with open(os.path.join(save_dir, "latest"), "w") as f:
                 f.write(tag)
@@ -261,17 +265,18 @@ class Engine:
         self.model.load_state_dict(checkpoint["module"], strict=True)
         loaded_dp = checkpoint["dp_world_size"]
         self.global_steps = checkpoint["global_steps"]
-        self.global_samples = checkpoint.get("global_samples", self.global_steps * self.config["train_batch_size"])
+        self.global_samples = checkpoint.get("global_samples",
+                                             self.global_steps * self.config["train_batch_size"])
         self.skipped_steps = checkpoint["skipped_steps"]
         if self.dp != loaded_dp:
-            raise ZeRORuntimeException("The checkpoint being loaded used a DP "
-                                       f"world size of {loaded_dp} but the "
-                                       f"current world size is {self.dp}. Automatic adjustment "
-                                       "of ZeRO's optimizer state partitioning with a new world size is not "
-                                       "currently supported.")
+            raise ZeRORuntimeException(
+                f"The checkpoint being loaded used a DP world size of {loaded_dp} but the current "
+                f"world size is {self.dp}. Automatic adjustment of ZeRO's optimizer state "
+                "partitioning with a new world size is not currently supported.")
         names = []
         for rank in range(loaded_dp):
-            name = os.path.join(load_dir, str(tag), f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+            name = os.path.join(load_dir, str(tag),
+                                f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
             if not os.path.exists(name):
                 old = name.replace("_optim_states.pt", "optim_states.pt")
                 if os.path.exists(old):
@@ -279,8 +284,9 @@ class Engine:
             names.append(name)
         zero = torch.load(names[self.rank], map_location="cpu")
         self.optimizer.load_state_dict(zero["optimizer_state_dict"])
-        deepspeed_keys = {"module", "sparse_tensor_module_names", "skipped_steps", "global_steps", "dp_world_size",
-                          "mp_world_size", "data_sampler", "random_ltd", "lr_scheduler", "optimizer"}
+        deepspeed_keys = {"module", "sparse_tensor_module_names", "skipped_steps", "global_steps",
+                          "dp_world_size", "mp_world_size", "data_sampler", "random_ltd",
+                          "lr_scheduler", "optimizer"}
         return ckpt_list[0], {k: v for k, v in checkpoint.items() if k not in deepspeed_keys}
 
     def dump_state(self, path):
@@ -301,7 +307,7 @@ def main():
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    assert args.global_bs % world == 0, f"--global_bs {args.global_bs} is not divisible by {world} ranks"
+    assert args.global_bs % world == 0, f"--global_bs {args.global_bs} is not divisible by {world}"
     micro = args.global_bs // world
     torch.manual_seed(args.seed)
     model = TinyGPT(args.vocab, args.d, args.nlayer, args.nhead, args.seq)
@@ -325,14 +331,16 @@ def main():
     if args.load_dir:
         load_path, _ = engine.load_checkpoint(args.load_dir, tag=args.load_tag)
         if rank == 0:
-            print(f"LOADED {load_path} global_steps={engine.global_steps} at {world} ranks", flush=True)
+            print(f"LOADED {load_path} global_steps={engine.global_steps} at {world} ranks",
+                  flush=True)
         if args.dump_state:
             engine.dump_state(args.dump_state.format(rank=rank))
 
     losses = {}
     for step in range(engine.global_steps + 1, args.steps + 1):
         x, y = global_batch(step, args.global_bs, args.vocab, args.seq)
-        loss = engine.train_step(x[rank * micro:(rank + 1) * micro], y[rank * micro:(rank + 1) * micro])
+        mine = slice(rank * micro, (rank + 1) * micro)
+        loss = engine.train_step(x[mine], y[mine])
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses[step] = (mean / world).item()
@@ -345,7 +353,8 @@ def main():
 
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
-            json.dump({"trainer": "zero_trainer (DeepSpeed stand-in)", "world": world, "losses": losses}, f, indent=1)
+            json.dump({"trainer": "zero_trainer (DeepSpeed stand-in)", "world": world,
+                       "losses": losses}, f, indent=1)
     dist.barrier()
 
 

@@ -47,7 +47,8 @@ SAVE_STEP = 5
 # order of float32 reductions (DeepSpeed's own dp4 and dp2 runs differ by 4.8e-7 on this model).
 LOSS_TOLERANCE = 1e-5
 KILL_POINTS = ["model_states", "latest", "index"]
-PORTS = {"layout": 29870, "save": 29800, "resume": 29810, "reshard": 29830, "refusal": 29850, "kill": 29900}
+PORTS = {"layout": 29870, "save": 29800, "resume": 29810, "reshard": 29830, "refusal": 29850,
+         "kill": 29900}
 
 
 class Failure(Exception):
@@ -69,7 +70,8 @@ def launch(nproc, port, args, log, preload=None, extra_env=None, wait=True):
     command = [PY, os.path.join(DEMO, "launch.py"), str(nproc), str(port),
                os.path.join(DEMO, "zero_trainer.py")] + [str(a) for a in args]
     out = open(log, "w")
-    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     if not wait:
         return proc
     rc = proc.wait()
@@ -86,7 +88,8 @@ def compare_losses(got, reference, what):
     check(got, f"{what}: no losses")
     delta = max(abs(got[s] - reference[s]) for s in got)
     print(f"{what}: steps {min(got)}..{max(got)}, max |loss - uninterrupted| = {delta:.3e}")
-    check(delta <= LOSS_TOLERANCE, f"{what}: losses differ from the uninterrupted run by {delta:.3e}")
+    check(delta <= LOSS_TOLERANCE,
+          f"{what}: losses differ from the uninterrupted run by {delta:.3e}")
 
 
 def bits(t):
@@ -123,8 +126,8 @@ def reshard_and_load(cli, work, tag_dir, nproc, name, port, steps):
     ucp(cli, "reshard", tag_dir, "--to", f"dp={nproc}", "--out", out)
     dump = os.path.join(work, name + "_state{rank}.pt")
     tag = os.path.basename(tag_dir.rstrip("/"))
-    rc = launch(nproc, port, ["--steps", steps, "--load_dir", out, "--load_tag", tag, "--dump_state", dump,
-                              "--out", out + ".json"], out + ".log")
+    rc = launch(nproc, port, ["--steps", steps, "--load_dir", out, "--load_tag", tag,
+                              "--dump_state", dump, "--out", out + ".json"], out + ".log")
     check(rc == 0, f"plain load of the reshard at {nproc} ranks failed (rc {rc}, see {out}.log)")
     return dump, losses(out + ".json")
 
@@ -132,18 +135,21 @@ def reshard_and_load(cli, work, tag_dir, nproc, name, port, steps):
 def case_save(cli, lib, work):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    rc = launch(4, PORTS["save"], ["--steps", STEPS, "--save_dir", os.path.join(work, "ckpt"), "--save_at", SAVE_STEP,
-                                   "--out", os.path.join(work, "full_dp4.json")],
+    rc = launch(4, PORTS["save"],
+                ["--steps", STEPS, "--save_dir", os.path.join(work, "ckpt"), "--save_at", SAVE_STEP,
+                 "--out", os.path.join(work, "full_dp4.json")],
                 os.path.join(work, "save.log"), preload=lib)
     check(rc == 0, f"the 4-rank run under the preload failed (rc {rc})")
     tag = os.path.join(work, "ckpt", f"global_step{SAVE_STEP}")
     names = sorted(n for n in os.listdir(tag) if not n.startswith("."))
-    expected = ["mp_rank_00_model_states.pt"] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]
+    expected = ["mp_rank_00_model_states.pt"]
+    expected += [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]
     check(names == expected, f"{tag} holds {names}")
     with open(os.path.join(work, "ckpt", "latest")) as f:
         check(f.read() == f"global_step{SAVE_STEP}", "latest does not name the tag")
     # The preload indexes the tag behind the scenes once `latest` names it (before the job exits).
-    check(os.path.isfile(os.path.join(tag, ".ucp", "index.json")), f"the preload built no index of {tag}")
+    check(os.path.isfile(os.path.join(tag, ".ucp", "index.json")),
+          f"the preload built no index of {tag}")
     print(f"saved {tag} at 4 ranks under the preload: {names}, indexed at save")
 
 
@@ -152,31 +158,38 @@ def case_resume(cli, lib, work, nproc):
     tag_dir = os.path.join(work, "ckpt", f"global_step{SAVE_STEP}")
     name = f"resume_dp{nproc}"
     dump = os.path.join(work, name + "_state{rank}.pt")
-    rc = launch(nproc, PORTS["resume"] + nproc, ["--steps", STEPS, "--load_dir", os.path.join(work, "ckpt"),
-                                                 "--dump_state", dump, "--out", os.path.join(work, name + ".json")],
+    rc = launch(nproc, PORTS["resume"] + nproc,
+                ["--steps", STEPS, "--load_dir", os.path.join(work, "ckpt"), "--dump_state", dump,
+                 "--out", os.path.join(work, name + ".json")],
                 os.path.join(work, name + ".log"), preload=lib)
-    check(rc == 0, f"resume at {nproc} ranks under the preload failed (rc {rc}, see {work}/{name}.log)")
-    compare_losses(losses(os.path.join(work, name + ".json")), reference, f"resume at {nproc} ranks under ucp")
+    check(rc == 0,
+          f"resume at {nproc} ranks under the preload failed (rc {rc}, see {work}/{name}.log)")
+    compare_losses(losses(os.path.join(work, name + ".json")), reference,
+                   f"resume at {nproc} ranks under ucp")
     offline_dump, _ = reshard_and_load(cli, work, tag_dir, nproc, f"reshard_for_resume_dp{nproc}",
                                        PORTS["resume"] + 10 + nproc, SAVE_STEP)
-    compare_dumps(dump, offline_dump, nproc, f"resume at {nproc} ranks under ucp vs ucp reshard + plain load")
+    compare_dumps(dump, offline_dump, nproc,
+                  f"resume at {nproc} ranks under ucp vs ucp reshard + plain load")
 
 
 def case_reshard(cli, lib, work, nproc):
     reference = losses(os.path.join(work, "full_dp4.json"))
     tag_dir = os.path.join(work, "ckpt", f"global_step{SAVE_STEP}")
-    _, got = reshard_and_load(cli, work, tag_dir, nproc, f"reshard_dp{nproc}", PORTS["reshard"] + nproc, STEPS)
+    _, got = reshard_and_load(cli, work, tag_dir, nproc, f"reshard_dp{nproc}",
+                              PORTS["reshard"] + nproc, STEPS)
     compare_losses(got, reference, f"ucp reshard to {nproc} ranks + plain load")
 
 
 def case_refusal(cli, lib, work, nproc):
     log = os.path.join(work, f"refusal_dp{nproc}.log")
-    rc = launch(nproc, PORTS["refusal"] + nproc, ["--steps", STEPS, "--load_dir", os.path.join(work, "ckpt")], log)
+    rc = launch(nproc, PORTS["refusal"] + nproc,
+                ["--steps", STEPS, "--load_dir", os.path.join(work, "ckpt")], log)
     text = open(log).read()
-    message = (f"deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded used a DP world "
-               f"size of 4 but the current world size is {nproc}.")
+    message = ("deepspeed.runtime.zero.utils.ZeRORuntimeException: The checkpoint being loaded "
+               f"used a DP world size of 4 but the current world size is {nproc}.")
     check(rc != 0, f"the resume at {nproc} ranks without the preload did not fail")
-    check(message in text, f"the resume without the preload failed otherwise than with the refusal (see {log})")
+    check(message in text,
+          f"the resume without the preload failed otherwise than with the refusal (see {log})")
     print(f"without the preload at {nproc} ranks: {message}")
 
 
@@ -185,8 +198,8 @@ def listing(tag_dir, lib, nproc):
     env.pop("LD_PRELOAD", None)
     if lib:
         env["LD_PRELOAD"] = lib
-    result = subprocess.run([PY, "-c", f"import os; print(sorted(os.listdir({tag_dir!r})))"], env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run([PY, "-c", f"import os; print(sorted(os.listdir({tag_dir!r})))"],
+                            env=env, capture_output=True, text=True)
     check(result.returncode == 0, f"listing {tag_dir} failed: {result.stderr}")
     return [n for n in eval(result.stdout) if not n.startswith(".")]  # noqa: S307 (our own repr)
 
@@ -201,8 +214,8 @@ def case_kill(cli, lib, work, point):
     port = PORTS["kill"] + 10 * KILL_POINTS.index(point)
     # Steps beyond 6 only keep the job alive until the kill.
     proc = launch(4, port,
-                  ["--steps", 60, "--save_dir", ckpt, "--save_at", 3, 6], os.path.join(kwork, "save.log"),
-                  preload=lib, wait=False)
+                  ["--steps", 60, "--save_dir", ckpt, "--save_at", 3, 6],
+                  os.path.join(kwork, "save.log"), preload=lib, wait=False)
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline:
         if point == "model_states":
@@ -220,15 +233,19 @@ def case_kill(cli, lib, work, point):
             break
         time.sleep(0.001)
     proc.wait()
-    check(proc.returncode == -signal.SIGKILL, f"the saving job was not killed at '{point}' (rc {proc.returncode})")
-    written = sorted(n for n in os.listdir(tag_dir) if not n.startswith(".")) if os.path.isdir(tag_dir) else []
+    check(proc.returncode == -signal.SIGKILL,
+          f"the saving job was not killed at '{point}' (rc {proc.returncode})")
+    written = []
+    if os.path.isdir(tag_dir):
+        written = sorted(n for n in os.listdir(tag_dir) if not n.startswith("."))
     print(f"killed at '{point}': global_step6 holds {written}")
 
     name = os.path.join(kwork, "resume_previous")
-    rc = launch(2, port + 1, ["--steps", 8, "--load_dir", ckpt, "--load_tag", "global_step3", "--out", name + ".json"],
-                name + ".log", preload=lib)
+    rc = launch(2, port + 1, ["--steps", 8, "--load_dir", ckpt, "--load_tag", "global_step3",
+                              "--out", name + ".json"], name + ".log", preload=lib)
     check(rc == 0, f"the previous tag did not resume at 2 ranks under the preload (see {name}.log)")
-    compare_losses(losses(name + ".json"), reference, "previous tag global_step3 resumed at 2 ranks under ucp")
+    compare_losses(losses(name + ".json"), reference,
+                   "previous tag global_step3 resumed at 2 ranks under ucp")
 
     if not written:
         print("the interrupted tag has no files: nothing to serve")
@@ -239,8 +256,8 @@ def case_kill(cli, lib, work, point):
         return
     print(f"the interrupted tag is served at 2 ranks: {served}")
     dump = os.path.join(kwork, "served_state{rank}.pt")
-    rc = launch(2, port + 2, ["--steps", 6, "--load_dir", ckpt, "--load_tag", "global_step6", "--dump_state", dump],
-                os.path.join(kwork, "served.log"), preload=lib)
+    rc = launch(2, port + 2, ["--steps", 6, "--load_dir", ckpt, "--load_tag", "global_step6",
+                              "--dump_state", dump], os.path.join(kwork, "served.log"), preload=lib)
     check(rc == 0, f"the served interrupted tag did not load (see {kwork}/served.log)")
     offline, _ = reshard_and_load(cli, kwork, tag_dir, 2, "reshard", port + 3, 6)
     compare_dumps(dump, offline, 2, "served interrupted tag vs ucp reshard + plain load")
@@ -254,17 +271,19 @@ def case_layout(cli, lib, work, fixtures):
     for index, (config, nproc, model_args) in enumerate(runs):
         ours = os.path.join(work, f"layout_{config}_dp{nproc}")
         shutil.rmtree(ours, ignore_errors=True)
-        rc = launch(nproc, PORTS["layout"] + index, ["--steps", SAVE_STEP, "--save_dir", ours, "--save_at", SAVE_STEP]
-                    + model_args, ours + ".log")
+        rc = launch(nproc, PORTS["layout"] + index,
+                    ["--steps", SAVE_STEP, "--save_dir", ours, "--save_at", SAVE_STEP] + model_args,
+                    ours + ".log")
         check(rc == 0, f"the {nproc}-rank run for {config} failed (see {ours}.log)")
         theirs = os.path.join(fixtures, config, f"dp{nproc}")
         for sub in ("latest", f"global_step{SAVE_STEP}"):
             if sub == "latest":
-                check(open(os.path.join(ours, sub)).read() == open(os.path.join(theirs, sub)).read(),
-                      f"{config} dp{nproc}: latest differs")
+                with open(os.path.join(ours, sub)) as a, open(os.path.join(theirs, sub)) as b:
+                    check(a.read() == b.read(), f"{config} dp{nproc}: latest differs")
                 continue
             names = sorted(os.listdir(os.path.join(ours, sub)))
-            check(names == sorted(os.listdir(os.path.join(theirs, sub))), f"{config} dp{nproc}: files {names}")
+            check(names == sorted(os.listdir(os.path.join(theirs, sub))),
+                  f"{config} dp{nproc}: files {names}")
             values = 0
             for name in names:
                 diffs = ds_objects.compare(ds_objects.load(os.path.join(ours, sub, name)),
@@ -272,14 +291,14 @@ def case_layout(cli, lib, work, fixtures):
                 structure = [d for d in diffs if not d.endswith("elements differ")]
                 check(not structure, f"{config} dp{nproc} {name}: {structure}")
                 values += len(diffs)
-            print(f"{config} at {nproc} ranks: {len(names)} files, structure identical to DeepSpeed's; "
-                  f"{values} tensors with other values")
+            print(f"{config} at {nproc} ranks: {len(names)} files, structure identical to "
+                  f"DeepSpeed's; {values} tensors with other values")
 
 
 def main():
     cli, lib, work, case, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
-    cases = {"save": case_save, "resume": case_resume, "reshard": case_reshard, "refusal": case_refusal,
-             "kill": case_kill, "layout": case_layout}
+    cases = {"save": case_save, "resume": case_resume, "reshard": case_reshard,
+             "refusal": case_refusal, "kill": case_kill, "layout": case_layout}
     try:
         arg = [int(rest[0]) if rest[0].isdigit() else rest[0]] if rest else []
         cases[case](cli, lib, work, *arg)
