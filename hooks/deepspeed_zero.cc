@@ -24,6 +24,8 @@ using pickle::Value;
 
 // DeepSpeed pads every group's flat buffer to a multiple of nccl_start_alignment_factor × DP.
 constexpr uint64_t kAlignmentFactor = 2;
+// Bounds the per-rank file lists a (possibly corrupt) dp_world_size makes.
+constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
 constexpr std::string_view kModelRole = "model_states";
 constexpr std::string_view kOptimRole = "optim_states";
 constexpr std::string_view kUniversalRole = "universal_optimizer_state";
@@ -388,7 +390,7 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::strin
   const TorchArchiveReader& r = ms.reader;
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
   UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(r, "dp_world_size"));
-  if (dp <= 0 || dp > (int64_t{1} << 24)) {
+  if (dp <= 0 || dp > kMaxDpWorldSize) {
     return FieldError(r, "dp_world_size", std::to_string(dp) + ": out of range");
   }
   ms.dp = static_cast<uint32_t>(dp);
@@ -846,17 +848,8 @@ Status CheckTarget(const Topology& target) {
   return Status::Ok();
 }
 
-}  // namespace
-
-bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
-  Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && (!listing->model_states.empty() || !listing->optim.empty() ||
-                          !listing->zero3_model_states.empty());
-}
-
-Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
-                                                   const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+// ZeRO-3, pipeline and tensor-parallel tags, told apart by their file names.
+Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
@@ -871,6 +864,79 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
                                "tp=" + std::to_string(listing.model_states.size()) +
                                ": tensor-parallel resharding is not supported yet");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && (!listing->model_states.empty() || !listing->optim.empty() ||
+                          !listing->zero3_model_states.empty());
+}
+
+Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  const std::string model = ModelStatesName(0);
+  if (!listing.model_states.contains(0)) {
+    return Status::FailedPrecondition(Prefix(tag_dir + "/" + model) + "not written yet");
+  }
+  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal;
+  // until its zip directory (written last) is there, the file is still being written.
+  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + model);
+  if (!opened.ok()) {
+    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
+  }
+  const TorchArchiveReader& reader = *opened;
+  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(reader, "dp_world_size"));
+  if (dp <= 0 || dp > kMaxDpWorldSize) {
+    return FieldError(reader, "dp_world_size", std::to_string(dp) + ": out of range");
+  }
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
+  if (mp != 1) {
+    return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
+                               ": tp=" + std::to_string(mp) +
+                               ": tensor-parallel resharding is not supported yet");
+  }
+  // engine._get_zero_ckpt_name: the prefix is bf16_ exactly when the config enables bf16
+  // (DeepSpeedConfig reads "bf16", or the older "bfloat16", {"enabled": ...}). The config may be
+  // a path rather than a dict; rank 0's own optimizer file, written before the commit signal,
+  // then tells.
+  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
+                          [](const OptimEntry& entry) { return !entry.prefix.empty(); });
+  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
+    const Value* enabled = OptionalField(reader, key);
+    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
+  }
+  const Value* config = OptionalField(reader, "ds_config");
+  if (config != nullptr && config->kind() == Kind::kDict) {
+    int64_t stage = 0;  // DeepSpeedZeroConfig's default, also without a zero_optimization entry
+    if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+      if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
+    }
+    if (stage >= 3) {
+      return Status::Unsupported(Prefix(tag_dir) +
+                                 "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+    }
+    if (stage == 0 && !bf16) {
+      return Status::Unsupported(Prefix(reader.path()) +
+                                 "ds_config: no ZeRO optimizer (zero_optimization.stage 0 "
+                                 "without bf16 keeps the optimizer in the model states); "
+                                 "not supported");
+    }
+  }
+  std::vector<std::string> files = {model};
+  const std::string prefix = bf16 ? "bf16_" : "";
+  for (uint32_t r = 0; r < static_cast<uint32_t>(dp); ++r) files.push_back(OptimName(prefix, r, 0));
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
+                                                   const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
     return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
   }

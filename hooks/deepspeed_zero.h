@@ -52,7 +52,8 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   // mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt for r <
   // dp_world_size (the optimizer files are bf16_ when any such file exists, or the model
   // states' ds_config enables bf16). kFailedPrecondition when the model-states file is missing or
-  // is not yet a complete archive.
+  // is not yet a complete archive; kUnsupported for what BuildIndex refuses (ZeRO-3, tp or pp >
+  // 1: mp_world_size, layer files) and for a config without a ZeRO optimizer (stage 0, no bf16).
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag: one model-states file, an optimizer file for every DP rank of

@@ -20,6 +20,7 @@
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
 #include "hooks/framework_adapter.h"
+#include "tests/unit/core/test_bytes.h"
 
 namespace ucp::hooks {
 namespace {
@@ -439,6 +440,79 @@ TEST(DeepSpeedRegistryTest, FindsAndDetectsTheAdapter) {
   ASSERT_TRUE(detected.ok());
   EXPECT_EQ(*detected, *found);
   EXPECT_EQ(DetectAdapter(kFixtures).status().code(), StatusCode::kNotFound);
+}
+
+// The .pt files DeepSpeed itself wrote into `tag`.
+std::set<std::string> PtFiles(const std::string& tag) {
+  std::set<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag)) {
+    if (entry.path().extension() == ".pt") names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+std::set<std::string> ExpectedSet(const std::string& tag) {
+  Result<std::vector<std::string>> files = Adapter().ExpectedFiles(tag);
+  EXPECT_TRUE(files.ok()) << tag << ": " << files.status().ToString();
+  if (!files.ok()) return {};
+  const std::set<std::string> names(files->begin(), files->end());
+  EXPECT_EQ(names.size(), files->size()) << tag << ": a name listed twice";
+  return names;
+}
+
+// For every ZeRO-1/2 fixture (both runs and every tag DeepSpeed resaved at another DP size), the
+// files ExpectedFiles names are exactly those DeepSpeed wrote.
+TEST(DeepSpeedExpectedFilesTest, NamesTheFilesDeepSpeedWrote) {
+  size_t tags = 0;
+  for (const std::string& config : kConfigs) {
+    std::vector<std::string> dirs = {Tag(config, "dp4"), Tag(config, "dp2")};
+    for (const fs::directory_entry& entry :
+         fs::directory_iterator(kFixtures + "/" + config + "/resaved")) {
+      if (fs::is_directory(entry.path() / "global_step5")) {
+        dirs.push_back((entry.path() / "global_step5").string());
+      }
+    }
+    for (const std::string& dir : dirs) {
+      EXPECT_EQ(ExpectedSet(dir), PtFiles(dir)) << dir;
+      ++tags;
+    }
+  }
+  EXPECT_GT(tags, 2 * kConfigs.size());
+}
+
+TEST(DeepSpeedExpectedFilesTest, RefusesZero3PipelineAndTensorParallelTags) {
+  for (const std::string& tag :
+       {Tag("z3_fp32", "dp4"), Tag("z3_bf16", "dp2"), Tag("z3_fp32_odd", "dp4"),
+        Tag("pipe_z1_fp32", "pp2dp2"), Tag("tp2_z1_fp32", "tp2dp2")}) {
+    Result<std::vector<std::string>> files = Adapter().ExpectedFiles(tag);
+    EXPECT_EQ(files.status().code(), StatusCode::kUnsupported) << tag;
+  }
+}
+
+// While DeepSpeed's rank 0 has written only the model states, the names (bf16_ ones included)
+// already follow from its dp_world_size and ds_config; a missing or half-written model-states
+// file cannot tell yet.
+TEST(DeepSpeedExpectedFilesTest, FromTheModelStatesAloneOrNotYet) {
+  for (const std::string config : {"z2_bf16", "z1_bf16_bf16opt", "z2_fp32_odd"}) {
+    const std::string source = Tag(config, "dp4");
+    const fs::path tag = testing::ScratchDirectory("ucp_expected") / config;
+    fs::create_directories(tag);
+    const fs::path model = tag / "mp_rank_00_model_states.pt";
+    fs::copy_file(source + "/mp_rank_00_model_states.pt", model);
+    fs::permissions(model, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(ExpectedSet(tag.string()), PtFiles(source)) << config;
+
+    fs::resize_file(model, fs::file_size(model) - 100);
+    Result<std::vector<std::string>> truncated = Adapter().ExpectedFiles(tag.string());
+    EXPECT_EQ(truncated.status().code(), StatusCode::kFailedPrecondition) << config;
+    EXPECT_THAT(truncated.status().message(), HasSubstr("mp_rank_00_model_states.pt"));
+
+    fs::remove(model);
+    Result<std::vector<std::string>> missing = Adapter().ExpectedFiles(tag.string());
+    EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition) << config;
+    EXPECT_THAT(missing.status().message(), HasSubstr("mp_rank_00_model_states.pt"));
+    fs::remove_all(tag.parent_path());
+  }
 }
 
 // A writable copy of a fixture tag, removed afterwards.
