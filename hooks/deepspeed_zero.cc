@@ -69,11 +69,15 @@ std::optional<uint32_t> ParseIndex(const std::string& digits) {
   return static_cast<uint32_t>(std::stoul(digits));
 }
 
+// The statics an adapter uses are never destroyed: inside the preload, the index builder's
+// thread may run while the process exits, after function-local statics were destroyed.
 Result<TagListing> ListTag(const std::string& tag_dir) {
-  static const std::regex kModel(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex kOptim(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  static const std::regex kZero3Model(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
-  static const std::regex kLayer(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
+  static const std::regex& kModel = *new std::regex(R"(mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex& kOptim =
+      *new std::regex(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex& kZero3Model =
+      *new std::regex(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
+  static const std::regex& kLayer = *new std::regex(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
   std::error_code error;
   fs::directory_iterator it(tag_dir, error);
   if (error) return PosixError(Prefix(tag_dir) + "list", error.value());
@@ -183,11 +187,12 @@ std::optional<int64_t> ZeroStageOf(const Value* node) {
   const Value* args = node->args();
   if (node->IsCallOf("__builtin__", "getattr") || node->IsCallOf("builtins", "getattr")) {
     if (args->items().size() != 2 || args->Item(1)->kind() != Kind::kStr) return std::nullopt;
-    static const std::map<std::string, int64_t, std::less<>> kStages = {{"disabled", 0},
-                                                                        {"optimizer_states", 1},
-                                                                        {"gradients", 2},
-                                                                        {"weights", 3},
-                                                                        {"max_stage", 3}};
+    static const auto& kStages =
+        *new std::map<std::string, int64_t, std::less<>>{{"disabled", 0},
+                                                         {"optimizer_states", 1},
+                                                         {"gradients", 2},
+                                                         {"weights", 3},
+                                                         {"max_stage", 3}};
     const auto it = kStages.find(args->Item(1)->data());
     if (it == kStages.end()) return std::nullopt;
     return it->second;

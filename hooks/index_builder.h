@@ -26,7 +26,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,14 +68,29 @@ class IndexBuilder final : public CommitListener {
   uint64_t committed() const;
 
  private:
+  // One commit waiting for its build: `commit_time_ns` is the wall clock when OnCommit ran, just
+  // after the tracker journaled the commit record; `seq` orders commits.
+  struct Pending {
+    CommitEvent event;
+    int64_t commit_time_ns = 0;
+    uint64_t seq = 0;
+  };
+
   void Run();
-  // Waits for the tag's files, builds and commits the index; false when abandoned or failed.
-  Status Build(const CommitEvent& event);
+  // Waits for the tag's files, builds and commits the index, logging the outcome; true when it
+  // committed one.
+  bool Build(const Pending& pending);
+  // True when `pending` must stop: a newer commit of its tag, or Drain's deadline, or teardown.
+  bool Abandoned(const Pending& pending) const;  // caller holds mutex_
+  // Sleeps up to kPollInterval; false when the build is abandoned meanwhile.
+  bool PollWait(const Pending& pending);
 
   const IndexBuilderOptions options_;
   mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<CommitEvent> queue_;
+  std::condition_variable wake_;  // queue_, busy_, stopping_ or latest_ changed
+  std::deque<Pending> queue_;
+  std::map<std::string, uint64_t> latest_;  // tag_dir → seq of its newest commit not yet built
+  uint64_t next_seq_ = 0;
   bool busy_ = false;
   bool stopping_ = false;
   uint64_t committed_ = 0;
