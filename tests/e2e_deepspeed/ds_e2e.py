@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Real DeepSpeed v0.14.5 end to end under LD_PRELOAD=libucp.so (CPU, gloo, 127.0.0.1).
+
+The trainer is ../shared/tools/deepspeed-cpu/train.py, run in place with its launch.py and env.sh
+(tiny GPT, fixed global batch per step, loss = mean over the global batch, so losses compare
+across DP sizes). One CTest test per step, sharing WORK/<config>:
+
+  save        DP=4 without and with the preload: trains steps 1..STEPS, saves tag
+              global_step<SAVE_AT>; under the preload the save must leave a committed index
+              (<tag>/.ucp/index.json), DeepSpeed's files byte for byte those of the run without it,
+              and the same losses bit for bit. Its losses after SAVE_AT are the uninterrupted run.
+  universal   DeepSpeed's own universal path, no preload: ds_to_universal.py --inject_missing_state,
+              then --universal load at DP=2 and steps SAVE_AT+1..STEPS (the oracle).
+  preload     the plain load_checkpoint at DP=2 under the preload (no universal flag) and the same
+              steps: each step's loss must have the same float32 bits as the universal run's; the
+              served files must be the bytes `ucp reshard --to dp=2` writes.
+  refusal     the same DP=2 resume without the preload must fail with DeepSpeed's own error
+              ("The checkpoint being loaded used a DP world size of 4 ...").
+
+Usage: ds_e2e.py STEP --config NAME --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+Exit status 77 (CTest SKIP_RETURN_CODE) with the reason when DeepSpeed v0.14.5 is not importable
+under this interpreter: DS_SRC names its source folder (as env.sh uses it), else an installed
+`deepspeed` package is used. Env: PRELOAD_FIRST (a sanitizer runtime preloaded before libucp.so).
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+SKIP = 77
+WANTED_VERSION = '0.14.5'
+# train.py arguments per configuration: ZeRO stage and dtype; the model is train.py's default.
+CONFIGS = {
+    'z2_fp32': ['--stage', '2', '--dtype', 'fp32'],
+    'z2_bf16': ['--stage', '2', '--dtype', 'bf16'],
+}
+SAVE_DP, RESUME_DP = 4, 2
+SAVE_AT, STEPS = 3, 6
+TAG = f'global_step{SAVE_AT}'
+VIEW = f'tp1-pp1-dp{RESUME_DP}'
+DP_REFUSAL = (f'The checkpoint being loaded used a DP world size of {SAVE_DP} but the current '
+              f'world size is {RESUME_DP}')
+
+
+def skip(reason):
+    print(f'SKIPPED: {reason}', flush=True)
+    sys.exit(SKIP)
+
+
+def fail(message):
+    print(f'FAIL: {message}', flush=True)
+    sys.exit(1)
+
+
+def trainer_environment(tools):
+    """The environment of tools/env.sh (PYTHONPATH with DS_SRC and the hjson stand-in, CPU
+    accelerator, ...), without any UCP_* variable of the caller; skips when DeepSpeed v0.14.5
+    cannot be imported."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith('UCP_') and k != 'LD_PRELOAD'}
+    ds_src = base.get('DS_SRC', '')
+    if not os.path.isfile(os.path.join(tools, 'train.py')):
+        skip(f'no DeepSpeed trainer at {tools}')
+    if ds_src:
+        if not os.path.isdir(os.path.join(ds_src, 'deepspeed')):
+            skip(f'DS_SRC={ds_src} holds no deepspeed/ package')
+        env_sh = os.path.join(tools, 'env.sh')
+        dump = subprocess.run(['bash', '-c', f'. "{env_sh}" && env -0'], env=base,
+                              capture_output=True, check=True).stdout
+        env = dict(item.split('=', 1) for item in dump.decode().split('\0') if '=' in item)
+    else:
+        # An installed deepspeed (a user's machine): env.sh's settings but its own package.
+        env = dict(base, DS_ACCELERATOR='cpu', DS_BUILD_OPS='0', MASTER_ADDR='127.0.0.1',
+                   OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1')
+        env['PYTHONPATH'] = tools + (':' + base['PYTHONPATH'] if base.get('PYTHONPATH') else '')
+    probe = subprocess.run([sys.executable, '-c', 'import deepspeed; print(deepspeed.__file__)'],
+                           env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines() or ['(no message)']
+        how = f'with DS_SRC={ds_src}' if ds_src else 'and DS_SRC is not set'
+        skip(f'`import deepspeed` fails under {sys.executable} {how}: {lines[-1]}')
+    package = os.path.dirname(probe.stdout.strip().splitlines()[-1])
+    version_file = os.path.join(os.path.dirname(package), 'version.txt')
+    if os.path.isfile(version_file):
+        version = open(version_file).read().strip()
+    else:
+        version = subprocess.run([sys.executable, '-c', 'import deepspeed; print(deepspeed.__version__)'],
+                                 env=env, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    if version != WANTED_VERSION:
+        skip(f'DeepSpeed at {package} is version {version}; these tests need v{WANTED_VERSION}')
+    env['DS_PACKAGE'] = package
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def preload_env(env, lib, log_dir):
+    os.makedirs(log_dir, exist_ok=True)
+    first = os.environ.get('PRELOAD_FIRST', '')
+    return dict(env, LD_PRELOAD=f'{first} {lib}'.strip(), UCP_LOG_DIR=log_dir, UCP_LOG_LEVEL='info')
+
+
+def log_tail(log_dir, lines=40):
+    """The last lines of ucp's logs in log_dir, less each process's start and stop lines."""
+    out = []
+    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        with open(os.path.join(log_dir, name), errors='replace') as f:
+            out += [f'{name}: {line.rstrip()}' for line in f
+                    if not any(word in line for word in (' starting (', ' started in ', ' stopping'))]
+    return '\n'.join(out[-lines:])
+
+
+def launch(args, env, nproc, log, extra):
+    """Runs train.py at `nproc` ranks; returns (exit status, seconds, output)."""
+    command = [sys.executable, 'launch.py', str(nproc), str(free_port()), 'train.py'] + \
+        CONFIGS[args.config] + extra
+    start = time.monotonic()
+    with open(log, 'w') as out:
+        status = subprocess.run(command, cwd=args.tools, env=env, stdout=out,
+                                stderr=subprocess.STDOUT).returncode
+    seconds = time.monotonic() - start
+    return status, seconds, open(log, errors='replace').read()
+
+
+def losses(path):
+    return {int(step): value for step, value in json.load(open(path))['losses'].items()}
+
+
+def float32_bits(value):
+    bits = struct.pack('<f', value)
+    if struct.unpack('<f', bits)[0] != value:
+        fail(f'loss {value!r} is not a float32 value')
+    return bits.hex()
+
+
+def print_losses(title, values):
+    print(f'{title}: ' + ' '.join(f'{step}:{values[step]:.9g}' for step in sorted(values)), flush=True)
+
+
+def step_save(args, env, work):
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    logs = os.path.join(work, 'logs_save')
+    runs = {}
+    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
+                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
+        status, seconds, output = launch(
+            args, run_env, SAVE_DP, os.path.join(work, f'{name}.log'),
+            ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
+             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')])
+        if status != 0:
+            fail(f'DeepSpeed DP={SAVE_DP} training ({name}) exited {status}:\n{output[-3000:]}')
+        runs[name] = losses(os.path.join(work, f'{name}.json'))
+        print(f'DP={SAVE_DP} run {"under" if name == "save" else "without"} the preload '
+              f'(steps 1..{STEPS}, save at {SAVE_AT}): {seconds:.1f} s')
+    print_losses(f'losses DP={SAVE_DP}', runs['save'])
+    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
+            {s: float32_bits(v) for s, v in runs['plain'].items()}:
+        print_losses(f'losses DP={SAVE_DP} without the preload', runs['plain'])
+        fail('the preload changed the losses of the saving run')
+    tag_dir = os.path.join(work, 'ckpt', TAG)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not os.path.isfile(index):
+        fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
+    with open(os.path.join(work, 'ckpt', 'latest')) as f:
+        if f.read().strip() != TAG:
+            fail('latest does not name the saved tag')
+    # DeepSpeed's own file set, nothing added beside it (ucp's files live under .ucp/).
+    files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    prefix = 'bf16_' if args.config.endswith('bf16') else ''
+    expected = sorted(['mp_rank_00_model_states.pt'] +
+                      [f'{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(SAVE_DP)])
+    if files != expected:
+        fail(f'tag files {files}, expected {expected}')
+    for name in files:
+        plain = os.path.join(work, 'ckpt_plain', TAG, name)
+        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
+            fail(f'{name} saved under the preload differs from {plain}')
+    print(f'index committed: {index} ({os.path.getsize(index)} bytes)')
+
+
+def step_universal(args, env, work):
+    tag_dir = os.path.join(work, 'ckpt', TAG)
+    universal = os.path.join(work, 'universal')
+    shutil.rmtree(universal, ignore_errors=True)
+    start = time.monotonic()
+    convert = subprocess.run(
+        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
+         '--input_folder', tag_dir, '--output_folder', os.path.join(universal, TAG),
+         '--inject_missing_state'], env=env, capture_output=True, text=True)
+    convert_seconds = time.monotonic() - start
+    if convert.returncode != 0:
+        fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
+    status, seconds, output = launch(
+        args, env, RESUME_DP, os.path.join(work, 'universal.log'),
+        ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
+         '--out', os.path.join(work, 'universal.json')])
+    if status != 0:
+        fail(f'DeepSpeed universal load at DP={RESUME_DP} exited {status}:\n{output[-3000:]}')
+    print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume: {seconds:.1f} s')
+    print_losses(f'losses DP={RESUME_DP} universal', losses(os.path.join(work, 'universal.json')))
+
+
+def step_preload(args, env, work):
+    logs = os.path.join(work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    status, seconds, output = launch(
+        args, preload_env(env, args.lib, logs), RESUME_DP, os.path.join(work, 'preload.log'),
+        ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
+         '--out', os.path.join(work, 'preload.json')])
+    if status != 0:
+        fail(f'plain load_checkpoint at DP={RESUME_DP} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    print(f'DP={RESUME_DP} plain resume under the preload: {seconds:.1f} s')
+    got = losses(os.path.join(work, 'preload.json'))
+    oracle = losses(os.path.join(work, 'universal.json'))
+    full = losses(os.path.join(work, 'save.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    if sorted(got) != steps or sorted(oracle) != steps:
+        fail(f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}, expected {steps}')
+    print_losses(f'losses DP={RESUME_DP} preload', got)
+    print_losses(f'losses DP={RESUME_DP} universal', oracle)
+    print_losses(f'losses DP={SAVE_DP} uninterrupted', {s: full[s] for s in steps})
+    print(f'max |d| vs uninterrupted DP={SAVE_DP}: {max(abs(got[s] - full[s]) for s in steps):.3e}')
+    mismatched = [s for s in steps if float32_bits(got[s]) != float32_bits(oracle[s])]
+    if mismatched:
+        fail('losses differ from DeepSpeed\'s universal load at steps '
+             + ', '.join(f'{s} ({float32_bits(got[s])} vs {float32_bits(oracle[s])})' for s in mismatched))
+    print(f'losses bit-identical to DeepSpeed\'s universal load at steps {steps[0]}..{steps[-1]}')
+    # What the preload served is what `ucp reshard` writes for the same target.
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', VIEW)
+    resharded = os.path.join(work, 'reshard')
+    shutil.rmtree(resharded, ignore_errors=True)
+    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to', f'dp={RESUME_DP}',
+                    '--out', resharded], check=True, stdout=subprocess.DEVNULL)
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    for name in served:
+        if not os.path.isfile(os.path.join(view, name)):
+            fail(f'{name} was not served from the view cache {view}')
+        if open(os.path.join(view, name), 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{view}/{name} differs from `ucp reshard`\'s')
+    print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
+
+
+def step_refusal(args, env, work):
+    status, seconds, output = launch(
+        args, env, RESUME_DP, os.path.join(work, 'refusal.log'),
+        ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt')])
+    if status == 0:
+        fail(f'DeepSpeed resumed the DP={SAVE_DP} checkpoint at DP={RESUME_DP} without the preload')
+    if DP_REFUSAL not in output:
+        fail(f'DeepSpeed failed without its DP world size error:\n{output[-3000:]}')
+    print(f'without the preload DeepSpeed refuses ({seconds:.1f} s): '
+          + next(line.strip() for line in output.splitlines() if DP_REFUSAL in line))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('step', choices=['save', 'universal', 'preload', 'refusal'])
+    parser.add_argument('--config', choices=sorted(CONFIGS), required=True)
+    parser.add_argument('--work', required=True)
+    parser.add_argument('--tools', required=True)
+    parser.add_argument('--lib', required=True)
+    parser.add_argument('--ucp', required=True)
+    args = parser.parse_args()
+    env = trainer_environment(args.tools)
+    work = os.path.join(args.work, args.config)
+    if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
+        fail(f'no saved checkpoint in {work} (run the save step first)')
+    {'save': step_save, 'universal': step_universal, 'preload': step_preload,
+     'refusal': step_refusal}[args.step](args, env, work)
+
+
+if __name__ == '__main__':
+    main()
