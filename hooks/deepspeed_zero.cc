@@ -988,6 +988,8 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size()));
     ranks.push_back(std::move(os));
   }
+  // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
+  if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
   for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckRank(os, ms, ranks.front()));
   const OptimStates& first = ranks.front();
   const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
