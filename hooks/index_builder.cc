@@ -125,13 +125,14 @@ void IndexBuilder::OnCommit(const CommitEvent& event) noexcept {
       UCP_LOG_INFO("index: {}: committed during teardown; not indexed", event.tag_dir);
       return;
     }
+    // First the thread: a commit queued without one would keep Drain waiting.
+    if (!worker_.joinable()) worker_ = std::thread(&IndexBuilder::Run, this);
     pending.seq = ++next_seq_;
-    latest_[event.tag_dir] = pending.seq;
     // A queued build of the same tag would only be abandoned when its turn comes.
     std::erase_if(queue_,
                   [&](const Pending& queued) { return queued.event.tag_dir == event.tag_dir; });
-    queue_.push_back(std::move(pending));
-    if (!worker_.joinable()) worker_ = std::thread(&IndexBuilder::Run, this);
+    queue_.push_back(pending);
+    latest_[event.tag_dir] = pending.seq;
   } catch (const std::exception& error) {
     UCP_LOG_ERROR("index: {}: not indexed: {}", event.tag_dir, error.what());
     return;

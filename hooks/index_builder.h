@@ -12,9 +12,10 @@
 // Then it builds the index with the adapter (hashes come from those journal records) and commits
 // it atomically (temporary name, fsync, rename, fsync of .ucp/). A second commit of the same tag
 // while a build of it is pending or running supersedes it: the newer commit's build is the one
-// that lands, so the index always describes the tag's latest save. A build that fails (a file
-// the adapter rejects, an I/O error) leaves the tag exactly as the framework wrote it, logged,
-// and removes any index.json an earlier save of the tag left (it would describe other bytes).
+// that lands, so the index always describes the tag's latest save. Any index.json an earlier save
+// of the tag left is removed when the build starts (it describes the bytes being replaced), so a
+// build that fails or gives up (a file the adapter rejects, an I/O error, the wait) leaves no
+// index and the tag exactly as the framework wrote it, logged.
 //
 // Threads: one worker thread, started on the first commit, holding a ReentrancyGuard for its
 // whole life (its own file I/O must never be seen or served by the hooks); builds run one at a

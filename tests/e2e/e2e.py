@@ -66,6 +66,7 @@ def launch(nproc, port, args, log, preload=None, extra_env=None, wait=True):
     if preload:
         env["LD_PRELOAD"] = preload
         env.setdefault("UCP_LOG_DIR", os.path.join(os.path.dirname(log), "ucp-logs"))
+        os.makedirs(env["UCP_LOG_DIR"], exist_ok=True)
     env.update(extra_env or {})
     command = [PY, os.path.join(DEMO, "launch.py"), str(nproc), str(port),
                os.path.join(DEMO, "zero_trainer.py")] + [str(a) for a in args]
@@ -296,7 +297,9 @@ def case_layout(cli, lib, work, fixtures):
 
 
 def main():
-    cli, lib, work, case, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+    # Absolute: ucp refuses relative paths in its variables (UCP_LOG_DIR).
+    cli, lib, work = (os.path.abspath(a) for a in sys.argv[1:4])
+    case, rest = sys.argv[4], sys.argv[5:]
     cases = {"save": case_save, "resume": case_resume, "reshard": case_reshard,
              "refusal": case_refusal, "kill": case_kill, "layout": case_layout}
     try:

@@ -241,7 +241,10 @@ def step_preload(args, env, work):
     shutil.rmtree(resharded, ignore_errors=True)
     subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to', f'dp={RESUME_DP}',
                     '--out', resharded], check=True, stdout=subprocess.DEVNULL)
+    resharded = os.path.join(resharded, TAG)
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    if len(served) != 1 + RESUME_DP:
+        fail(f'`ucp reshard --to dp={RESUME_DP}` wrote {served}')
     for name in served:
         if not os.path.isfile(os.path.join(view, name)):
             fail(f'{name} was not served from the view cache {view}')
@@ -271,6 +274,9 @@ def main():
     parser.add_argument('--lib', required=True)
     parser.add_argument('--ucp', required=True)
     args = parser.parse_args()
+    # The trainer runs in the tools folder: every path it is given must be absolute.
+    for name in ('work', 'tools', 'lib', 'ucp'):
+        setattr(args, name, os.path.abspath(getattr(args, name)))
     env = trainer_environment(args.tools)
     work = os.path.join(args.work, args.config)
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):

@@ -6,7 +6,8 @@
 # ../../../../shared/tools/deepspeed-cpu/train.py in place) when `import deepspeed` works (DS_SRC,
 # as its env.sh uses it), else the plain-PyTorch stand-in demo/zero_trainer.py; TRAINER=deepspeed or
 # TRAINER=standin forces one. BUILD_DIR (set by tests/bench/run.sh) holds libucp.so; run alone, this
-# builds target ucp in Release into build-bench.
+# builds libucp.so in Release into build-bench (the Ninja target `ucp` is the CLI's file, whose
+# output name is also ucp, so the library is asked for by its file name).
 # Env: REPS (runs each, default 3), NPROC (ranks, default 2), STEPS (default 24), SAVE_EVERY
 # (default 4), UCP_BENCH_DIR (scratch, default /tmp/ucp-bench-e2e; results.md is written there),
 # BENCH_ARGS (more bench_e2e.py flags, e.g. --d 384 --nlayer 6).
@@ -18,7 +19,7 @@ tools=$repo/../shared/tools/deepspeed-cpu
 if [[ -z ${BUILD_DIR:-} ]]; then
   BUILD_DIR=$repo/build-bench
   cmake -S "$repo" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUCP_BUILD_BENCH=ON -DUCP_BUILD_TESTS=OFF >/dev/null
-  cmake --build "$BUILD_DIR" -j 2 --target ucp
+  cmake --build "$BUILD_DIR" -j 2 --target libucp.so
 fi
 
 deepspeed_importable() {
