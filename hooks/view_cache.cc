@@ -71,21 +71,34 @@ bool IsRegularFile(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
 }
 
-// One output of `plan` per path, moved out of it.
+// The file name without its last extension: what torch.save calls the archive inside it.
+std::string Stem(const std::string& name) {
+  std::string last = LastComponent(name);
+  const size_t dot = last.rfind('.');
+  return dot == std::string::npos ? last : last.substr(0, dot);
+}
+
+// One output of `plan` per name (the path the framework asks for), moved out of it and retargeted
+// at its stored name. An archive keeps the record prefix its own name gives it, so its bytes are
+// those `ucp reshard` writes under that name.
 std::map<std::string, OutputPlan> SplitPlan(OutputPlan plan) {
   std::map<std::string, OutputPlan> plans;
   for (ArchiveOutput& output : plan.archives) {
-    std::string path = output.path;
-    plans[path].archives.push_back(std::move(output));
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    if (output.archive_name.empty()) output.archive_name = Stem(name);
+    plans[name].archives.push_back(std::move(output));
   }
   for (SafetensorsOutput& output : plan.safetensors) {
-    std::string path = output.path;
-    plans[path].safetensors.push_back(std::move(output));
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].safetensors.push_back(std::move(output));
   }
-  for (CopyOutput& output : plan.copies) plans[output.path].copies.push_back(output);
+  for (CopyOutput& output : plan.copies) {
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].copies.push_back(output);
+  }
   for (TextOutput& output : plan.texts) {
-    std::string path = output.path;
-    plans[path].texts.push_back(std::move(output));
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].texts.push_back(std::move(output));
   }
   return plans;
 }
@@ -197,6 +210,13 @@ Status CheckOrCreateView(const AtomIndex& index, uint64_t index_xxh3, const std:
 
 }  // namespace
 
+std::string StoredName(std::string_view name) {
+  const size_t slash = name.rfind('/');
+  const size_t start = slash == std::string_view::npos ? 0 : slash + 1;
+  return std::string(name.substr(0, start)) + std::string(kStoredPrefix) +
+         std::string(name.substr(start));
+}
+
 std::string ViewName(const Topology& topology) {
   return "tp" + std::to_string(topology.tp) + "-pp" + std::to_string(topology.pp) + "-dp" +
          std::to_string(topology.dp);
@@ -239,7 +259,7 @@ Result<std::string> View::Materialize(const std::string& name) {
   if (plan == plans_.end()) {
     return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
   }
-  std::string path = directory_ + "/" + name;
+  std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
     if (ready_.contains(name)) return path;

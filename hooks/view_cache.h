@@ -12,9 +12,13 @@
 //                           written once per index (temporary, fsync, rename): "verified" says
 //                           whether every source file the index lists had its size and XXH3
 //                           when the view was created
-//   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built
-//   <view>/<name>           a file of the target topology, exactly the bytes `ucp reshard`
-//                           writes for it; written under a temporary name and renamed
+//   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built ('/' becomes '#')
+//   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
+//                           component), exactly the bytes `ucp reshard` writes for <name>;
+//                           written under a temporary name and renamed. The prefix keeps tools
+//                           that collect a tag's files by name prefix through the whole tree
+//                           (DeepSpeed's ds_to_universal walks it with os.walk) from taking a
+//                           served file for one of the tag's own
 // A view whose view.json names another index (the tag was saved again) is emptied and
 // re-created under .lock. A crash leaves at worst a temporary file, never a partial <name>.
 //
@@ -32,6 +36,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "core/format/atom_index.h"
 #include "core/plan/executor.h"
@@ -39,6 +44,10 @@
 #include "hooks/framework_adapter.h"
 
 namespace ucp::hooks {
+
+// What a view stores the file `name` as: "served." before its last component.
+inline constexpr std::string_view kStoredPrefix = "served.";
+std::string StoredName(std::string_view name);
 
 // "tp<T>-pp<P>-dp<D>".
 std::string ViewName(const Topology& topology);

@@ -246,10 +246,11 @@ def step_preload(args, env, work):
     if len(served) != 1 + RESUME_DP:
         fail(f'`ucp reshard --to dp={RESUME_DP}` wrote {served}')
     for name in served:
-        if not os.path.isfile(os.path.join(view, name)):
-            fail(f'{name} was not served from the view cache {view}')
-        if open(os.path.join(view, name), 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
-            fail(f'{view}/{name} differs from `ucp reshard`\'s')
+        stored = os.path.join(view, 'served.' + name)
+        if not os.path.isfile(stored):
+            fail(f'{name} was not served from the view cache ({stored})')
+        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{stored} differs from `ucp reshard`\'s {name}')
     print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
 
 

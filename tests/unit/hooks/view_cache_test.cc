@@ -62,7 +62,7 @@ void ExpectViewEquals(View& view, const std::string& expected_dir) {
   for (const std::string& name : view.names()) {
     Result<std::string> path = view.Materialize(name);
     ASSERT_TRUE(path.ok()) << path.status().ToString();
-    EXPECT_EQ(*path, view.directory() + "/" + name);
+    EXPECT_EQ(*path, view.directory() + "/served." + name);
     const std::string bytes = ReadAll(*path);
     EXPECT_FALSE(bytes.empty()) << *path;
     EXPECT_TRUE(bytes == ReadAll(expected_dir + "/" + name)) << name << " differs";
