@@ -140,7 +140,7 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
     dp = static_cast<uint32_t>(world_size / *model);
     evidence.push_back(world->text);
   } else {
-    return Status::FailedPrecondition(
+    return Status::NotFound(
         "current topology: no evidence of the world size (no UCP_TOPOLOGY dp, no NCCL "
         "communicator, no WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)");
   }

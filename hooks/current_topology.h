@@ -6,8 +6,9 @@
 //      the world communicator.
 //   3. The launcher's environment: WORLD_SIZE/RANK, else OMPI_COMM_WORLD_SIZE/_RANK, else
 //      PMI_SIZE/PMI_RANK, else SLURM_NTASKS/SLURM_PROCID.
-// tp and pp default to the source's; dp = world / (tp · pp). A world that tp · pp does not divide,
-// or no evidence of the world at all, is kFailedPrecondition (the caller passes through).
+// tp and pp default to the source's; dp = world / (tp · pp). No evidence of the world at all (a
+// process no launcher started, e.g. a notebook loading a tag) is kNotFound: nothing says the
+// topology changed. A world that tp · pp does not divide is kFailedPrecondition.
 // Disagreements (UCP_TOPOLOGY's dp against the world size, NCCL's world size against
 // WORLD_SIZE) are warnings: the higher-ranked evidence is used.
 //

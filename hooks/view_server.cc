@@ -126,6 +126,11 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
     return fail(Status::FailedPrecondition("no current-topology resolver"));
   }
   Result<CurrentTopology> current = options_.current_topology(source);
+  if (!current.ok() && current.status().code() == StatusCode::kNotFound) {
+    // Not launched as a job: nothing says the topology changed.
+    UCP_LOG_INFO("serve: {}: {}: pass-through", tag_dir, current.status().message());
+    return state;
+  }
   if (!current.ok()) return fail(current.status());
   for (const std::string& warning : current->warnings) {
     UCP_LOG_WARN("serve: {}: topology: {}", tag_dir, warning);

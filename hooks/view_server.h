@@ -6,7 +6,7 @@
 //      tag directory holding a committed <tag>/.ucp/index.json. Anything else: kPassThrough,
 //      at the cost of a few string comparisons (no system call for paths no layout recognises).
 //   2. The current topology (the resolver, hooks/current_topology.h) equals the index's source
-//      topology → kPassThrough.
+//      topology, or nothing tells it (no launcher, no NCCL, no UCP_TOPOLOGY) → kPassThrough.
 //   3. Otherwise the tag's View (view_cache.h) at that topology: a name of the view →
 //      kSubstitute with the view's file (built first if needed); a file of the source topology
 //      the view does not have → kAbsent; any other name → kPassThrough.

@@ -121,11 +121,11 @@ TEST(CurrentTopologyTest, OverrideTpWithLauncherWorld) {
   EXPECT_THAT(current->evidence, HasSubstr("tp=2 (UCP_TOPOLOGY)"));
 }
 
-TEST(CurrentTopologyTest, NoEvidenceIsFailedPrecondition) {
+TEST(CurrentTopologyTest, NoEvidenceIsNotFound) {
   const FakeEnv env(Vars{});
   Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(4));
   ASSERT_FALSE(current.ok());
-  EXPECT_EQ(current.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(current.status().code(), StatusCode::kNotFound);
 }
 
 TEST(CurrentTopologyTest, WorldThatTpPpDoNotDivideIsFailedPrecondition) {

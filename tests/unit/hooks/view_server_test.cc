@@ -35,13 +35,14 @@ class ViewServerTest : public ::testing::Test {
     PrepareTag(FixtureTag("z2_fp32", "dp4"), tag_);
   }
 
-  // A server whose current topology is dp=`dp` (0: unresolvable).
-  ViewServer Server(uint32_t dp, bool strict = false, std::string cache_dir = "") {
+  // A server whose current topology is dp=`dp` (0: unresolvable, with `unresolved`).
+  ViewServer Server(uint32_t dp, bool strict = false, std::string cache_dir = "",
+                    StatusCode unresolved = StatusCode::kFailedPrecondition) {
     ViewServerOptions options;
     options.strict = strict;
     options.cache_dir = std::move(cache_dir);
-    options.current_topology = [dp](const Topology& source) -> Result<CurrentTopology> {
-      if (dp == 0) return Status::FailedPrecondition("no evidence");
+    options.current_topology = [dp, unresolved](const Topology& source) -> Result<CurrentTopology> {
+      if (dp == 0) return Status(unresolved, "unresolvable");
       CurrentTopology current;
       current.topology = source;
       current.topology.dp = dp;
@@ -71,11 +72,11 @@ TEST_F(ViewServerTest, FewerRanksSubstituteTheirFilesAndHideTheRest) {
   ViewServer server = Server(2);
   const ServeDecision model = server.Resolve(Path(kModel));
   ASSERT_EQ(model.kind, Kind::kSubstitute);
-  EXPECT_EQ(model.path, tag_ + "/.ucp/views/tp1-pp1-dp2/" + kModel);
+  EXPECT_EQ(model.path, tag_ + "/.ucp/views/tp1-pp1-dp2/served." + kModel);
   EXPECT_FALSE(ReadAll(model.path).empty());
   const ServeDecision rank1 = server.Resolve(Path(Optim(1)));
   ASSERT_EQ(rank1.kind, Kind::kSubstitute);
-  EXPECT_EQ(rank1.path, tag_ + "/.ucp/views/tp1-pp1-dp2/" + Optim(1));
+  EXPECT_EQ(rank1.path, tag_ + "/.ucp/views/tp1-pp1-dp2/served." + Optim(1));
   EXPECT_TRUE(fs::is_regular_file(rank1.path));
   EXPECT_EQ(server.Resolve(Path(Optim(2))).kind, Kind::kAbsent);
   EXPECT_EQ(server.Resolve(Path(Optim(3))).kind, Kind::kAbsent);
@@ -119,6 +120,9 @@ TEST_F(ViewServerTest, FailuresPassThroughOrFailWhenStrict) {
   // Unresolvable topology.
   EXPECT_EQ(Server(0).Resolve(Path(kModel)).kind, Kind::kPassThrough);
   EXPECT_EQ(Server(0, /*strict=*/true).Resolve(Path(kModel)).kind, Kind::kFail);
+  // No evidence of a job at all: nothing says the topology changed, even under UCP_STRICT.
+  EXPECT_EQ(Server(0, /*strict=*/true, "", StatusCode::kNotFound).Resolve(Path(kModel)).kind,
+            Kind::kPassThrough);
 
   // A source file that no longer matches the index.
   {
@@ -152,9 +156,9 @@ TEST_F(ViewServerTest, CacheDirectoryHoldsTheViews) {
   ViewServer server = Server(2, false, cache);
   const ServeDecision decision = server.Resolve(Path(kModel));
   ASSERT_EQ(decision.kind, Kind::kSubstitute);
-  EXPECT_EQ(
-      decision.path,
-      ViewDirectory(tag_, cache, Topology{.dp = 2, .tp = 1, .pp = 1, .world = 2}) + "/" + kModel);
+  EXPECT_EQ(decision.path,
+            ViewDirectory(tag_, cache, Topology{.dp = 2, .tp = 1, .pp = 1, .world = 2}) + "/" +
+                StoredName(kModel));
   EXPECT_FALSE(fs::exists(tag_ + "/.ucp/views"));
   // The cache's own files are never taken for a tag's.
   EXPECT_EQ(server.Resolve(decision.path).kind, Kind::kPassThrough);
