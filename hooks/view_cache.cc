@@ -17,19 +17,13 @@
 #include "core/io/file.h"
 #include "core/util/log.h"
 #include "hooks/file_hashing.h"
+#include "hooks/journal.h"
 
 namespace ucp::hooks {
 namespace {
 
 constexpr int kViewVersion = 1;
 constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
-
-std::string Hex16(uint64_t value) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<size_t>(i)] = kDigits[value & 0xf];
-  return out;
-}
 
 std::string LastComponent(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -177,8 +171,8 @@ Status VerifySources(const AtomIndex& index, const std::string& tag_dir) {
                              " bytes, the index says " + std::to_string(file.size));
     }
     if (digests[i].xxh3 != file.xxh3) {
-      return Status::Corrupt("view: source " + path + " has XXH3 " + Hex16(digests[i].xxh3) +
-                             ", the index says " + Hex16(file.xxh3));
+      return Status::Corrupt("view: source " + path + " has XXH3 " + FormatXxh3(digests[i].xxh3) +
+                             ", the index says " + FormatXxh3(file.xxh3));
     }
   }
   return Status::Ok();
@@ -188,7 +182,7 @@ Status VerifySources(const AtomIndex& index, const std::string& tag_dir) {
 // verifies the sources and records the verdict.
 Status CheckOrCreateView(const AtomIndex& index, uint64_t index_xxh3, const std::string& tag_dir,
                          const std::string& directory, const Topology& target) {
-  const std::string index_hex = Hex16(index_xxh3);
+  const std::string index_hex = FormatXxh3(index_xxh3);
   const std::string json_path = directory + "/view.json";
   if (const std::optional<Recorded> recorded = ReadViewJson(json_path, index_hex, target)) {
     if (recorded->verified) return Status::Ok();
@@ -226,7 +220,8 @@ std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_d
                           const Topology& target) {
   if (cache_dir.empty()) return tag_dir + "/.ucp/views/" + ViewName(target);
   const uint64_t tag_hash = XXH3_64bits(tag_dir.data(), tag_dir.size());
-  return cache_dir + "/" + LastComponent(tag_dir) + "-" + Hex16(tag_hash) + "/" + ViewName(target);
+  return cache_dir + "/" + LastComponent(tag_dir) + "-" + FormatXxh3(tag_hash) + "/" +
+         ViewName(target);
 }
 
 Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
