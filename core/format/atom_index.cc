@@ -133,8 +133,13 @@ class DocumentReader {
 };
 
 Result<IndexedFile> ReadFileEntry(const DocumentReader& doc, const Json& value,
-                                  const std::string& path) {
-  UCP_RETURN_IF_ERROR(doc.Object(value, path, {"path", "size", "xxh3", "role", "rank"}));
+                                  const std::string& path, uint64_t version) {
+  if (version >= 2) {
+    UCP_RETURN_IF_ERROR(
+        doc.Object(value, path, {"path", "size", "xxh3", "role", "rank", "copy_of"}));
+  } else {
+    UCP_RETURN_IF_ERROR(doc.Object(value, path, {"path", "size", "xxh3", "role", "rank"}));
+  }
   IndexedFile file;
   UCP_ASSIGN_OR_RETURN(file.path, doc.String(value, path, "path"));
   UCP_ASSIGN_OR_RETURN(file.size, doc.U64(value, path, "size"));
@@ -152,6 +157,9 @@ Result<IndexedFile> ReadFileEntry(const DocumentReader& doc, const Json& value,
     UCP_ASSIGN_OR_RETURN(coordinates.tp, doc.U32(rank, rank_path, "tp"));
     UCP_ASSIGN_OR_RETURN(coordinates.pp, doc.U32(rank, rank_path, "pp"));
     file.rank = coordinates;
+  }
+  if (value.contains("copy_of")) {
+    UCP_ASSIGN_OR_RETURN(file.copy_of, doc.U32(value, path, "copy_of"));
   }
   return file;
 }
@@ -179,8 +187,14 @@ Result<Region> ReadRegion(const DocumentReader& doc, const Json& value, const st
   return std::move(region).value();
 }
 
-Result<Atom> ReadAtom(const DocumentReader& doc, const Json& value, const std::string& path) {
-  UCP_RETURN_IF_ERROR(doc.Object(value, path, {"param", "state", "dtype", "shape", "fragments"}));
+Result<Atom> ReadAtom(const DocumentReader& doc, const Json& value, const std::string& path,
+                      uint64_t version) {
+  if (version >= 2) {
+    UCP_RETURN_IF_ERROR(
+        doc.Object(value, path, {"param", "state", "dtype", "shape", "fragments", "consolidated"}));
+  } else {
+    UCP_RETURN_IF_ERROR(doc.Object(value, path, {"param", "state", "dtype", "shape", "fragments"}));
+  }
   Atom atom;
   UCP_ASSIGN_OR_RETURN(atom.param, doc.String(value, path, "param"));
   UCP_ASSIGN_OR_RETURN(atom.state, doc.String(value, path, "state"));
@@ -201,6 +215,15 @@ Result<Atom> ReadAtom(const DocumentReader& doc, const Json& value, const std::s
     UCP_ASSIGN_OR_RETURN(
         Region region, ReadRegion(doc, *region_json, Member(fragment_path, "region"), atom.shape));
     atom.fragments.push_back(Fragment{file, offset, dtype, std::move(region)});
+  }
+  if (value.contains("consolidated")) {
+    const std::string copy_path = Member(path, "consolidated");
+    const Json& copy = value["consolidated"];
+    UCP_RETURN_IF_ERROR(doc.Object(copy, copy_path, {"file", "offset"}));
+    ConsolidatedCopy consolidated;
+    UCP_ASSIGN_OR_RETURN(consolidated.file, doc.U32(copy, copy_path, "file"));
+    UCP_ASSIGN_OR_RETURN(consolidated.offset, doc.U64(copy, copy_path, "offset"));
+    atom.consolidated = consolidated;
   }
   return atom;
 }
@@ -252,9 +275,16 @@ Result<AtomIndexContents> ReadDocument(const DocumentReader& doc, const Json& ro
                                    .message());
   }
   if (version == 0) return doc.Error("version", "version 0 does not exist");
-  UCP_RETURN_IF_ERROR(doc.Object(root, "",
-                                 {"format", "version", "framework", "adapter", "tag", "topology",
-                                  "files", "atoms", "groups", "carried", "adapter_state"}));
+  if (version >= 2) {
+    UCP_RETURN_IF_ERROR(
+        doc.Object(root, "",
+                   {"format", "version", "framework", "adapter", "tag", "topology", "files",
+                    "atoms", "groups", "carried", "adapter_state", "store"}));
+  } else {
+    UCP_RETURN_IF_ERROR(doc.Object(root, "",
+                                   {"format", "version", "framework", "adapter", "tag", "topology",
+                                    "files", "atoms", "groups", "carried", "adapter_state"}));
+  }
 
   AtomIndexContents contents;
   UCP_ASSIGN_OR_RETURN(const Json* framework, doc.Get(root, "", "framework"));
@@ -279,12 +309,13 @@ Result<AtomIndexContents> ReadDocument(const DocumentReader& doc, const Json& ro
 
   UCP_ASSIGN_OR_RETURN(const Json* files, doc.Array(root, "", "files"));
   for (size_t i = 0; i < files->size(); ++i) {
-    UCP_ASSIGN_OR_RETURN(IndexedFile file, ReadFileEntry(doc, (*files)[i], Element("files", i)));
+    UCP_ASSIGN_OR_RETURN(IndexedFile file,
+                         ReadFileEntry(doc, (*files)[i], Element("files", i), version));
     contents.files.push_back(std::move(file));
   }
   UCP_ASSIGN_OR_RETURN(const Json* atoms, doc.Array(root, "", "atoms"));
   for (size_t i = 0; i < atoms->size(); ++i) {
-    UCP_ASSIGN_OR_RETURN(Atom atom, ReadAtom(doc, (*atoms)[i], Element("atoms", i)));
+    UCP_ASSIGN_OR_RETURN(Atom atom, ReadAtom(doc, (*atoms)[i], Element("atoms", i), version));
     contents.atoms.push_back(std::move(atom));
   }
   UCP_ASSIGN_OR_RETURN(const Json* groups, doc.Array(root, "", "groups"));
@@ -300,6 +331,14 @@ Result<AtomIndexContents> ReadDocument(const DocumentReader& doc, const Json& ro
   }
   UCP_ASSIGN_OR_RETURN(const Json* adapter_state, doc.Get(root, "", "adapter_state"));
   contents.adapter_state = *adapter_state;
+  if (root.contains("store")) {
+    const Json& store = root["store"];
+    UCP_RETURN_IF_ERROR(doc.Object(store, "store", {"directory", "max_shard_bytes"}));
+    AtomsStore atoms_store;
+    UCP_ASSIGN_OR_RETURN(atoms_store.directory, doc.String(store, "store", "directory"));
+    UCP_ASSIGN_OR_RETURN(atoms_store.max_shard_bytes, doc.U64(store, "store", "max_shard_bytes"));
+    contents.store = std::move(atoms_store);
+  }
   return contents;
 }
 
@@ -314,6 +353,82 @@ OrderedJson RegionJson(const Region& region) {
 // conversion nlohmann offers between its two object orderings.
 OrderedJson Ordered(const Json& value) {
   return OrderedJson::parse(value.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
+// The store rules of the file comment; `error` formats a message at a field path.
+template <typename ErrorAt>
+Status CheckStore(const AtomIndexContents& c, const ErrorAt& error) {
+  if (!c.store) {
+    for (size_t i = 0; i < c.files.size(); ++i) {
+      if (c.files[i].copy_of) return error(Member(Element("files", i), "copy_of"), "no store");
+    }
+    for (size_t a = 0; a < c.atoms.size(); ++a) {
+      if (c.atoms[a].consolidated) {
+        return error(Member(Element("atoms", a), "consolidated"), "no store");
+      }
+    }
+    return Status::Ok();
+  }
+  const AtomsStore& store = *c.store;
+  if (!IsNormalRelativePath(store.directory)) {
+    return error("store.directory",
+                 "\"" + store.directory + "\" is not a normalised path inside the tag");
+  }
+  if (store.max_shard_bytes == 0) return error("store.max_shard_bytes", "0");
+  const std::string prefix = store.directory + "/";
+  std::vector<uint32_t> copies(c.files.size(), 0);
+  for (size_t i = 0; i < c.files.size(); ++i) {
+    const IndexedFile& file = c.files[i];
+    const std::string path = Element("files", i);
+    const bool in_store = file.path.starts_with(prefix);
+    if (AtomIndex::IsStoreFile(file) != in_store) {
+      return error(Member(path, "path"), "\"" + file.path + "\" with role \"" + file.role +
+                                             "\": store files, and only they, lie in " +
+                                             store.directory);
+    }
+    if ((file.role == kStoreCopyRole) != file.copy_of.has_value()) {
+      return error(Member(path, "copy_of"),
+                   "exactly the files with role " + std::string(kStoreCopyRole) + " have one");
+    }
+    if (!file.copy_of) continue;
+    const uint32_t original = *file.copy_of;
+    if (original >= c.files.size() || AtomIndex::IsStoreFile(c.files[original])) {
+      return error(Member(path, "copy_of"),
+                   std::to_string(original) + " is not a framework file of the index");
+    }
+    if (c.files[original].size != file.size || c.files[original].xxh3 != file.xxh3) {
+      return error(Member(path, "copy_of"),
+                   "size or xxh3 differs from " + c.files[original].path + "'s");
+    }
+    ++copies[original];
+  }
+  for (size_t i = 0; i < c.carried.size(); ++i) {
+    if (copies[c.carried[i].file] != 1) {
+      return error(Member(Element("carried", i), "file"),
+                   c.files[c.carried[i].file].path + " has " +
+                       std::to_string(copies[c.carried[i].file]) + " copies in the store, not 1");
+    }
+  }
+  for (size_t a = 0; a < c.atoms.size(); ++a) {
+    const Atom& atom = c.atoms[a];
+    const std::string path = Member(Element("atoms", a), "consolidated");
+    if (!atom.consolidated) return error(path, "missing (the index has a store)");
+    if (atom.consolidated->file >= c.files.size() ||
+        c.files[atom.consolidated->file].role != kStoreAtomsRole) {
+      return error(Member(path, "file"), std::to_string(atom.consolidated->file) +
+                                             " is not a file with role " +
+                                             std::string(kStoreAtomsRole));
+    }
+    const IndexedFile& file = c.files[atom.consolidated->file];
+    const Result<uint64_t> numel = NumElements(atom.shape);
+    const std::optional<uint64_t> bytes =
+        numel.ok() ? CheckedMul(*numel, ItemSize(atom.dtype)) : std::nullopt;
+    if (!bytes || !RangeWithin(atom.consolidated->offset, *bytes, file.size)) {
+      return error(Member(path, "offset"), "beyond the end of file " + file.path + " (size " +
+                                               std::to_string(file.size) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -434,6 +549,7 @@ Result<AtomIndex> AtomIndex::Create(AtomIndexContents contents, std::string sour
     }
   }
   if (!c.adapter_state.is_object()) return error("adapter_state", "not an object");
+  UCP_RETURN_IF_ERROR(CheckStore(c, error));
   return index;
 }
 
@@ -474,11 +590,52 @@ const IndexedFile* AtomIndex::FindFile(std::string_view path) const {
   return it == file_by_path_.end() ? nullptr : &contents_.files[it->second];
 }
 
+bool AtomIndex::IsStoreFile(const IndexedFile& file) {
+  return file.role == kStoreAtomsRole || file.role == kStoreCopyRole;
+}
+
+Result<AtomIndex> AtomIndex::OverStore() const {
+  if (!contents_.store) {
+    return Status::FailedPrecondition("atom index of " + contents_.tag + ": no atoms store");
+  }
+  AtomIndexContents over = contents_;
+  over.store.reset();
+  // Copies replace their originals in place; the consolidated files follow the framework files.
+  std::vector<uint32_t> new_file(contents_.files.size(), 0);
+  over.files.clear();
+  for (size_t i = 0; i < contents_.files.size(); ++i) {
+    if (!IsStoreFile(contents_.files[i])) {
+      new_file[i] = static_cast<uint32_t>(over.files.size());
+      over.files.push_back(contents_.files[i]);
+    }
+  }
+  for (size_t i = 0; i < contents_.files.size(); ++i) {
+    const IndexedFile& file = contents_.files[i];
+    if (file.role == kStoreAtomsRole) {
+      new_file[i] = static_cast<uint32_t>(over.files.size());
+      over.files.push_back(file);
+    } else if (file.copy_of) {
+      IndexedFile& original = over.files[new_file[*file.copy_of]];
+      original.path = file.path;
+      original.size = file.size;
+      original.xxh3 = file.xxh3;
+    }
+  }
+  for (CarriedObject& carried : over.carried) carried.file = new_file[carried.file];
+  for (Atom& atom : over.atoms) {
+    UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+    atom.fragments = {Fragment{new_file[atom.consolidated->file], atom.consolidated->offset,
+                               atom.dtype, std::move(whole)}};
+    atom.consolidated.reset();
+  }
+  return Create(std::move(over), "of " + contents_.tag + " over its atoms store");
+}
+
 std::string AtomIndex::ToJson() const {
   const AtomIndexContents& c = contents_;
   OrderedJson root = OrderedJson::object();
   root["format"] = kAtomIndexFormat;
-  root["version"] = kAtomIndexVersion;
+  root["version"] = c.store ? 2 : 1;
   root["framework"] = {{"name", c.framework}, {"version", c.framework_version}};
   root["adapter"] = {{"name", c.adapter}, {"schema", c.adapter_schema}};
   root["tag"] = c.tag;
@@ -496,6 +653,7 @@ std::string AtomIndex::ToJson() const {
     if (file.rank) {
       entry["rank"] = {{"dp", file.rank->dp}, {"tp", file.rank->tp}, {"pp", file.rank->pp}};
     }
+    if (file.copy_of) entry["copy_of"] = *file.copy_of;
     files.push_back(std::move(entry));
   }
   root["files"] = std::move(files);
@@ -508,11 +666,16 @@ std::string AtomIndex::ToJson() const {
                            {"dtype", TorchName(fragment.dtype)},
                            {"region", RegionJson(fragment.region)}});
     }
-    atoms.push_back({{"param", atom.param},
-                     {"state", atom.state},
-                     {"dtype", TorchName(atom.dtype)},
-                     {"shape", atom.shape},
-                     {"fragments", std::move(fragments)}});
+    OrderedJson entry = {{"param", atom.param},
+                         {"state", atom.state},
+                         {"dtype", TorchName(atom.dtype)},
+                         {"shape", atom.shape},
+                         {"fragments", std::move(fragments)}};
+    if (atom.consolidated) {
+      entry["consolidated"] = {{"file", atom.consolidated->file},
+                               {"offset", atom.consolidated->offset}};
+    }
+    atoms.push_back(std::move(entry));
   }
   root["atoms"] = std::move(atoms);
   OrderedJson groups = OrderedJson::array();
@@ -529,6 +692,10 @@ std::string AtomIndex::ToJson() const {
   }
   root["carried"] = std::move(carried);
   root["adapter_state"] = Ordered(c.adapter_state);
+  if (c.store) {
+    root["store"] = {{"directory", c.store->directory},
+                     {"max_shard_bytes", c.store->max_shard_bytes}};
+  }
   return root.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 

@@ -24,6 +24,19 @@
 // "xxh3" is XXH3-64 of the whole file as 16 lower-case hex digits. "rank" is optional (files
 // shared by all ranks have none). Paths are relative to the tag directory.
 //
+// Version 2 adds the atoms store (UCP_MODE=atoms): every atom also held whole, and the carried
+// files copied, under one directory of the tag, so the tag can be served once its framework
+// files are gone. An index without a store is written as version 1.
+//     "store": {"directory": ".ucp/atoms", "max_shard_bytes": 16777216},
+//     "files": [..., {"path": ".ucp/atoms/fp32/model.safetensors", ..., "role": "ucp-atoms"},
+//                    {"path": ".ucp/atoms/carried.mp_rank_00_model_states.pt", ...,
+//                     "role": "ucp-copy", "copy_of": 0}],
+//     "atoms": [{..., "consolidated": {"file": 7, "offset": 128}}, ...]
+// "consolidated" is the whole atom, row-major, at `offset` of a "ucp-atoms" file; "copy_of"
+// marks a byte-identical copy (same size and xxh3) of a framework file. With a store, every atom
+// has "consolidated", every carried file has exactly one copy, and the store's files lie in its
+// directory; without one, neither member appears.
+//
 // Validation (Create, and therefore Read) establishes, before anything is trusted:
 //   - every file path is relative, normalised, inside the tag (no "..", no leading "/", no "."
 //     components, no empty components) and listed once;
@@ -31,7 +44,8 @@
 //   - every fragment names an existing file, has the atom's dtype, a region of the atom's
 //     shape, and lies within its file: offset + numel × itemsize <= size (checked arithmetic);
 //   - the fragments of every atom tile it exactly: every element held once (CheckTiling);
-//   - every group param names an atom's param; every carried entry names an existing file.
+//   - every group param names an atom's param; every carried entry names an existing file;
+//   - the store rules above, consolidated ranges within their files (checked arithmetic).
 // Members not listed above are rejected (the "version" is the compatibility gate: a reader
 // rejects a higher one). Create reports invalid contents as kInvalidArgument; Parse and Read
 // report a malformed or invalid document as kCorrupt and a newer version as kUnsupported.
@@ -58,7 +72,11 @@
 namespace ucp {
 
 inline constexpr std::string_view kAtomIndexFormat = "ucp-atom-index";
-inline constexpr uint32_t kAtomIndexVersion = 1;
+// The newest version this code reads; it writes version 1 unless the index has a store.
+inline constexpr uint32_t kAtomIndexVersion = 2;
+// The roles of the atoms store's files.
+inline constexpr std::string_view kStoreAtomsRole = "ucp-atoms";
+inline constexpr std::string_view kStoreCopyRole = "ucp-copy";
 // Where the index of a tag lives, relative to the tag directory.
 inline constexpr std::string_view kAtomIndexRelativePath = ".ucp/index.json";
 
@@ -85,8 +103,9 @@ struct IndexedFile {
   std::string path;  // relative to the tag directory
   uint64_t size = 0;
   uint64_t xxh3 = 0;  // XXH3-64 of the whole file
-  std::string role;   // adapter-defined: "model_states", "optim_states", ...
+  std::string role;   // adapter-defined: "model_states", "optim_states", ...; or a store role
   std::optional<RankCoordinates> rank;
+  std::optional<uint32_t> copy_of = std::nullopt;  // a store copy of files[*copy_of]
 };
 
 // A piece of an atom stored contiguously in a file: the elements of `region`, in the region's
@@ -98,6 +117,13 @@ struct Fragment {
   Region region;
 };
 
+// Where the atoms store holds a whole atom: row-major at byte `offset` of file `file`.
+struct ConsolidatedCopy {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  bool operator==(const ConsolidatedCopy&) const = default;
+};
+
 // One global tensor: state `state` ("fp32", "bit16", "exp_avg", "exp_avg_sq", "step", ...) of
 // parameter `param`.
 struct Atom {
@@ -106,6 +132,16 @@ struct Atom {
   DType dtype = DType::kFloat32;
   Shape shape;
   std::vector<Fragment> fragments;
+  std::optional<ConsolidatedCopy> consolidated = std::nullopt;  // exactly when there is a store
+};
+
+// The atoms store (UCP_MODE=atoms): a directory of the tag holding every atom whole, as
+// safetensors files sharded at `max_shard_bytes` (what `ucp export --format safetensors
+// --state S --max-shard-size max_shard_bytes` writes, one subdirectory per state), and a copy of
+// every carried file.
+struct AtomsStore {
+  std::string directory;  // relative to the tag, e.g. ".ucp/atoms"
+  uint64_t max_shard_bytes = 0;
 };
 
 // One optimizer parameter group.
@@ -137,6 +173,7 @@ struct AtomIndexContents {
   std::vector<ParamGroup> groups;
   std::vector<CarriedObject> carried;
   nlohmann::json adapter_state = nlohmann::json::object();
+  std::optional<AtomsStore> store;
 };
 
 class AtomIndex {
@@ -160,6 +197,14 @@ class AtomIndex {
   const Atom* Find(std::string_view param, std::string_view state) const;
   // The file with relative path `path`, or nullptr.
   const IndexedFile* FindFile(std::string_view path) const;
+  // True for a file of the atoms store (a consolidated file or a copy).
+  static bool IsStoreFile(const IndexedFile& file);
+
+  // The same state read from the atoms store alone: every atom has one fragment, its
+  // consolidated copy; every carried file is replaced by its copy (same index, role and rank,
+  // the copy's path); the other framework files stay listed but nothing refers to them; no
+  // store. Plans made against it read only store files. kFailedPrecondition without a store.
+  Result<AtomIndex> OverStore() const;
 
   // The JSON document (deterministic: same contents, same bytes).
   std::string ToJson() const;

@@ -192,11 +192,11 @@ TEST(AtomIndexTest, ReadNamesThePath) {
 
 TEST(AtomIndexTest, NewerVersionIsUnsupported) {
   Json doc = Json::parse(SampleJson());
-  doc["version"] = 2;
+  doc["version"] = 3;
   doc["something_new"] = true;
   const Status status = AtomIndex::Parse(doc.dump(), "x.json").status();
   EXPECT_EQ(status.code(), StatusCode::kUnsupported);
-  EXPECT_THAT(status.message(), HasSubstr("version 2 is newer than this reader (1)"));
+  EXPECT_THAT(status.message(), HasSubstr("version 3 is newer than this reader (2)"));
 }
 
 struct DocumentCase {
@@ -337,6 +337,124 @@ TEST(AtomIndexTest, ZeroDimensionalAndEmptyAtoms) {
   const AtomIndex parsed = AtomIndex::Parse(index.ToJson(), "<test>").value();
   EXPECT_EQ(parsed.Find("w", "step")->shape, Shape{});
   EXPECT_EQ(parsed.Find("empty", "fp32")->fragments.size(), 0u);
+}
+
+// SampleContents with an atoms store: the three atoms in one consolidated file (w fp32 at 0,
+// b fp32 at 48, w exp_avg at 64) and the carried model-states file copied.
+AtomIndexContents StoreContents() {
+  AtomIndexContents c = SampleContents();
+  c.store = AtomsStore{".ucp/atoms", 1 << 20};
+  c.files.push_back(
+      {".ucp/atoms/all.safetensors", 112, 7, std::string(kStoreAtomsRole), std::nullopt});
+  c.files.push_back({".ucp/atoms/carried.mp_rank_00_model_states.pt", c.files[0].size,
+                     c.files[0].xxh3, std::string(kStoreCopyRole), std::nullopt, 0});
+  c.atoms[0].consolidated = ConsolidatedCopy{3, 0};
+  c.atoms[1].consolidated = ConsolidatedCopy{3, 48};
+  c.atoms[2].consolidated = ConsolidatedCopy{3, 64};
+  return c;
+}
+
+TEST(AtomIndexTest, StoreRoundTripsAsVersion2) {
+  const AtomIndex index = AtomIndex::Create(StoreContents()).value();
+  const Json doc = Json::parse(index.ToJson());
+  EXPECT_EQ(doc["version"], 2);
+  EXPECT_EQ(doc["store"]["directory"], ".ucp/atoms");
+  EXPECT_EQ(doc["store"]["max_shard_bytes"], 1 << 20);
+  EXPECT_EQ(doc["files"][4]["copy_of"], 0);
+  EXPECT_EQ(doc["atoms"][1]["consolidated"], Json::parse(R"({"file": 3, "offset": 48})"));
+  const AtomIndex parsed = AtomIndex::Parse(index.ToJson(), "<test>").value();
+  EXPECT_EQ(parsed.ToJson(), index.ToJson());
+  EXPECT_EQ(parsed.files()[4].copy_of, std::optional<uint32_t>(0));
+  EXPECT_EQ(parsed.Find("w", "exp_avg")->consolidated, (ConsolidatedCopy{3, 64}));
+  // Without a store the document stays version 1, readable by version-1 readers.
+  EXPECT_EQ(Json::parse(SampleJson())["version"], 1);
+}
+
+TEST(AtomIndexTest, OverStoreReadsOnlyStoreFiles) {
+  const AtomIndex index = AtomIndex::Create(StoreContents()).value();
+  const AtomIndex over = index.OverStore().value();
+  EXPECT_FALSE(over.contents().store.has_value());
+  ASSERT_EQ(over.files().size(), 4u);
+  // The carried file keeps its index and role; its bytes are the copy's.
+  EXPECT_EQ(over.files()[0].path, ".ucp/atoms/carried.mp_rank_00_model_states.pt");
+  EXPECT_EQ(over.files()[0].role, "model_states");
+  EXPECT_EQ(over.contents().carried[0].file, 0u);
+  EXPECT_EQ(over.files()[3].path, ".ucp/atoms/all.safetensors");
+  for (const Atom& atom : over.atoms()) {
+    ASSERT_EQ(atom.fragments.size(), 1u) << atom.param << "/" << atom.state;
+    EXPECT_EQ(atom.fragments[0].file, 3u);
+    EXPECT_EQ(atom.fragments[0].region, Region::Whole(atom.shape).value());
+    EXPECT_EQ(atom.fragments[0].offset, index.Find(atom.param, atom.state)->consolidated->offset);
+    EXPECT_FALSE(atom.consolidated.has_value());
+  }
+  EXPECT_EQ(AtomIndex::Create(SampleContents()).value().OverStore().status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+struct ContentsCase {
+  std::string name;
+  std::function<void(AtomIndexContents&)> mutate;
+  std::string message;
+};
+
+TEST(AtomIndexTest, StoreValidation) {
+  const std::vector<ContentsCase> cases = {
+      {"no-store-copy", [](AtomIndexContents& c) { c.store.reset(); },
+       "files[4].copy_of: no store"},
+      {"no-store-consolidated",
+       [](AtomIndexContents& c) {
+         c.store.reset();
+         c.files.pop_back();
+         c.files.pop_back();
+         c.atoms[0].consolidated = ConsolidatedCopy{0, 0};
+       },
+       "atoms[0].consolidated: no store"},
+      {"directory", [](AtomIndexContents& c) { c.store->directory = "../atoms"; },
+       "store.directory: \"../atoms\" is not a normalised path"},
+      {"outside", [](AtomIndexContents& c) { c.files[3].path = "all.safetensors"; },
+       "files[3].path: \"all.safetensors\" with role \"ucp-atoms\": store files, and only they"},
+      {"framework-inside", [](AtomIndexContents& c) { c.files[1].path = ".ucp/atoms/x.pt"; },
+       "files[1].path"},
+      {"copy-role", [](AtomIndexContents& c) { c.files[4].copy_of.reset(); },
+       "files[4].copy_of: exactly the files with role ucp-copy have one"},
+      {"copy-of-store", [](AtomIndexContents& c) { c.files[4].copy_of = 3; },
+       "files[4].copy_of: 3 is not a framework file of the index"},
+      {"copy-differs", [](AtomIndexContents& c) { c.files[4].xxh3 = 1; },
+       "files[4].copy_of: size or xxh3 differs from mp_rank_00_model_states.pt's"},
+      {"carried-uncopied",
+       [](AtomIndexContents& c) {
+         c.carried.push_back({"optim", 1, {}});
+       },
+       "carried[1].file: zero_pp_rank_0_mp_rank_00_optim_states.pt has 0 copies in the store"},
+      {"missing", [](AtomIndexContents& c) { c.atoms[2].consolidated.reset(); },
+       "atoms[2].consolidated: missing (the index has a store)"},
+      {"not-atoms-file", [](AtomIndexContents& c) { c.atoms[2].consolidated->file = 4; },
+       "atoms[2].consolidated.file: 4 is not a file with role ucp-atoms"},
+      {"beyond", [](AtomIndexContents& c) { c.atoms[2].consolidated->offset = 65; },
+       "atoms[2].consolidated.offset: beyond the end of file .ucp/atoms/all.safetensors"},
+      {"overflow", [](AtomIndexContents& c) { c.atoms[2].consolidated->offset = UINT64_MAX; },
+       "atoms[2].consolidated.offset: beyond the end"},
+  };
+  for (const ContentsCase& test : cases) {
+    AtomIndexContents c = StoreContents();
+    test.mutate(c);
+    const Status status = AtomIndex::Create(std::move(c)).status();
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << test.name;
+    EXPECT_THAT(status.message(), HasSubstr(test.message)) << test.name;
+  }
+}
+
+TEST(AtomIndexTest, Version1DocumentHasNoStoreMembers) {
+  Json doc = Json::parse(AtomIndex::Create(StoreContents()).value().ToJson());
+  doc["version"] = 1;
+  EXPECT_THAT(AtomIndex::Parse(doc.dump(), "x.json").status().message(),
+              HasSubstr("x.json: store: unknown member"));
+  doc.erase("store");
+  EXPECT_THAT(AtomIndex::Parse(doc.dump(), "x.json").status().message(),
+              HasSubstr("x.json: files[4].copy_of: unknown member"));
+  doc["files"].erase(4);
+  EXPECT_THAT(AtomIndex::Parse(doc.dump(), "x.json").status().message(),
+              HasSubstr("x.json: atoms[0].consolidated: unknown member"));
 }
 
 }  // namespace
