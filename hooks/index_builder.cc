@@ -13,8 +13,10 @@
 
 #include "core/format/atom_index.h"
 #include "core/io/file.h"
+#include "core/io/file_lock.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
+#include "hooks/atoms_store.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
@@ -189,7 +191,15 @@ bool IndexBuilder::PollWait(const Pending& pending) {
 
 bool IndexBuilder::Build(const Pending& pending) {
   const std::string& tag_dir = pending.event.tag_dir;
-  RemoveStaleIndex(tag_dir);
+  {
+    // FinalizeStore (atoms_store.h) replaces index.json under the same lock.
+    Result<FileLock> lock = FileLock::Acquire(IndexLockPath(tag_dir));
+    if (!lock.ok()) {
+      UCP_LOG_WARN("index: {}; not indexed", lock.status().message());
+      return false;
+    }
+    RemoveStaleIndex(tag_dir);
+  }
   Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_dir);
   if (!adapter.ok()) {
     UCP_LOG_INFO("index: {} commit of {}: {}; not indexed", pending.event.framework, tag_dir,
@@ -245,6 +255,11 @@ bool IndexBuilder::Build(const Pending& pending) {
     }
   }
   const std::string path = IndexPathOf(tag_dir);
+  Result<FileLock> lock = FileLock::Acquire(IndexLockPath(tag_dir));
+  if (!lock.ok()) {
+    UCP_LOG_WARN("index: {}; not indexed", lock.status().message());
+    return false;
+  }
   if (const Status written = index->Write(path); !written.ok()) {
     UCP_LOG_WARN("index: {}; not indexed", written.ToString());
     return false;

@@ -71,23 +71,6 @@ Result<std::string> ReadWholeFile(const std::string& path) {
   return bytes;
 }
 
-Result<uint64_t> ParseXxh3(std::string_view text) {
-  if (text.size() != 16) return Status::Corrupt("xxh3 is not 16 hex digits");
-  uint64_t value = 0;
-  for (const char c : text) {
-    int digit;
-    if (c >= '0' && c <= '9') {
-      digit = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      digit = c - 'a' + 10;
-    } else {
-      return Status::Corrupt("xxh3 is not 16 lowercase hex digits");
-    }
-    value = (value << 4) | static_cast<uint64_t>(digit);
-  }
-  return value;
-}
-
 Result<JournalRecord> DecodeRecord(std::string_view line) {
   const Json json = Json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Status::Corrupt("not JSON");
@@ -154,6 +137,23 @@ std::string FormatXxh3(uint64_t hash) {
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
   return std::string(text, 16);
+}
+
+Result<uint64_t> ParseXxh3(std::string_view text) {
+  if (text.size() != 16) return Status::Corrupt("xxh3 is not 16 hex digits");
+  uint64_t value = 0;
+  for (const char c : text) {
+    int digit;
+    if (c >= '0' && c <= '9') {
+      digit = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      digit = c - 'a' + 10;
+    } else {
+      return Status::Corrupt("xxh3 is not 16 lowercase hex digits");
+    }
+    value = (value << 4) | static_cast<uint64_t>(digit);
+  }
+  return value;
 }
 
 int64_t LauncherRank() {

@@ -54,6 +54,8 @@ std::string JournalDirectory(std::string_view tag_dir);
 
 // 16 lowercase hex digits, as `xxhsum -H3` prints them.
 std::string FormatXxh3(uint64_t hash);
+// The hash FormatXxh3 printed; kCorrupt for anything else.
+Result<uint64_t> ParseXxh3(std::string_view text);
 
 // The launcher's global rank from the environment, or -1.
 int64_t LauncherRank();

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/util/log.h"
+#include "hooks/atoms_store.h"
 #include "hooks/checkpoint_layout.h"
 #include "hooks/events.h"
 #include "hooks/index_builder.h"
@@ -15,15 +16,19 @@
 namespace ucp::hooks {
 namespace {
 
-// How long Stop() lets the index builder finish. DeepSpeed's ranks all close their files before
+// How long Stop() lets the index builder (and, in atoms mode, this process's share of the store)
+// finish. DeepSpeed's ranks all close their files before
 // save_checkpoint's final barrier, so a trainer that exits right after its last save has every
 // file journaled and its build takes only the pickle parses (the hashes come from the journals):
 // well under this bound. It matters when another rank died mid-save, and then the exit waits no
-// longer than this.
+// longer than this. A share bigger than the bound allows is abandoned, logged: the index then
+// stays without a store.
 constexpr std::chrono::minutes kDrainBound{2};
 
 // Created by Start() when the mode indexes, never destroyed: wrappers may run during teardown.
 IndexBuilder* g_index_builder = nullptr;
+// Created by Start() in atoms mode, never destroyed, for the same reason.
+AtomsMaterializer* g_atoms_materializer = nullptr;
 
 const char* ModeName(Mode mode) {
   switch (mode) {
@@ -64,6 +69,10 @@ Status Start(const Config& config) {
   auto* tracker = new SaveTracker(std::move(options));
   g_index_builder = new IndexBuilder(IndexBuilderOptions{});
   tracker->AddCommitListener(g_index_builder);
+  if (config.mode == Mode::kAtoms) {
+    g_atoms_materializer = new AtomsMaterializer(AtomsMaterializerOptions{});
+    tracker->AddCommitListener(g_atoms_materializer);
+  }
   SetSaveObserver(tracker);
   SetServePolicy(new ViewServer(std::move(serve)));
   return Status::Ok();
@@ -73,9 +82,10 @@ Status Start(const Config& config) {
 // committed just before the exit.
 void Stop() noexcept {
   UCP_LOG_INFO("hooks: stopping");
-  if (g_index_builder != nullptr) {
-    g_index_builder->Drain(std::chrono::steady_clock::now() + kDrainBound);
-  }
+  // One bound for both: a rank's share waits for the index rank 0's builder commits.
+  const auto deadline = std::chrono::steady_clock::now() + kDrainBound;
+  if (g_index_builder != nullptr) g_index_builder->Drain(deadline);
+  if (g_atoms_materializer != nullptr) g_atoms_materializer->Drain(deadline);
 }
 
 }  // namespace ucp::hooks

@@ -238,6 +238,11 @@ void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
   }
 }
 
+std::vector<CommitListener*> SaveTracker::Listeners() {
+  std::lock_guard<std::mutex> lock(listeners_mutex_);
+  return listeners_;
+}
+
 void SaveTracker::FinishData(OpenFile& file) {
   struct stat st {};
   if (::stat(file.path.c_str(), &st) != 0) {
@@ -274,6 +279,9 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
                 FormatXxh3(digest.xxh3));
+  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path, digest.size,
+                             digest.xxh3};
+  for (CommitListener* listener : Listeners()) listener->OnFileSaved(event);
 }
 
 void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path) {
@@ -316,12 +324,7 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
                           signal_path};
   UCP_LOG_INFO("save: {} commit of tag {} in {} ({})", event.framework, event.tag, event.save_dir,
                event.signal_path);
-  std::vector<CommitListener*> listeners;
-  {
-    std::lock_guard<std::mutex> lock(listeners_mutex_);
-    listeners = listeners_;
-  }
-  for (CommitListener* listener : listeners) listener->OnCommit(event);
+  for (CommitListener* listener : Listeners()) listener->OnCommit(event);
 }
 
 }  // namespace ucp::hooks

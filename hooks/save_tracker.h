@@ -48,12 +48,24 @@ struct CommitEvent {
   std::string signal_path;  // the commit signal's path, e.g. <save_dir>/latest
 };
 
+// A data file of a tag that this process wrote, closed and journaled.
+struct SavedFileEvent {
+  std::string framework;
+  std::string tag_dir;
+  std::string path;  // relative to tag_dir
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;
+};
+
 class CommitListener {
  public:
   virtual ~CommitListener() = default;
   // Called on the thread that closed (or renamed) the commit signal, inside the hooks, with no
   // tracker lock held. Must not throw; should return quickly (hand long work to a thread).
   virtual void OnCommit(const CommitEvent& event) noexcept = 0;
+  // Called on the thread that closed a data file, inside the hooks, once its journal record is
+  // written, with that file's lock held. Must not throw; must only queue. Default: ignored.
+  virtual void OnFileSaved(const SavedFileEvent& /*event*/) noexcept {}
 };
 
 struct SaveTrackerOptions {
@@ -102,6 +114,8 @@ class SaveTracker final : public SaveObserver {
   void Release(const std::shared_ptr<OpenFile>& file);
   // Journals a closed data file (caller holds file.mutex).
   void FinishData(OpenFile& file);
+  // A snapshot of the listeners, so that none is called with listeners_mutex_ held.
+  std::vector<CommitListener*> Listeners();
   // Resolves, journals, logs and announces a commit signal.
   void Commit(const PathMatch& signal, const std::string& signal_path);
 

@@ -1,7 +1,5 @@
 #include "hooks/view_cache.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "core/io/file.h"
+#include "core/io/file_lock.h"
 #include "core/util/log.h"
 #include "hooks/file_hashing.h"
 #include "hooks/journal.h"
@@ -29,36 +28,6 @@ std::string LastComponent(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
-
-// An exclusive flock(2) on a lock file, held while the object lives. Each holder opens its own
-// descriptor, so the lock also excludes other threads of the same process.
-class FileLock {
- public:
-  static Result<FileLock> Acquire(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return PosixError("view: open lock " + path, errno);
-    while (::flock(fd, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return PosixError("view: flock " + path, err);
-    }
-    return FileLock(fd);
-  }
-
-  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileLock& operator=(FileLock&&) = delete;
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  // Closing the only descriptor of the open file releases the lock.
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  explicit FileLock(int fd) : fd_(fd) {}
-  int fd_;
-};
 
 bool IsRegularFile(const std::string& path) {
   struct stat info;
@@ -154,17 +123,39 @@ Status EmptyView(const std::string& directory) {
   return Status::Ok();
 }
 
-// Checks every source file of `index` against its recorded size and XXH3. kCorrupt naming the
-// first file that differs; the hashing's own errors (a missing file: kNotFound) as they are.
-Status VerifySources(const AtomIndex& index, const std::string& tag_dir) {
+// The files of `index` that planning and executing `plan` read: those its outputs take bytes
+// from, and the carried files whose objects the adapter planned from.
+std::vector<uint32_t> FilesRead(const AtomIndex& index, const OutputPlan& plan) {
+  std::set<uint32_t> files;
+  const auto add_segments = [&](const std::vector<Segment>& segments) {
+    for (const Segment& segment : segments) {
+      if (!segment.zero_fill()) files.insert(segment.file);
+    }
+  };
+  for (const ArchiveOutput& archive : plan.archives) {
+    for (const OutputStorage& storage : archive.storages) add_segments(storage.segments);
+  }
+  for (const SafetensorsOutput& output : plan.safetensors) {
+    for (const SafetensorsOutputTensor& tensor : output.tensors) add_segments(tensor.segments);
+  }
+  for (const CopyOutput& copy : plan.copies) files.insert(copy.file);
+  for (const CarriedObject& carried : index.contents().carried) files.insert(carried.file);
+  return {files.begin(), files.end()};
+}
+
+// Checks the files of `index` that `plan` reads against their recorded sizes and XXH3s. kCorrupt
+// naming the first file that differs; the hashing's own errors (a missing file: kNotFound) as
+// they are.
+Status VerifySources(const AtomIndex& index, const OutputPlan& plan, const std::string& tag_dir) {
+  const std::vector<uint32_t> read = FilesRead(index, plan);
   std::vector<std::string> paths;
-  paths.reserve(index.files().size());
-  for (const IndexedFile& file : index.files()) paths.push_back(file.path);
+  paths.reserve(read.size());
+  for (const uint32_t file : read) paths.push_back(index.files()[file].path);
   HashOptions options;
   options.trust_journal = false;
   UCP_ASSIGN_OR_RETURN(std::vector<FileDigest> digests, HashTagFiles(tag_dir, paths, options));
   for (size_t i = 0; i < digests.size(); ++i) {
-    const IndexedFile& file = index.files()[i];
+    const IndexedFile& file = index.files()[read[i]];
     const std::string path = tag_dir + "/" + file.path;
     if (digests[i].size != file.size) {
       return Status::Corrupt("view: source " + path + " has " + std::to_string(digests[i].size) +
@@ -180,8 +171,9 @@ Status VerifySources(const AtomIndex& index, const std::string& tag_dir) {
 
 // Under the view's .lock: reuses view.json's verdict for this index, or empties the view,
 // verifies the sources and records the verdict.
-Status CheckOrCreateView(const AtomIndex& index, uint64_t index_xxh3, const std::string& tag_dir,
-                         const std::string& directory, const Topology& target) {
+Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_t index_xxh3,
+                         const std::string& tag_dir, const std::string& directory,
+                         const Topology& target) {
   const std::string index_hex = FormatXxh3(index_xxh3);
   const std::string json_path = directory + "/view.json";
   if (const std::optional<Recorded> recorded = ReadViewJson(json_path, index_hex, target)) {
@@ -189,7 +181,7 @@ Status CheckOrCreateView(const AtomIndex& index, uint64_t index_xxh3, const std:
     return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
   }
   UCP_RETURN_IF_ERROR(EmptyView(directory));
-  const Status verified = VerifySources(index, tag_dir);
+  const Status verified = VerifySources(index, plan, tag_dir);
   nlohmann::json json = {{"version", kViewVersion},
                          {"index_xxh3", index_hex},
                          {"target", TargetJson(target)},
@@ -234,7 +226,7 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
   UCP_RETURN_IF_ERROR(CreateDirectories(directory));
   {
     UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory + "/.lock"));
-    UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, index_xxh3, tag_dir, directory, target));
+    UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
   }
   return std::unique_ptr<View>(new View(std::move(index), std::move(tag_dir), std::move(directory),
                                         SplitPlan(std::move(plan))));

@@ -10,8 +10,9 @@
 //                            "target": {"dp":, "tp":, "pp":, "world":},
 //                            "verified": true|false, "error": "<why not>"}
 //                           written once per index (temporary, fsync, rename): "verified" says
-//                           whether every source file the index lists had its size and XXH3
-//                           when the view was created
+//                           whether every source file the view reads (those its files take
+//                           bytes from, and the carried files) had its size and XXH3 when the
+//                           view was created
 //   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
@@ -59,8 +60,8 @@ std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_d
 class View {
  public:
   // Opens (creating it if needed) the view of the tag at `target`: plans it with `adapter`,
-  // and creates or checks view.json, verifying the source files against the index when it
-  // creates it. kCorrupt naming the file when a source file's size or hash differs from the
+  // and creates or checks view.json, verifying the source files it reads against the index
+  // when it creates it. kCorrupt naming the file when a source file's size or hash differs from the
   // index (also when an earlier process recorded that); the adapter's errors as they are.
   static Result<std::unique_ptr<View>> Open(const FrameworkAdapter& adapter,
                                             std::shared_ptr<const AtomIndex> index,

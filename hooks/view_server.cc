@@ -11,6 +11,7 @@
 
 #include "core/io/file.h"
 #include "core/util/log.h"
+#include "hooks/atoms_store.h"
 #include "hooks/framework_adapter.h"
 
 namespace ucp::hooks {
@@ -80,7 +81,8 @@ Result<LoadedIndex> LoadIndex(const std::string& path) {
 struct ViewServer::TagState {
   IndexIdentity identity;
   std::shared_ptr<View> view;          // null: pass-through (same topology) or failed
-  std::set<std::string> source_files;  // the index's files, relative to the tag
+  std::set<std::string> source_files;  // the index's framework files, relative to the tag
+  bool from_store = false;             // the view reads the atoms store
   std::atomic<bool> failed{false};
 };
 
@@ -136,19 +138,31 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
     UCP_LOG_WARN("serve: {}: topology: {}", tag_dir, warning);
   }
   const Topology& target = current->topology;
-  if (target.dp == source.dp && target.tp == source.tp && target.pp == source.pp) {
-    UCP_LOG_INFO("serve: {}: saved at {}, running at it ({}): pass-through", tag_dir,
-                 TopologyText(source), current->evidence);
+  const bool same = target.dp == source.dp && target.tp == source.tp && target.pp == source.pp;
+  // With the framework's files gone, the atoms store stands in for them, at any topology.
+  Result<std::optional<AtomIndex>> readable = ReadableSources(index, tag_dir);
+  if (same && (!readable.ok() || !readable->has_value())) {
+    UCP_LOG_INFO("serve: {}: saved at {}, running at it ({}): pass-through{}", tag_dir,
+                 TopologyText(source), current->evidence,
+                 readable.ok() ? "" : " (" + readable.status().message() + ")");
     return state;
   }
+  if (!readable.ok()) return fail(readable.status());
+  const bool from_store = readable->has_value();
+  std::shared_ptr<const AtomIndex> sources =
+      from_store ? std::make_shared<const AtomIndex>(std::move(**readable)) : loaded->index;
   Result<std::unique_ptr<View>> view =
-      View::Open(**adapter, loaded->index, loaded->xxh3, tag_dir, options_.cache_dir, target);
+      View::Open(**adapter, std::move(sources), loaded->xxh3, tag_dir, options_.cache_dir, target);
   if (!view.ok()) return fail(view.status());
-  for (const IndexedFile& file : index.files()) state->source_files.insert(file.path);
+  for (const IndexedFile& file : index.files()) {
+    if (!AtomIndex::IsStoreFile(file)) state->source_files.insert(file.path);
+  }
+  state->from_store = from_store;
   state->view = std::move(*view);
-  UCP_LOG_INFO("serve: {}: saved at {}, running at {} ({}): serving {} from {}", tag_dir,
+  UCP_LOG_INFO("serve: {}: saved at {}, running at {} ({}): serving {} from {}{}", tag_dir,
                TopologyText(source), TopologyText(target), current->evidence,
-               state->view->names().size(), state->view->directory());
+               state->view->names().size(), state->view->directory(),
+               from_store ? ", built from the atoms store (the framework's files are gone)" : "");
   return state;
 }
 
@@ -194,8 +208,11 @@ std::optional<ListingChange> ViewServer::ChangeListing(std::string_view dir) {
   for (const std::string& file : state->source_files) {
     if (file.find('/') == std::string::npos && !names.contains(file)) change.hide.push_back(file);
   }
+  // From the store, the source topology's files may be gone from the directory too; names the
+  // directory does have are listed once (interpose/dirs.cc).
   for (const std::string& name : names) {
-    if (name.find('/') == std::string::npos && !state->source_files.contains(name)) {
+    if (name.find('/') == std::string::npos &&
+        (state->from_store || !state->source_files.contains(name))) {
       change.add.push_back(name);
     }
   }

@@ -6,10 +6,12 @@
 //      tag directory holding a committed <tag>/.ucp/index.json. Anything else: kPassThrough,
 //      at the cost of a few string comparisons (no system call for paths no layout recognises).
 //   2. The current topology (the resolver, hooks/current_topology.h) equals the index's source
-//      topology, or nothing tells it (no launcher, no NCCL, no UCP_TOPOLOGY) → kPassThrough.
-//   3. Otherwise the tag's View (view_cache.h) at that topology: a name of the view →
-//      kSubstitute with the view's file (built first if needed); a file of the source topology
-//      the view does not have → kAbsent; any other name → kPassThrough.
+//      topology while the framework's files are there, or nothing tells it (no launcher, no
+//      NCCL, no UCP_TOPOLOGY) → kPassThrough.
+//   3. Otherwise the tag's View (view_cache.h) at that topology, read from the framework's
+//      files, or from the atoms store when they are gone (ReadableSources, atoms_store.h): a
+//      name of the view → kSubstitute with the view's file (built first if needed); a file of
+//      the source topology the view does not have → kAbsent; any other name → kPassThrough.
 //   Any failure (unreadable or invalid index, unresolvable topology, an adapter refusal, source
 //   files that fail verification, a build error) → kPassThrough with one warning per tag in the
 //   log, or kFail under UCP_STRICT=1.

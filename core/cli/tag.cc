@@ -5,11 +5,13 @@
 #include <cerrno>
 
 #include "core/cli/staging.h"
+#include "hooks/atoms_store.h"
 
 namespace ucp::cli {
 namespace {
 
-// The saved index, when it still describes the files on disk (sizes; hashes are `ucp verify`'s).
+// The saved index, when it still describes the files on disk, or its atoms store those that are
+// gone (sizes; hashes are `ucp verify`'s).
 Result<Tag> SavedIndex(const std::string& dir) {
   UCP_ASSIGN_OR_RETURN(AtomIndex index, AtomIndex::Read(IndexPath(dir)));
   UCP_ASSIGN_OR_RETURN(const hooks::FrameworkAdapter* adapter,
@@ -17,18 +19,12 @@ Result<Tag> SavedIndex(const std::string& dir) {
   if (index.contents().adapter_schema != adapter->schema()) {
     return Status::FailedPrecondition("saved index: another adapter schema");
   }
-  for (const IndexedFile& file : index.files()) {
-    struct stat info;
-    const std::string path = dir + "/" + file.path;
-    if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
-        static_cast<uint64_t>(info.st_size) != file.size) {
-      return Status::FailedPrecondition("saved index: " + file.path + " changed");
-    }
-  }
+  // The framework's files, or the atoms store once they are gone.
+  UCP_ASSIGN_OR_RETURN(std::optional<AtomIndex> over_store, hooks::ReadableSources(index, dir));
   Tag tag{.dir = dir,
           .name = SplitPath(dir).second,
           .adapter = adapter,
-          .index = std::move(index),
+          .index = over_store ? std::move(*over_store) : std::move(index),
           .saved_index = true};
   return tag;
 }

@@ -23,8 +23,10 @@ struct Tag {
 std::string IndexPath(const std::string& tag_dir);
 
 // Opens `dir`. With `use_saved_index`, a saved index is used when it parses, validates, names a
-// registered adapter and every file it lists has the size it records; anything else (no index, a
-// stale or damaged one) means the tag's adapter is detected and the index built, never trusted.
+// registered adapter and every file it lists has the size it records; when the framework's files
+// are gone and the index has an atoms store whose files are all there, `index` is the index over
+// the store (AtomIndex::OverStore). Anything else (no index, a stale or damaged one) means the
+// tag's adapter is detected and the index built, never trusted.
 // kNotFound when `dir` is not a directory or no adapter recognises it.
 [[nodiscard]] Result<Tag> OpenTag(const std::string& dir, const hooks::IndexOptions& options,
                                   bool use_saved_index);

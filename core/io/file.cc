@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -260,6 +261,18 @@ Status CreateDirectories(const std::string& dir) {
   std::filesystem::create_directories(dir, error);
   if (error) return PosixError("file: create directory " + dir, error.value());
   return Status::Ok();
+}
+
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
+  UCP_ASSIGN_OR_RETURN(const uint64_t size, file.Size());
+  if (size > limit) {
+    return Status::OutOfRange(path + ": " + std::to_string(size) + " bytes, more than the " +
+                              std::to_string(limit) + "-byte limit");
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  UCP_RETURN_IF_ERROR(file.ReadAt(0, std::as_writable_bytes(std::span(text))));
+  return text;
 }
 
 Status WriteFileAtomically(const std::string& path, std::string_view contents, bool sync) {

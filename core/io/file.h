@@ -99,6 +99,9 @@ Status SyncDirectory(const std::string& dir);
 // Creates directory `dir` and any missing parents (mkdir -p); an existing directory is OK.
 Status CreateDirectories(const std::string& dir);
 
+// The whole of `path`, at most `limit` bytes (kOutOfRange naming the file above it).
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit);
+
 // Writes `contents` to `path` atomically: a temporary "<path>.ucp-tmp-<pid>-<n>" in the same
 // directory (created exclusively), then, with `sync`, fsync; rename over `path`; with `sync`,
 // fsync of the directory. On failure the temporary is removed and `path` is untouched.

@@ -93,7 +93,7 @@ case "$case_name" in
     kill -9 "${pythons[@]}"
     wait "${pids[@]}" 2>/dev/null || true
     [[ ! -e "$tag/.ucp/index.json" ]] || fail "index.json of an incomplete save"
-    leftovers=$(find "$tag/.ucp" -mindepth 1 ! -name 'journal.*.jsonl')
+    leftovers=$(find "$tag/.ucp" -mindepth 1 ! -name 'journal.*.jsonl' ! -name index.lock)
     [[ -z "$leftovers" ]] || fail "left in .ucp/: $leftovers"
     ;;
 
