@@ -1194,7 +1194,8 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                          OpenSource(index, tag_dir, facts.model_file));
     ArchiveOutput out;
-    out.path = index.files()[facts.model_file].path;
+    // Named, not taken from the index: over an atoms store the file is read from its copy.
+    out.path = ModelStatesName(0);
     Value* root = out.graph.Import(reader.root());
     out.graph.set_root(root);
     UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
@@ -1407,9 +1408,8 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
                        CollectStorages(out.graph.root(), reader, facts.optim_file, {}));
   plan.archives.push_back(std::move(out));
 
-  for (uint32_t i = 0; i < index.files().size(); ++i) {
-    if (index.files()[i].role == kModelRole) plan.copies.push_back({index.files()[i].path, i});
-  }
+  // Named, not taken from the index: over an atoms store the file is read from its copy.
+  plan.copies.push_back({ModelStatesName(0), facts.model_file});
   return plan;
 }
 

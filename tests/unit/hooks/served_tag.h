@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
+#include <set>
 #include <string>
 
 #include "core/format/atom_index.h"
@@ -50,6 +53,31 @@ inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& ta
   Result<FileDigest> digest = HashFile(index_path);
   EXPECT_TRUE(digest.ok()) << digest.status().ToString();
   return digest.ok() ? digest->xxh3 : 0;
+}
+
+// The committed index of `tag_dir`.
+inline std::shared_ptr<const AtomIndex> ReadIndex(const std::string& tag_dir) {
+  Result<AtomIndex> index = AtomIndex::Read(tag_dir + "/" + std::string(kAtomIndexRelativePath));
+  EXPECT_TRUE(index.ok()) << index.status().ToString();
+  if (!index.ok()) return nullptr;
+  return std::make_shared<const AtomIndex>(std::move(*index));
+}
+
+// What `ucp reshard tag_dir --to dp=N --out out` writes: the tag directory it made.
+inline std::string Reshard(const std::string& tag_dir, uint32_t dp, const std::string& out) {
+  const std::string command = std::string(UCP_BINARY_DIR) + "/ucp reshard " + tag_dir +
+                              " --to dp=" + std::to_string(dp) + " --out " + out + " > /dev/null";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return out + "/" + std::filesystem::path(tag_dir).filename().string();
+}
+
+// The names of the regular files directly in `dir`.
+inline std::set<std::string> FilesIn(const std::string& dir) {
+  std::set<std::string> names;
+  for (const std::filesystem::directory_entry& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file()) names.insert(entry.path().filename().string());
+  }
+  return names;
 }
 
 }  // namespace ucp::hooks::testing

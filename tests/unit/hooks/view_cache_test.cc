@@ -22,38 +22,18 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::FilesIn;
 using testing::FixtureTag;
 using ::testing::HasSubstr;
 using testing::PrepareTag;
+using testing::ReadIndex;
+using testing::Reshard;
 using ucp::testing::ReadAll;
 using ucp::testing::ScratchDirectory;
 
 const DeepSpeedZeroAdapter kAdapter;
 
 Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
-
-std::shared_ptr<const AtomIndex> ReadIndex(const std::string& tag_dir) {
-  Result<AtomIndex> index = AtomIndex::Read(tag_dir + "/" + std::string(kAtomIndexRelativePath));
-  EXPECT_TRUE(index.ok()) << index.status().ToString();
-  if (!index.ok()) return nullptr;
-  return std::make_shared<const AtomIndex>(std::move(*index));
-}
-
-// What `ucp reshard tag_dir --to dp=N --out out` writes: the tag directory it made.
-std::string Reshard(const std::string& tag_dir, uint32_t dp, const std::string& out) {
-  const std::string command = std::string(UCP_BINARY_DIR) + "/ucp reshard " + tag_dir +
-                              " --to dp=" + std::to_string(dp) + " --out " + out + " > /dev/null";
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
-  return out + "/" + fs::path(tag_dir).filename().string();
-}
-
-std::set<std::string> FilesIn(const std::string& dir) {
-  std::set<std::string> names;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
-    if (entry.is_regular_file()) names.insert(entry.path().filename().string());
-  }
-  return names;
-}
 
 // Every file of `view` (materialized first) has the bytes of the same file in `expected_dir`, and
 // the view has exactly the files of expected_dir.
