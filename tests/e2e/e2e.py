@@ -20,6 +20,12 @@ Usage: e2e.py UCP_CLI LIBUCP WORK CASE [ARGS]
                        previous tag resumes at 2 ranks under the preload with the uninterrupted
                        losses; the interrupted tag is either served (and then resumes exactly
                        like the reshard of it) or listed exactly as written (not served).
+  atoms                UCP_MODE=atoms: 4 ranks under the preload save at step 5 (WORK/atoms, its
+                       own checkpoint); the index records a complete atoms store. Then the
+                       framework's .pt files are deleted, and resumes at 2 and at 4 ranks under
+                       the preload, served from the store alone, continue with the
+                       uninterrupted losses and load, bit for bit, the state a plain load of
+                       `ucp reshard` of the tag as saved gives.
   layout FIXTURES      the trainer's checkpoints against real DeepSpeed's (FIXTURES = the
                        fixtures/deepspeed folder: z2_fp32 at 4 and 2 ranks, z2_fp32_odd at 4, all
                        saved at step 5 by DeepSpeed v0.14.5 with this model and configuration): the
@@ -48,7 +54,7 @@ SAVE_STEP = 5
 LOSS_TOLERANCE = 1e-5
 KILL_POINTS = ["model_states", "latest", "index"]
 PORTS = {"layout": 29870, "save": 29800, "resume": 29810, "reshard": 29830, "refusal": 29850,
-         "kill": 29900}
+         "kill": 29900, "atoms": 29960}
 
 
 class Failure(Exception):
@@ -264,6 +270,46 @@ def case_kill(cli, lib, work, point):
     compare_dumps(dump, offline, 2, "served interrupted tag vs ucp reshard + plain load")
 
 
+def case_atoms(cli, lib, work):
+    awork = os.path.join(work, "atoms")
+    shutil.rmtree(awork, ignore_errors=True)
+    os.makedirs(awork)
+    ckpt = os.path.join(awork, "ckpt")
+    full = os.path.join(awork, "full_dp4.json")
+    rc = launch(4, PORTS["atoms"],
+                ["--steps", STEPS, "--save_dir", ckpt, "--save_at", SAVE_STEP, "--out", full],
+                os.path.join(awork, "save.log"), preload=lib, extra_env={"UCP_MODE": "atoms"})
+    check(rc == 0, f"the 4-rank run with UCP_MODE=atoms failed (rc {rc})")
+    tag_dir = os.path.join(ckpt, f"global_step{SAVE_STEP}")
+    with open(os.path.join(tag_dir, ".ucp", "index.json")) as f:
+        index = json.load(f)
+    check(index["version"] == 2 and "store" in index,
+          "the index records no atoms store (see the ucp logs)")
+    stored = sorted(os.path.relpath(os.path.join(d, n), os.path.join(tag_dir, ".ucp", "atoms"))
+                    for d, _, names in os.walk(os.path.join(tag_dir, ".ucp", "atoms"))
+                    for n in names)
+    print(f"atoms store of {tag_dir}: {stored}")
+    reference = losses(full)
+    offline = {n: reshard_and_load(cli, awork, tag_dir, n, f"reshard_dp{n}", PORTS["atoms"] + n,
+                                   SAVE_STEP)[0] for n in (2, 4)}
+
+    framework = sorted(n for n in os.listdir(tag_dir) if n.endswith(".pt"))
+    for name in framework:
+        os.remove(os.path.join(tag_dir, name))
+    print(f"deleted the framework's files: {framework}")
+    for n in (2, 4):
+        name = os.path.join(awork, f"resume_dp{n}")
+        dump = name + "_state{rank}.pt"
+        rc = launch(n, PORTS["atoms"] + 10 + n,
+                    ["--steps", STEPS, "--load_dir", ckpt, "--dump_state", dump,
+                     "--out", name + ".json"], name + ".log", preload=lib)
+        check(rc == 0, f"resume at {n} ranks from the atoms store failed (see {name}.log)")
+        compare_losses(losses(name + ".json"), reference,
+                       f"resume at {n} ranks from the atoms store alone")
+        compare_dumps(dump, offline[n], n,
+                      f"resume at {n} ranks from the atoms store vs ucp reshard of the tag as saved")
+
+
 def case_layout(cli, lib, work, fixtures):
     sys.path.insert(0, os.path.join(HERE, "..", "deepspeed"))
     import ds_objects  # DeepSpeed's pickled classes as stand-ins; imports no DeepSpeed
@@ -301,7 +347,7 @@ def main():
     cli, lib, work = (os.path.abspath(a) for a in sys.argv[1:4])
     case, rest = sys.argv[4], sys.argv[5:]
     cases = {"save": case_save, "resume": case_resume, "reshard": case_reshard,
-             "refusal": case_refusal, "kill": case_kill, "layout": case_layout}
+             "refusal": case_refusal, "kill": case_kill, "layout": case_layout, "atoms": case_atoms}
     try:
         arg = [int(rest[0]) if rest[0].isdigit() else rest[0]] if rest else []
         cases[case](cli, lib, work, *arg)
