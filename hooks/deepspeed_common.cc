@@ -1,5 +1,6 @@
 #include "hooks/deepspeed_common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -194,6 +195,34 @@ nlohmann::json JsonOf(const Value* node) {
     }
   }
 }
+Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
+                                                  const std::string& name, bool present) {
+  if (!present) return Status::FailedPrecondition(Prefix(tag_dir + "/" + name) + "not written yet");
+  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + name);
+  if (!opened.ok()) {
+    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
+  }
+  return opened;
+}
+
+Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states) {
+  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(model_states, "dp_world_size"));
+  if (dp <= 0 || dp > kMaxDpWorldSize) {
+    return FieldError(model_states, "dp_world_size", std::to_string(dp) + ": out of range");
+  }
+  return static_cast<uint32_t>(dp);
+}
+
+bool Bf16Prefix(const TagListing& listing, const TorchArchiveReader& model_states) {
+  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
+                          [](const RankFile& entry) { return !entry.prefix.empty(); });
+  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
+    const Value* enabled = OptionalField(model_states, key);
+    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
+  }
+  return bf16;
+}
+
 Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes) {
   GroupLayout layout;
   layout.names = std::move(names);
@@ -325,6 +354,48 @@ Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, 
   spec.requires_grad = tensor.requires_grad;
   spec.parameter = tensor.parameter;
   return MakeTensorNode(graph, spec);
+}
+
+Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& atom,
+                                           const Shape& shape, bool requires_grad, bool wrapped) {
+  ArchiveOutput out;
+  out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+  UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = atom.dtype;
+  spec.storage_numel = numel;
+  spec.shape = shape;
+  spec.requires_grad = requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+  if (wrapped) {
+    out.graph.set_root(out.graph.Dict(
+        {{out.graph.Str("cat_dim"), out.graph.Int(0)}, {out.graph.Str("param"), tensor}}));
+  } else {
+    out.graph.set_root(tensor);
+  }
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  out.storages.push_back({"0", std::move(segments)});
+  return out;
+}
+
+Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
+                           const std::string& states_field, const std::vector<std::string>& names,
+                           std::map<std::string, bool>& out) {
+  std::vector<std::pair<std::string, const TorchTensor*>> tensors;
+  UCP_ASSIGN_OR_RETURN(const Value* fp32, Field(reader, fp32_field));
+  tensors.emplace_back("fp32", reader.TensorAt(fp32));
+  UCP_ASSIGN_OR_RETURN(const Value* states, Field(reader, states_field));
+  for (const auto& [key, value] : NamedChildren(states)) {
+    tensors.emplace_back(key, reader.TensorAt(value));
+  }
+  for (const std::string& name : names) {
+    for (const auto& [state, tensor] : tensors) {
+      if (tensor != nullptr) out[name + "/" + state] = tensor->requires_grad;
+    }
+  }
+  return Status::Ok();
 }
 
 Status CheckTarget(const Topology& target) {

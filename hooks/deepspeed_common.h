@@ -84,6 +84,18 @@ std::optional<nlohmann::json> ScalarValue(const TorchArchiveReader& reader,
 // The last component of `tag_dir` (a trailing '/' ignored).
 std::string TagName(const std::string& tag_dir);
 
+// Rank 0's model-states file `name` of a save that may still be running: kFailedPrecondition while
+// `present` is false or the file is not yet a complete archive (its zip directory is written
+// last).
+Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
+                                                  const std::string& name, bool present);
+// dp_world_size of a model-states file, kCorrupt outside [1, kMaxDpWorldSize].
+Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states);
+// Whether the optimizer files of the save are bf16_ ones (engine._get_zero_ckpt_name: exactly
+// when the config enables bf16, as "bf16" or the older "bfloat16" {"enabled": ...}); the config
+// may be a path rather than a dict, so an optimizer file already named bf16_ also tells.
+bool Bf16Prefix(const TagListing& listing, const TorchArchiveReader& model_states);
+
 // Parameters laid out one after another in a flat buffer, in `names` order.
 struct GroupLayout {
   std::vector<std::string> names;
@@ -115,6 +127,17 @@ pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values
 // `storage_numel` under the same key, dtype, location, requires_grad and parameter-ness.
 Result<pickle::Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor,
                                        uint64_t numel, uint64_t storage_numel);
+// zero/<param>/<state>.pt of ds_to_universal: the whole atom as one tensor of `shape` (the atom's
+// element count) under storage key "0", pickled bare or, `wrapped`, as {'cat_dim': 0, 'param':
+// tensor}.
+Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& atom,
+                                           const Shape& shape, bool requires_grad, bool wrapped);
+// Adds to `out` the requires_grad of "<name>/fp32" (the tensor at `fp32_field`) and of
+// "<name>/<key>" for every tensor of the state dict at `states_field`, for every name of `names`
+// (ds_to_universal saves clones of narrowed source tensors, which keep it).
+Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
+                           const std::string& states_field, const std::vector<std::string>& names,
+                           std::map<std::string, bool>& out);
 // A DeepSpeed data-parallel target: tp = pp = 1 (kUnsupported otherwise), dp > 0, world 0 or dp
 // (kInvalidArgument / kUnsupported otherwise).
 Status CheckTarget(const Topology& target);

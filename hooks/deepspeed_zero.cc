@@ -20,8 +20,11 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed::Bf16Prefix;
 using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::GroupLayout;
@@ -39,6 +42,7 @@ using deepspeed::ListText;
 using deepspeed::MakeLayout;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
 using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
@@ -52,6 +56,7 @@ using deepspeed::ShapeText;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
 using deepspeed::ZeroStageOf;
 using pickle::Kind;
 using pickle::Value;
@@ -194,11 +199,7 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::strin
   ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
   const TorchArchiveReader& r = ms.reader;
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(r, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(r, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
-  ms.dp = static_cast<uint32_t>(dp);
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
   UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
   if (shapes->kind() != Kind::kList || shapes->items().empty()) {
     return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
@@ -535,36 +536,17 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   const std::string model = ModelStatesName(0);
-  if (!listing.model_states.contains(0)) {
-    return Status::FailedPrecondition(Prefix(tag_dir + "/" + model) + "not written yet");
-  }
-  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal;
-  // until its zip directory (written last) is there, the file is still being written.
-  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + model);
-  if (!opened.ok()) {
-    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
-  }
-  const TorchArchiveReader& reader = *opened;
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(reader, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(reader, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
+  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
   if (mp != 1) {
     return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
                                ": tp=" + std::to_string(mp) +
                                ": tensor-parallel resharding is not supported yet");
   }
-  // engine._get_zero_ckpt_name: the prefix is bf16_ exactly when the config enables bf16
-  // (DeepSpeedConfig reads "bf16", or the older "bfloat16", {"enabled": ...}). The config may be
-  // a path rather than a dict; rank 0's own optimizer file, written before the commit signal,
-  // then tells.
-  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
-                          [](const RankFile& entry) { return !entry.prefix.empty(); });
-  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
-    const Value* enabled = OptionalField(reader, key);
-    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
-  }
+  const bool bf16 = Bf16Prefix(listing, reader);
   const Value* config = OptionalField(reader, "ds_config");
   if (config != nullptr && config->kind() == Kind::kDict) {
     int64_t stage = 0;  // DeepSpeedZeroConfig's default, also without a zero_optimization entry
@@ -584,7 +566,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   }
   std::vector<std::string> files = {model};
   const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t r = 0; r < static_cast<uint32_t>(dp); ++r) files.push_back(OptimName(prefix, r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
   return files;
 }
 
@@ -983,49 +965,22 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
 
-  // ds_to_universal saves narrowed clones of the source tensors, which keep their requires_grad
-  // (True for the fp32 master partition).
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     const std::string gs = std::to_string(g);
-    std::vector<std::pair<std::string, const TorchTensor*>> tensors;
-    UCP_ASSIGN_OR_RETURN(const Value* fp32,
-                         Field(reader, osd + "/single_partition_of_fp32_groups/" + gs));
-    tensors.emplace_back("fp32", reader.TensorAt(fp32));
-    UCP_ASSIGN_OR_RETURN(const Value* states,
-                         Field(reader, osd + "/base_optimizer_state/state/" + gs));
-    for (const auto& [key, value] : NamedChildren(states)) {
-      tensors.emplace_back(key, reader.TensorAt(value));
-    }
-    for (const std::string& name : facts.groups[g].names) {
-      for (const auto& [state, tensor] : tensors) {
-        if (tensor != nullptr) requires_grad[name + "/" + state] = tensor->requires_grad;
-      }
-    }
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
+                                            osd + "/base_optimizer_state/state/" + gs,
+                                            facts.groups[g].names, requires_grad));
   }
 
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.state == "bit16") continue;
-    ArchiveOutput out;
-    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
-    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-    TensorNodeSpec spec;
-    spec.storage_key = "0";
-    spec.dtype = atom.dtype;
-    spec.storage_numel = numel;
-    spec.shape = atom.shape;
-    spec.requires_grad = requires_grad[atom.param + "/" + atom.state];
-    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-    if (atom.shape.empty()) {
-      out.graph.set_root(tensor);  // step.pt: the bare 0-d tensor
-    } else {
-      out.graph.set_root(out.graph.Dict(
-          {{out.graph.Str("cat_dim"), out.graph.Int(0)}, {out.graph.Str("param"), tensor}}));
-    }
-    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-    out.storages.push_back({"0", std::move(segments)});
+    // step.pt is the bare 0-d tensor.
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        UniversalAtomArchive(index, atom, atom.shape, requires_grad[atom.param + "/" + atom.state],
+                             !atom.shape.empty()));
     plan.archives.push_back(std::move(out));
   }
 

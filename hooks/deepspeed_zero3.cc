@@ -17,8 +17,11 @@
 namespace ucp::hooks {
 namespace {
 
+using deepspeed::Bf16Prefix;
 using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::GroupLayout;
@@ -32,6 +35,7 @@ using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::MakeLayout;
 using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
 using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
@@ -44,6 +48,7 @@ using deepspeed::ShapeText;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
 using deepspeed::ZeroStageOf;
 using pickle::Kind;
 using pickle::Value;
@@ -240,11 +245,7 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& 
   ModelStates ms{entry, std::move(reader), {}, 0, {}, {}, {}, std::nullopt, kDefaultSubGroupSize};
   const TorchArchiveReader& r = ms.reader;
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(r, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(r, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
-  ms.dp = static_cast<uint32_t>(dp);
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
   if (mp != 1) {
     return Status::Unsupported(Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
@@ -519,20 +520,9 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
   const bool have_model =
       std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
                   [&](const RankFile& file) { return file.name == model; });
-  if (!have_model) {
-    return Status::FailedPrecondition(Prefix(tag_dir + "/" + model) + "not written yet");
-  }
-  // Every rank writes its model states before its optimizer file; until its zip directory
-  // (written last) is there, the file is still being written.
-  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + model);
-  if (!opened.ok()) {
-    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
-  }
-  const TorchArchiveReader& reader = *opened;
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(reader, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(reader, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, have_model));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
   if (mp != 1) {
     return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
@@ -544,17 +534,11 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
                         "not 3, but the file is named as ZeRO-3's");
     }
   }
-  // engine._get_zero_ckpt_name: bf16_ exactly when the config enables bf16.
-  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
-                          [](const RankFile& entry) { return !entry.prefix.empty(); });
-  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
-    const Value* enabled = OptionalField(reader, key);
-    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
-  }
+  const bool bf16 = Bf16Prefix(listing, reader);
   std::vector<std::string> files;
   const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t r = 0; r < static_cast<uint32_t>(dp); ++r) files.push_back(Zero3ModelName(r, 0));
-  for (uint32_t r = 0; r < static_cast<uint32_t>(dp); ++r) files.push_back(OptimName(prefix, r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelName(r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
   return files;
 }
 
@@ -922,42 +906,21 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
 
-  // ds_to_universal saves clones of narrowed source tensors, which keep their requires_grad
-  // (True for the fp32 flat groups).
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.flat_groups.size(); ++g) {
     const std::string gs = std::to_string(g);
-    std::vector<std::pair<std::string, const TorchTensor*>> tensors;
-    UCP_ASSIGN_OR_RETURN(const Value* fp32, Field(reader, osd + "/fp32_flat_groups/" + gs));
-    tensors.emplace_back("fp32", reader.TensorAt(fp32));
-    UCP_ASSIGN_OR_RETURN(const Value* states, Field(reader, osd + "/" + osd + "/state/" + gs));
-    for (const auto& [key, value] : NamedChildren(states)) {
-      tensors.emplace_back(key, reader.TensorAt(value));
-    }
-    for (const std::string& name : facts.flat_groups[g].names) {
-      for (const auto& [state, tensor] : tensors) {
-        if (tensor != nullptr) requires_grad[name + "/" + state] = tensor->requires_grad;
-      }
-    }
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/fp32_flat_groups/" + gs,
+                                            osd + "/" + osd + "/state/" + gs,
+                                            facts.flat_groups[g].names, requires_grad));
   }
 
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.shape.empty() || atom.state == kFrozenState) continue;
-    ArchiveOutput out;
-    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
     UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-    TensorNodeSpec spec;
-    spec.storage_key = "0";
-    spec.dtype = atom.dtype;
-    spec.storage_numel = numel;
-    spec.shape = {numel};
-    spec.requires_grad = requires_grad[atom.param + "/" + atom.state];
-    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-    out.graph.set_root(tensor);
-    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-    out.storages.push_back({"0", std::move(segments)});
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                         UniversalAtomArchive(index, atom, {numel},
+                                              requires_grad[atom.param + "/" + atom.state], false));
     plan.archives.push_back(std::move(out));
   }
 
