@@ -21,11 +21,20 @@
 #include "core/plan/executor.h"
 #include "hooks/framework_adapter.h"
 #include "tests/unit/core/test_bytes.h"
+#include "tests/unit/hooks/deepspeed_testing.h"
 
 namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed_testing::NoSync;
+using deepspeed_testing::ReadBytes;
+using deepspeed_testing::RenderOf;
+using deepspeed_testing::SegmentBytes;
+using deepspeed_testing::StorageKey;
+using deepspeed_testing::TempDir;
+using deepspeed_testing::TensorBytes;
+using deepspeed_testing::TensorMeta;
 using ::testing::HasSubstr;
 
 const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
@@ -37,61 +46,6 @@ std::string Tag(const std::string& config, const std::string& run) {
 const DeepSpeedZeroAdapter& Adapter() {
   static const DeepSpeedZeroAdapter adapter;
   return adapter;
-}
-
-std::string ReadBytes(const std::string& path, uint64_t offset, uint64_t length) {
-  Result<File> file = File::Open(path, File::Mode::kRead);
-  EXPECT_TRUE(file.ok()) << file.status().ToString();
-  if (!file.ok()) return {};
-  std::string bytes(length, '\0');
-  const Status status =
-      file->ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
-  EXPECT_TRUE(status.ok()) << status.ToString();
-  return bytes;
-}
-
-// The bytes `segments` stand for, read from the index's files under `tag_dir`.
-std::string SegmentBytes(const AtomIndex& index, const std::string& tag_dir,
-                         const std::vector<Segment>& segments) {
-  std::string out;
-  for (const Segment& segment : segments) {
-    if (segment.zero_fill()) {
-      out.append(segment.length, '\0');
-    } else {
-      out += ReadBytes(tag_dir + "/" + index.files()[segment.file].path, segment.offset,
-                       segment.length);
-    }
-  }
-  return out;
-}
-
-// A tensor's own elements as stored in its archive (tensors here are contiguous).
-std::string TensorBytes(const TorchArchiveReader& reader, const TorchTensor& tensor) {
-  EXPECT_TRUE(tensor.contiguous());
-  return ReadBytes(reader.path(), tensor.file_offset(), tensor.byte_size());
-}
-
-std::string RenderOf(const pickle::Value* node) {
-  Result<std::string> text = pickle::Render(node);
-  EXPECT_TRUE(text.ok()) << text.status().ToString();
-  return text.ok() ? *text : "";
-}
-
-// A tensor node without its storage key (DeepSpeed's key numbering follows the order in which
-// it happened to restore the state dict): storage class, location, storage size, offset, shape,
-// stride, requires_grad.
-std::string TensorMeta(const pickle::Value* tensor) {
-  const pickle::Value* pid = tensor->args()->Item(0)->pid();
-  std::string meta =
-      RenderOf(pid->Item(1)) + " " + RenderOf(pid->Item(3)) + " " + RenderOf(pid->Item(4));
-  for (size_t i = 1; i <= 4; ++i) meta += " " + RenderOf(tensor->args()->Item(i));
-  return meta;
-}
-
-// The storage key of a tensor node built by MakeTensorNode / torch.save.
-std::string StorageKey(const pickle::Value* tensor) {
-  const pickle::Value* pid = tensor->args()->Item(0);
-  return pid->pid()->Item(2)->data();
 }
 
 const std::vector<std::string> kConfigs = {
@@ -297,31 +251,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedResaveTest, ::testing::ValuesIn(Resa
                            return std::get<0>(test_param.param) + "_" +
                                   std::get<1>(test_param.param);
                          });
-
-// Tests need no durability: no fsync.
-ExecuteOptions NoSync() {
-  ExecuteOptions options;
-  options.sync = false;
-  return options;
-}
-
-// A temporary directory, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/ucp_deepspeed_test.XXXXXX";
-    path_ = ::mkdtemp(pattern) == nullptr ? "" : pattern;
-  }
-  ~TempDir() {
-    if (!path_.empty()) fs::remove_all(path_);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Reshards `tag` to `dp` ranks into `out_tag` (created), executing the plan.
 void Reshard(const std::string& tag, uint32_t dp, const std::string& out_tag) {

@@ -1,0 +1,104 @@
+// Helpers of the DeepSpeed adapter tests: bytes of files, segments and tensors, pickle renderings,
+// scratch directories.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/format/atom_index.h"
+#include "core/format/pickle_value.h"
+#include "core/format/torch_archive_reader.h"
+#include "core/io/file.h"
+#include "core/plan/copy_plan.h"
+#include "core/plan/executor.h"
+
+namespace ucp::hooks::deepspeed_testing {
+
+// `length` bytes at `offset` of the file at `path` (a failure fails the test).
+inline std::string ReadBytes(const std::string& path, uint64_t offset, uint64_t length) {
+  Result<File> file = File::Open(path, File::Mode::kRead);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  if (!file.ok()) return {};
+  std::string bytes(length, '\0');
+  const Status status =
+      file->ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return bytes;
+}
+
+// The bytes `segments` stand for, read from the index's files under `tag_dir`.
+inline std::string SegmentBytes(const AtomIndex& index, const std::string& tag_dir,
+                                const std::vector<Segment>& segments) {
+  std::string out;
+  for (const Segment& segment : segments) {
+    if (segment.zero_fill()) {
+      out.append(segment.length, '\0');
+    } else {
+      out += ReadBytes(tag_dir + "/" + index.files()[segment.file].path, segment.offset,
+                       segment.length);
+    }
+  }
+  return out;
+}
+
+// A tensor's own elements as stored in its archive (tensors here are contiguous).
+inline std::string TensorBytes(const TorchArchiveReader& reader, const TorchTensor& tensor) {
+  EXPECT_TRUE(tensor.contiguous());
+  return ReadBytes(reader.path(), tensor.file_offset(), tensor.byte_size());
+}
+
+// pickle::Render of `node` (a failure fails the test).
+inline std::string RenderOf(const pickle::Value* node) {
+  Result<std::string> text = pickle::Render(node);
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
+  return text.ok() ? *text : "";
+}
+
+// A tensor node without its storage key (DeepSpeed's key numbering follows the order in which
+// it happened to restore the state dict): storage class, location, storage size, offset, shape,
+// stride, requires_grad.
+inline std::string TensorMeta(const pickle::Value* tensor) {
+  const pickle::Value* pid = tensor->args()->Item(0)->pid();
+  std::string meta =
+      RenderOf(pid->Item(1)) + " " + RenderOf(pid->Item(3)) + " " + RenderOf(pid->Item(4));
+  for (size_t i = 1; i <= 4; ++i) meta += " " + RenderOf(tensor->args()->Item(i));
+  return meta;
+}
+
+// The storage key of a tensor node built by MakeTensorNode / torch.save.
+inline std::string StorageKey(const pickle::Value* tensor) {
+  const pickle::Value* pid = tensor->args()->Item(0);
+  return pid->pid()->Item(2)->data();
+}
+
+// Tests need no durability: no fsync.
+inline ExecuteOptions NoSync() {
+  ExecuteOptions options;
+  options.sync = false;
+  return options;
+}
+
+// A temporary directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/ucp_deepspeed_test.XXXXXX";
+    path_ = ::mkdtemp(pattern) == nullptr ? "" : pattern;
+  }
+  ~TempDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace ucp::hooks::deepspeed_testing
