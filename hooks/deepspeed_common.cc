@@ -343,17 +343,22 @@ Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
   for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
   return graph.List(std::move(items));
 }
-Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, uint64_t numel,
-                               uint64_t storage_numel) {
+Result<Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,
+                          Shape shape, uint64_t storage_numel) {
   TensorNodeSpec spec;
-  spec.storage_key = tensor.storage->key;
+  spec.storage_key = std::move(key);
   spec.dtype = tensor.dtype;
   spec.location = tensor.storage->location;
   spec.storage_numel = storage_numel;
-  spec.shape = {numel};
+  spec.shape = std::move(shape);
   spec.requires_grad = tensor.requires_grad;
   spec.parameter = tensor.parameter;
   return MakeTensorNode(graph, spec);
+}
+
+Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, uint64_t numel,
+                               uint64_t storage_numel) {
+  return TensorLike(graph, tensor, tensor.storage->key, {numel}, storage_numel);
 }
 
 Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& atom,

@@ -123,8 +123,12 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
                    const std::string& where);
 // A pickled list of ints.
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
-// A replacement for template tensor `tensor`: `numel` elements viewed from a storage of
-// `storage_numel` under the same key, dtype, location, requires_grad and parameter-ness.
+// A tensor node like template `tensor` (dtype, location, requires_grad, parameter-ness) of
+// `shape`, viewing element 0 on of a storage of `storage_numel` elements under `key`.
+Result<pickle::Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,
+                                  Shape shape, uint64_t storage_numel);
+// A replacement for template tensor `tensor`: TensorLike under the same key, `numel` elements of
+// a storage of `storage_numel`.
 Result<pickle::Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor,
                                        uint64_t numel, uint64_t storage_numel);
 // zero/<param>/<state>.pt of ds_to_universal: the whole atom as one tensor of `shape` (the atom's

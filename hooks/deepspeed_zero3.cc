@@ -26,6 +26,7 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
+using deepspeed::IntList;
 using deepspeed::JsonOf;
 using deepspeed::kMaxDpWorldSize;
 using deepspeed::kModelRole;
@@ -48,6 +49,7 @@ using deepspeed::ShapeText;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::ZeroStageOf;
 using pickle::Kind;
@@ -481,30 +483,87 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// The sub groups DeepSpeed makes at `dp`, as flat groups of the source's facts: the same
-// parameters in each, or kUnsupported.
-Status CheckSubGroups(const IndexFacts& facts, uint32_t dp) {
+// The flat groups DeepSpeed makes at `dp`: each parameter group's parameters split into sub
+// groups by the partition elements at that size.
+Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp,
+                                              std::vector<std::vector<uint64_t>>& members) {
+  std::vector<GroupLayout> out;
+  members.assign(facts.param_groups.size(), {});
   size_t flat = 0;
   for (size_t pg = 0; pg < facts.param_groups.size(); ++pg) {
+    std::vector<std::string> names;
+    std::vector<Shape> shapes;
     std::vector<uint64_t> numels;
-    std::vector<size_t> source;
     for (; flat < facts.flat_groups.size() && facts.flat_group_of[flat] == pg; ++flat) {
-      source.push_back(facts.flat_groups[flat].names.size());
-      numels.insert(numels.end(), facts.flat_groups[flat].numels.begin(),
-                    facts.flat_groups[flat].numels.end());
+      const GroupLayout& group = facts.flat_groups[flat];
+      names.insert(names.end(), group.names.begin(), group.names.end());
+      shapes.insert(shapes.end(), group.shapes.begin(), group.shapes.end());
+      numels.insert(numels.end(), group.numels.begin(), group.numels.end());
     }
-    if (numels.empty()) continue;
-    if (SubGroupSizes(numels, dp, facts.sub_group_size) != source) {
-      return Status::Unsupported("deepspeed: dp=" + std::to_string(dp) +
-                                 ": DeepSpeed splits parameter group " + std::to_string(pg) +
-                                 " into other sub groups (sub_group_size " +
-                                 std::to_string(facts.sub_group_size) +
-                                 ") than the source at dp=" + std::to_string(facts.dp) +
-                                 "; resharding across a sub-group change is not supported");
+    if (names.empty()) continue;
+    size_t next = 0;
+    for (const size_t count : SubGroupSizes(numels, dp, facts.sub_group_size)) {
+      members[pg].push_back(out.size());
+      UCP_ASSIGN_OR_RETURN(
+          GroupLayout layout,
+          MakeLayout(std::vector<std::string>(names.begin() + next, names.begin() + next + count),
+                     std::vector<Shape>(shapes.begin() + next, shapes.begin() + next + count)));
+      out.push_back(std::move(layout));
+      next += count;
     }
   }
+  return out;
+}
+
+// param_shapes for other flat groups: one OrderedDict per group, holding the source's
+// name → torch.Size items regrouped.
+Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupLayout>& groups,
+                     const TorchArchiveReader& reader) {
+  Value* shapes = root->Get("param_shapes");
+  if (shapes == nullptr || shapes->kind() != Kind::kList || shapes->items().empty()) {
+    return FieldError(reader, "param_shapes", "not a list of flat groups");
+  }
+  std::map<std::string, pickle::Mutation> items;
+  for (const Value* group : shapes->items()) {
+    if (group->kind() != Kind::kObject) {
+      return FieldError(reader, "param_shapes", "not a list of OrderedDicts");
+    }
+    for (const pickle::Mutation& mutation : group->mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem) {
+        items.emplace(KeyText(mutation.first), mutation);
+      }
+    }
+  }
+  const Value* model = shapes->items().front();
+  std::vector<Value*> regrouped;
+  for (const GroupLayout& group : groups) {
+    Value* dict = graph.Object(model->construction(), model->callable(), graph.Tuple({}));
+    for (const std::string& name : group.names) {
+      const auto it = items.find(name);
+      if (it == items.end()) return FieldError(reader, "param_shapes/" + name, "missing");
+      dict->mutable_mutations().push_back(it->second);
+    }
+    regrouped.push_back(dict);
+  }
+  shapes->mutable_items() = std::move(regrouped);
   return Status::Ok();
 }
+
+// Storage keys not used by `reader`'s archive, as torch numbers them.
+class FreshKeys {
+ public:
+  explicit FreshKeys(const TorchArchiveReader& reader) {
+    for (const auto& [key, storage] : reader.storages()) {
+      if (!key.empty() && key.size() < 18 && key.find_first_not_of("0123456789") == key.npos) {
+        next_ = std::max<uint64_t>(next_, std::stoull(key) + 1);
+      }
+    }
+  }
+  std::string Next() { return std::to_string(next_++); }
+
+ private:
+  uint64_t next_ = 0;
+};
 
 }  // namespace
 
@@ -799,8 +858,13 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const Topology& target) const {
   UCP_RETURN_IF_ERROR(CheckTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  UCP_RETURN_IF_ERROR(CheckSubGroups(facts, target.dp));
   const uint32_t m = target.dp;
+  std::vector<std::vector<uint64_t>> members;
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(facts, m, members));
+  bool regrouped = flat_groups.size() != facts.flat_groups.size();
+  for (size_t g = 0; !regrouped && g < flat_groups.size(); ++g) {
+    regrouped = flat_groups[g].names != facts.flat_groups[g].names;
+  }
   OutputPlan plan;
 
   // Model states: rank 0's, with dp_world_size and each rank's frozen fragments.
@@ -822,6 +886,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
+      if (regrouped) UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader));
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0) {
         if (Value** shared = MutableEntry(root, "shared_params");
@@ -848,12 +913,14 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     }
   }
 
-  // Optimizer states: rank 0's, with partition_count and each rank's partitions.
+  // Optimizer states: rank 0's, with partition_count and each rank's partitions of each flat
+  // group; where the sub groups change, the flat groups' lists are rebuilt, new groups' tensors
+  // like group 0's.
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
   std::vector<FlatLayout> layouts;
-  for (const GroupLayout& group : facts.flat_groups) {
+  for (const GroupLayout& group : flat_groups) {
     UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
     layouts.push_back(std::move(layout));
   }
@@ -867,30 +934,65 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     Value* inner = dict->Get(kOsd);
     Value* states = inner == nullptr ? nullptr : inner->Get("state");
     Value* fp32 = dict->Get("fp32_flat_groups");
+    Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
+    if (states == nullptr || states->kind() != Kind::kDict || fp32 == nullptr ||
+        fp32->kind() != Kind::kList || param_groups == nullptr ||
+        param_groups->kind() != Kind::kList || fp32->items().size() != facts.flat_groups.size() ||
+        param_groups->items().size() != members.size()) {
+      return FieldError(reader, osd, "not the flat groups the index describes");
+    }
+    FreshKeys keys(reader);
     std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<std::pair<Value*, Value*>> new_states;
+    std::vector<Value*> new_fp32;
     for (size_t g = 0; g < layouts.size(); ++g) {
-      const std::string gs = std::to_string(g);
       const FlatLayout& layout = layouts[g];
-      Value** group_states = MutableEntry(states, gs);
-      if (group_states == nullptr || fp32 == nullptr || fp32->kind() != Kind::kList ||
-          g >= fp32->items().size()) {
-        return FieldError(reader, osd + "/" + osd + "/state/" + gs, "missing");
+      // The source's flat group g, or group 0 as the model of one DeepSpeed adds here.
+      const size_t model = g < facts.flat_groups.size() ? g : 0;
+      const std::string ms = std::to_string(model);
+      Value** model_states = MutableEntry(states, ms);
+      if (model_states == nullptr || (*model_states)->kind() != Kind::kDict) {
+        return FieldError(reader, osd + "/" + osd + "/state/" + ms, "missing");
       }
-      std::vector<std::pair<std::string, Value**>> tensors = {{"fp32", &fp32->mutable_items()[g]}};
-      for (auto& [key, value] : (*group_states)->mutable_entries()) {
+      Value* group_states = g == model ? *model_states : out.graph.Dict((*model_states)->entries());
+      std::vector<std::pair<std::string, Value**>> tensors;
+      new_fp32.push_back(fp32->items()[model]);
+      tensors.emplace_back("fp32", &new_fp32.back());
+      for (auto& [key, value] : group_states->mutable_entries()) {
         tensors.emplace_back(KeyText(key), &value);
       }
       for (auto& [state, slot] : tensors) {
-        const std::string field = state == "fp32" ? osd + "/fp32_flat_groups/" + gs
-                                                  : osd + "/" + osd + "/state/" + gs + "/" + state;
+        const std::string field = state == "fp32" ? osd + "/fp32_flat_groups/" + ms
+                                                  : osd + "/" + osd + "/state/" + ms + "/" + state;
         UCP_ASSIGN_OR_RETURN(const Value* template_node, Field(reader, field));
         const TorchTensor* tensor = reader.TensorAt(template_node);
-        if (tensor == nullptr || tensor->shape.empty()) continue;
-        UCP_ASSIGN_OR_RETURN(replaced[tensor->storage->key],
+        if (tensor == nullptr) continue;
+        if (tensor->shape.empty()) {
+          if (g == model) continue;
+          // A 0-d state (Adam's step) of a new group: a copy of group 0's.
+          const std::string key = keys.Next();
+          UCP_ASSIGN_OR_RETURN(*slot, TensorLike(out.graph, *tensor, key, {}, 1));
+          replaced[key] = {
+              Segment{facts.optim_file, tensor->file_offset(), ItemSize(tensor->dtype)}};
+          continue;
+        }
+        const std::string key = g == model ? tensor->storage->key : keys.Next();
+        UCP_ASSIGN_OR_RETURN(replaced[key],
                              PartitionSegments(index, layout, state, r, ItemSize(tensor->dtype)));
-        UCP_ASSIGN_OR_RETURN(
-            *slot, PartitionTensor(out.graph, *tensor, layout.partition, layout.partition));
+        UCP_ASSIGN_OR_RETURN(*slot, TensorLike(out.graph, *tensor, key,
+                                                          {layout.partition}, layout.partition));
       }
+      new_states.emplace_back(out.graph.Int(static_cast<int64_t>(g)), group_states);
+    }
+    if (regrouped) {
+      states->mutable_entries() = std::move(new_states);
+      fp32->mutable_items() = std::move(new_fp32);
+      for (size_t pg = 0; pg < members.size(); ++pg) {
+        UCP_RETURN_IF_ERROR(SetDictItem(param_groups->items()[pg], "params",
+                                        IntList(out.graph, members[pg]), reader.path()));
+      }
+    } else {
+      fp32->mutable_items() = std::move(new_fp32);
     }
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));

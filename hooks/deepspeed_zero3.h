@@ -27,8 +27,7 @@
 // module dtype). Index groups are the optimizer's parameter groups (their flat groups' params
 // in flat order); any number of groups and of frozen parameters.
 //
-// Refused with kUnsupported: tp > 1, pp > 1, an index without ZeRO-3's names; a target DP at
-// which DeepSpeed would split the parameter groups into other sub groups than the source's.
+// Refused with kUnsupported: tp > 1, pp > 1.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -72,7 +71,10 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // The files DeepSpeed v0.14.5 writes at DP size target.dp: per rank the model states (rank 0's,
   // with dp_world_size, that rank's frozen_param_fragments, and shared_params empty off rank 0)
   // and the optimizer states (rank 0's, with partition_count, that rank's fp32_flat_groups and
-  // partitioned states, padding zeros). Targets as DeepSpeedZeroAdapter::PlanReshard.
+  // partitioned states, padding zeros). Where the sub groups at target.dp differ from the
+  // source's, param_shapes, fp32_flat_groups, the state dict and param_groups' params follow
+  // them (a new flat group's tensors and 0-d states like flat group 0's). Targets as
+  // DeepSpeedZeroAdapter::PlanReshard.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

@@ -33,8 +33,8 @@ SUB_GROUP_SIZE = 100
 
 
 def make_state(bf16):
-    """A deterministic training state: two parameter groups (the first split into sub groups at
-    sub_group_size 100 for dp 1..3, other sub groups at 4 and 5), three frozen parameters."""
+    """A deterministic training state: two parameter groups (at sub_group_size 100 the first is
+    split into three sub groups at dp 1..3, into two at dp 4 and 5), three frozen parameters."""
     gen = torch.Generator().manual_seed(7)
     groups = [
         {"hyper": {"lr": 0.003, "betas": (0.9, 0.95), "eps": 1e-08, "weight_decay": 0.0},
