@@ -14,7 +14,10 @@
 #include "core/format/torch_archive_reader.h"
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
+#include "hooks/atoms_store.h"
+#include "hooks/file_hashing.h"
 #include "hooks/framework_adapter.h"
+#include "tests/unit/core/test_bytes.h"
 #include "tests/unit/hooks/deepspeed_testing.h"
 
 namespace ucp::hooks {
@@ -29,6 +32,7 @@ using deepspeed_testing::TempDir;
 using deepspeed_testing::TensorBytes;
 using deepspeed_testing::TensorMeta;
 using ::testing::HasSubstr;
+using ucp::testing::ReadAll;
 
 const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
 const std::vector<std::string> kConfigs = {"z3_fp32", "z3_bf16", "z3_fp32_odd"};
@@ -340,6 +344,52 @@ TEST(Zero3RefusalTest, RefusesTargetsItCannotProduce) {
   Result<OutputPlan> other =
       Adapter().PlanReshard(*zero12, Tag("z1_fp32", "dp2"), Topology{2, 1, 1, 2, 0});
   EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+}
+
+// UCP_MODE=atoms: with every rank's share of the store written and the framework's files gone,
+// the index read from the store alone plans the same files (same bytes) as the tag as saved: the
+// ZeRO-3 plans read nothing but atoms and carried files (every rank's model states).
+TEST(Zero3AtomsStoreTest, ReshardsFromTheStoreAlone) {
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string tag = dir.path() + "/global_step5";
+  fs::copy(Tag("z3_fp32_odd", "dp4"), tag);
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag)) {
+    fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
+  }
+  const std::string saved = dir.path() + "/saved/global_step5";
+  Reshard(tag, 2, saved);
+  {
+    Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    const std::string path = tag + "/" + std::string(kAtomIndexRelativePath);
+    ASSERT_TRUE(index->Write(path).ok());
+    Result<FileDigest> digest = HashFile(path);
+    ASSERT_TRUE(digest.ok());
+    for (uint32_t rank = 0; rank < 4; ++rank) {
+      const Status written = WriteStoreShare(*index, digest->xxh3, tag, rank, NoSync());
+      ASSERT_TRUE(written.ok()) << written.ToString();
+      Result<bool> finalized = FinalizeStore(tag, digest->xxh3);
+      ASSERT_TRUE(finalized.ok()) << finalized.status().ToString();
+      EXPECT_EQ(*finalized, rank == 3);
+    }
+  }
+  for (const std::string& name : FileNames(tag)) fs::remove(tag + "/" + name);
+  Result<AtomIndex> index = AtomIndex::Read(tag + "/" + std::string(kAtomIndexRelativePath));
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  Result<std::optional<AtomIndex>> store = ReadableSources(*index, tag);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE(store->has_value());
+  Result<OutputPlan> plan = Adapter().PlanReshard(**store, tag, Topology{2, 1, 1, 2, 0});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::string served = dir.path() + "/served";
+  fs::create_directories(served);
+  const Status status = ExecutePlan(*plan, **store, tag, served, NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_EQ(FileNames(served), FileNames(saved));
+  for (const std::string& name : FileNames(saved)) {
+    EXPECT_TRUE(ReadAll(served + "/" + name) == ReadAll(saved + "/" + name)) << name;
+  }
 }
 
 class Zero3BadInputTest : public ::testing::Test {
