@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 using pickle::Kind;
 using pickle::Value;
 
+constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
+
 std::string Prefix(const std::string& where) { return "deepspeed: " + where + ": "; }
 
 std::string ModelStatesName(uint32_t mp) {

@@ -22,8 +22,6 @@
 
 namespace ucp::hooks::deepspeed {
 
-// Bounds the per-rank file lists a (possibly corrupt) dp_world_size makes.
-inline constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
 // Roles of the index's files and carried objects.
 inline constexpr std::string_view kModelRole = "model_states";
 inline constexpr std::string_view kOptimRole = "optim_states";
@@ -89,7 +87,8 @@ std::string TagName(const std::string& tag_dir);
 // last).
 Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
                                                   const std::string& name, bool present);
-// dp_world_size of a model-states file, kCorrupt outside [1, kMaxDpWorldSize].
+// dp_world_size of a model-states file, kCorrupt outside [1, 2^24] (bounding the per-rank file
+// lists a corrupt value would make).
 Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states);
 // Whether the optimizer files of the save are bf16_ ones (engine._get_zero_ckpt_name: exactly
 // when the config enables bf16, as "bf16" or the older "bfloat16" {"enabled": ...}); the config

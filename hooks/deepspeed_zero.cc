@@ -32,7 +32,6 @@ using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
-using deepspeed::kMaxDpWorldSize;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;

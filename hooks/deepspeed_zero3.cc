@@ -28,7 +28,6 @@ using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
-using deepspeed::kMaxDpWorldSize;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -439,7 +438,11 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     const size_t pg = flat["param_group"].get<size_t>();
     const size_t count = flat["params"].get<size_t>();
-    if (pg >= c.groups.size() || count > c.groups[pg].params.size() - taken[pg]) return bad();
+    // Flat groups come in parameter-group order, each group's parameters in order.
+    if (pg >= c.groups.size() || count > c.groups[pg].params.size() - taken[pg] ||
+        (!facts.flat_group_of.empty() && pg < facts.flat_group_of.back())) {
+      return bad();
+    }
     std::vector<std::string> names(c.groups[pg].params.begin() + taken[pg],
                                    c.groups[pg].params.begin() + taken[pg] + count);
     taken[pg] += count;
@@ -979,8 +982,8 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         const std::string key = g == model ? tensor->storage->key : keys.Next();
         UCP_ASSIGN_OR_RETURN(replaced[key],
                              PartitionSegments(index, layout, state, r, ItemSize(tensor->dtype)));
-        UCP_ASSIGN_OR_RETURN(*slot, TensorLike(out.graph, *tensor, key,
-                                                          {layout.partition}, layout.partition));
+        UCP_ASSIGN_OR_RETURN(
+            *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
       }
       new_states.emplace_back(out.graph.Int(static_cast<int64_t>(g)), group_states);
     }

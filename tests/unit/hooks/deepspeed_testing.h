@@ -2,6 +2,7 @@
 // scratch directories.
 #pragma once
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -16,6 +17,7 @@
 #include "core/io/file.h"
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
+#include "hooks/framework_adapter.h"
 
 namespace ucp::hooks::deepspeed_testing {
 
@@ -100,5 +102,27 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A writable copy of the (read-only) tag directory `source` at `destination`.
+inline void WritableCopy(const std::string& source, const std::string& destination) {
+  namespace fs = std::filesystem;
+  fs::copy(source, destination);
+  for (const fs::directory_entry& entry : fs::directory_iterator(destination)) {
+    fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
+  }
+}
+
+// With file `name` of `tag` replaced by the same-named file of `other_tag`, BuildIndex fails as
+// corrupt, naming the file and `field`.
+inline void ExpectFileOfAnotherSaveNamed(const FrameworkAdapter& adapter, const std::string& tag,
+                                         const std::string& other_tag, const std::string& name,
+                                         const std::string& field) {
+  std::filesystem::copy_file(other_tag + "/" + name, tag + "/" + name,
+                             std::filesystem::copy_options::overwrite_existing);
+  const Status status = adapter.BuildIndex(tag, {}).status();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt) << status.ToString();
+  EXPECT_THAT(status.message(), ::testing::HasSubstr(name));
+  EXPECT_THAT(status.message(), ::testing::HasSubstr(field));
+}
 
 }  // namespace ucp::hooks::deepspeed_testing

@@ -24,6 +24,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -31,6 +32,7 @@ using deepspeed_testing::SegmentBytes;
 using deepspeed_testing::TempDir;
 using deepspeed_testing::TensorBytes;
 using deepspeed_testing::TensorMeta;
+using deepspeed_testing::WritableCopy;
 using ::testing::HasSubstr;
 using ucp::testing::ReadAll;
 
@@ -353,10 +355,7 @@ TEST(Zero3AtomsStoreTest, ReshardsFromTheStoreAlone) {
   const TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   const std::string tag = dir.path() + "/global_step5";
-  fs::copy(Tag("z3_fp32_odd", "dp4"), tag);
-  for (const fs::directory_entry& entry : fs::directory_iterator(tag)) {
-    fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
-  }
+  WritableCopy(Tag("z3_fp32_odd", "dp4"), tag);
   const std::string saved = dir.path() + "/saved/global_step5";
   Reshard(tag, 2, saved);
   {
@@ -397,10 +396,7 @@ class Zero3BadInputTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_FALSE(dir_.path().empty());
     tag_ = dir_.path() + "/global_step5";
-    fs::copy(Tag("z3_fp32_odd", "dp4"), tag_);
-    for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
-      fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
-    }
+    WritableCopy(Tag("z3_fp32_odd", "dp4"), tag_);
   }
 
   Status Build() { return Adapter().BuildIndex(tag_, {}).status(); }
@@ -424,23 +420,13 @@ TEST_F(Zero3BadInputTest, MissingRankFilesAreNotFoundNamingThem) {
 }
 
 TEST_F(Zero3BadInputTest, RankFileOfAnotherDpSizeNamesFileAndField) {
-  const std::string name = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
-  fs::copy_file(Tag("z3_fp32_odd", "dp2") + "/" + name, tag_ + "/" + name,
-                fs::copy_options::overwrite_existing);
-  const Status status = Build();
-  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
-  EXPECT_THAT(status.message(), HasSubstr(name));
-  EXPECT_THAT(status.message(), HasSubstr("partition_count"));
+  ExpectFileOfAnotherSaveNamed(Adapter(), tag_, Tag("z3_fp32_odd", "dp2"),
+                               "zero_pp_rank_1_mp_rank_00_optim_states.pt", "partition_count");
 }
 
 TEST_F(Zero3BadInputTest, OptimizerFileOfAnotherStageNamesFileAndField) {
-  const std::string name = "zero_pp_rank_3_mp_rank_00_optim_states.pt";
-  fs::copy_file(Tag("z2_fp32_odd", "dp4") + "/" + name, tag_ + "/" + name,
-                fs::copy_options::overwrite_existing);
-  const Status status = Build();
-  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
-  EXPECT_THAT(status.message(), HasSubstr(name));
-  EXPECT_THAT(status.message(), HasSubstr("zero_stage"));
+  ExpectFileOfAnotherSaveNamed(Adapter(), tag_, Tag("z2_fp32_odd", "dp4"),
+                               "zero_pp_rank_3_mp_rank_00_optim_states.pt", "zero_stage");
 }
 
 TEST_F(Zero3BadInputTest, ExtraRankFileIsAFileOfAnotherSave) {

@@ -27,6 +27,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -35,6 +36,7 @@ using deepspeed_testing::StorageKey;
 using deepspeed_testing::TempDir;
 using deepspeed_testing::TensorBytes;
 using deepspeed_testing::TensorMeta;
+using deepspeed_testing::WritableCopy;
 using ::testing::HasSubstr;
 
 const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
@@ -453,10 +455,7 @@ class DeepSpeedBadInputTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
     tag_ = dir_ + "/global_step5";
-    fs::copy(Tag("z1_fp32_odd", "dp4"), tag_);
-    for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
-      fs::permissions(entry.path(), fs::perms::owner_read | fs::perms::owner_write);
-    }
+    WritableCopy(Tag("z1_fp32_odd", "dp4"), tag_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -484,23 +483,13 @@ TEST_F(DeepSpeedBadInputTest, TruncatedFileNamesIt) {
 }
 
 TEST_F(DeepSpeedBadInputTest, RankFileOfAnotherDpSizeNamesFileAndField) {
-  const std::string name = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
-  fs::copy_file(Tag("z1_fp32_odd", "dp2") + "/" + name, tag_ + "/" + name,
-                fs::copy_options::overwrite_existing);
-  const Status status = Build();
-  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
-  EXPECT_THAT(status.message(), HasSubstr(name));
-  EXPECT_THAT(status.message(), HasSubstr("partition_count"));
+  ExpectFileOfAnotherSaveNamed(Adapter(), tag_, Tag("z1_fp32_odd", "dp2"),
+                               "zero_pp_rank_1_mp_rank_00_optim_states.pt", "partition_count");
 }
 
 TEST_F(DeepSpeedBadInputTest, RankFileOfAnotherZeroStageNamesFileAndField) {
-  const std::string name = "zero_pp_rank_3_mp_rank_00_optim_states.pt";
-  fs::copy_file(Tag("z2_fp32_odd", "dp4") + "/" + name, tag_ + "/" + name,
-                fs::copy_options::overwrite_existing);
-  const Status status = Build();
-  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
-  EXPECT_THAT(status.message(), HasSubstr(name));
-  EXPECT_THAT(status.message(), HasSubstr("zero_stage"));
+  ExpectFileOfAnotherSaveNamed(Adapter(), tag_, Tag("z2_fp32_odd", "dp4"),
+                               "zero_pp_rank_3_mp_rank_00_optim_states.pt", "zero_stage");
 }
 
 TEST_F(DeepSpeedBadInputTest, ExtraRankFileIsAFileOfAnotherSave) {
