@@ -197,6 +197,10 @@ ServeDecision ViewServer::Resolve(std::string_view path) {
   return {};
 }
 
+bool ViewServer::MayServeFileName(std::string_view file_name) {
+  return options_.layouts->MayMatchFileName(file_name);
+}
+
 std::optional<ListingChange> ViewServer::ChangeListing(std::string_view dir) {
   if (dir.find("/.ucp") != std::string_view::npos || !options_.roots.Contains(dir)) {
     return std::nullopt;

@@ -28,6 +28,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Dp;
 using testing::FilesIn;
 using testing::FixtureTag;
 using ::testing::HasSubstr;
@@ -38,8 +39,6 @@ using ucp::testing::ReadAll;
 using ucp::testing::ScratchDirectory;
 
 const DeepSpeedZeroAdapter kAdapter;
-
-Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
 
 ExecuteOptions OneThread() {
   ExecuteOptions options;

@@ -55,6 +55,9 @@ inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& ta
   return digest.ok() ? digest->xxh3 : 0;
 }
 
+// Data parallelism alone at `dp` ranks.
+inline Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
+
 // The committed index of `tag_dir`.
 inline std::shared_ptr<const AtomIndex> ReadIndex(const std::string& tag_dir) {
   Result<AtomIndex> index = AtomIndex::Read(tag_dir + "/" + std::string(kAtomIndexRelativePath));

@@ -153,6 +153,11 @@ TEST_F(ViewServerTest, UnrelatedPathsAndOtherDirectoriesPassThrough) {
   EXPECT_EQ(server.Resolve("/usr/lib/python3/dist-packages/torch/__init__.py").kind,
             Kind::kPassThrough);
   EXPECT_EQ(server.Resolve(tag_ + "/notes.txt").kind, Kind::kPassThrough);
+  // The file-name pre-check the interposer makes before it computes an absolute path.
+  EXPECT_FALSE(server.MayServeFileName("notes.txt"));
+  EXPECT_FALSE(server.MayServeFileName("__init__.py"));
+  EXPECT_TRUE(server.MayServeFileName(Optim(1)));
+  EXPECT_TRUE(server.MayServeFileName(kModel));
   EXPECT_EQ(server.ChangeListing(scratch_.string()), std::nullopt);
   EXPECT_FALSE(fs::exists(tag_ + "/.ucp/views"));
 }
