@@ -25,7 +25,8 @@ Result<Tag> SavedIndex(const std::string& dir) {
           .name = SplitPath(dir).second,
           .adapter = adapter,
           .index = over_store ? std::move(*over_store) : std::move(index),
-          .saved_index = true};
+          .saved_index = true,
+          .from_store = over_store.has_value()};
   return tag;
 }
 

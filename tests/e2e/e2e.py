@@ -312,6 +312,8 @@ def case_atoms(cli, lib, work):
     out = ucp(cli, "verify", tag_dir)
     check(f"{len(framework)} removed, served from the atoms store" in out, f"ucp verify: {out}")
     print(f"ucp verify: {out.splitlines()[-1]}")
+    out = ucp(cli, "inspect", tag_dir)
+    check("read from its atoms store" in out.splitlines()[1], f"ucp inspect: {out}")
     damaged = os.path.join(tag_dir, ".ucp", "atoms", "fp32", "model.safetensors")
     with open(damaged, "r+b") as f:
         f.seek(-1, os.SEEK_END)
