@@ -306,6 +306,7 @@ void AtomsMaterializer::OnFileSaved(const SavedFileEvent& event) noexcept {
 
 void AtomsMaterializer::Drain(std::chrono::steady_clock::time_point deadline) noexcept {
   std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = std::chrono::steady_clock::now();
   if (wake_.wait_until(lock, deadline, [this] { return jobs_.empty() && !busy_; })) return;
   UCP_LOG_WARN("atoms: teardown deadline reached; {} tag(s) left without this process's share",
                jobs_.size());
@@ -328,15 +329,25 @@ void AtomsMaterializer::Run() {
     wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     if (stopping_) return;
     const std::map<std::string, Job> jobs = jobs_;
+    const std::optional<std::chrono::steady_clock::time_point> draining = draining_;
     busy_ = true;
     lock.unlock();
     std::vector<std::pair<std::string, uint64_t>> finished;  // tag, generation attempted
     for (const auto& [tag_dir, job] : jobs) {
       if (Attempt(tag_dir, job) == Outcome::kDone) {
         finished.emplace_back(tag_dir, job.generation);
-      } else if (std::chrono::steady_clock::now() >= job.give_up) {
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= job.give_up) {
         UCP_LOG_WARN("atoms: {}: gave up after {} ms waiting for an index of this save; no share",
                      tag_dir, options_.wait.count());
+        finished.emplace_back(tag_dir, job.generation);
+      } else if (draining && now >= *draining + options_.wait_at_exit) {
+        UCP_LOG_WARN(
+            "atoms: {}: exiting, and no index of this save appeared within {} ms; no "
+            "share",
+            tag_dir, options_.wait_at_exit.count());
         finished.emplace_back(tag_dir, job.generation);
       }
     }

@@ -263,5 +263,22 @@ TEST(AtomsMaterializerTest, EveryProcessWritesItsShareOnceTheIndexCoversItsFiles
   EXPECT_TRUE(recorded->contents().store.has_value());
 }
 
+TEST(AtomsMaterializerTest, ExitDoesNotWaitForAnIndexThatNeverComes) {
+  const fs::path scratch = ScratchDirectory("atoms_store");
+  const std::string tag = (scratch / "global_step5").string();
+  fs::create_directories(tag);
+  AtomsMaterializerOptions options;
+  options.poll = std::chrono::milliseconds(10);
+  options.wait_at_exit = std::chrono::milliseconds(200);
+  AtomsMaterializer process(options);
+  process.OnFileSaved({"deepspeed", tag, "zero_pp_rank_1_mp_rank_00_optim_states.pt", 10, 1});
+  // Drain's own deadline is far; the job gives up wait_at_exit after Drain was called.
+  const auto start = std::chrono::steady_clock::now();
+  process.Drain(start + std::chrono::minutes(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::minutes(1));
+  EXPECT_EQ(process.shares_written(), 0u);
+  EXPECT_FALSE(fs::exists(tag + "/.ucp/atoms"));
+}
+
 }  // namespace
 }  // namespace ucp::hooks
