@@ -31,10 +31,6 @@ std::string StorePathOf(const std::string& tag_dir) {
   return tag_dir + "/" + std::string(kStoreDirectory);
 }
 
-std::string IndexPathOf(const std::string& tag_dir) {
-  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
-}
-
 std::string MarkerName(uint32_t rank, uint32_t world) {
   return "done." + std::to_string(rank) + "-of-" + std::to_string(world) + ".json";
 }
@@ -87,9 +83,10 @@ Result<std::optional<WrittenFiles>> ReadMarkers(const std::string& store, uint32
   for (uint32_t rank = 0; rank < world; ++rank) {
     const std::string path = store + "/" + MarkerName(rank, world);
     Result<std::string> text = ReadSmallFile(path, kMaxMarkerBytes);
-    if (!text.ok() && text.status().code() == StatusCode::kNotFound)
-      return std::optional<WrittenFiles>();
-    if (!text.ok()) return text.status();
+    if (!text.ok()) {
+      if (text.status().code() == StatusCode::kNotFound) return std::optional<WrittenFiles>();
+      return text.status();
+    }
     const nlohmann::json marker = nlohmann::json::parse(*text, nullptr, false);
     const auto corrupt = [&](const std::string& what) {
       return Status::Corrupt("atoms store: done marker " + path + ": " + what);
@@ -228,7 +225,7 @@ Status WriteStoreShare(const AtomIndex& index, uint64_t index_xxh3, const std::s
 
 Result<bool> FinalizeStore(const std::string& tag_dir, uint64_t index_xxh3) {
   UCP_ASSIGN_OR_RETURN(const FileLock lock, FileLock::Acquire(IndexLockPath(tag_dir)));
-  const std::string index_path = IndexPathOf(tag_dir);
+  const std::string index_path = AtomIndexPath(tag_dir);
   Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
   if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return false;
   if (!bytes.ok()) return bytes.status();
@@ -363,7 +360,7 @@ void AtomsMaterializer::Run() {
 }
 
 AtomsMaterializer::Outcome AtomsMaterializer::Attempt(const std::string& tag_dir, const Job& job) {
-  const std::string index_path = IndexPathOf(tag_dir);
+  const std::string index_path = AtomIndexPath(tag_dir);
   Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) return Outcome::kWaiting;

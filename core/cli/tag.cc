@@ -32,9 +32,7 @@ Result<Tag> SavedIndex(const std::string& dir) {
 
 }  // namespace
 
-std::string IndexPath(const std::string& tag_dir) {
-  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
-}
+std::string IndexPath(const std::string& tag_dir) { return AtomIndexPath(tag_dir); }
 
 Result<Tag> OpenTag(const std::string& given, const hooks::IndexOptions& options,
                     bool use_saved_index) {

@@ -127,7 +127,7 @@ class IndexBuilderTest : public ::testing::Test {
     return others;
   }
 
-  std::string IndexPath() const { return tag_ + "/" + std::string(kAtomIndexRelativePath); }
+  std::string IndexPath() const { return AtomIndexPath(tag_); }
 
   // What the adapter itself makes of the tag now, as `ucp index` would write it.
   std::string AdapterIndex() const {
