@@ -31,10 +31,6 @@ std::string StorePathOf(const std::string& tag_dir) {
   return tag_dir + "/" + std::string(kStoreDirectory);
 }
 
-std::string IndexPathOf(const std::string& tag_dir) {
-  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
-}
-
 std::string MarkerName(uint32_t rank, uint32_t world) {
   return "done." + std::to_string(rank) + "-of-" + std::to_string(world) + ".json";
 }
@@ -87,9 +83,10 @@ Result<std::optional<WrittenFiles>> ReadMarkers(const std::string& store, uint32
   for (uint32_t rank = 0; rank < world; ++rank) {
     const std::string path = store + "/" + MarkerName(rank, world);
     Result<std::string> text = ReadSmallFile(path, kMaxMarkerBytes);
-    if (!text.ok() && text.status().code() == StatusCode::kNotFound)
-      return std::optional<WrittenFiles>();
-    if (!text.ok()) return text.status();
+    if (!text.ok()) {
+      if (text.status().code() == StatusCode::kNotFound) return std::optional<WrittenFiles>();
+      return text.status();
+    }
     const nlohmann::json marker = nlohmann::json::parse(*text, nullptr, false);
     const auto corrupt = [&](const std::string& what) {
       return Status::Corrupt("atoms store: done marker " + path + ": " + what);
@@ -228,7 +225,7 @@ Status WriteStoreShare(const AtomIndex& index, uint64_t index_xxh3, const std::s
 
 Result<bool> FinalizeStore(const std::string& tag_dir, uint64_t index_xxh3) {
   UCP_ASSIGN_OR_RETURN(const FileLock lock, FileLock::Acquire(IndexLockPath(tag_dir)));
-  const std::string index_path = IndexPathOf(tag_dir);
+  const std::string index_path = AtomIndexPath(tag_dir);
   Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
   if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return false;
   if (!bytes.ok()) return bytes.status();
@@ -306,6 +303,7 @@ void AtomsMaterializer::OnFileSaved(const SavedFileEvent& event) noexcept {
 
 void AtomsMaterializer::Drain(std::chrono::steady_clock::time_point deadline) noexcept {
   std::unique_lock<std::mutex> lock(mutex_);
+  draining_ = std::chrono::steady_clock::now();
   if (wake_.wait_until(lock, deadline, [this] { return jobs_.empty() && !busy_; })) return;
   UCP_LOG_WARN("atoms: teardown deadline reached; {} tag(s) left without this process's share",
                jobs_.size());
@@ -328,15 +326,25 @@ void AtomsMaterializer::Run() {
     wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     if (stopping_) return;
     const std::map<std::string, Job> jobs = jobs_;
+    const std::optional<std::chrono::steady_clock::time_point> draining = draining_;
     busy_ = true;
     lock.unlock();
     std::vector<std::pair<std::string, uint64_t>> finished;  // tag, generation attempted
     for (const auto& [tag_dir, job] : jobs) {
       if (Attempt(tag_dir, job) == Outcome::kDone) {
         finished.emplace_back(tag_dir, job.generation);
-      } else if (std::chrono::steady_clock::now() >= job.give_up) {
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= job.give_up) {
         UCP_LOG_WARN("atoms: {}: gave up after {} ms waiting for an index of this save; no share",
                      tag_dir, options_.wait.count());
+        finished.emplace_back(tag_dir, job.generation);
+      } else if (draining && now >= *draining + options_.wait_at_exit) {
+        UCP_LOG_WARN(
+            "atoms: {}: exiting, and no index of this save appeared within {} ms; no "
+            "share",
+            tag_dir, options_.wait_at_exit.count());
         finished.emplace_back(tag_dir, job.generation);
       }
     }
@@ -352,7 +360,7 @@ void AtomsMaterializer::Run() {
 }
 
 AtomsMaterializer::Outcome AtomsMaterializer::Attempt(const std::string& tag_dir, const Job& job) {
-  const std::string index_path = IndexPathOf(tag_dir);
+  const std::string index_path = AtomIndexPath(tag_dir);
   Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) return Outcome::kWaiting;

@@ -87,6 +87,10 @@ struct AtomsMaterializerOptions {
   // The longest a tag waits for the index that covers this process's files.
   std::chrono::milliseconds wait{std::chrono::minutes(10)};
   std::chrono::milliseconds poll{100};
+  // Once Drain is called, how much longer a tag still waiting for its index may wait: the index
+  // of a save that finished lands within a second, and a job whose index never comes (its build
+  // failed, or the framework has no adapter) must not hold the process's exit to Drain's deadline.
+  std::chrono::milliseconds wait_at_exit{std::chrono::seconds(30)};
   // Executor threads for this process's share: a background job beside the training.
   unsigned threads = 1;
 };
@@ -113,7 +117,8 @@ class AtomsMaterializer final : public CommitListener {
   void OnFileSaved(const SavedFileEvent& event) noexcept override;
 
   // Waits until every job has finished or given up, or `deadline` passed (then they are
-  // abandoned: their stores stay incomplete, and their indexes without a store).
+  // abandoned: their stores stay incomplete, and their indexes without a store). A job still
+  // waiting for its index gives up options.wait_at_exit after the call.
   void Drain(std::chrono::steady_clock::time_point deadline) noexcept;
 
   // Shares this process wrote, for tests and logs.
@@ -140,6 +145,7 @@ class AtomsMaterializer final : public CommitListener {
   std::map<std::string, Job> jobs_;
   bool busy_ = false;
   bool stopping_ = false;
+  std::optional<std::chrono::steady_clock::time_point> draining_;  // when Drain was called
   uint64_t shares_written_ = 0;
   std::thread worker_;
 };

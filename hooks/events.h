@@ -95,6 +95,14 @@ class ServePolicy {
   // when this returns (it is built before returning, if it must be built).
   virtual ServeDecision Resolve(std::string_view path) = 0;
 
+  // A cheap test on the last component of a path about to be resolved, made before ucp computes
+  // the absolute path: false promises that Resolve would pass it through, so the open or stat of
+  // an ordinary relative path costs no getcwd.
+  virtual bool MayServeFileName(std::string_view file_name) {
+    static_cast<void>(file_name);
+    return true;
+  }
+
   // The host is opening directory `dir` for listing (opendir/fdopendir). nullopt: the real
   // listing. Consistent with Resolve: an added name resolves to kSubstitute, a hidden one to
   // kAbsent.

@@ -28,10 +28,6 @@ int64_t WallTimeNs() {
   return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
 }
 
-std::string IndexPathOf(const std::string& tag_dir) {
-  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
-}
-
 // The time after which a journal record belongs to this save: that of the tag's previous commit
 // record. This save's own record is the newest one this process appended before OnCommit ran
 // (the tracker journals a commit before telling its listeners); when it is missing (its append
@@ -94,7 +90,7 @@ std::string Joined(const std::vector<std::string>& names) {
 
 // An index.json of an earlier save describes other bytes than the tag now holds.
 void RemoveStaleIndex(const std::string& tag_dir) {
-  const std::string path = IndexPathOf(tag_dir);
+  const std::string path = AtomIndexPath(tag_dir);
   if (::unlink(path.c_str()) != 0) {
     if (errno != ENOENT) UCP_LOG_WARN("index: remove stale {}: errno {}", path, errno);
     return;
@@ -254,7 +250,7 @@ bool IndexBuilder::Build(const Pending& pending) {
       return false;
     }
   }
-  const std::string path = IndexPathOf(tag_dir);
+  const std::string path = AtomIndexPath(tag_dir);
   Result<FileLock> lock = FileLock::Acquire(IndexLockPath(tag_dir));
   if (!lock.ok()) {
     UCP_LOG_WARN("index: {}; not indexed", lock.status().message());

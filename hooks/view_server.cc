@@ -89,7 +89,7 @@ struct ViewServer::TagState {
 ViewServer::ViewServer(ViewServerOptions options) : options_(std::move(options)) {}
 
 std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag_dir) {
-  const std::string index_path = tag_dir + "/" + std::string(kAtomIndexRelativePath);
+  const std::string index_path = AtomIndexPath(tag_dir);
   struct stat info;
   if (::stat(index_path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return nullptr;
   const IndexIdentity identity = IndexIdentity::Of(info);
@@ -195,6 +195,10 @@ ServeDecision ViewServer::Resolve(std::string_view path) {
   }
   if (state->source_files.contains(name_text)) return {ServeDecision::Kind::kAbsent, {}};
   return {};
+}
+
+bool ViewServer::MayServeFileName(std::string_view file_name) {
+  return options_.layouts->MayMatchFileName(file_name);
 }
 
 std::optional<ListingChange> ViewServer::ChangeListing(std::string_view dir) {

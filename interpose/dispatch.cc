@@ -56,14 +56,30 @@ void ForgetStale(int fd, hooks::SaveObserver* observer) {
   if (observer != nullptr) Guarded("OnClose", [&] { observer->OnClose(fd); });
 }
 
-// The observer's cheap verdict on the last component of `path` as the host spelled it. A path
-// whose last component is empty, "." or ".." is decided on its absolute form instead.
-bool MayTrack(hooks::SaveObserver* observer, const char* path) {
+// The last component of `path` as the host spelled it, or nullopt when it is empty, "." or "..":
+// such a path is decided on its absolute form instead.
+std::optional<std::string_view> DecisiveFileName(const char* path) {
   const std::string_view spelled(path);
   const std::string_view file_name = spelled.substr(spelled.rfind('/') + 1);
-  if (file_name.empty() || file_name == "." || file_name == "..") return true;
+  if (file_name.empty() || file_name == "." || file_name == "..") return std::nullopt;
+  return file_name;
+}
+
+// The observer's cheap verdict on the last component of `path` as the host spelled it.
+bool MayTrack(hooks::SaveObserver* observer, const char* path) {
+  const std::optional<std::string_view> file_name = DecisiveFileName(path);
+  if (!file_name) return true;
   bool may = true;
-  Guarded("MayTrackFileName", [&] { may = observer->MayTrackFileName(file_name); });
+  Guarded("MayTrackFileName", [&] { may = observer->MayTrackFileName(*file_name); });
+  return may;
+}
+
+// The policy's cheap verdict, as MayTrack's.
+bool MayServe(hooks::ServePolicy* policy, const char* path) {
+  const std::optional<std::string_view> file_name = DecisiveFileName(path);
+  if (!file_name) return true;
+  bool may = true;
+  Guarded("MayServeFileName", [&] { may = policy->MayServeFileName(*file_name); });
   return may;
 }
 
@@ -229,6 +245,7 @@ bool MayServe() noexcept { return hooks::GetServePolicy() != nullptr; }
 hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept {
   hooks::ServePolicy* policy = hooks::GetServePolicy();
   if (policy == nullptr) return {};
+  if (!MayServe(policy, path)) return {};
   const int saved_errno = errno;
   hooks::ServeDecision decision;
   const std::string absolute = AbsolutePath(dirfd, path);

@@ -10,6 +10,7 @@
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
 #include "core/cli/topology_spec.h"
+#include "hooks/atoms_store.h"
 
 namespace ucp::cli {
 namespace {
@@ -35,8 +36,15 @@ int InspectTag(const std::string& dir, bool json) {
   Result<Tag> tag = OpenTag(dir, hooks::IndexOptions{}, /*use_saved_index=*/true);
   if (!tag.ok()) return PrintError("inspect", tag.status(), kExitInput);
   const AtomIndexContents& contents = tag->index.contents();
+  // Over an atoms store, the framework files the index still lists are gone: count the store's.
+  const std::string store_prefix = std::string(hooks::kStoreDirectory) + "/";
+  uint64_t file_count = 0;
   uint64_t file_bytes = 0;
-  for (const IndexedFile& file : contents.files) file_bytes += file.size;
+  for (const IndexedFile& file : contents.files) {
+    if (tag->from_store && !file.path.starts_with(store_prefix)) continue;
+    ++file_count;
+    file_bytes += file.size;
+  }
   std::map<std::string, StateTotals> states;
   for (const Atom& atom : contents.atoms) {
     StateTotals& totals = states[atom.state];
@@ -69,6 +77,7 @@ int InspectTag(const std::string& dir, bool json) {
         {"tag_dir", tag->dir},
         {"tag", tag->name},
         {"index", tag->saved_index ? "saved" : "built"},
+        {"sources", tag->from_store ? "atoms store" : "framework files"},
         {"framework", {{"name", contents.framework}, {"version", contents.framework_version}}},
         {"adapter", {{"name", contents.adapter}, {"schema", contents.adapter_schema}}},
         {"topology",
@@ -77,7 +86,7 @@ int InspectTag(const std::string& dir, bool json) {
           {"pp", t.pp},
           {"world", t.world},
           {"zero_stage", t.zero_stage}}},
-        {"files", {{"count", contents.files.size()}, {"bytes", file_bytes}}},
+        {"files", {{"count", file_count}, {"bytes", file_bytes}}},
         {"groups", std::move(groups)},
         {"states", std::move(state_json)},
         {"atoms", std::move(atoms)}};
@@ -88,8 +97,11 @@ int InspectTag(const std::string& dir, bool json) {
   std::cout << tag->dir << ": " << contents.framework << " " << contents.framework_version
             << " (adapter " << contents.adapter << " schema " << contents.adapter_schema << "), "
             << TopologyText(contents.topology) << "\n";
-  std::cout << "files: " << contents.files.size() << ", " << HumanBytes(file_bytes) << " (index "
-            << (tag->saved_index ? "saved in the tag" : "built now") << ")\n";
+  std::cout << "files: " << file_count << ", " << HumanBytes(file_bytes) << " (index "
+            << (tag->saved_index ? "saved in the tag" : "built now")
+            << (tag->from_store ? "; the framework's files are gone, read from its atoms store"
+                                : "")
+            << ")\n";
   for (size_t g = 0; g < contents.groups.size(); ++g) {
     const ParamGroup& group = contents.groups[g];
     std::cout << "group " << g << ": " << group.params.size() << " params, "

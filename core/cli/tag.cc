@@ -25,15 +25,14 @@ Result<Tag> SavedIndex(const std::string& dir) {
           .name = SplitPath(dir).second,
           .adapter = adapter,
           .index = over_store ? std::move(*over_store) : std::move(index),
-          .saved_index = true};
+          .saved_index = true,
+          .from_store = over_store.has_value()};
   return tag;
 }
 
 }  // namespace
 
-std::string IndexPath(const std::string& tag_dir) {
-  return tag_dir + "/" + std::string(kAtomIndexRelativePath);
-}
+std::string IndexPath(const std::string& tag_dir) { return AtomIndexPath(tag_dir); }
 
 Result<Tag> OpenTag(const std::string& given, const hooks::IndexOptions& options,
                     bool use_saved_index) {

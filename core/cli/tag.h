@@ -17,6 +17,7 @@ struct Tag {
   const hooks::FrameworkAdapter* adapter = nullptr;
   AtomIndex index;
   bool saved_index = false;  // index read from <dir>/.ucp/index.json
+  bool from_store = false;   // the framework's files are gone: `index` reads the atoms store
 };
 
 // <tag_dir>/.ucp/index.json

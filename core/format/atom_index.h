@@ -79,6 +79,10 @@ inline constexpr std::string_view kStoreAtomsRole = "ucp-atoms";
 inline constexpr std::string_view kStoreCopyRole = "ucp-copy";
 // Where the index of a tag lives, relative to the tag directory.
 inline constexpr std::string_view kAtomIndexRelativePath = ".ucp/index.json";
+// "<tag_dir>/.ucp/index.json".
+inline std::string AtomIndexPath(std::string_view tag_dir) {
+  return std::string(tag_dir) + "/" + std::string(kAtomIndexRelativePath);
+}
 
 // The parallel layout a checkpoint was written with (or is wanted in).
 struct Topology {

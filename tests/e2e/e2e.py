@@ -25,7 +25,8 @@ Usage: e2e.py UCP_CLI LIBUCP WORK CASE [ARGS]
                        framework's .pt files are deleted, and resumes at 2 and at 4 ranks under
                        the preload, served from the store alone, continue with the
                        uninterrupted losses and load, bit for bit, the state a plain load of
-                       `ucp reshard` of the tag as saved gives.
+                       `ucp reshard` of the tag as saved gives; `ucp verify` passes on the store,
+                       and fails naming the file once a byte of it is flipped.
   layout FIXTURES      the trainer's checkpoints against real DeepSpeed's (FIXTURES = the
                        fixtures/deepspeed folder: z2_fp32 at 4 and 2 ranks, z2_fp32_odd at 4, all
                        saved at step 5 by DeepSpeed v0.14.5 with this model and configuration): the
@@ -308,6 +309,21 @@ def case_atoms(cli, lib, work):
                        f"resume at {n} ranks from the atoms store alone")
         compare_dumps(dump, offline[n], n,
                       f"resume at {n} ranks from the atoms store vs ucp reshard of the tag as saved")
+    out = ucp(cli, "verify", tag_dir)
+    check(f"{len(framework)} removed, served from the atoms store" in out, f"ucp verify: {out}")
+    print(f"ucp verify: {out.splitlines()[-1]}")
+    out = ucp(cli, "inspect", tag_dir)
+    check("read from its atoms store" in out.splitlines()[1], f"ucp inspect: {out}")
+    damaged = os.path.join(tag_dir, ".ucp", "atoms", "fp32", "model.safetensors")
+    with open(damaged, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    result = subprocess.run([cli, "verify", tag_dir], capture_output=True, text=True)
+    check(result.returncode == 3 and ".ucp/atoms/fp32/model.safetensors: xxh3" in result.stdout,
+          f"ucp verify of a damaged store: rc {result.returncode}: {result.stdout}{result.stderr}")
+    print("ucp verify of the store with one byte flipped: names .ucp/atoms/fp32/model.safetensors")
 
 
 def case_layout(cli, lib, work, fixtures):

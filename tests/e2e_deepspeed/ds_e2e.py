@@ -16,6 +16,11 @@ across DP sizes). One CTest test per step, sharing WORK/<config>:
               served files must be the bytes `ucp reshard --to dp=2` writes.
   refusal     the same DP=2 resume without the preload must fail with DeepSpeed's own error
               ("The checkpoint being loaded used a DP world size of 4 ...").
+  atoms       DP=4 under the preload with UCP_MODE=atoms, steps 1..SAVE_AT: DeepSpeed's files
+              byte for byte those of the run without the preload, and the index records a
+              complete atoms store; then DeepSpeed's .pt files are deleted and the plain DP=2
+              resume under the preload, served from the store alone, must give losses with the
+              same float32 bits as the universal run's.
 
 Usage: ds_e2e.py STEP --config NAME --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
 Exit status 77 (CTest SKIP_RETURN_CODE) with the reason when DeepSpeed v0.14.5 is not importable
@@ -263,6 +268,54 @@ def step_preload(args, env, work):
     print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
 
 
+def step_atoms(args, env, work):
+    ckpt = os.path.join(work, 'ckpt_atoms')
+    shutil.rmtree(ckpt, ignore_errors=True)
+    logs = os.path.join(work, 'logs_atoms')
+    shutil.rmtree(logs, ignore_errors=True)
+    status, seconds, output = launch(
+        args, dict(preload_env(env, args.lib, logs), UCP_MODE='atoms'), SAVE_DP,
+        os.path.join(work, 'atoms_save.log'),
+        ['--steps', str(SAVE_AT), '--save_dir', ckpt, '--save_at', str(SAVE_AT)])
+    if status != 0:
+        fail(f'DeepSpeed DP={SAVE_DP} training with UCP_MODE=atoms exited {status}:\n{output[-3000:]}')
+    tag_dir = os.path.join(ckpt, TAG)
+    framework = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    for name in framework:
+        plain = os.path.join(work, 'ckpt_plain', TAG, name)
+        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
+            fail(f'{name} saved with UCP_MODE=atoms differs from {plain}')
+    with open(os.path.join(tag_dir, '.ucp', 'index.json')) as f:
+        index = json.load(f)
+    if 'store' not in index:
+        fail(f'the index records no atoms store; ucp logs:\n{log_tail(logs)}')
+    store = os.path.join(tag_dir, '.ucp', 'atoms')
+    store_bytes = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(store)
+                      for n in names)
+    framework_bytes = sum(os.path.getsize(os.path.join(tag_dir, n)) for n in framework)
+    print(f'DP={SAVE_DP} save with UCP_MODE=atoms: {seconds:.1f} s; atoms store {store_bytes} bytes '
+          f'beside {framework_bytes} bytes of DeepSpeed files')
+    for name in framework:
+        os.remove(os.path.join(tag_dir, name))
+    logs = os.path.join(work, 'logs_atoms_resume')
+    shutil.rmtree(logs, ignore_errors=True)
+    status, seconds, output = launch(
+        args, preload_env(env, args.lib, logs), RESUME_DP, os.path.join(work, 'atoms_resume.log'),
+        ['--steps', str(STEPS), '--load_dir', ckpt, '--out', os.path.join(work, 'atoms.json')])
+    if status != 0:
+        fail(f'DP={RESUME_DP} resume from the atoms store exited {status}:\n{output[-3000:]}\n'
+             f'ucp logs:\n{log_tail(logs)}')
+    got = losses(os.path.join(work, 'atoms.json'))
+    oracle = losses(os.path.join(work, 'universal.json'))
+    print_losses(f'losses DP={RESUME_DP} from the atoms store alone', got)
+    if {s: float32_bits(v) for s, v in got.items()} != \
+            {s: float32_bits(v) for s, v in oracle.items()}:
+        print_losses(f'losses DP={RESUME_DP} universal', oracle)
+        fail('losses from the atoms store differ from DeepSpeed\'s universal load')
+    print(f'DeepSpeed\'s files deleted; DP={RESUME_DP} resume from the atoms store ({seconds:.1f} s): '
+          f'losses bit-identical to DeepSpeed\'s universal load')
+
+
 def step_refusal(args, env, work):
     status, seconds, output = launch(
         args, env, RESUME_DP, os.path.join(work, 'refusal.log'),
@@ -277,7 +330,7 @@ def step_refusal(args, env, work):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'universal', 'preload', 'refusal'])
+    parser.add_argument('step', choices=['save', 'universal', 'preload', 'refusal', 'atoms'])
     parser.add_argument('--config', choices=sorted(CONFIGS), required=True)
     parser.add_argument('--work', required=True)
     parser.add_argument('--tools', required=True)
@@ -292,7 +345,7 @@ def main():
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')
     {'save': step_save, 'universal': step_universal, 'preload': step_preload,
-     'refusal': step_refusal}[args.step](args, env, work)
+     'refusal': step_refusal, 'atoms': step_atoms}[args.step](args, env, work)
 
 
 if __name__ == '__main__':

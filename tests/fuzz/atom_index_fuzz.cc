@@ -1,5 +1,6 @@
 // Fuzzes the atom index reader: the input is an index document. Whatever Parse accepts must
-// survive a round trip unchanged (ToJson of the re-parsed index is byte-identical).
+// survive a round trip unchanged (ToJson of the re-parsed index is byte-identical), and an index
+// with an atoms store must give a valid index over it.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,5 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const ucp::Atom& atom : index->atoms()) {
     if (index->Find(atom.param, atom.state) != &atom) __builtin_trap();
   }
+  if (index->contents().store && !index->OverStore().ok()) __builtin_trap();
   return 0;
 }

@@ -11,7 +11,8 @@ time, so the background index builds show in the steps that follow a save.
 
 Per run: the mean step and save times, wall and CPU (rank 0's process, all its threads, ucp's
 background index build included), and the job's wall and CPU time (all ranks, launch to exit, which
-under the preload includes waiting for the last index build). CPU time is the figure that holds
+under the preload includes waiting for the last index build). --mode atoms runs the preload with
+UCP_MODE=atoms (every rank also writes its share of each tag's atoms store in the background). CPU time is the figure that holds
 still on a loaded machine. Reported: the mean over runs ± the standard deviation of the run means,
 the difference with/without, and "within noise" when the difference is under twice its standard
 error (sqrt(sd1^2/n + sd2^2/n)). Printed as a markdown table, also written to WORK/results.md.
@@ -75,6 +76,7 @@ def run_once(args, preload, index):
     env = {k: v for k, v in env.items() if not k.startswith('UCP_') and k != 'LD_PRELOAD'}
     if preload:
         env['LD_PRELOAD'] = args.lib
+        env['UCP_MODE'] = args.mode
     os.makedirs(run_dir)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -96,6 +98,11 @@ def run_once(args, preload, index):
     indexed = sum(os.path.isfile(os.path.join(run_dir, 'ckpt', t, '.ucp', 'index.json')) for t in tags)
     if preload and indexed != len(tags):
         raise SystemExit(f'bench_e2e: ucp run {index}: {indexed} of {len(tags)} tags indexed')
+    if preload and args.mode == 'atoms':
+        stored = sum('"store"' in open(os.path.join(run_dir, 'ckpt', t, '.ucp', 'index.json')).read()
+                     for t in tags)
+        if stored != len(tags):
+            raise SystemExit(f'bench_e2e: ucp run {index}: {stored} of {len(tags)} atoms stores')
     if not args.keep:
         shutil.rmtree(os.path.join(run_dir, 'ckpt'))
     figures = {'step wall': statistics.mean(s['seconds'] for s in steps),
@@ -138,11 +145,13 @@ def main():
     parser.add_argument('--nlayer', type=int, default=4)
     parser.add_argument('--vocab', type=int, default=512)
     parser.add_argument('--keep', action='store_true', help='keep the checkpoints')
+    parser.add_argument('--mode', choices=['index', 'atoms'], default='index',
+                        help='UCP_MODE of the runs under the preload')
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     print(f'trainer {args.trainer}, {args.nproc} ranks, {args.steps} steps, a save every '
           f'{args.save_every}, model d={args.d} nlayer={args.nlayer} vocab={args.vocab}, '
-          f'{args.reps} runs each', flush=True)
+          f'{args.reps} runs each, UCP_MODE={args.mode}', flush=True)
     plain, ucp = [], []
     for rep in range(args.reps):
         for preload in ((False, True) if rep % 2 == 0 else (True, False)):
@@ -151,7 +160,7 @@ def main():
     lines = [
         f'Trainer: {args.trainer}, {args.nproc} ranks (gloo, CPU), {args.steps} steps, a save every '
         f'{args.save_every} steps ({saved_mib:.1f} MiB per save), {args.reps} runs each, alternating; '
-        f'rank 0 figures, mean over runs ± sd of the run means.', '',
+        f'UCP_MODE={args.mode}; rank 0 figures, mean over runs ± sd of the run means.', '',
         '| figure | without ucp | with LD_PRELOAD=libucp.so | difference | 2 × std. error | within noise |',
         '| --- | --- | --- | --- | --- | --- |',
         *(summary(plain, ucp, key, 1e3, 'ms') for key in ('step wall', 'step CPU', 'save wall', 'save CPU')),

@@ -10,7 +10,7 @@
 # output name is also ucp, so the library is asked for by its file name).
 # Env: REPS (runs each, default 3), NPROC (ranks, default 2), STEPS (default 24), SAVE_EVERY
 # (default 4), UCP_BENCH_DIR (scratch, default /tmp/ucp-bench-e2e; results.md is written there),
-# BENCH_ARGS (more bench_e2e.py flags, e.g. --d 384 --nlayer 6).
+# BENCH_ARGS (more bench_e2e.py flags, e.g. --d 384 --nlayer 6, or --mode atoms for UCP_MODE=atoms).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)

@@ -28,6 +28,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Dp;
 using testing::FilesIn;
 using testing::FixtureTag;
 using ::testing::HasSubstr;
@@ -38,8 +39,6 @@ using ucp::testing::ReadAll;
 using ucp::testing::ScratchDirectory;
 
 const DeepSpeedZeroAdapter kAdapter;
-
-Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
 
 ExecuteOptions OneThread() {
   ExecuteOptions options;
@@ -262,6 +261,23 @@ TEST(AtomsMaterializerTest, EveryProcessWritesItsShareOnceTheIndexCoversItsFiles
   const std::shared_ptr<const AtomIndex> recorded = ReadIndex(tag);
   ASSERT_NE(recorded, nullptr);
   EXPECT_TRUE(recorded->contents().store.has_value());
+}
+
+TEST(AtomsMaterializerTest, ExitDoesNotWaitForAnIndexThatNeverComes) {
+  const fs::path scratch = ScratchDirectory("atoms_store");
+  const std::string tag = (scratch / "global_step5").string();
+  fs::create_directories(tag);
+  AtomsMaterializerOptions options;
+  options.poll = std::chrono::milliseconds(10);
+  options.wait_at_exit = std::chrono::milliseconds(200);
+  AtomsMaterializer process(options);
+  process.OnFileSaved({"deepspeed", tag, "zero_pp_rank_1_mp_rank_00_optim_states.pt", 10, 1});
+  // Drain's own deadline is far; the job gives up wait_at_exit after Drain was called.
+  const auto start = std::chrono::steady_clock::now();
+  process.Drain(start + std::chrono::minutes(10));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::minutes(1));
+  EXPECT_EQ(process.shares_written(), 0u);
+  EXPECT_FALSE(fs::exists(tag + "/.ucp/atoms"));
 }
 
 }  // namespace

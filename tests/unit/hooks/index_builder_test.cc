@@ -127,7 +127,7 @@ class IndexBuilderTest : public ::testing::Test {
     return others;
   }
 
-  std::string IndexPath() const { return tag_ + "/" + std::string(kAtomIndexRelativePath); }
+  std::string IndexPath() const { return AtomIndexPath(tag_); }
 
   // What the adapter itself makes of the tag now, as `ucp index` would write it.
   std::string AdapterIndex() const {
@@ -177,7 +177,7 @@ TEST_P(IndexBuilderFixtureTest, WaitsForEveryRankThenCommitsTheAdaptersIndex) {
   const std::string index = testing::ReadAll(IndexPath());
   EXPECT_FALSE(index.empty());
   EXPECT_TRUE(index == AdapterIndex());
-  EXPECT_EQ(UcpEntriesBesideJournals(), (std::set<std::string>{"index.json"}));
+  EXPECT_EQ(UcpEntriesBesideJournals(), (std::set<std::string>{"index.json", "index.lock"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, IndexBuilderFixtureTest,
@@ -296,7 +296,7 @@ TEST_F(IndexBuilderTest, FailingBuildRemovesTheEarlierIndexAndTouchesNothingElse
 
   EXPECT_EQ(builder.committed(), 1u);
   EXPECT_FALSE(fs::exists(IndexPath()));
-  EXPECT_EQ(UcpEntriesBesideJournals(), std::set<std::string>{});
+  EXPECT_EQ(UcpEntriesBesideJournals(), std::set<std::string>{"index.lock"});
   std::set<std::string> listed;
   for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
     listed.insert(entry.path().filename().string());

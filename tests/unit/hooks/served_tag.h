@@ -47,7 +47,7 @@ inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& ta
   EXPECT_TRUE(index.ok()) << index.status().ToString();
   if (!index.ok()) return 0;
   EXPECT_TRUE(CreateDirectories(tag_dir + "/.ucp").ok());
-  const std::string index_path = tag_dir + "/" + std::string(kAtomIndexRelativePath);
+  const std::string index_path = AtomIndexPath(tag_dir);
   const Status written = index->Write(index_path);
   EXPECT_TRUE(written.ok()) << written.ToString();
   Result<FileDigest> digest = HashFile(index_path);
@@ -55,9 +55,12 @@ inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& ta
   return digest.ok() ? digest->xxh3 : 0;
 }
 
+// Data parallelism alone at `dp` ranks.
+inline Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
+
 // The committed index of `tag_dir`.
 inline std::shared_ptr<const AtomIndex> ReadIndex(const std::string& tag_dir) {
-  Result<AtomIndex> index = AtomIndex::Read(tag_dir + "/" + std::string(kAtomIndexRelativePath));
+  Result<AtomIndex> index = AtomIndex::Read(AtomIndexPath(tag_dir));
   EXPECT_TRUE(index.ok()) << index.status().ToString();
   if (!index.ok()) return nullptr;
   return std::make_shared<const AtomIndex>(std::move(*index));

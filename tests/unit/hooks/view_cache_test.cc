@@ -22,6 +22,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Dp;
 using testing::FilesIn;
 using testing::FixtureTag;
 using ::testing::HasSubstr;
@@ -32,8 +33,6 @@ using ucp::testing::ReadAll;
 using ucp::testing::ScratchDirectory;
 
 const DeepSpeedZeroAdapter kAdapter;
-
-Topology Dp(uint32_t dp) { return Topology{.dp = dp, .tp = 1, .pp = 1, .world = dp}; }
 
 // Every file of `view` (materialized first) has the bytes of the same file in `expected_dir`, and
 // the view has exactly the files of expected_dir.

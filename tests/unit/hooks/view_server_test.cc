@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
+#include "hooks/atoms_store.h"
+#include "hooks/journal.h"
 #include "tests/unit/core/test_bytes.h"
 #include "tests/unit/hooks/served_tag.h"
 
@@ -100,11 +103,61 @@ TEST_F(ViewServerTest, MoreRanksAddTheirFilesToTheListing) {
   }
 }
 
+// UCP_MODE=atoms's store made by every rank, then the framework's files removed.
+void KeepOnlyTheStore(const std::string& tag) {
+  const uint64_t index_xxh3 = HashFile(tag + "/.ucp/index.json").value().xxh3;
+  const std::shared_ptr<const AtomIndex> index = testing::ReadIndex(tag);
+  ASSERT_NE(index, nullptr);
+  for (uint32_t rank = 0; rank < index->contents().topology.world; ++rank) {
+    ASSERT_TRUE(WriteStoreShare(*index, index_xxh3, tag, rank, ExecuteOptions{}).ok());
+  }
+  ASSERT_TRUE(FinalizeStore(tag, index_xxh3).value());
+  for (const std::string& name : testing::FilesIn(tag)) fs::remove(tag + "/" + name);
+}
+
+TEST_F(ViewServerTest, WithTheFilesGoneTheStoreIsServedAtTheSameTopology) {
+  KeepOnlyTheStore(tag_);
+  ViewServer server = Server(4);
+  const ServeDecision model = server.Resolve(Path(kModel));
+  ASSERT_EQ(model.kind, Kind::kSubstitute);
+  EXPECT_EQ(model.path, tag_ + "/.ucp/views/tp1-pp1-dp4/served." + kModel);
+  EXPECT_FALSE(ReadAll(model.path).empty());
+  const std::optional<ListingChange> change = server.ChangeListing(tag_);
+  ASSERT_TRUE(change.has_value());
+  EXPECT_THAT(change->hide, IsEmpty());
+  EXPECT_THAT(change->add, UnorderedElementsAre(kModel, Optim(0), Optim(1), Optim(2), Optim(3)));
+}
+
+TEST_F(ViewServerTest, WithTheFilesGoneTheStoreIsServedAtAnotherTopology) {
+  KeepOnlyTheStore(tag_);
+  ViewServer server = Server(2);
+  EXPECT_EQ(server.Resolve(Path(Optim(1))).kind, Kind::kSubstitute);
+  EXPECT_EQ(server.Resolve(Path(Optim(3))).kind, Kind::kAbsent);
+  const std::optional<ListingChange> change = server.ChangeListing(tag_);
+  ASSERT_TRUE(change.has_value());
+  EXPECT_THAT(change->hide, UnorderedElementsAre(Optim(2), Optim(3)));
+  EXPECT_THAT(change->add, UnorderedElementsAre(kModel, Optim(0), Optim(1)));
+}
+
+TEST_F(ViewServerTest, AFileGoneWithoutAStorePassesThroughOrFailsWhenStrict) {
+  fs::remove(Path(Optim(3)));
+  EXPECT_EQ(Server(4).Resolve(Path(Optim(0))).kind, Kind::kPassThrough);
+  EXPECT_EQ(Server(4, /*strict=*/true).Resolve(Path(Optim(0))).kind, Kind::kPassThrough);
+  EXPECT_EQ(Server(2).Resolve(Path(Optim(0))).kind, Kind::kPassThrough);
+  EXPECT_EQ(Server(2, /*strict=*/true).Resolve(Path(Optim(0))).kind, Kind::kFail);
+  EXPECT_FALSE(fs::exists(tag_ + "/.ucp/views"));
+}
+
 TEST_F(ViewServerTest, UnrelatedPathsAndOtherDirectoriesPassThrough) {
   ViewServer server = Server(2);
   EXPECT_EQ(server.Resolve("/usr/lib/python3/dist-packages/torch/__init__.py").kind,
             Kind::kPassThrough);
   EXPECT_EQ(server.Resolve(tag_ + "/notes.txt").kind, Kind::kPassThrough);
+  // The file-name pre-check the interposer makes before it computes an absolute path.
+  EXPECT_FALSE(server.MayServeFileName("notes.txt"));
+  EXPECT_FALSE(server.MayServeFileName("__init__.py"));
+  EXPECT_TRUE(server.MayServeFileName(Optim(1)));
+  EXPECT_TRUE(server.MayServeFileName(kModel));
   EXPECT_EQ(server.ChangeListing(scratch_.string()), std::nullopt);
   EXPECT_FALSE(fs::exists(tag_ + "/.ucp/views"));
 }
