@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,35 @@ inline void ExpectFileOfAnotherSaveNamed(const FrameworkAdapter& adapter, const 
   EXPECT_EQ(status.code(), StatusCode::kCorrupt) << status.ToString();
   EXPECT_THAT(status.message(), ::testing::HasSubstr(name));
   EXPECT_THAT(status.message(), ::testing::HasSubstr(field));
+}
+
+// The universal export `adapter` plans for `tag` from `index` (written to and read back from
+// JSON first) names the files of DeepSpeed's ds_to_universal output `universal`, each archive
+// with the same object tree.
+inline void ExpectExportPlanLikeDsToUniversal(const FrameworkAdapter& adapter,
+                                              const AtomIndex& index, const std::string& tag,
+                                              const std::string& universal) {
+  namespace fs = std::filesystem;
+  Result<AtomIndex> reread = AtomIndex::Parse(index.ToJson(), "index.json");
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  EXPECT_EQ(reread->ToJson(), index.ToJson());
+  Result<OutputPlan> plan = adapter.PlanUniversalExport(*reread, tag);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::set<std::string> oracle_files;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(universal)) {
+    if (entry.is_regular_file()) {
+      oracle_files.insert(fs::relative(entry.path(), universal).string());
+    }
+  }
+  std::set<std::string> planned;
+  for (const ArchiveOutput& archive : plan->archives) {
+    planned.insert(archive.path);
+    Result<TorchArchiveReader> oracle = TorchArchiveReader::Open(universal + "/" + archive.path);
+    ASSERT_TRUE(oracle.ok()) << oracle.status().ToString();
+    EXPECT_EQ(RenderOf(archive.graph.root()), RenderOf(oracle->root())) << archive.path;
+  }
+  for (const CopyOutput& copy : plan->copies) planned.insert(copy.path);
+  EXPECT_EQ(planned, oracle_files);
 }
 
 }  // namespace ucp::hooks::deepspeed_testing

@@ -24,6 +24,7 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed_testing::ExpectExportPlanLikeDsToUniversal;
 using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
@@ -103,26 +104,7 @@ TEST_P(Zero3FixtureTest, AtomsAndExportMatchDsToUniversal) {
   EXPECT_EQ(compared, 3u * 29u);
   EXPECT_EQ(states, (std::set<std::string>{"fp32", "exp_avg", "exp_avg_sq", "step"}));
 
-  // The plan is made from the index as written to and read back from JSON.
-  Result<AtomIndex> reread = AtomIndex::Parse(index->ToJson(), "index.json");
-  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
-  Result<OutputPlan> plan = Adapter().PlanUniversalExport(*reread, tag);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::set<std::string> oracle_files;
-  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(universal)) {
-    if (entry.is_regular_file()) {
-      oracle_files.insert(fs::relative(entry.path(), universal).string());
-    }
-  }
-  std::set<std::string> planned;
-  for (const ArchiveOutput& archive : plan->archives) {
-    planned.insert(archive.path);
-    Result<TorchArchiveReader> oracle = TorchArchiveReader::Open(universal + "/" + archive.path);
-    ASSERT_TRUE(oracle.ok()) << oracle.status().ToString();
-    EXPECT_EQ(RenderOf(archive.graph.root()), RenderOf(oracle->root())) << archive.path;
-  }
-  for (const CopyOutput& copy : plan->copies) planned.insert(copy.path);
-  EXPECT_EQ(planned, oracle_files);
+  ExpectExportPlanLikeDsToUniversal(Adapter(), *index, tag, universal);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Zero3FixtureTest,
