@@ -13,241 +13,60 @@
 #include "core/format/torch_archive_writer.h"
 #include "core/plan/copy_plan.h"
 #include "core/util/checked.h"
+#include "hooks/deepspeed_common.h"
 #include "hooks/file_hashing.h"
 
 namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed::Bf16Prefix;
+using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
+using deepspeed::Field;
+using deepspeed::FieldError;
+using deepspeed::GroupLayout;
+using deepspeed::IntField;
+using deepspeed::IntList;
+using deepspeed::IntListField;
+using deepspeed::JsonOf;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
+using deepspeed::ListTag;
+using deepspeed::ListText;
+using deepspeed::MakeLayout;
+using deepspeed::ModelStatesName;
+using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimName;
+using deepspeed::OptionalField;
+using deepspeed::PartitionTensor;
+using deepspeed::PidTuple;
+using deepspeed::Prefix;
+using deepspeed::RankFile;
+using deepspeed::ScalarValue;
+using deepspeed::SetDictItem;
+using deepspeed::ShapeOf;
+using deepspeed::ShapeText;
+using deepspeed::StrField;
+using deepspeed::TagListing;
+using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
+using deepspeed::ZeroStageOf;
 using pickle::Kind;
 using pickle::Value;
 
 // DeepSpeed pads every group's flat buffer to a multiple of nccl_start_alignment_factor × DP.
 constexpr uint64_t kAlignmentFactor = 2;
-// Bounds the per-rank file lists a (possibly corrupt) dp_world_size makes.
-constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
-constexpr std::string_view kModelRole = "model_states";
-constexpr std::string_view kOptimRole = "optim_states";
-constexpr std::string_view kUniversalRole = "universal_optimizer_state";
-constexpr std::string_view kOsd = "optimizer_state_dict";
 constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
 constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
 
-std::string Prefix(const std::string& where) { return "deepspeed: " + where + ": "; }
-
-std::string ModelStatesName(uint32_t mp) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "mp_rank_%02u_model_states.pt", mp);
-  return name;
-}
-
-std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp) {
-  char name[96];
-  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_optim_states.pt", dp, mp);
-  return std::string(prefix) + name;
-}
-
-// ---------------------------------------------------------------------------------------------
-// File names of a tag.
-
-struct OptimEntry {
-  std::string name;
-  std::string prefix;  // "" or "bf16_"
-  uint32_t dp = 0;
-  uint32_t mp = 0;
-};
-
-struct TagListing {
-  std::map<uint32_t, std::string> model_states;  // mp rank → name
-  std::vector<OptimEntry> optim;
-  std::vector<std::string> zero3_model_states;
-  std::vector<std::string> layer_files;
-};
-
-std::optional<uint32_t> ParseIndex(const std::string& digits) {
-  if (digits.empty() || digits.size() > 9) return std::nullopt;
-  return static_cast<uint32_t>(std::stoul(digits));
-}
-
-// The statics an adapter uses are never destroyed: inside the preload, the index builder's
-// thread may run while the process exits, after function-local statics were destroyed.
-Result<TagListing> ListTag(const std::string& tag_dir) {
-  static const std::regex& kModel = *new std::regex(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex& kOptim =
-      *new std::regex(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  static const std::regex& kZero3Model =
-      *new std::regex(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
-  static const std::regex& kLayer = *new std::regex(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
-  std::error_code error;
-  fs::directory_iterator it(tag_dir, error);
-  if (error) return PosixError(Prefix(tag_dir) + "list", error.value());
-  TagListing listing;
-  for (const fs::directory_entry& entry : it) {
-    if (!entry.is_regular_file(error)) continue;
-    const std::string name = entry.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, kModel)) {
-      const std::optional<uint32_t> mp = ParseIndex(m[1].str());
-      if (mp) listing.model_states[*mp] = name;
-    } else if (std::regex_match(name, m, kOptim)) {
-      const std::optional<uint32_t> dp = ParseIndex(m[2].str());
-      const std::optional<uint32_t> mp = ParseIndex(m[3].str());
-      if (dp && mp) listing.optim.push_back({name, m[1].str(), *dp, *mp});
-    } else if (std::regex_match(name, kZero3Model)) {
-      listing.zero3_model_states.push_back(name);
-    } else if (std::regex_match(name, kLayer)) {
-      listing.layer_files.push_back(name);
-    }
-  }
-  return listing;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reading pickle fields, every error naming the file and the field.
-
-Status FieldError(const TorchArchiveReader& reader, std::string_view field, std::string what) {
-  return Status::Corrupt(Prefix(reader.path()) + std::string(field) + ": " + what);
-}
-
-Result<const Value*> Field(const TorchArchiveReader& reader, std::string_view field) {
-  Result<const Value*> node = reader.Find(field);
-  if (!node.ok()) return FieldError(reader, field, "missing");
-  return *node;
-}
-
-const Value* OptionalField(const TorchArchiveReader& reader, std::string_view field) {
-  Result<const Value*> node = reader.Find(field);
-  return node.ok() ? *node : nullptr;
-}
-
-Result<int64_t> IntField(const TorchArchiveReader& reader, std::string_view field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
-  std::optional<int64_t> value;
-  if (node->kind() == Kind::kInt) value = node->AsInt64();
-  if (!value) return FieldError(reader, field, "not an int");
-  return *value;
-}
-
-Result<std::string> StrField(const TorchArchiveReader& reader, std::string_view field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
-  if (node->kind() != Kind::kStr) return FieldError(reader, field, "not a str");
-  return node->data();
-}
-
-Result<std::vector<int64_t>> IntListField(const TorchArchiveReader& reader,
-                                          std::string_view field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
-  if (node->kind() != Kind::kList && node->kind() != Kind::kTuple) {
-    return FieldError(reader, field, "not a list");
-  }
-  std::vector<int64_t> out;
-  for (const Value* item : node->items()) {
-    std::optional<int64_t> value;
-    if (item->kind() == Kind::kInt) value = item->AsInt64();
-    if (!value) return FieldError(reader, field, "an element is not an int");
-    out.push_back(*value);
-  }
-  return out;
-}
-
-std::string ListText(const std::vector<int64_t>& values) {
-  std::string text = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    text += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return text + "]";
-}
-
-std::string ShapeText(const Shape& shape) {
-  std::vector<int64_t> dims(shape.begin(), shape.end());
-  return ListText(dims);
-}
-
-// torch.Size((a, b)) as pickled: REDUCE(torch.Size, ((a, b),)); plain tuples/lists accepted.
-std::optional<Shape> ShapeOf(const Value* node) {
-  if (node->kind() == Kind::kObject && node->IsCallOf("torch", "Size") &&
-      node->args()->items().size() == 1) {
-    node = node->args()->Item(0);
-  }
-  if (node->kind() != Kind::kTuple && node->kind() != Kind::kList) return std::nullopt;
-  Shape shape;
-  for (const Value* dim : node->items()) {
-    std::optional<int64_t> value;
-    if (dim->kind() == Kind::kInt) value = dim->AsInt64();
-    if (!value || *value < 0) return std::nullopt;
-    shape.push_back(static_cast<uint64_t>(*value));
-  }
-  return shape;
-}
-
-// ZeroStageEnum as pickled: getattr(ZeroStageEnum, 'optimizer_states'), or a plain int.
-std::optional<int64_t> ZeroStageOf(const Value* node) {
-  if (node->kind() == Kind::kInt) return node->AsInt64();
-  if (node->kind() != Kind::kObject) return std::nullopt;
-  const Value* args = node->args();
-  if (node->IsCallOf("__builtin__", "getattr") || node->IsCallOf("builtins", "getattr")) {
-    if (args->items().size() != 2 || args->Item(1)->kind() != Kind::kStr) return std::nullopt;
-    static const auto& kStages =
-        *new std::map<std::string, int64_t, std::less<>>{{"disabled", 0},
-                                                         {"optimizer_states", 1},
-                                                         {"gradients", 2},
-                                                         {"weights", 3},
-                                                         {"max_stage", 3}};
-    const auto it = kStages.find(args->Item(1)->data());
-    if (it == kStages.end()) return std::nullopt;
-    return it->second;
-  }
-  if (args->items().size() == 1 && args->Item(0)->kind() == Kind::kInt) {
-    return args->Item(0)->AsInt64();
-  }
-  return std::nullopt;
-}
-
-// A pickled hyperparameter as JSON (numbers, strings, bools, None, lists, str-keyed dicts);
-// anything else as its canonical rendering.
-nlohmann::json JsonOf(const Value* node) {
-  switch (node->kind()) {
-    case Kind::kNone:
-      return nullptr;
-    case Kind::kBool:
-      return node->bool_value();
-    case Kind::kInt: {
-      const std::optional<int64_t> value = node->AsInt64();
-      if (value) return *value;
-      return node->IntDecimal();
-    }
-    case Kind::kFloat:
-      return node->float_value();
-    case Kind::kStr:
-      return node->data();
-    case Kind::kTuple:
-    case Kind::kList: {
-      nlohmann::json array = nlohmann::json::array();
-      for (const Value* item : node->items()) array.push_back(JsonOf(item));
-      return array;
-    }
-    case Kind::kDict: {
-      nlohmann::json object = nlohmann::json::object();
-      for (const auto& [key, value] : node->entries()) object[KeyText(key)] = JsonOf(value);
-      return object;
-    }
-    default: {
-      Result<std::string> text = pickle::Render(node);
-      return text.ok() ? *text : std::string(pickle::KindName(node->kind()));
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's partitioning rules.
-
-struct GroupLayout {
-  std::vector<std::string> names;  // flat-buffer order
-  std::vector<Shape> shapes;
-  std::vector<uint64_t> offsets;  // element offset of each param in the flat buffer
-  std::vector<uint64_t> numels;
-  uint64_t total = 0;  // real elements
-};
 
 struct Partitioning {
   uint64_t padded = 0;     // flat buffer length
@@ -272,21 +91,6 @@ Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
   p.padded = *padded;
   p.partition = p.padded / dp;
   return p;
-}
-
-Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes) {
-  GroupLayout layout;
-  layout.names = std::move(names);
-  layout.shapes = std::move(shapes);
-  for (const Shape& shape : layout.shapes) {
-    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(shape));
-    layout.offsets.push_back(layout.total);
-    layout.numels.push_back(numel);
-    const std::optional<uint64_t> total = CheckedAdd(layout.total, numel);
-    if (!total) return Status::OutOfRange("deepspeed: parameter group: more than 2^64 elements");
-    layout.total = *total;
-  }
-  return layout;
 }
 
 // DeepSpeed's _round_robin_reorder: positions i grouped by i % parts, groups in order.
@@ -379,7 +183,7 @@ struct OptimGroup {
 };
 
 struct OptimStates {
-  OptimEntry entry;
+  RankFile entry;
   TorchArchiveReader reader;
   bool bf16_optimizer = false;
   std::optional<int64_t> zero_stage;
@@ -394,11 +198,7 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::strin
   ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
   const TorchArchiveReader& r = ms.reader;
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(r, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(r, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
-  ms.dp = static_cast<uint32_t>(dp);
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
   UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
   if (shapes->kind() != Kind::kList || shapes->items().empty()) {
     return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
@@ -447,7 +247,7 @@ Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& r,
   return out;
 }
 
-Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const OptimEntry& entry,
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
                                     size_t groups) {
   UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
                        TorchArchiveReader::Open(tag_dir + "/" + entry.name));
@@ -460,7 +260,7 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const OptimEntry
   }
   if (os.zero_stage && *os.zero_stage >= 3) {
     return Status::Unsupported(Prefix(r.path()) +
-                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
   }
   os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
   UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
@@ -606,41 +406,6 @@ Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, co
   return Status::Ok();
 }
 
-std::optional<nlohmann::json> ScalarValue(const TorchArchiveReader& reader,
-                                          const TorchTensor& tensor) {
-  std::byte bytes[8] = {};
-  const uint64_t size = ItemSize(tensor.dtype);
-  if (size > sizeof(bytes) ||
-      !reader.ReadStorage(*tensor.storage, tensor.storage_offset * size, {bytes, size}).ok()) {
-    return std::nullopt;
-  }
-  switch (tensor.dtype) {
-    case DType::kFloat32: {
-      float value;
-      std::memcpy(&value, bytes, sizeof(value));
-      return static_cast<double>(value);
-    }
-    case DType::kFloat64: {
-      double value;
-      std::memcpy(&value, bytes, sizeof(value));
-      return value;
-    }
-    case DType::kInt64: {
-      int64_t value;
-      std::memcpy(&value, bytes, sizeof(value));
-      return value;
-    }
-    default:
-      return std::nullopt;
-  }
-}
-
-std::string TagName(const std::string& tag_dir) {
-  fs::path path = fs::path(tag_dir).lexically_normal();
-  if (path.filename().empty()) path = path.parent_path();
-  return path.filename().string();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Plans.
 
@@ -700,65 +465,6 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,
-                                      uint32_t file) {
-  const IndexedFile& indexed = index.files().at(file);
-  const std::string path = tag_dir + "/" + indexed.path;
-  std::error_code error;
-  const uint64_t size = fs::file_size(path, error);
-  if (error) return PosixError(Prefix(path) + "size", error.value());
-  if (size != indexed.size) {
-    return Status::Corrupt(Prefix(path) + std::to_string(size) + " bytes, the index says " +
-                           std::to_string(indexed.size) + " (changed since it was indexed)");
-  }
-  return TorchArchiveReader::Open(path);
-}
-
-// The storage key a persistent id names: ('storage', cls, key, location, numel).
-const Value* PidTuple(const Value* node) {
-  if (node->kind() != Kind::kPersistentId) return nullptr;
-  const Value* pid = node->pid();
-  if (pid->kind() != Kind::kTuple || pid->items().size() < 5 ||
-      pid->Item(2)->kind() != Kind::kStr) {
-    return nullptr;
-  }
-  return pid;
-}
-
-// The storages of `root`'s archive: those in `replaced` as given, every other one carried from
-// `template_reader`'s record (source file `file`). Every reference to one key must agree on its
-// element count (a carried view of a rewritten storage would not).
-Result<std::vector<OutputStorage>> CollectStorages(
-    Value* root, const TorchArchiveReader& template_reader, uint32_t file,
-    std::map<std::string, std::vector<Segment>> replaced) {
-  std::map<std::string, std::string> numel_by_key;
-  UCP_RETURN_IF_ERROR(pickle::ForEachReachable(root, [&](Value* node) -> Status {
-    const Value* pid = PidTuple(node);
-    if (pid == nullptr) return Status::Ok();
-    const std::string numel = KeyText(pid->Item(4));
-    const auto [it, inserted] = numel_by_key.emplace(pid->Item(2)->data(), numel);
-    if (!inserted && it->second != numel) {
-      return Status::Internal(Prefix(template_reader.path()) + "storage " + it->first +
-                              ": referenced with " + it->second + " and " + numel + " elements");
-    }
-    return Status::Ok();
-  }));
-  std::vector<OutputStorage> storages;
-  for (const auto& [key, numel] : numel_by_key) {
-    auto it = replaced.find(key);
-    if (it != replaced.end()) {
-      storages.push_back({key, std::move(it->second)});
-      continue;
-    }
-    const auto record = template_reader.storages().find(key);
-    if (record == template_reader.storages().end()) {
-      return Status::Corrupt(Prefix(template_reader.path()) + "storage " + key + ": no record");
-    }
-    storages.push_back({key, {Segment{file, record->second.offset, record->second.size}}});
-  }
-  return storages;
-}
-
 // Bytes of elements [begin, end) of state `state`'s flat buffer laid out as `layout` (end <=
 // layout.total), as segments of the index's files.
 Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
@@ -781,25 +487,6 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLay
   return segments;
 }
 
-Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::string& where) {
-  if (dict == nullptr || dict->kind() != Kind::kDict) {
-    return Status::Corrupt(Prefix(where) + "not a dict where " + std::string(key) + " belongs");
-  }
-  for (auto it = dict->mutable_entries().rbegin(); it != dict->mutable_entries().rend(); ++it) {
-    if (it->first->kind() == Kind::kStr && it->first->data() == key) {
-      it->second = value;
-      return Status::Ok();
-    }
-  }
-  return Status::Corrupt(Prefix(where) + std::string(key) + ": missing");
-}
-
-Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
-  std::vector<Value*> items;
-  for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
-  return graph.List(std::move(items));
-}
-
 // OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
 Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
   Value* dict = graph.Object(pickle::Construction::kReduce,
@@ -816,48 +503,11 @@ Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappi
   return dict;
 }
 
-// A replacement for template tensor `tensor`: `numel` elements viewed from a storage of
-// `storage_numel` under the same key.
-Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, uint64_t numel,
-                               uint64_t storage_numel) {
-  TensorNodeSpec spec;
-  spec.storage_key = tensor.storage->key;
-  spec.dtype = tensor.dtype;
-  spec.location = tensor.storage->location;
-  spec.storage_numel = storage_numel;
-  spec.shape = {numel};
-  spec.requires_grad = tensor.requires_grad;
-  spec.parameter = tensor.parameter;
-  return MakeTensorNode(graph, spec);
-}
-
-Status CheckTarget(const Topology& target) {
-  if (target.tp != 1) {
-    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
-                               ": tensor-parallel resharding is not supported yet");
-  }
-  if (target.pp != 1) {
-    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
-                               ": pipeline-parallel resharding is not supported yet");
-  }
-  if (target.dp == 0) return Status::InvalidArgument("deepspeed: dp=0: no ranks to reshard to");
-  if (target.world != 0 && target.world % target.dp != 0) {
-    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
-                                   " does not divide world=" + std::to_string(target.world));
-  }
-  if (target.world != 0 && target.world != target.dp) {
-    return Status::Unsupported("deepspeed: world=" + std::to_string(target.world) +
-                               " with dp=" + std::to_string(target.dp) +
-                               ": only pure data parallelism (world = dp) is supported");
-  }
-  return Status::Ok();
-}
-
 // ZeRO-3, pipeline and tensor-parallel tags, told apart by their file names.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
   }
   if (!listing.layer_files.empty()) {
     return Status::Unsupported(
@@ -876,8 +526,8 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && (!listing->model_states.empty() || !listing->optim.empty() ||
-                          !listing->zero3_model_states.empty());
+  return listing.ok() && listing->zero3_model_states.empty() &&
+         (!listing->model_states.empty() || !listing->optim.empty());
 }
 
 Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
@@ -885,36 +535,17 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   const std::string model = ModelStatesName(0);
-  if (!listing.model_states.contains(0)) {
-    return Status::FailedPrecondition(Prefix(tag_dir + "/" + model) + "not written yet");
-  }
-  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal;
-  // until its zip directory (written last) is there, the file is still being written.
-  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + model);
-  if (!opened.ok()) {
-    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
-  }
-  const TorchArchiveReader& reader = *opened;
-  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(reader, "dp_world_size"));
-  if (dp <= 0 || dp > kMaxDpWorldSize) {
-    return FieldError(reader, "dp_world_size", std::to_string(dp) + ": out of range");
-  }
+  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
   if (mp != 1) {
     return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
                                ": tp=" + std::to_string(mp) +
                                ": tensor-parallel resharding is not supported yet");
   }
-  // engine._get_zero_ckpt_name: the prefix is bf16_ exactly when the config enables bf16
-  // (DeepSpeedConfig reads "bf16", or the older "bfloat16", {"enabled": ...}). The config may be
-  // a path rather than a dict; rank 0's own optimizer file, written before the commit signal,
-  // then tells.
-  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
-                          [](const OptimEntry& entry) { return !entry.prefix.empty(); });
-  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
-    const Value* enabled = OptionalField(reader, key);
-    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
-  }
+  const bool bf16 = Bf16Prefix(listing, reader);
   const Value* config = OptionalField(reader, "ds_config");
   if (config != nullptr && config->kind() == Kind::kDict) {
     int64_t stage = 0;  // DeepSpeedZeroConfig's default, also without a zero_optimization entry
@@ -922,8 +553,8 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
       if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
     }
     if (stage >= 3) {
-      return Status::Unsupported(Prefix(tag_dir) +
-                                 "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+      return Status::Unsupported(
+          Prefix(tag_dir) + "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
     }
     if (stage == 0 && !bf16) {
       return Status::Unsupported(Prefix(reader.path()) +
@@ -934,7 +565,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   }
   std::vector<std::string> files = {model};
   const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t r = 0; r < static_cast<uint32_t>(dp); ++r) files.push_back(OptimName(prefix, r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
   return files;
 }
 
@@ -952,13 +583,13 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
                        ReadModelStates(tag_dir, listing.model_states.begin()->second));
   if (ms.config_stage && *ms.config_stage >= 3) {
     return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: use the ZeRO-3 adapter (not supported yet)");
+                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
   }
 
   // One optimizer file per DP rank, all with one prefix and mp rank 00.
   const std::string prefix = listing.optim.front().prefix;
-  std::map<uint32_t, const OptimEntry*> by_rank;
-  for (const OptimEntry& entry : listing.optim) {
+  std::map<uint32_t, const RankFile*> by_rank;
+  for (const RankFile& entry : listing.optim) {
     if (entry.mp != 0) {
       return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
                                  ": tensor-parallel resharding is not supported yet");
@@ -1333,49 +964,22 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
 
-  // ds_to_universal saves narrowed clones of the source tensors, which keep their requires_grad
-  // (True for the fp32 master partition).
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     const std::string gs = std::to_string(g);
-    std::vector<std::pair<std::string, const TorchTensor*>> tensors;
-    UCP_ASSIGN_OR_RETURN(const Value* fp32,
-                         Field(reader, osd + "/single_partition_of_fp32_groups/" + gs));
-    tensors.emplace_back("fp32", reader.TensorAt(fp32));
-    UCP_ASSIGN_OR_RETURN(const Value* states,
-                         Field(reader, osd + "/base_optimizer_state/state/" + gs));
-    for (const auto& [key, value] : NamedChildren(states)) {
-      tensors.emplace_back(key, reader.TensorAt(value));
-    }
-    for (const std::string& name : facts.groups[g].names) {
-      for (const auto& [state, tensor] : tensors) {
-        if (tensor != nullptr) requires_grad[name + "/" + state] = tensor->requires_grad;
-      }
-    }
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
+                                            osd + "/base_optimizer_state/state/" + gs,
+                                            facts.groups[g].names, requires_grad));
   }
 
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.state == "bit16") continue;
-    ArchiveOutput out;
-    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
-    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-    TensorNodeSpec spec;
-    spec.storage_key = "0";
-    spec.dtype = atom.dtype;
-    spec.storage_numel = numel;
-    spec.shape = atom.shape;
-    spec.requires_grad = requires_grad[atom.param + "/" + atom.state];
-    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-    if (atom.shape.empty()) {
-      out.graph.set_root(tensor);  // step.pt: the bare 0-d tensor
-    } else {
-      out.graph.set_root(out.graph.Dict(
-          {{out.graph.Str("cat_dim"), out.graph.Int(0)}, {out.graph.Str("param"), tensor}}));
-    }
-    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-    out.storages.push_back({"0", std::move(segments)});
+    // step.pt is the bare 0-d tensor.
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        UniversalAtomArchive(index, atom, atom.shape, requires_grad[atom.param + "/" + atom.state],
+                             !atom.shape.empty()));
     plan.archives.push_back(std::move(out));
   }
 

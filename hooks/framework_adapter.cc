@@ -1,13 +1,15 @@
 #include "hooks/framework_adapter.h"
 
 #include "hooks/deepspeed_zero.h"
+#include "hooks/deepspeed_zero3.h"
 
 namespace ucp::hooks {
 
 const std::vector<const FrameworkAdapter*>& Adapters() {
+  static const DeepSpeedZero3Adapter* const kDeepSpeedZero3 = new DeepSpeedZero3Adapter();
   static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
   static const std::vector<const FrameworkAdapter*>* const kAdapters =
-      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero};
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero3, kDeepSpeedZero};
   return *kAdapters;
 }
 

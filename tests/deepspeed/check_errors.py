@@ -6,7 +6,7 @@ naming the file and the field, and nothing left behind (no output, no temporary,
 Inputs are damaged copies of z1_fp32/dp4/global_step5 (a missing rank file, a truncated file,
 rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins);
 arguments: malformed --to specifications, a world size the target does not divide, an existing
-output; unsupported checkpoints: the ZeRO-3, pipeline and tensor-parallel fixtures.
+output; unsupported checkpoints: the pipeline and tensor-parallel fixtures.
 """
 
 import os
@@ -142,9 +142,8 @@ os.makedirs(universal)
 expect_failure("existing export", ["export", SOURCE, "--format", "deepspeed-universal", "--out",
                                    universal], USAGE, ["existing_universal", "--force"])
 
-# Checkpoints this version refuses: ZeRO-3, pipeline parallel, tensor parallel.
+# Checkpoints this version refuses: pipeline parallel, tensor parallel.
 for what, tag, words in (
-        ("zero3", f"{fixtures}/z3_fp32/dp4/global_step5", [("ZeRO-3", "zero_stage", "stage 3")]),
         ("pipeline", f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5", [("pp=2", "pipeline")]),
         ("tensor", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", [("tp=2", "tensor")])):
     save = harness.fresh_dir(f"{work}/{what}_out")

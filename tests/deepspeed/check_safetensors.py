@@ -3,8 +3,8 @@ DeepSpeed's universal files hold them (zero/<param>/<state>.pt).
 
   check_safetensors.py UCP FIXTURES WORKDIR CFG...
 
-For each CFG and DP size: --state fp32, bit16 (against the model states' module tensors) and
-exp_avg (one file each, model.safetensors), and exp_avg_sq with --max-shard-size small enough to
+For each CFG and DP size: --state fp32, bit16 (against the model states' module tensors; not for
+ZeRO-3, whose module tensors are empty) and exp_avg (one file each, model.safetensors), and exp_avg_sq with --max-shard-size small enough to
 shard (HF naming model-0000K-of-0000N.safetensors). Always
 model.safetensors.index.json, whose weight_map names each tensor's file and whose
 metadata.total_size is the tensor bytes; each file's __metadata__ {"format": "pt"}. Every
@@ -62,10 +62,16 @@ def expected_tensors(tag, zero, params, state):
     """The atoms of `state` as DeepSpeed holds them: zero/<param>/<state>.pt of its universal
     export, or for bit16 the module tensors of the model states (the weights the model runs with:
     bf16 in bf16 runs, fp32 otherwise)."""
+    model = ds_objects.load(f"{tag}/{harness.model_states_name(tag)}")
     if state == "bit16":
-        module = ds_objects.load(f"{tag}/mp_rank_00_model_states.pt")["module"]
-        return {param: module[param] for param in params}
-    return {param: ds_objects.load(f"{zero}/{param}/{state}.pt")["param"] for param in params}
+        return {param: model["module"][param] for param in params}
+    # ZeRO-3's universal files hold bare flat tensors: shaped by param_shapes.
+    shapes = {name: shape for group in model["param_shapes"] for name, shape in group.items()}
+    out = {}
+    for param in params:
+        saved = ds_objects.load(f"{zero}/{param}/{state}.pt")
+        out[param] = saved["param"] if isinstance(saved, dict) else saved.reshape(shapes[param])
+    return out
 
 
 for cfg in configs:
@@ -73,8 +79,11 @@ for cfg in configs:
         tag = f"{fixtures}/{cfg}/{dp}/global_step5"
         zero = f"{fixtures}/{cfg}/{dp}/global_step5_universal/zero"
         params = sorted(n for n in os.listdir(zero) if os.path.isdir(f"{zero}/{n}"))
+        zero3 = harness.model_states_name(tag).startswith("zero_pp_rank_")
         for state, shard in (("fp32", None), ("bit16", None), ("exp_avg", None),
                              ("exp_avg_sq", MAX_SHARD_BYTES)):
+            if zero3 and state == "bit16":
+                continue  # ZeRO-3 module tensors are empty placeholders
             what = f"{cfg}/{dp} {state}"
             out = f"{work}/{cfg}_{dp}_{state}"
             harness.fresh_dir(work)

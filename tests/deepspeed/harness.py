@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
 import ds_objects
 
 # Fields of the files a DeepSpeed run saves that describe the run which saved rather than the
@@ -18,7 +20,9 @@ RUN_CONFIG_FIELDS = (
 )
 # DeepSpeed's universal load fills the per-parameter Adam state in no fixed key order (its own
 # dp4_from_dp4 control differs from the original save there); ucp keeps the source's order.
-UNORDERED_IN_RESAVES = re.compile(r"^optimizer_state_dict\.base_optimizer_state\.state\.\d+$")
+# (ZeRO-1/2: base_optimizer_state; ZeRO-3: the inner optimizer_state_dict.)
+UNORDERED_IN_RESAVES = re.compile(
+    r"^optimizer_state_dict\.(base_optimizer_state|optimizer_state_dict)\.state\.\d+$")
 
 TEMP_PREFIX = ".ucp-tmp"
 
@@ -122,3 +126,31 @@ def compare_files(expected, actual, allowed=(), unordered=None):
             return [f"{path}: missing"]
     return ds_objects.compare(ds_objects.load(expected), ds_objects.load(actual), allowed=allowed,
                               unordered=unordered)
+
+
+def model_states_name(tag):
+    """The file holding a tag's model states: mp_rank_00_model_states.pt (ZeRO-1/2) or rank 0's
+    zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)."""
+    name = "mp_rank_00_model_states.pt"
+    return name if os.path.exists(f"{tag}/{name}") else "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
+
+def zero3_padding_zeroed(optim, param_shapes, dp, rank):
+    """A loaded ZeRO-3 optimizer file of DP rank `rank` with the padding elements of its flat
+    partitions (fp32_flat_groups and every partition-sized state) set to zero: a training save
+    holds uninitialised memory there (RESAVED.txt finding 1), which no resharder reproduces.
+    DeepSpeed's rule: each parameter padded to a multiple of dp, ceil(numel/dp) per rank."""
+    osd = optim["optimizer_state_dict"]
+    for g, shapes in enumerate(param_shapes):
+        flat = [osd["fp32_flat_groups"][g]]
+        flat += [t for t in osd["optimizer_state_dict"]["state"][g].values()
+                 if isinstance(t, torch.Tensor) and t.dim() == 1]
+        start = 0
+        for shape in shapes.values():
+            numel = shape.numel()
+            piece = -(-numel // dp)
+            real = max(0, min(piece, numel - rank * piece))
+            for tensor in flat:
+                tensor.data[start + real:start + piece] = 0
+            start += piece
+    return optim

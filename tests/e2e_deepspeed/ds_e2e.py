@@ -43,6 +43,8 @@ WANTED_VERSION = '0.14.5'
 CONFIGS = {
     'z2_fp32': ['--stage', '2', '--dtype', 'fp32'],
     'z2_bf16': ['--stage', '2', '--dtype', 'bf16'],
+    'z3_fp32': ['--stage', '3', '--dtype', 'fp32'],
+    'z3_bf16': ['--stage', '3', '--dtype', 'bf16'],
 }
 SAVE_DP, RESUME_DP = 4, 2
 SAVE_AT, STEPS = 3, 6
@@ -99,6 +101,13 @@ def trainer_environment(tools):
         skip(f'DeepSpeed at {package} is version {version}; these tests need v{WANTED_VERSION}')
     env['DS_PACKAGE'] = package
     return env
+
+
+def model_states_names(config, dp):
+    """DeepSpeed's model-states files at `dp`: one (ZeRO-1/2), or one per DP rank (ZeRO-3)."""
+    if config.startswith('z3_'):
+        return [f'zero_pp_rank_{r}_mp_rank_00_model_states.pt' for r in range(dp)]
+    return ['mp_rank_00_model_states.pt']
 
 
 def free_port():
@@ -181,7 +190,7 @@ def step_save(args, env, work):
     # DeepSpeed's own file set, nothing added beside it (ucp's files live under .ucp/).
     files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
     prefix = 'bf16_' if args.config.endswith('bf16') else ''
-    expected = sorted(['mp_rank_00_model_states.pt'] +
+    expected = sorted(model_states_names(args.config, SAVE_DP) +
                       [f'{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(SAVE_DP)])
     if files != expected:
         fail(f'tag files {files}, expected {expected}')
@@ -248,7 +257,7 @@ def step_preload(args, env, work):
                     '--out', resharded], check=True, stdout=subprocess.DEVNULL)
     resharded = os.path.join(resharded, TAG)
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
-    if len(served) != 1 + RESUME_DP:
+    if len(served) != len(model_states_names(args.config, RESUME_DP)) + RESUME_DP:
         fail(f'`ucp reshard --to dp={RESUME_DP}` wrote {served}')
     for name in served:
         stored = os.path.join(view, 'served.' + name)
