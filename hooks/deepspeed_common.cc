@@ -276,15 +276,14 @@ std::string TagName(const std::string& tag_dir) {
 Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,
                                       uint32_t file) {
   const IndexedFile& indexed = index.files().at(file);
-  const std::string path = tag_dir + "/" + indexed.path;
-  std::error_code error;
-  const uint64_t size = fs::file_size(path, error);
-  if (error) return PosixError(Prefix(path) + "size", error.value());
+  UCP_ASSIGN_OR_RETURN(File source, File::OpenBeneath(tag_dir, indexed.path));
+  UCP_ASSIGN_OR_RETURN(const uint64_t size, source.Size());
   if (size != indexed.size) {
-    return Status::Corrupt(Prefix(path) + std::to_string(size) + " bytes, the index says " +
-                           std::to_string(indexed.size) + " (changed since it was indexed)");
+    return Status::Corrupt(Prefix(source.path()) + std::to_string(size) +
+                           " bytes, the index says " + std::to_string(indexed.size) +
+                           " (changed since it was indexed)");
   }
-  return TorchArchiveReader::Open(path);
+  return TorchArchiveReader::Open(std::move(source), {});
 }
 
 const Value* PidTuple(const Value* node) {

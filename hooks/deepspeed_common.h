@@ -106,7 +106,8 @@ struct GroupLayout {
 // kOutOfRange when the element counts overflow.
 Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes);
 
-// Opens index file `file` under `tag_dir`, kCorrupt when its size is no longer the index's.
+// Opens index file `file` under `tag_dir` (File::OpenBeneath: never outside it), kCorrupt when
+// its size is no longer the index's.
 Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,
                                       uint32_t file);
 // The ('storage', cls, key, location, numel) tuple of a persistent-id node, or nullptr.

@@ -68,7 +68,8 @@ Result<std::vector<FileDigest>> HashTagFiles(const std::string& tag_dir,
   auto work = [&] {
     for (size_t k = next.fetch_add(1); k < pending.size(); k = next.fetch_add(1)) {
       const size_t i = pending[k];
-      results[i] = HashFile(tag_dir + "/" + relative_paths[i]);
+      Result<File> file = File::OpenBeneath(tag_dir, relative_paths[i]);
+      results[i] = file.ok() ? HashFile(*file) : Result<FileDigest>(file.status());
     }
   };
   std::vector<std::thread> workers;

@@ -20,8 +20,9 @@ struct HashOptions {
 };
 
 // Size and XXH3-64 of every file `relative_paths` names under `tag_dir`, in the same order. Each
-// file is read to its end through a bounded buffer (journal.h's HashFile). The first failure (in
-// path order) is returned, naming the file.
+// file is opened with File::OpenBeneath (never outside tag_dir) and read to its end through a
+// bounded buffer (journal.h's HashFile). The first failure (in path order) is returned, naming
+// the file.
 [[nodiscard]] Result<std::vector<FileDigest>> HashTagFiles(
     const std::string& tag_dir, const std::vector<std::string>& relative_paths,
     const HashOptions& options);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <span>
 
 namespace ucp::hooks {
 namespace {
@@ -229,33 +230,27 @@ Result<JournalContents> ParseJournal(std::string_view name, std::string_view byt
   return contents;
 }
 
-Result<FileDigest> HashFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return PosixError("hash: open " + path, errno);
+Result<FileDigest> HashFile(const File& file) {
   constexpr size_t kChunk = 1 << 20;
-  std::unique_ptr<char[]> buffer(new (std::nothrow) char[kChunk]);
-  if (buffer == nullptr) {
-    ::close(fd);
-    return Status::Internal("hash: " + path + ": out of memory");
-  }
+  std::unique_ptr<std::byte[]> buffer(new (std::nothrow) std::byte[kChunk]);
+  if (buffer == nullptr) return Status::Internal("hash: " + file.path() + ": out of memory");
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   FileDigest digest;
   for (;;) {
-    const ssize_t n = ::read(fd, buffer.get(), kChunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return PosixError("hash: read " + path, err);
-    }
+    UCP_ASSIGN_OR_RETURN(const size_t n,
+                         file.ReadSomeAt(digest.size, std::span(buffer.get(), kChunk)));
     if (n == 0) break;
-    XXH3_64bits_update(&state, buffer.get(), static_cast<size_t>(n));
-    digest.size += static_cast<uint64_t>(n);
+    XXH3_64bits_update(&state, buffer.get(), n);
+    digest.size += n;
   }
-  ::close(fd);
   digest.xxh3 = XXH3_64bits_digest(&state);
   return digest;
+}
+
+Result<FileDigest> HashFile(const std::string& path) {
+  UCP_ASSIGN_OR_RETURN(const File file, File::Open(path, File::Mode::kRead));
+  return HashFile(file);
 }
 
 Result<JournalContents> ReadJournal(const std::string& path) {

@@ -33,6 +33,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/io/file.h"
 #include "core/util/status.h"
 #include "hooks/checkpoint_layout.h"
 
@@ -82,7 +83,9 @@ struct FileDigest {
   uint64_t xxh3 = 0;
 };
 
-// Reads `path` to its end and hashes it.
+// Reads `file` from its start to its end and hashes it.
+Result<FileDigest> HashFile(const File& file);
+// Opens `path` and hashes it.
 Result<FileDigest> HashFile(const std::string& path);
 
 // Reads and parses one journal file.

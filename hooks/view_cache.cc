@@ -15,8 +15,8 @@
 #include "core/io/file.h"
 #include "core/io/file_lock.h"
 #include "core/util/log.h"
-#include "hooks/file_hashing.h"
 #include "hooks/journal.h"
+#include "hooks/source_check.h"
 
 namespace ucp::hooks {
 namespace {
@@ -123,52 +123,6 @@ Status EmptyView(const std::string& directory) {
   return Status::Ok();
 }
 
-// The files of `index` that planning and executing `plan` read: those its outputs take bytes
-// from, and the carried files whose objects the adapter planned from.
-std::vector<uint32_t> FilesRead(const AtomIndex& index, const OutputPlan& plan) {
-  std::set<uint32_t> files;
-  const auto add_segments = [&](const std::vector<Segment>& segments) {
-    for (const Segment& segment : segments) {
-      if (!segment.zero_fill()) files.insert(segment.file);
-    }
-  };
-  for (const ArchiveOutput& archive : plan.archives) {
-    for (const OutputStorage& storage : archive.storages) add_segments(storage.segments);
-  }
-  for (const SafetensorsOutput& output : plan.safetensors) {
-    for (const SafetensorsOutputTensor& tensor : output.tensors) add_segments(tensor.segments);
-  }
-  for (const CopyOutput& copy : plan.copies) files.insert(copy.file);
-  for (const CarriedObject& carried : index.contents().carried) files.insert(carried.file);
-  return {files.begin(), files.end()};
-}
-
-// Checks the files of `index` that `plan` reads against their recorded sizes and XXH3s. kCorrupt
-// naming the first file that differs; the hashing's own errors (a missing file: kNotFound) as
-// they are.
-Status VerifySources(const AtomIndex& index, const OutputPlan& plan, const std::string& tag_dir) {
-  const std::vector<uint32_t> read = FilesRead(index, plan);
-  std::vector<std::string> paths;
-  paths.reserve(read.size());
-  for (const uint32_t file : read) paths.push_back(index.files()[file].path);
-  HashOptions options;
-  options.trust_journal = false;
-  UCP_ASSIGN_OR_RETURN(std::vector<FileDigest> digests, HashTagFiles(tag_dir, paths, options));
-  for (size_t i = 0; i < digests.size(); ++i) {
-    const IndexedFile& file = index.files()[read[i]];
-    const std::string path = tag_dir + "/" + file.path;
-    if (digests[i].size != file.size) {
-      return Status::Corrupt("view: source " + path + " has " + std::to_string(digests[i].size) +
-                             " bytes, the index says " + std::to_string(file.size));
-    }
-    if (digests[i].xxh3 != file.xxh3) {
-      return Status::Corrupt("view: source " + path + " has XXH3 " + FormatXxh3(digests[i].xxh3) +
-                             ", the index says " + FormatXxh3(file.xxh3));
-    }
-  }
-  return Status::Ok();
-}
-
 // Under the view's .lock: reuses view.json's verdict for this index, or empties the view,
 // verifies the sources and records the verdict.
 Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_t index_xxh3,
@@ -181,7 +135,7 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
     return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
   }
   UCP_RETURN_IF_ERROR(EmptyView(directory));
-  const Status verified = VerifySources(index, plan, tag_dir);
+  const Status verified = VerifySources(index, FilesRead(index, plan), tag_dir, "view");
   nlohmann::json json = {{"version", kViewVersion},
                          {"index_xxh3", index_hex},
                          {"target", TargetJson(target)},

@@ -11,6 +11,7 @@
 
 #include "core/cli/terminal.h"
 #include "core/io/file.h"
+#include "hooks/source_check.h"
 
 namespace ucp::cli {
 namespace {
@@ -132,6 +133,8 @@ Status StagedDirectory::Commit(bool replace) {
 Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
                      const std::string& final_path, unsigned threads, bool force,
                      std::string_view command) {
+  UCP_RETURN_IF_ERROR(
+      hooks::VerifySources(index, hooks::FilesRead(index, plan), tag_dir, "source check"));
   UCP_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::Create(final_path));
   Progress progress{std::string(command)};
   ExecuteOptions execute;

@@ -57,7 +57,9 @@ class StagedDirectory {
   bool committed_ = false;
 };
 
-// Writes `plan` (over the files of `index` in `tag_dir`) into a StagedDirectory for `final_path`,
+// Checks every file `plan` reads against the sizes and XXH3s of `index` (hooks::VerifySources: a
+// damaged source is kCorrupt naming the file and, where its CRC-32s tell, the tensors), then
+// writes `plan` (over the files of `index` in `tag_dir`) into a StagedDirectory for `final_path`,
 // with a progress line for `command` on a terminal, and commits it (an existing `final_path` is
 // replaced only with `force`). On failure nothing is left at `final_path` or beside it.
 [[nodiscard]] Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index,

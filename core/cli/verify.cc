@@ -14,6 +14,7 @@
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
 #include "hooks/journal.h"
+#include "hooks/source_check.h"
 
 namespace ucp::cli {
 namespace {
@@ -29,20 +30,27 @@ std::string Hex64(uint64_t value) {
   return text;
 }
 
-// "" when `file` matches, else what differs.
-std::string Check(const std::string& dir, const IndexedFile& file) {
-  Result<hooks::FileDigest> digest = hooks::HashFile(dir + "/" + file.path);
+// "" when file `f` of `index` matches, else what differs and, where the archive's CRC-32s tell,
+// which records and tensors.
+std::string Check(const std::string& dir, const AtomIndex& index, uint32_t f) {
+  const IndexedFile& file = index.files()[f];
+  Result<File> opened = File::OpenBeneath(dir, file.path);
+  Result<hooks::FileDigest> digest =
+      opened.ok() ? hooks::HashFile(*opened) : Result<hooks::FileDigest>(opened.status());
   if (!digest.ok()) {
     if (digest.status().code() == StatusCode::kNotFound) return "missing";
     return "unreadable: " + digest.status().message();
   }
+  std::string differs;
   if (digest->size != file.size) {
-    return "size " + std::to_string(digest->size) + ", index says " + std::to_string(file.size);
+    differs = "size " + std::to_string(digest->size) + ", index says " + std::to_string(file.size);
+  } else if (digest->xxh3 != file.xxh3) {
+    differs = "xxh3 " + Hex64(digest->xxh3) + ", index says " + Hex64(file.xxh3);
+  } else {
+    return "";
   }
-  if (digest->xxh3 != file.xxh3) {
-    return "xxh3 " + Hex64(digest->xxh3) + ", index says " + Hex64(file.xxh3);
-  }
-  return "";
+  const std::string where = hooks::LocateDamage(index, f, dir);
+  return where.empty() ? differs : differs + ": " + where;
 }
 
 int RunVerify(const VerifyOptions& options) {
@@ -63,7 +71,8 @@ int RunVerify(const VerifyOptions& options) {
   std::vector<std::thread> workers;
   for (unsigned t = 0; t < threads; ++t) {
     workers.emplace_back([&] {
-      for (size_t i = next++; i < files.size(); i = next++) problems[i] = Check(dir, files[i]);
+      for (size_t i = next++; i < files.size(); i = next++)
+        problems[i] = Check(dir, *index, static_cast<uint32_t>(i));
     });
   }
   for (std::thread& worker : workers) worker.join();

@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include <xxhash.h>
+
 #include "core/io/file.h"
 #include "core/util/checked.h"
 #include "core/util/path.h"
@@ -342,6 +344,28 @@ Result<AtomIndexContents> ReadDocument(const DocumentReader& doc, const Json& ro
   return contents;
 }
 
+// XXH3-64 of the document's canonical text: compact, members in sorted order, the "checksum"
+// member left out (the caller removes it first).
+uint64_t DocumentXxh3(const Json& root) {
+  const std::string text = root.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return XXH3_64bits(text.data(), text.size());
+}
+
+// A document written by this code carries "checksum" (DocumentXxh3 as 16 hex digits), so that a
+// changed byte that still parses and validates (an offset, a shape) is refused rather than
+// served; documents from before the member are read without it.
+Status CheckAndRemoveChecksum(const DocumentReader& doc, Json& root) {
+  if (!root.is_object() || !root.contains("checksum")) return Status::Ok();
+  UCP_ASSIGN_OR_RETURN(const std::string recorded, doc.String(root, "", "checksum"));
+  root.erase("checksum");
+  const std::string computed = HexXxh3(DocumentXxh3(root));
+  if (recorded != computed) {
+    return doc.Error("checksum", "the document hashes to " + computed + ", not " + recorded +
+                                     " (changed after it was written)");
+  }
+  return Status::Ok();
+}
+
 OrderedJson RegionJson(const Region& region) {
   if (region.kind() == Region::Kind::kFlat) {
     return {{"flat", {region.bounds().begin, region.bounds().end}}};
@@ -554,11 +578,12 @@ Result<AtomIndex> AtomIndex::Create(AtomIndexContents contents, std::string sour
 }
 
 Result<AtomIndex> AtomIndex::Parse(std::string_view json, std::string source) {
-  const Json root = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  Json root = Json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return Status::Corrupt("atom index " + source + ": not a valid JSON document");
   }
   const DocumentReader doc(source);
+  UCP_RETURN_IF_ERROR(CheckAndRemoveChecksum(doc, root));
   UCP_ASSIGN_OR_RETURN(AtomIndexContents contents, ReadDocument(doc, root));
   Result<AtomIndex> index = Create(std::move(contents), source);
   // What is invalid in memory is a corrupt document on disk.
@@ -696,6 +721,8 @@ std::string AtomIndex::ToJson() const {
     root["store"] = {{"directory", c.store->directory},
                      {"max_shard_bytes", c.store->max_shard_bytes}};
   }
+  root["checksum"] = HexXxh3(
+      DocumentXxh3(Json::parse(root.dump(-1, ' ', false, OrderedJson::error_handler_t::replace))));
   return root.dump(1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
 }
 

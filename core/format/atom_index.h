@@ -19,8 +19,13 @@
 //     "groups": [{"params": ["wte.weight", ...], "hyperparameters": {"lr": 0.003, ...},
 //                 "scalars": {"step": 5}}],
 //     "carried": [{"role": "model_states", "file": 0, "rewritten": ["dp_world_size"]}, ...],
-//     "adapter_state": { ...adapter-specific, opaque to core... }
+//     "adapter_state": { ...adapter-specific, opaque to core... },
+//     "checksum": "0123456789abcdef"
 //   }
+// "checksum" (optional on read: indexes written before it lack it; always written) is XXH3-64, as
+// 16 lower-case hex digits, of the document without it, dumped compactly with members in sorted
+// order (nlohmann::json's dump()); a document that no longer hashes to it is refused, so a changed
+// offset or shape that still validates is never served.
 // "xxh3" is XXH3-64 of the whole file as 16 lower-case hex digits. "rank" is optional (files
 // shared by all ranks have none). Paths are relative to the tag directory.
 //

@@ -69,7 +69,12 @@ bool TorchTensor::contiguous() const {
 }
 
 Result<TorchArchiveReader> TorchArchiveReader::Open(std::string path, const Limits& limits) {
-  UCP_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(path), limits.zip));
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(std::move(path), File::Mode::kRead));
+  return Open(std::move(file), limits);
+}
+
+Result<TorchArchiveReader> TorchArchiveReader::Open(File file, const Limits& limits) {
+  UCP_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(file), limits.zip));
   TorchArchiveReader reader(std::move(zip));
   if (const ZipRecord* byteorder = reader.zip_.Find("byteorder")) {
     UCP_ASSIGN_OR_RETURN(std::string order, reader.zip_.ReadRecord(*byteorder, 64));

@@ -89,6 +89,8 @@ class TorchArchiveReader {
   // Opens `path`, reads the zip directory and data.pkl, and locates every storage and tensor.
   static Result<TorchArchiveReader> Open(std::string path, const Limits& limits);
   static Result<TorchArchiveReader> Open(std::string path) { return Open(std::move(path), {}); }
+  // Same over an already opened file (the reader takes it); its path() names it in messages.
+  static Result<TorchArchiveReader> Open(File file, const Limits& limits);
 
   TorchArchiveReader(TorchArchiveReader&&) = default;
   TorchArchiveReader& operator=(TorchArchiveReader&&) = default;

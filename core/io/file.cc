@@ -1,7 +1,9 @@
 #include "core/io/file.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +65,52 @@ Result<File> File::Open(std::string path, Mode mode, mode_t permissions) {
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return PosixError(Describe("open", path), errno);
   return File(fd, std::move(path));
+}
+
+namespace {
+
+Status RefuseEscape(const std::string& dir, const std::string& relative) {
+  return Status::InvalidArgument("file: open " + relative + " beneath " + dir +
+                                 ": resolves outside the directory (\"..\", an absolute path or "
+                                 "a symlink leaving it): refused");
+}
+
+// The fallback of OpenBeneath: `fd` is already open; its path must lie under `dir`'s real path.
+Status CheckOpenedBeneath(int fd, const std::string& dir, const std::string& relative) {
+  std::error_code error;
+  const std::filesystem::path real_dir = std::filesystem::canonical(dir, error);
+  if (error) return PosixError(Describe("resolve", dir), error.value());
+  const std::filesystem::path opened =
+      std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), error);
+  if (error) return PosixError(Describe("resolve the descriptor of", relative), error.value());
+  const auto [dir_end, unused] =
+      std::mismatch(real_dir.begin(), real_dir.end(), opened.begin(), opened.end());
+  if (dir_end != real_dir.end() || opened == real_dir) return RefuseEscape(dir, relative);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<File> File::OpenBeneath(const std::string& dir, const std::string& relative) {
+  ReentrancyGuard guard;
+  const std::string path = dir + "/" + relative;
+  const int dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return PosixError(Describe("open directory", dir), errno);
+  open_how how{};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd;
+  do {
+    fd = ::syscall(SYS_openat2, dir_fd, relative.c_str(), &how, sizeof(how));
+  } while (fd < 0 && (errno == EINTR || errno == EAGAIN));
+  const int err = errno;
+  ::close(dir_fd);
+  if (fd >= 0) return File(static_cast<int>(fd), path);
+  if (err == EXDEV) return RefuseEscape(dir, relative);
+  if (err != ENOSYS && err != EPERM) return PosixError(Describe("open", path), err);
+  UCP_ASSIGN_OR_RETURN(File file, Open(path, Mode::kRead));
+  UCP_RETURN_IF_ERROR(CheckOpenedBeneath(file.fd(), dir, relative));
+  return file;
 }
 
 File::File(File&& other) noexcept

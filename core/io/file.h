@@ -35,6 +35,15 @@ class File {
   // Opens `path` (always O_CLOEXEC). `permissions` applies only when the file is created.
   static Result<File> Open(std::string path, Mode mode, mode_t permissions = 0644);
 
+  // Opens `relative` (read-only) inside directory `dir`, refusing every name that resolves outside
+  // it: "..", an absolute path, a symlink whose target leaves `dir` (any absolute symlink
+  // included), a /proc magic link. This is how ucp opens a file an untrusted index names, so that
+  // a tag cannot make ucp read (and serve) bytes from elsewhere. A refusal is kInvalidArgument
+  // naming both paths. Uses openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS); where the kernel
+  // lacks it (ENOSYS, or a seccomp filter answering EPERM), the opened descriptor's own path
+  // (/proc/self/fd) must lie under the real path of `dir`.
+  static Result<File> OpenBeneath(const std::string& dir, const std::string& relative);
+
   // An empty (closed) File; every I/O call on it fails with kFailedPrecondition.
   File() = default;
   File(File&& other) noexcept;

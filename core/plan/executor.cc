@@ -42,8 +42,7 @@ class Execution {
     sources_.resize(index_.files().size());
     for (const uint32_t f : used) {
       const IndexedFile& indexed = index_.files()[f];
-      UCP_ASSIGN_OR_RETURN(sources_[f],
-                           File::Open(tag_dir + "/" + indexed.path, File::Mode::kRead));
+      UCP_ASSIGN_OR_RETURN(sources_[f], File::OpenBeneath(tag_dir, indexed.path));
       UCP_ASSIGN_OR_RETURN(const uint64_t size, sources_[f].Size());
       if (size != indexed.size) {
         return Status::Corrupt("execute plan: source " + sources_[f].path() + " has " +

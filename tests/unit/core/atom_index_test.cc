@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -67,6 +71,14 @@ AtomIndexContents SampleContents() {
 }
 
 std::string SampleJson() { return AtomIndex::Create(SampleContents()).value().ToJson(); }
+
+// `json` parsed, without its "checksum" (as indexes were written before the member existed), so
+// that a mutation meets the rule it breaks rather than the checksum.
+Json Unchecked(const std::string& json) {
+  Json doc = Json::parse(json);
+  doc.erase("checksum");
+  return doc;
+}
 
 class TempDir {
  public:
@@ -143,6 +155,38 @@ TEST(AtomIndexTest, DocumentFieldsAsSpecified) {
             (Json{{"box", {{"offsets", {2, 0}}, {"extents", {1, 4}}}}}));
 }
 
+TEST(AtomIndexTest, ChecksumCoversTheDocument) {
+  const Json doc = Json::parse(SampleJson());
+  ASSERT_TRUE(doc.contains("checksum"));
+  // Recomputed here from the spec: XXH3-64 of the compact, sorted dump without the member.
+  const std::string canonical = Unchecked(SampleJson()).dump();
+  char expected[17];
+  std::snprintf(expected, sizeof(expected), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(canonical.data(), canonical.size())));
+  EXPECT_EQ(doc["checksum"], expected);
+
+  // A change that every other rule accepts: the second fragment of atom 0 starts 4 bytes later,
+  // still inside its file.
+  Json moved = doc;
+  moved["atoms"][0]["fragments"][1]["offset"] =
+      moved["atoms"][0]["fragments"][1]["offset"].get<uint64_t>() + 4;
+  Json unchecked_moved = moved;
+  unchecked_moved.erase("checksum");
+  ASSERT_TRUE(AtomIndex::Parse(unchecked_moved.dump(), "x.json").ok());
+  const Status status = AtomIndex::Parse(moved.dump(), "x.json").status();
+  EXPECT_EQ(status.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(status.message(), HasSubstr("atom index x.json: checksum: the document hashes to"));
+  EXPECT_THAT(status.message(), HasSubstr("changed after it was written"));
+
+  // Whitespace and member order are not part of the checksum; a missing one is accepted.
+  EXPECT_TRUE(AtomIndex::Parse(doc.dump(4), "x.json").ok());
+  EXPECT_TRUE(AtomIndex::Parse(Unchecked(SampleJson()).dump(), "x.json").ok());
+  Json not_a_string = doc;
+  not_a_string["checksum"] = 1;
+  EXPECT_THAT(AtomIndex::Parse(not_a_string.dump(), "x.json").status().message(),
+              HasSubstr("x.json: checksum: not a string"));
+}
+
 TEST(AtomIndexTest, OutputIsDeterministic) {
   AtomIndexContents reordered = SampleContents();
   // Same JSON object built in another insertion order.
@@ -191,7 +235,7 @@ TEST(AtomIndexTest, ReadNamesThePath) {
 }
 
 TEST(AtomIndexTest, NewerVersionIsUnsupported) {
-  Json doc = Json::parse(SampleJson());
+  Json doc = Unchecked(SampleJson());
   doc["version"] = 3;
   doc["something_new"] = true;
   const Status status = AtomIndex::Parse(doc.dump(), "x.json").status();
@@ -304,7 +348,7 @@ TEST(AtomIndexTest, DocumentValidation) {
       {"atoms-type", [](Json& d) { d["atoms"] = Json::object(); }, "atoms: not an array"},
   };
   for (const DocumentCase& test : cases) {
-    Json doc = Json::parse(SampleJson());
+    Json doc = Unchecked(SampleJson());
     test.mutate(doc);
     const Status status = AtomIndex::Parse(doc.dump(), "/ck/global_step5/.ucp/index.json").status();
     EXPECT_EQ(status.code(), StatusCode::kCorrupt) << test.name << ": " << status.ToString();
@@ -445,7 +489,7 @@ TEST(AtomIndexTest, StoreValidation) {
 }
 
 TEST(AtomIndexTest, Version1DocumentHasNoStoreMembers) {
-  Json doc = Json::parse(AtomIndex::Create(StoreContents()).value().ToJson());
+  Json doc = Unchecked(AtomIndex::Create(StoreContents()).value().ToJson());
   doc["version"] = 1;
   EXPECT_THAT(AtomIndex::Parse(doc.dump(), "x.json").status().message(),
               HasSubstr("x.json: store: unknown member"));

@@ -181,5 +181,56 @@ TEST_F(FileTest, CreateDirectoriesAndWriteFileAtomically) {
   EXPECT_NE(missing.message().find(PathOf("none/x")), std::string::npos);
 }
 
+// A tag directory "tag" with a file, a subdirectory, links that stay inside it and links that
+// leave it, next to an "outside" file with the same bytes (what a hostile tag would point at).
+class OpenBeneathTest : public FileTest {
+ protected:
+  void SetUp() override {
+    FileTest::SetUp();
+    tag_ = PathOf("tag");
+    std::filesystem::create_directories(tag_ + "/sub");
+    for (const std::string& path : {tag_ + "/a", tag_ + "/sub/b", PathOf("outside")}) {
+      auto file = File::Open(path, File::Mode::kCreate);
+      ASSERT_TRUE(file.ok());
+      ASSERT_TRUE(file->Append(Bytes("bytes")).ok());
+    }
+    std::filesystem::create_symlink("sub/b", tag_ + "/inside_link");
+    std::filesystem::create_symlink("../a", tag_ + "/sub/up_link");
+    std::filesystem::create_symlink("../outside", tag_ + "/relative_escape");
+    std::filesystem::create_symlink(PathOf("outside"), tag_ + "/absolute_escape");
+    std::filesystem::create_symlink(tag_ + "/a", tag_ + "/absolute_inside");
+    std::filesystem::create_symlink("..", tag_ + "/parent_dir");
+  }
+  std::string tag_;
+};
+
+TEST_F(OpenBeneathTest, OpensNamesThatStayInside) {
+  for (const char* name : {"a", "sub/b", "inside_link", "sub/up_link", "sub/../a"}) {
+    auto file = File::OpenBeneath(tag_, name);
+    ASSERT_TRUE(file.ok()) << name << ": " << file.status().ToString();
+    EXPECT_EQ(file->path(), tag_ + "/" + name);
+    std::string got(5, '\0');
+    ASSERT_TRUE(file->ReadAt(0, std::as_writable_bytes(std::span(got))).ok());
+    EXPECT_EQ(got, "bytes");
+  }
+}
+
+TEST_F(OpenBeneathTest, RefusesNamesThatLeave) {
+  for (const char* name : {"relative_escape", "absolute_escape", "absolute_inside",
+                                 "../outside", "parent_dir/outside", "sub/../../outside"}) {
+    auto file = File::OpenBeneath(tag_, name);
+    ASSERT_FALSE(file.ok()) << name;
+    EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(file.status().message().find(name), std::string::npos) << file.status().message();
+    EXPECT_NE(file.status().message().find("refused"), std::string::npos)
+        << file.status().message();
+  }
+}
+
+TEST_F(OpenBeneathTest, MissingNamesAndDirectoriesAreNotFound) {
+  EXPECT_EQ(File::OpenBeneath(tag_, "nothing").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(File::OpenBeneath(PathOf("no_tag"), "a").status().code(), StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace ucp
