@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
@@ -68,25 +69,33 @@ std::string LayerName(uint32_t layer) {
   return name;
 }
 
+// 1 to 9 decimal digits.
+std::optional<uint32_t> Decimal(std::string_view digits) {
+  if (digits.empty() || digits.size() > 9) return std::nullopt;
+  uint32_t value = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return value;
+}
+
 // The layer of a file named exactly LayerName(layer).
 std::optional<uint32_t> LayerOfFile(const std::string& name) {
-  unsigned layer = 0;
-  char tail[4] = {};
-  if (std::sscanf(name.c_str(), "layer_%9u-model_states.p%1s", &layer, tail) != 2 ||
-      LayerName(layer) != name) {
-    return std::nullopt;
-  }
+  constexpr std::string_view kStart = "layer_";
+  const size_t dash = name.find('-');
+  if (!name.starts_with(kStart) || dash == std::string::npos) return std::nullopt;
+  const std::optional<uint32_t> layer =
+      Decimal(std::string_view(name).substr(kStart.size(), dash - kStart.size()));
+  if (!layer || LayerName(*layer) != name) return std::nullopt;
   return layer;
 }
 
 // The layer index of a global parameter name "<LL>.<name>".
 std::optional<uint32_t> LayerOf(const std::string& name) {
   const size_t dot = name.find('.');
-  if (dot == 0 || dot == std::string::npos || dot > 9) return std::nullopt;
-  for (size_t i = 0; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-  }
-  return static_cast<uint32_t>(std::stoul(name.substr(0, dot)));
+  if (dot == std::string::npos) return std::nullopt;
+  return Decimal(std::string_view(name).substr(0, dot));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,9 +434,9 @@ struct IndexFacts {
   std::vector<uint64_t> stage_sizes;
   uint64_t layers = 0;
   uint32_t dp = 0;
-  std::vector<uint32_t> model_files;  // per source stage
-  uint32_t optim_file = 0;            // (0, 0): the template
-  std::vector<uint32_t> layer_files;
+  std::vector<uint32_t> model_files;         // per source stage
+  uint32_t optim_file = 0;                   // (0, 0): the template
+  std::map<uint32_t, uint32_t> layer_files;  // layer → index file
 };
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
@@ -461,7 +470,6 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     const IndexedFile& file = index.files()[carried.file];
     if (carried.role == kModelRole && file.rank) model_by_stage[file.rank->pp] = carried.file;
     if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
-    if (carried.role == kLayerRole) facts.layer_files.push_back(carried.file);
   }
   if (!have_optim || model_by_stage.size() != c.topology.pp) {
     return Status::Corrupt(
@@ -469,6 +477,19 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
         "optim_states template");
   }
   for (const auto& [stage, file] : model_by_stage) facts.model_files.push_back(file);
+  // The layer of each layer file, recorded: over an atoms store the file's path is its copy's.
+  if (!state.contains("layer_files") || !state["layer_files"].is_object()) {
+    return Status::Corrupt("deepspeed: index adapter_state: layer_files missing or mistyped");
+  }
+  for (const auto& [layer, file] : state["layer_files"].items()) {
+    const std::optional<uint32_t> parsed = Decimal(layer);
+    if (!parsed || std::to_string(*parsed) != layer || !file.is_number_unsigned() ||
+        file.get<uint64_t>() >= index.files().size() ||
+        index.files()[file.get<uint64_t>()].role != kLayerRole) {
+      return Status::Corrupt("deepspeed: index adapter_state: layer_files: " + layer);
+    }
+    facts.layer_files[*parsed] = static_cast<uint32_t>(file.get<uint64_t>());
+  }
   for (const std::string& name : c.groups[0].params) {
     const Atom* atom = index.Find(name, "fp32");
     const std::optional<uint32_t> layer = LayerOf(name);
@@ -933,8 +954,10 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
        pp,
        {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
         std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}});
+  nlohmann::json layer_file_state = nlohmann::json::object();
   for (const auto& [layer, file] : layer_file_index) {
     c.carried.push_back({std::string(kLayerRole), file, {}});
+    layer_file_state[std::to_string(layer)] = file;
   }
   c.adapter_state = {
       {"optimizer", "DeepSpeedZeroOptimizer"},
@@ -942,6 +965,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       {"zero_stage", 1},
       {"layers", layers},
       {"stage_sizes", stage_sizes},
+      {"layer_files", layer_file_state},
   };
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
@@ -1031,10 +1055,8 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
   }
   // Layer files do not depend on the topology. Named, not taken from the index: over an atoms
   // store the file is read from its copy.
-  for (const uint32_t file : facts.layer_files) {
-    const std::optional<uint32_t> layer = LayerOfFile(index.files()[file].path);
-    if (!layer) return Status::Corrupt("deepspeed: index: layer file " + index.files()[file].path);
-    plan.copies.push_back({LayerName(*layer), file});
+  for (const auto& [layer, file] : facts.layer_files) {
+    plan.copies.push_back({LayerName(layer), file});
   }
   return plan;
 }

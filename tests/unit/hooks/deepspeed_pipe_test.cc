@@ -13,7 +13,9 @@
 #include "core/format/torch_archive_reader.h"
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
+#include "hooks/atoms_store.h"
 #include "hooks/framework_adapter.h"
+#include "hooks/journal.h"
 #include "tests/unit/hooks/deepspeed_testing.h"
 
 namespace ucp::hooks {
@@ -334,6 +336,76 @@ TEST(DeepSpeedPipeExpectedFilesTest, NamesTheFilesDeepSpeedWrote) {
     EXPECT_EQ(std::set<std::string>(files->begin(), files->end()), on_disk) << tag;
     EXPECT_EQ(files->size(), on_disk.size()) << tag;
   }
+}
+
+// Executes `plan` of `index` over `tag` into `out` (created).
+void Execute(const Result<OutputPlan>& plan, const AtomIndex& index, const std::string& tag,
+             const std::string& out) {
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  fs::create_directories(out);
+  const Status status = ExecutePlan(*plan, index, tag, out, NoSync());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+}
+
+// The regular files under `a` and `b`: the same relative paths, the same bytes.
+void ExpectSameTree(const std::string& a, const std::string& b) {
+  std::set<std::string> paths;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(a)) {
+    if (entry.is_regular_file()) paths.insert(fs::relative(entry.path(), a).string());
+  }
+  std::set<std::string> other;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(b)) {
+    if (entry.is_regular_file()) other.insert(fs::relative(entry.path(), b).string());
+  }
+  EXPECT_EQ(paths, other);
+  EXPECT_FALSE(paths.empty());
+  for (const std::string& path : paths) {
+    EXPECT_TRUE(FileBytes(a + "/" + path) == FileBytes(b + "/" + path)) << path;
+  }
+}
+
+// With UCP_MODE=atoms' store written by every rank and DeepSpeed's files deleted, the reshard and
+// the export planned over the store alone write the bytes they write from the files (the layer
+// files, carried, come from the store's copies).
+TEST(DeepSpeedPipeAtomsStoreTest, ReshardAndExportFromTheStoreAloneAsFromTheFiles) {
+  const TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string tag = dir.path() + "/ckpt/global_step5";
+  fs::create_directories(dir.path() + "/ckpt");
+  WritableCopy(kSource, tag);
+  IndexOptions options;
+  options.trust_journal = false;
+  Result<AtomIndex> index = Adapter().BuildIndex(tag, options);
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  ASSERT_TRUE(index->Write(AtomIndexPath(tag)).ok());
+  Result<FileDigest> digest = HashFile(AtomIndexPath(tag));
+  ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+  ExecuteOptions one_thread = NoSync();
+  one_thread.threads = 1;
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    const Status written = WriteStoreShare(*index, digest->xxh3, tag, rank, one_thread);
+    ASSERT_TRUE(written.ok()) << written.ToString();
+    Result<bool> finalized = FinalizeStore(tag, digest->xxh3);
+    ASSERT_TRUE(finalized.ok()) << finalized.status().ToString();
+    EXPECT_EQ(*finalized, rank == 3);
+  }
+  Result<AtomIndex> stored = AtomIndex::Read(AtomIndexPath(tag));
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  const Topology pp1dp2{2, 1, 1, 2, 0};
+  Execute(Adapter().PlanReshard(*stored, tag, pp1dp2), *stored, tag, dir.path() + "/files");
+  Execute(Adapter().PlanUniversalExport(*stored, tag), *stored, tag, dir.path() + "/files_u");
+
+  for (const fs::directory_entry& entry : fs::directory_iterator(kSource)) {
+    fs::remove(tag + "/" + entry.path().filename().string());
+  }
+  Result<std::optional<AtomIndex>> readable = ReadableSources(*stored, tag);
+  ASSERT_TRUE(readable.ok()) << readable.status().ToString();
+  ASSERT_TRUE(readable->has_value());
+  const AtomIndex& over = **readable;
+  Execute(Adapter().PlanReshard(over, tag, pp1dp2), over, tag, dir.path() + "/store");
+  Execute(Adapter().PlanUniversalExport(over, tag), over, tag, dir.path() + "/store_u");
+  ExpectSameTree(dir.path() + "/files", dir.path() + "/store");
+  ExpectSameTree(dir.path() + "/files_u", dir.path() + "/store_u");
 }
 
 class DeepSpeedPipeBadInputTest : public ::testing::Test {
