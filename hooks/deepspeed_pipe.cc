@@ -61,6 +61,8 @@ constexpr std::string_view kLayerRole = "layer_states";
 constexpr uint64_t kAlignmentFactor = 2;
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = 1 << 16;
+// Bounds the layer placement's work (DeepSpeed's partition_balanced is quadratic in the layers).
+constexpr uint64_t kMaxLayers = 1 << 12;
 
 // layer_<LL>-model_states.pt
 std::string LayerName(uint32_t layer) {
@@ -455,6 +457,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
         "parameter group");
   }
   facts.layers = state["layers"].get<uint64_t>();
+  if (facts.layers > kMaxLayers) return Status::Corrupt("deepspeed: index adapter_state: layers");
   uint64_t total = 0;
   for (const nlohmann::json& size : state["stage_sizes"]) {
     if (!size.is_number_unsigned()) return Status::Corrupt("deepspeed: index: stage_sizes");
@@ -504,28 +507,43 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// The target's stage boundaries over the layers, by the rule in deepspeed_pipe.h.
-Result<std::vector<uint64_t>> TargetBounds(const IndexFacts& facts, uint32_t pp) {
+// Where the target puts each parameter (facts.names order), by the rule in deepspeed_pipe.h;
+// `placement` says how, for messages.
+struct Placement {
+  std::vector<uint32_t> stage_of;
+  std::string placement;
+};
+
+// The stage of each parameter when stage s holds layers [bounds[s], bounds[s+1]).
+std::vector<uint32_t> StagesOf(const IndexFacts& facts, const std::vector<uint64_t>& bounds) {
+  std::vector<uint32_t> stage_of;
+  for (const uint32_t layer : facts.layer_of) {
+    uint32_t s = 0;
+    while (s + 1 < bounds.size() - 1 && layer >= bounds[s + 1]) ++s;
+    stage_of.push_back(s);
+  }
+  return stage_of;
+}
+
+Result<Placement> TargetPlacement(const IndexFacts& facts, uint32_t pp) {
+  std::vector<uint32_t> source;
+  for (uint32_t s = 0; s < facts.stage_sizes.size(); ++s) {
+    source.insert(source.end(), facts.stage_sizes[s], s);
+  }
+  const uint64_t source_pp = facts.stage_sizes.size();
+  // The same stage count keeps the saved stages, whatever placed them.
+  if (pp == source_pp) return Placement{std::move(source), "as saved"};
+
   std::vector<uint64_t> weights(facts.layers, 0);
   for (size_t k = 0; k < facts.names.size(); ++k) {
     uint64_t numel = 1;
     for (const int64_t d : facts.shapes[k]) numel *= static_cast<uint64_t>(d);
     weights[facts.layer_of[k]] += numel;
   }
-  const uint64_t source_pp = facts.stage_sizes.size();
-  const auto reproduces = [&](const std::vector<uint64_t>& bounds) {
-    size_t k = 0;
-    for (uint64_t s = 0; s < source_pp; ++s) {
-      for (uint64_t i = 0; i < facts.stage_sizes[s]; ++i, ++k) {
-        if (facts.layer_of[k] < bounds[s] || facts.layer_of[k] >= bounds[s + 1]) return false;
-      }
-    }
-    return true;
-  };
   const std::vector<uint64_t> uniform_source = PartitionUniform(facts.layers, source_pp);
   const std::vector<uint64_t> balanced_source = PartitionBalanced(weights, source_pp);
-  const bool uniform = reproduces(uniform_source);
-  const bool balanced = reproduces(balanced_source);
+  const bool uniform = StagesOf(facts, uniform_source) == source;
+  const bool balanced = StagesOf(facts, balanced_source) == source;
   if (!uniform && !balanced) {
     return Status::Unsupported(
         "deepspeed: pp=" + std::to_string(pp) + ": the checkpoint's stages are neither " +
@@ -535,7 +553,9 @@ Result<std::vector<uint64_t>> TargetBounds(const IndexFacts& facts, uint32_t pp)
   }
   const std::vector<uint64_t> by_uniform = PartitionUniform(facts.layers, pp);
   const std::vector<uint64_t> by_balanced = PartitionBalanced(weights, pp);
-  if (uniform && balanced && by_uniform != by_balanced) {
+  std::vector<uint32_t> uniform_stages = StagesOf(facts, by_uniform);
+  std::vector<uint32_t> balanced_stages = StagesOf(facts, by_balanced);
+  if (uniform && balanced && uniform_stages != balanced_stages) {
     return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
                                ": ambiguous layer placement: the checkpoint's stages are both "
                                "DeepSpeed's 'uniform' and 'parameters' placement at pp=" +
@@ -543,7 +563,8 @@ Result<std::vector<uint64_t>> TargetBounds(const IndexFacts& facts, uint32_t pp)
                                ", which differ at pp=" + std::to_string(pp) + " (" +
                                BoundsText(by_uniform) + " and " + BoundsText(by_balanced) + ")");
   }
-  return uniform ? by_uniform : by_balanced;
+  if (uniform) return Placement{std::move(uniform_stages), "'uniform' " + BoundsText(by_uniform)};
+  return Placement{std::move(balanced_stages), "'parameters' " + BoundsText(by_balanced)};
 }
 
 Status CheckPipeTarget(const Topology& target) {
@@ -808,6 +829,11 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     layer_files[*layer] = name;
   }
   uint64_t layers = layer_files.rbegin()->first + uint64_t{1};
+  const std::optional<uint64_t> world = CheckedMul<uint64_t>(dp, pp);
+  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
+    return FieldError(stages.front().reader, "dp_world_size",
+                      "dp_world_size × mp_world_size exceeds 4294967295");
+  }
   std::set<std::string> seen;
   for (const StageModel& sm : stages) {
     for (const std::string& name : sm.layout.names) {
@@ -822,6 +848,10 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       }
     }
   }
+  if (layers > kMaxLayers) {
+    return Status::Unsupported(Prefix(tag_dir) + "layer " + std::to_string(layers - 1) +
+                               ": more than 4096 pipeline layers are not supported");
+  }
 
   AtomIndexContents c;
   c.framework = "deepspeed";
@@ -829,7 +859,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
   c.adapter = std::string(kName);
   c.adapter_schema = kSchema;
   c.tag = TagName(tag_dir);
-  c.topology = {dp, 1, pp, dp * pp, 1};
+  c.topology = {dp, 1, pp, static_cast<uint32_t>(*world), 1};
 
   std::vector<std::string> paths;
   for (const StageModel& sm : stages) paths.push_back(sm.name);
@@ -975,23 +1005,24 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
                                                      const Topology& target) const {
   UCP_RETURN_IF_ERROR(CheckPipeTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  UCP_ASSIGN_OR_RETURN(const std::vector<uint64_t> bounds, TargetBounds(facts, target.pp));
+  UCP_ASSIGN_OR_RETURN(const Placement placement, TargetPlacement(facts, target.pp));
 
-  // The target stages' layouts: the parameters of their layers, in the source's order.
+  // The target stages' layouts: their parameters, in the source's order.
   std::vector<GroupLayout> layouts;
   for (uint32_t s = 0; s < target.pp; ++s) {
     std::vector<std::string> names;
     std::vector<Shape> shapes;
     for (size_t k = 0; k < facts.names.size(); ++k) {
-      if (facts.layer_of[k] >= bounds[s] && facts.layer_of[k] < bounds[s + 1]) {
+      if (placement.stage_of[k] == s) {
         names.push_back(facts.names[k]);
         shapes.push_back(facts.shapes[k]);
       }
     }
     if (names.empty()) {
       return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) + ": stage " +
-                                 std::to_string(s) + " (layers " + BoundsText(bounds) +
-                                 ") holds no parameter (DeepSpeed's optimizer cannot save it)");
+                                 std::to_string(s) + " holds no parameter by the " +
+                                 placement.placement +
+                                 " layer placement (DeepSpeed's optimizer cannot save it)");
     }
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
     layouts.push_back(std::move(layout));

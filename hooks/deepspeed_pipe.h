@@ -15,14 +15,16 @@
 //                                         buffer: padded to a multiple of 2·DP, P = padded/DP.
 //
 // Layer placement: DeepSpeed assigns layers [parts[s], parts[s+1]) to stage s with the
-// PipelineModule's partition_method, which no file records. ucp takes the two methods that need
-// nothing but the checkpoint, "uniform" (partition_uniform over the layer count) and
-// "parameters" (DeepSpeed's partition_balanced over each layer's trainable element count), and
-// keeps those that place every parameter of the source where its param_shapes do. The target's
-// placement is theirs when they agree at the target's pp; when they disagree the reshard is
-// refused as ambiguous, and when neither reproduces the source ("type:" methods, custom
-// partitions) it is refused too. The layer count is one past the highest layer index named by a
-// layer file or parameter (layers without state, e.g. functions, past the last one are invisible).
+// PipelineModule's partition_method, which no file records. At the source's pp the saved stages
+// are kept, whatever placed them. At another pp ucp takes the two methods that need nothing but
+// the checkpoint, "uniform" (partition_uniform over the layer count) and "parameters"
+// (DeepSpeed's partition_balanced over each layer's trainable element count), and keeps those
+// that put every parameter of the source on the stage whose param_shapes list it. The target's
+// placement is theirs when they put every parameter on the same stage at the target's pp; when
+// they do not, the reshard is refused as ambiguous, and when neither reproduces the source
+// ("type:" methods, custom partitions) it is refused too. The layer count is one past the highest
+// layer index named by a layer file or parameter (stateless layers, e.g. functions, past the last
+// one are invisible).
 //
 // Atoms: per parameter (global name "<LL>.<name>"), "fp32", "exp_avg", "exp_avg_sq" (every
 // per-parameter optimizer state), "step" (its stage's 0-d step) and "bit16" (the layer file's
