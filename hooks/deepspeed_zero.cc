@@ -510,9 +510,8 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
                                "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
   }
   if (!listing.layer_files.empty()) {
-    return Status::Unsupported(
-        Prefix(tag_dir) + "pp=" + std::to_string(std::max<size_t>(listing.model_states.size(), 2)) +
-        ": pipeline-parallel resharding is not supported yet");
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "a pipeline tag (the deepspeed-pipe adapter reads it)");
   }
   if (listing.model_states.size() > 1) {
     return Status::Unsupported(Prefix(tag_dir) +
@@ -526,7 +525,7 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && listing->zero3_model_states.empty() &&
+  return listing.ok() && listing->zero3_model_states.empty() && listing->layer_files.empty() &&
          (!listing->model_states.empty() || !listing->optim.empty());
 }
 

@@ -1,15 +1,17 @@
 #include "hooks/framework_adapter.h"
 
+#include "hooks/deepspeed_pipe.h"
 #include "hooks/deepspeed_zero.h"
 #include "hooks/deepspeed_zero3.h"
 
 namespace ucp::hooks {
 
 const std::vector<const FrameworkAdapter*>& Adapters() {
+  static const DeepSpeedPipeAdapter* const kDeepSpeedPipe = new DeepSpeedPipeAdapter();
   static const DeepSpeedZero3Adapter* const kDeepSpeedZero3 = new DeepSpeedZero3Adapter();
   static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
   static const std::vector<const FrameworkAdapter*>* const kAdapters =
-      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero3, kDeepSpeedZero};
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedPipe, kDeepSpeedZero3, kDeepSpeedZero};
   return *kAdapters;
 }
 

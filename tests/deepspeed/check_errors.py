@@ -6,7 +6,7 @@ naming the file and the field, and nothing left behind (no output, no temporary,
 Inputs are damaged copies of z1_fp32/dp4/global_step5 (a missing rank file, a truncated file,
 rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins);
 arguments: malformed --to specifications, a world size the target does not divide, an existing
-output; unsupported checkpoints: the pipeline and tensor-parallel fixtures.
+output; unsupported checkpoints: the tensor-parallel fixture; an ambiguous pipeline target.
 """
 
 import os
@@ -142,12 +142,17 @@ os.makedirs(universal)
 expect_failure("existing export", ["export", SOURCE, "--format", "deepspeed-universal", "--out",
                                    universal], USAGE, ["existing_universal", "--force"])
 
-# Checkpoints this version refuses: pipeline parallel, tensor parallel.
+# Checkpoints this version refuses: tensor parallel.
 for what, tag, words in (
-        ("pipeline", f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5", [("pp=2", "pipeline")]),
-        ("tensor", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", [("tp=2", "tensor")])):
+        ("tensor", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", [("tp=2", "tensor")]),):
     save = harness.fresh_dir(f"{work}/{what}_out")
     expect_failure(what, ["reshard", tag, "--to", "dp=2", "--out", save], INPUT, words, save)
     expect_failure(f"{what} (export)", ["export", tag, "--format", "deepspeed-universal", "--out",
                                         f"{save}/u"], INPUT, words, save)
+
+# A pipeline target whose layer placement DeepSpeed's recorded stages leave ambiguous.
+save = harness.fresh_dir(f"{work}/pipeline_pp3_out")
+expect_failure("pipeline pp=3", ["reshard", f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5", "--to",
+                                 "pp=3,dp=1", "--out", save], INPUT,
+               ["pp=3", "ambiguous layer placement"], save)
 report.exit()

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Real DeepSpeed v0.14.5 pipeline parallelism end to end under LD_PRELOAD=libucp.so (CPU, gloo).
+
+The trainer is ../shared/tools/deepspeed-cpu/train_pipe.py (PipelineModule of 4 layers,
+partition_method 'uniform', ZeRO-1, fp32; the global batch of every step is fixed, so losses
+compare across (pp, dp)). One CTest test per step, sharing WORK/pipe:
+
+  save        PP=2 x DP=2 (4 ranks) without and with the preload: steps 1..STEPS, saves tag
+              global_step<SAVE_AT>; under the preload the save must leave a committed index,
+              DeepSpeed's files byte for byte those of the run without it, and the same losses.
+  universal   DeepSpeed's own path, no preload: ds_to_universal.py, then the universal load at
+              PP=1 x DP=2 and steps SAVE_AT+1..STEPS (the oracle).
+  preload     the plain load_checkpoint at PP=1 x DP=2 under the preload with UCP_TOPOLOGY=pp=1
+              (the world size alone cannot tell pp: see the README) and the same steps: every
+              loss must have the same float32 bits as the universal run's; the served files must
+              be the bytes `ucp reshard --to pp=1,dp=2` writes.
+
+Usage: ds_pipe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+Exit status 77 with the reason when DeepSpeed v0.14.5 is not importable (ds_e2e.py's rule).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import ds_e2e
+from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
+
+SAVE_PP, SAVE_DP = 2, 2
+RESUME_PP, RESUME_DP = 1, 2
+SAVE_AT, STEPS = 3, 6
+TAG = f'global_step{SAVE_AT}'
+VIEW = f'tp1-pp{RESUME_PP}-dp{RESUME_DP}'
+
+
+def launch(args, env, pp, dp, log, extra):
+    """Runs train_pipe.py at pp x dp ranks; returns (exit status, seconds, output)."""
+    command = [sys.executable, 'launch.py', str(pp * dp), str(ds_e2e.free_port()), 'train_pipe.py',
+               '--pp', str(pp)] + extra
+    start = time.monotonic()
+    with open(log, 'w') as out:
+        status = subprocess.run(command, cwd=args.tools, env=env, stdout=out,
+                                stderr=subprocess.STDOUT).returncode
+    return status, time.monotonic() - start, open(log, errors='replace').read()
+
+
+def step_save(args, env, work):
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    logs = os.path.join(work, 'logs_save')
+    runs = {}
+    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
+                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
+        status, seconds, output = launch(
+            args, run_env, SAVE_PP, SAVE_DP, os.path.join(work, f'{name}.log'),
+            ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
+             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')])
+        if status != 0:
+            fail(f'DeepSpeed pp{SAVE_PP}dp{SAVE_DP} training ({name}) exited {status}:\n'
+                 f'{output[-3000:]}')
+        runs[name] = losses(os.path.join(work, f'{name}.json'))
+        print(f'pp{SAVE_PP}dp{SAVE_DP} run {"under" if name == "save" else "without"} the preload: '
+              f'{seconds:.1f} s')
+    print_losses(f'losses pp{SAVE_PP}dp{SAVE_DP}', runs['save'])
+    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
+            {s: float32_bits(v) for s, v in runs['plain'].items()}:
+        fail('the preload changed the losses of the saving run')
+    tag_dir = os.path.join(work, 'ckpt', TAG)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not os.path.isfile(index):
+        fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
+    files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    expected = sorted([f'layer_{layer:02d}-model_states.pt' for layer in range(4)] +
+                      [f'mp_rank_{s:02d}_model_states.pt' for s in range(SAVE_PP)] +
+                      [f'zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt'
+                       for s in range(SAVE_PP) for r in range(SAVE_DP)])
+    if files != expected:
+        fail(f'tag files {files}, expected {expected}')
+    for name in files:
+        plain = os.path.join(work, 'ckpt_plain', TAG, name)
+        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
+            fail(f'{name} saved under the preload differs from {plain}')
+    print(f'index committed: {index} ({os.path.getsize(index)} bytes)')
+
+
+def step_universal(args, env, work):
+    tag_dir = os.path.join(work, 'ckpt', TAG)
+    universal = os.path.join(work, 'universal')
+    shutil.rmtree(universal, ignore_errors=True)
+    start = time.monotonic()
+    convert = subprocess.run(
+        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
+         '--input_folder', tag_dir, '--output_folder', os.path.join(universal, f'{TAG}_universal'),
+         '--inject_missing_state'], env=env, capture_output=True, text=True)
+    convert_seconds = time.monotonic() - start
+    if convert.returncode != 0:
+        fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
+    status, seconds, output = launch(
+        args, env, RESUME_PP, RESUME_DP, os.path.join(work, 'universal.log'),
+        ['--steps', str(STEPS), '--load_dir', universal, '--universal',
+         '--out', os.path.join(work, 'universal.json')])
+    if status != 0:
+        fail(f'DeepSpeed universal load at pp{RESUME_PP}dp{RESUME_DP} exited {status}:\n'
+             f'{output[-3000:]}')
+    print(f'ds_to_universal.py: {convert_seconds:.1f} s; pp{RESUME_PP}dp{RESUME_DP} universal '
+          f'resume: {seconds:.1f} s')
+    print_losses('losses universal', losses(os.path.join(work, 'universal.json')))
+
+
+def step_preload(args, env, work):
+    logs = os.path.join(work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'pp={RESUME_PP}')
+    status, seconds, output = launch(
+        args, run_env, RESUME_PP, RESUME_DP, os.path.join(work, 'preload.log'),
+        ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
+         '--out', os.path.join(work, 'preload.json')])
+    if status != 0:
+        fail(f'plain load_checkpoint at pp{RESUME_PP}dp{RESUME_DP} under the preload exited '
+             f'{status}:\n{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    print(f'pp{RESUME_PP}dp{RESUME_DP} plain resume under the preload: {seconds:.1f} s')
+    got = losses(os.path.join(work, 'preload.json'))
+    oracle = losses(os.path.join(work, 'universal.json'))
+    full = losses(os.path.join(work, 'save.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    if sorted(got) != steps or sorted(oracle) != steps:
+        fail(f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}, expected {steps}')
+    print_losses('losses preload', got)
+    print_losses('losses universal', oracle)
+    print_losses(f'losses pp{SAVE_PP}dp{SAVE_DP} uninterrupted', {s: full[s] for s in steps})
+    mismatched = [s for s in steps if float32_bits(got[s]) != float32_bits(oracle[s])]
+    if mismatched:
+        fail('losses differ from DeepSpeed\'s universal load at steps ' +
+             ', '.join(f'{s} ({float32_bits(got[s])} vs {float32_bits(oracle[s])})'
+                       for s in mismatched))
+    print(f'losses bit-identical to DeepSpeed\'s universal load at steps {steps[0]}..{steps[-1]}')
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', VIEW)
+    resharded = os.path.join(work, 'reshard')
+    shutil.rmtree(resharded, ignore_errors=True)
+    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to',
+                    f'pp={RESUME_PP},dp={RESUME_DP}', '--out', resharded], check=True,
+                   stdout=subprocess.DEVNULL)
+    resharded = os.path.join(resharded, TAG)
+    served = sorted(n for n in os.listdir(resharded)
+                    if n.endswith('.pt') and not n.startswith('layer_'))
+    for name in served:
+        stored = os.path.join(view, 'served.' + name)
+        if not os.path.isfile(stored):
+            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
+                 f'{log_tail(logs)}')
+        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{stored} differs from `ucp reshard`\'s {name}')
+    print(f'served files equal `ucp reshard --to pp={RESUME_PP},dp={RESUME_DP}`: {" ".join(served)}')
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('step', choices=['save', 'universal', 'preload'])
+    parser.add_argument('--work', required=True)
+    parser.add_argument('--tools', required=True)
+    parser.add_argument('--lib', required=True)
+    parser.add_argument('--ucp', required=True)
+    args = parser.parse_args()
+    for name in ('work', 'tools', 'lib', 'ucp'):
+        setattr(args, name, os.path.abspath(getattr(args, name)))
+    if not os.path.isfile(os.path.join(args.tools, 'train_pipe.py')):
+        ds_e2e.skip(f'no DeepSpeed pipeline trainer at {args.tools}')
+    env = ds_e2e.trainer_environment(args.tools)
+    work = os.path.join(args.work, 'pipe')
+    if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
+        fail(f'no saved checkpoint in {work} (run the save step first)')
+    {'save': step_save, 'universal': step_universal, 'preload': step_preload}[args.step](
+        args, env, work)
+
+
+if __name__ == '__main__':
+    main()
