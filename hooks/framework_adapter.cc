@@ -1,5 +1,6 @@
 #include "hooks/framework_adapter.h"
 
+#include "hooks/deepspeed_tp.h"
 #include "hooks/deepspeed_zero.h"
 #include "hooks/deepspeed_zero3.h"
 
@@ -7,9 +8,10 @@ namespace ucp::hooks {
 
 const std::vector<const FrameworkAdapter*>& Adapters() {
   static const DeepSpeedZero3Adapter* const kDeepSpeedZero3 = new DeepSpeedZero3Adapter();
+  static const DeepSpeedTpAdapter* const kDeepSpeedTp = new DeepSpeedTpAdapter();
   static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
   static const std::vector<const FrameworkAdapter*>* const kAdapters =
-      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero3, kDeepSpeedZero};
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedZero3, kDeepSpeedTp, kDeepSpeedZero};
   return *kAdapters;
 }
 
