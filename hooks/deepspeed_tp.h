@@ -37,7 +37,8 @@
 //                                                        // the sub-parameters (one: plain split)
 //                          "vocab": true,                // split on dim 0 with padding rows
 //                          "universal": "cat_dim" | "n_sub_params" | "sub_param_shape",
-//                          "sub_param_shape": {...}      // with "universal": "sub_param_shape"
+//                          "sub_param_shape": 0          // with "universal": "sub_param_shape":
+//                                                        // its parameter_with_sub_params entry
 //                         }, ...}}
 // TP rank t's slice of a split parameter holds, for every sub-parameter i of global extent S_i,
 // the elements [G_i + t·S_i/tp, G_i + (t+1)·S_i/tp) along dim (G_i: the extents before i), in
