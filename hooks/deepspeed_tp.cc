@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <regex>
@@ -784,6 +785,13 @@ Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
   const auto unsupported = [&](const std::string& what) {
     return Status::Unsupported(Prefix(r.path()) + name + ": " + what);
   };
+  // Every dimension times tp fits: the full tensor's element count is checked by the index.
+  for (const uint64_t dim : local) {
+    if (!CheckedMul(dim, uint64_t{tp})) {
+      return Status::OutOfRange(Prefix(r.path()) + name + ": " + ShapeText(local) +
+                                " × tp=" + std::to_string(tp) + " overflows");
+    }
+  }
   const bool vocab = AnyMatch(patterns.vocabulary, name);
   ShardMap map;
   if (AnyMatch(patterns.replicated, name) || AnyMatch(patterns.averaged, name)) {
@@ -833,8 +841,10 @@ Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
       } else {
         return FieldError(r, field + "/shape", "not a shape of ints and tuples of ints");
       }
-      uint64_t total = 0;
-      for (const uint64_t s : sizes) total += s;
+      std::optional<uint64_t> sum = 0;
+      for (const uint64_t s : sizes) sum = sum ? CheckedAdd(*sum, s) : std::nullopt;
+      if (!sum) return FieldError(r, field + "/shape", "sizes overflow");
+      const uint64_t total = *sum;
       if (d == map.dim) {
         map.sub_params = sizes;
         if (total != local[d] * tp) {
@@ -1794,8 +1804,10 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
     uint64_t storage_numel = numel;
     if (map.vocab) {
       // ds_to_universal keeps the merged tensor's storage, padding rows included.
-      const std::optional<uint64_t> padded = CheckedMul(numel / atom.shape[0], facts.vocab->padded);
-      if (!padded || atom.shape[0] == 0) {
+      const std::optional<uint64_t> padded =
+          atom.shape[0] == 0 ? std::nullopt
+                             : CheckedMul(numel / atom.shape[0], facts.vocab->padded);
+      if (!padded) {
         return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
       }
       storage_numel = *padded;

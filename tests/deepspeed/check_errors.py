@@ -6,7 +6,8 @@ naming the file and the field, and nothing left behind (no output, no temporary,
 Inputs are damaged copies of z1_fp32/dp4/global_step5 (a missing rank file, a truncated file,
 rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins);
 arguments: malformed --to specifications, a world size the target does not divide, an existing
-output; unsupported checkpoints: the pipeline and tensor-parallel fixtures.
+output; unsupported checkpoints: the pipeline fixture, and a tensor-parallel target that does not
+split evenly.
 """
 
 import os
@@ -142,10 +143,14 @@ os.makedirs(universal)
 expect_failure("existing export", ["export", SOURCE, "--format", "deepspeed-universal", "--out",
                                    universal], USAGE, ["existing_universal", "--force"])
 
-# Checkpoints this version refuses: pipeline parallel, tensor parallel.
+# A tensor-parallel target whose splits do not divide evenly (144 fused QKV rows over 5 ranks).
+save = harness.fresh_dir(f"{work}/tensor_out")
+expect_failure("tensor", ["reshard", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", "--to",
+                          "tp=5,dp=1", "--out", save], INPUT, ["tp=5", "split evenly"], save)
+
+# Checkpoints this version refuses: pipeline parallel.
 for what, tag, words in (
-        ("pipeline", f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5", [("pp=2", "pipeline")]),
-        ("tensor", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", [("tp=2", "tensor")])):
+        ("pipeline", f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5", [("pp=2", "pipeline")]),):
     save = harness.fresh_dir(f"{work}/{what}_out")
     expect_failure(what, ["reshard", tag, "--to", "dp=2", "--out", save], INPUT, words, save)
     expect_failure(f"{what} (export)", ["export", tag, "--format", "deepspeed-universal", "--out",
