@@ -516,7 +516,7 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (listing.model_states.size() > 1) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "tp=" + std::to_string(listing.model_states.size()) +
-                               ": tensor-parallel resharding is not supported yet");
+                               ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
   }
   return Status::Ok();
 }
@@ -525,8 +525,15 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && listing->zero3_model_states.empty() && listing->layer_files.empty() &&
-         (!listing->model_states.empty() || !listing->optim.empty());
+  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty()) {
+    return false;
+  }
+  // Tensor-parallel tags (mp ranks > 0 without pipeline layer files) are DeepSpeedTpAdapter's.
+  const bool tensor_parallel =
+      (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) ||
+      std::any_of(listing->optim.begin(), listing->optim.end(),
+                  [](const RankFile& entry) { return entry.mp > 0; });
+  return !tensor_parallel && (!listing->model_states.empty() || !listing->optim.empty());
 }
 
 Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
@@ -542,7 +549,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   if (mp != 1) {
     return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
                                ": tp=" + std::to_string(mp) +
-                               ": tensor-parallel resharding is not supported yet");
+                               ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
   }
   const bool bf16 = Bf16Prefix(listing, reader);
   const Value* config = OptionalField(reader, "ds_config");
@@ -591,7 +598,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
   for (const RankFile& entry : listing.optim) {
     if (entry.mp != 0) {
       return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
-                                 ": tensor-parallel resharding is not supported yet");
+                                 ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
     }
     if (entry.prefix != prefix) {
       return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +

@@ -24,7 +24,7 @@
 // tensor, as ds_to_universal writes step.pt for every parameter).
 //
 // Refused with kUnsupported: ZeRO-3 tags (deepspeed_zero3.h reads them), pipeline tags
-// (deepspeed_pipe.h reads them), tp > 1, pp > 1, elastic checkpoints.
+// (deepspeed_pipe.h reads them), tp > 1 (deepspeed_tp.h reads them), elastic checkpoints.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -47,9 +47,9 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   uint32_t schema() const override { return kSchema; }
 
   // True when `tag_dir` holds DeepSpeed checkpoint file names (model or optimizer states), no
-  // ZeRO-3 model-states file (zero_pp_rank_N_mp_rank_XX_model_states.pt: DeepSpeedZero3Adapter's)
-  // and no pipeline layer file (layer_XX-model_states.pt: DeepSpeedPipeAdapter's);
-  // tensor-parallel tags are recognised so that BuildIndex can refuse them by name.
+  // ZeRO-3 model-states file (zero_pp_rank_N_mp_rank_XX_model_states.pt: DeepSpeedZero3Adapter's),
+  // no pipeline layer file (layer_XX-model_states.pt: DeepSpeedPipeAdapter's) and no file of a TP
+  // rank > 0 (DeepSpeedTpAdapter's).
   bool Recognizes(const std::string& tag_dir) const override;
 
   // mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt for r <

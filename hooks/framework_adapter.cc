@@ -1,6 +1,7 @@
 #include "hooks/framework_adapter.h"
 
 #include "hooks/deepspeed_pipe.h"
+#include "hooks/deepspeed_tp.h"
 #include "hooks/deepspeed_zero.h"
 #include "hooks/deepspeed_zero3.h"
 
@@ -9,9 +10,11 @@ namespace ucp::hooks {
 const std::vector<const FrameworkAdapter*>& Adapters() {
   static const DeepSpeedPipeAdapter* const kDeepSpeedPipe = new DeepSpeedPipeAdapter();
   static const DeepSpeedZero3Adapter* const kDeepSpeedZero3 = new DeepSpeedZero3Adapter();
+  static const DeepSpeedTpAdapter* const kDeepSpeedTp = new DeepSpeedTpAdapter();
   static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
   static const std::vector<const FrameworkAdapter*>* const kAdapters =
-      new std::vector<const FrameworkAdapter*>{kDeepSpeedPipe, kDeepSpeedZero3, kDeepSpeedZero};
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedPipe, kDeepSpeedZero3, kDeepSpeedTp,
+                                               kDeepSpeedZero};
   return *kAdapters;
 }
 

@@ -6,7 +6,8 @@ naming the file and the field, and nothing left behind (no output, no temporary,
 Inputs are damaged copies of z1_fp32/dp4/global_step5 (a missing rank file, a truncated file,
 rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins);
 arguments: malformed --to specifications, a world size the target does not divide, an existing
-output; unsupported checkpoints: the tensor-parallel fixture; an ambiguous pipeline target.
+output; unsupported targets: a tensor-parallel one that does not split evenly, an ambiguous
+pipeline one.
 """
 
 import os
@@ -142,13 +143,10 @@ os.makedirs(universal)
 expect_failure("existing export", ["export", SOURCE, "--format", "deepspeed-universal", "--out",
                                    universal], USAGE, ["existing_universal", "--force"])
 
-# Checkpoints this version refuses: tensor parallel.
-for what, tag, words in (
-        ("tensor", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", [("tp=2", "tensor")]),):
-    save = harness.fresh_dir(f"{work}/{what}_out")
-    expect_failure(what, ["reshard", tag, "--to", "dp=2", "--out", save], INPUT, words, save)
-    expect_failure(f"{what} (export)", ["export", tag, "--format", "deepspeed-universal", "--out",
-                                        f"{save}/u"], INPUT, words, save)
+# A tensor-parallel target whose splits do not divide evenly (144 fused QKV rows over 5 ranks).
+save = harness.fresh_dir(f"{work}/tensor_out")
+expect_failure("tensor", ["reshard", f"{fixtures}/tp2_z1_fp32/tp2dp2/global_step5", "--to",
+                          "tp=5,dp=1", "--out", save], INPUT, ["tp=5", "split evenly"], save)
 
 # A pipeline target whose layer placement DeepSpeed's recorded stages leave ambiguous.
 save = harness.fresh_dir(f"{work}/pipeline_pp3_out")

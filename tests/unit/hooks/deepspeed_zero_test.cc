@@ -315,12 +315,14 @@ TEST(DeepSpeedRefusalTest, RefusesZero3PipelineAndTensorParallelTags) {
       {Tag("z3_fp32", "dp4"), "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)"},
       {Tag("z3_bf16", "dp2"), "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)"},
       {Tag("pipe_z1_fp32", "pp2dp2"), "a pipeline tag (the deepspeed-pipe adapter reads it)"},
-      {Tag("tp2_z1_fp32", "tp2dp2"), "tp=2: tensor-parallel resharding is not supported yet"},
+      {Tag("tp2_z1_fp32", "tp2dp2"), "tp=2: a tensor-parallel tag (the deepspeed-tp adapter"},
   };
   for (const auto& [tag, message] : cases) {
-    // ZeRO-3 and pipeline tags are left to their adapters, and refused when asked anyway.
-    EXPECT_EQ(Adapter().Recognizes(tag),
-              tag.find("/z3_") == std::string::npos && tag.find("/pipe_") == std::string::npos)
+    // ZeRO-3, pipeline and tensor-parallel tags are left to their adapters, and refused when
+    // asked anyway.
+    EXPECT_EQ(Adapter().Recognizes(tag), tag.find("/z3_") == std::string::npos &&
+                                             tag.find("/pipe_") == std::string::npos &&
+                                             tag.find("/tp2_") == std::string::npos)
         << tag;
     Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
     ASSERT_FALSE(index.ok()) << tag;
