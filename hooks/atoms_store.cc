@@ -23,8 +23,7 @@ namespace {
 
 constexpr uint64_t kMinShardBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxShardBytes = uint64_t{4} << 30;
-// AtomIndex::Read's bound; a done marker lists a few files.
-constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
+// A done marker lists a few files.
 constexpr uint64_t kMaxMarkerBytes = uint64_t{16} << 20;
 
 std::string StorePathOf(const std::string& tag_dir) {
@@ -226,7 +225,7 @@ Status WriteStoreShare(const AtomIndex& index, uint64_t index_xxh3, const std::s
 Result<bool> FinalizeStore(const std::string& tag_dir, uint64_t index_xxh3) {
   UCP_ASSIGN_OR_RETURN(const FileLock lock, FileLock::Acquire(IndexLockPath(tag_dir)));
   const std::string index_path = AtomIndexPath(tag_dir);
-  Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
+  Result<std::string> bytes = ReadSmallFile(index_path, kMaxAtomIndexBytes);
   if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) return false;
   if (!bytes.ok()) return bytes.status();
   if (XXH3_64bits(bytes->data(), bytes->size()) != index_xxh3) return false;
@@ -361,7 +360,7 @@ void AtomsMaterializer::Run() {
 
 AtomsMaterializer::Outcome AtomsMaterializer::Attempt(const std::string& tag_dir, const Job& job) {
   const std::string index_path = AtomIndexPath(tag_dir);
-  Result<std::string> bytes = ReadSmallFile(index_path, kMaxIndexBytes);
+  Result<std::string> bytes = ReadSmallFile(index_path, kMaxAtomIndexBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) return Outcome::kWaiting;
     UCP_LOG_WARN("atoms: {}; no share", bytes.status().message());

@@ -17,9 +17,6 @@
 namespace ucp::hooks {
 namespace {
 
-// AtomIndex::Read's bound.
-constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
-
 // What identifies one version of index.json: a re-save renames a new file over it.
 struct IndexIdentity {
   dev_t device = 0;
@@ -61,7 +58,7 @@ Result<LoadedIndex> LoadIndex(const std::string& path) {
   struct stat info;
   if (::fstat(file.fd(), &info) != 0) return PosixError("index: fstat " + path, errno);
   const uint64_t size = static_cast<uint64_t>(info.st_size);
-  if (size > kMaxIndexBytes) {
+  if (size > kMaxAtomIndexBytes) {
     return Status::OutOfRange("index " + path + ": " + std::to_string(size) + " bytes");
   }
   std::string bytes(size, '\0');

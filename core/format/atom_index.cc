@@ -17,8 +17,6 @@ namespace {
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
-
 std::string Member(const std::string& path, std::string_view key) {
   return path.empty() ? std::string(key) : path + "." + std::string(key);
 }
@@ -594,15 +592,9 @@ Result<AtomIndex> AtomIndex::Parse(std::string_view json, std::string source) {
 }
 
 Result<AtomIndex> AtomIndex::Read(const std::string& path) {
-  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
-  UCP_ASSIGN_OR_RETURN(const uint64_t size, file.Size());
-  if (size > kMaxIndexBytes) {
-    return Status::OutOfRange("atom index " + path + ": " + std::to_string(size) +
-                              " bytes, more than the 1 GiB limit");
-  }
-  std::string text(static_cast<size_t>(size), '\0');
-  UCP_RETURN_IF_ERROR(file.ReadAt(0, std::as_writable_bytes(std::span(text))));
-  return Parse(text, path);
+  Result<std::string> text = ReadSmallFile(path, kMaxAtomIndexBytes);
+  if (!text.ok()) return text.status().WithContext("atom index");
+  return Parse(*text, path);
 }
 
 const Atom* AtomIndex::Find(std::string_view param, std::string_view state) const {

@@ -82,6 +82,9 @@ inline constexpr uint32_t kAtomIndexVersion = 2;
 // The roles of the atoms store's files.
 inline constexpr std::string_view kStoreAtomsRole = "ucp-atoms";
 inline constexpr std::string_view kStoreCopyRole = "ucp-copy";
+// The largest index document any reader loads (a bound on what an untrusted file can make ucp
+// allocate).
+inline constexpr uint64_t kMaxAtomIndexBytes = uint64_t{1} << 30;
 // Where the index of a tag lives, relative to the tag directory.
 inline constexpr std::string_view kAtomIndexRelativePath = ".ucp/index.json";
 // "<tag_dir>/.ucp/index.json".
@@ -191,7 +194,7 @@ class AtomIndex {
   static Result<AtomIndex> Create(AtomIndexContents contents, std::string source = "<memory>");
   // Parses and validates a JSON document.
   static Result<AtomIndex> Parse(std::string_view json, std::string source);
-  // Reads `path` (bounded: kOutOfRange above 1 GiB) and parses it.
+  // Reads `path` (bounded: kOutOfRange above kMaxAtomIndexBytes) and parses it.
   static Result<AtomIndex> Read(const std::string& path);
 
   AtomIndex(AtomIndex&&) = default;
