@@ -426,4 +426,325 @@ Status CheckTarget(const Topology& target) {
   return Status::Ok();
 }
 
+Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
+  Partitioning p;
+  p.ranks = dp;
+  const uint64_t alignment = kAlignmentFactor * dp;
+  const uint64_t remainder = total % alignment;
+  p.padding = remainder == 0 ? 0 : alignment - remainder;
+  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
+  if (!padded) {
+    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
+                              " elements: too large");
+  }
+  p.padded = *padded;
+  p.partition = p.padded / dp;
+  return p;
+}
+
+std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts) {
+  std::vector<size_t> order;
+  order.reserve(n);
+  for (size_t j = 0; j < std::min<size_t>(parts, n); ++j) {
+    for (size_t i = j; i < n; i += parts) order.push_back(i);
+  }
+  return order;
+}
+
+std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp) {
+  std::vector<size_t> original(n);
+  if (!round_robin) {
+    for (size_t i = 0; i < n; ++i) original[i] = i;
+    return original;
+  }
+  const std::vector<size_t> order = RoundRobinOrder(n, dp);
+  for (size_t position = 0; position < n; ++position) original[order[position]] = position;
+  return original;
+}
+
+std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
+                                           uint32_t r, bool round_robin) {
+  std::vector<SliceMapping> out;
+  const uint64_t begin = p.begin(r);
+  const uint64_t end = begin + p.partition;
+  uint64_t offset = 0;
+  for (const size_t k : OptimizerOrder(layout.names.size(), round_robin, p.ranks)) {
+    const uint64_t lo = std::max(offset, begin);
+    const uint64_t hi = std::min(offset + layout.numels[k], end);
+    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
+    offset += layout.numels[k];
+  }
+  return out;
+}
+
+Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& reader,
+                                               const std::string& field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  std::vector<SliceMapping> out;
+  for (const auto& [name, address] : NamedChildren(node)) {
+    int64_t numel = -1;
+    int64_t start = -1;
+    for (const auto& [attr, value] : NamedChildren(address)) {
+      if (value->kind() != Kind::kInt) continue;
+      if (attr == "numel") numel = value->AsInt64().value_or(-1);
+      if (attr == "start") start = value->AsInt64().value_or(-1);
+    }
+    if (numel < 0 || start < 0) {
+      return FieldError(reader, field + "/" + name, "not a fragment_address(numel, start)");
+    }
+    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
+  }
+  return out;
+}
+
+Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
+  Value* dict = graph.Object(pickle::Construction::kReduce,
+                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
+  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
+  for (const SliceMapping& m : mappings) {
+    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
+    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
+                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
+    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
+    dict->mutable_mutations().push_back(
+        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
+  }
+  return dict;
+}
+
+Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
+                                          std::string_view state, uint64_t begin, uint64_t end) {
+  std::vector<Segment> segments;
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const uint64_t off = layout.offsets[k];
+    const uint64_t lo = std::max(off, begin);
+    const uint64_t hi = std::min(off + layout.numels[k], end);
+    if (lo >= hi) continue;
+    const Atom* atom = index.Find(layout.names[k], state);
+    if (atom == nullptr) {
+      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
+                             std::string(state));
+    }
+    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo - off, hi - off, atom->shape));
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, region));
+    AppendSegments(segments, more);
+  }
+  return segments;
+}
+
+Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
+                             const std::vector<const TorchTensor*>& per_rank, uint32_t first_file) {
+  const uint64_t off = layout.offsets[k];
+  const uint64_t end = off + layout.numels[k];
+  for (uint32_t r = 0; r < p.ranks; ++r) {
+    const uint64_t lo = std::max(off, p.begin(r));
+    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
+    if (lo >= hi) continue;
+    const TorchTensor* tensor = per_rank[r];
+    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
+    const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
+    const std::optional<uint64_t> offset =
+        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
+    if (!offset) {
+      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
+                                ": offset overflow");
+    }
+    atom.fragments.push_back({first_file + r, *offset, tensor->dtype, std::move(region)});
+  }
+  return Status::Ok();
+}
+
+Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
+  ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
+  const TorchArchiveReader& r = ms.reader;
+  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
+  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
+  if (shapes->kind() != Kind::kList || shapes->items().empty()) {
+    return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
+  }
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    std::vector<std::string> names;
+    std::vector<Shape> dims;
+    const std::string field = "param_shapes/" + std::to_string(g);
+    for (const auto& [key, value] : NamedChildren(shapes->items()[g])) {
+      std::optional<Shape> shape = ShapeOf(value);
+      if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
+      names.push_back(key);
+      dims.push_back(std::move(*shape));
+    }
+    if (names.empty()) return FieldError(r, field, "no parameters");
+    Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
+    if (!layout.ok()) return FieldError(r, field, layout.status().message());
+    ms.groups.push_back(std::move(*layout));
+  }
+  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
+  }
+  if (const Value* rr = OptionalField(r, "ds_config/zero_optimization/round_robin_gradients")) {
+    ms.round_robin = rr->kind() == Kind::kBool && rr->bool_value();
+  }
+  return ms;
+}
+
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
+                                    size_t groups, std::string_view zero3) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
+  OptimStates os{entry, std::move(reader), false, std::nullopt, {}, {}, {}, {}};
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  if (const Value* stage = OptionalField(r, osd + "/zero_stage")) {
+    os.zero_stage = ZeroStageOf(stage);
+    if (!os.zero_stage) return FieldError(r, osd + "/zero_stage", "not a ZeroStageEnum");
+    if (*os.zero_stage >= 3) return Status::Unsupported(Prefix(r.path()) + std::string(zero3));
+  }
+  os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
+  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
+  UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
+  UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
+  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
+  if (state == nullptr || state->kind() != Kind::kDict) {
+    return Status::Unsupported(Prefix(r.path()) + osd +
+                               "/base_optimizer_state: not a torch optimizer state_dict "
+                               "(elastic checkpoints are not supported)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    OptimGroup group;
+    const std::string gs = std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
+    for (const auto& [key, value] : NamedChildren(states)) {
+      const TorchTensor* tensor = r.TensorAt(value);
+      if (tensor != nullptr) group.states.push_back({key, tensor});
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* fp32,
+                         Field(r, osd + "/single_partition_of_fp32_groups/" + gs));
+    group.fp32 = r.TensorAt(fp32);
+    if (group.fp32 == nullptr) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
+    }
+    UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
+    UCP_ASSIGN_OR_RETURN(group.param_group,
+                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
+    os.groups.push_back(std::move(group));
+  }
+  return os;
+}
+
+Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  const size_t groups = ms.groups.size();
+  if (os.ds_version != ms.ds_version) {
+    return FieldError(r, osd + "/ds_version",
+                      "\"" + os.ds_version + "\", but " + ms.name + " has \"" + ms.ds_version +
+                          "\" (a file of another save)");
+  }
+  if (os.partition_count != std::vector<int64_t>(groups, ms.dp)) {
+    return FieldError(r, osd + "/partition_count",
+                      ListText(os.partition_count) + ", but " + ms.name + " has dp_world_size " +
+                          std::to_string(ms.dp) + " and " + std::to_string(groups) +
+                          " parameter group(s) (a file of another save)");
+  }
+  if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
+    return FieldError(r, osd + "/zero_stage",
+                      "differs from " + first.entry.name + " (a file of another save)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const std::string gs = std::to_string(g);
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    const uint64_t padding = p.padding_of(os.entry.dp);
+    if (os.group_paddings.size() != groups ||
+        static_cast<uint64_t>(os.group_paddings[g]) != padding) {
+      return FieldError(r, osd + "/group_paddings",
+                        ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
+                            " for group " + gs + " from param_shapes in " + ms.name);
+    }
+    const OptimGroup& group = os.groups[g];
+    const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
+    if (group.fp32->shape.size() != 1 || group.fp32->numel() != fp32_numel ||
+        !group.fp32->contiguous()) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
+                        "shape " + ShapeText(group.fp32->shape) + ", expected [" +
+                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
+    }
+    if (group.states.size() != first.groups[g].states.size()) {
+      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
+                        "other state keys than " + first.entry.name);
+    }
+    for (size_t k = 0; k < group.states.size(); ++k) {
+      const StateTensor& st = group.states[k];
+      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
+      const StateTensor& reference = first.groups[g].states[k];
+      if (st.key != reference.key || st.tensor->shape != reference.tensor->shape ||
+          st.tensor->dtype != reference.tensor->dtype) {
+        return FieldError(r, field, "differs in name, shape or dtype from " + first.entry.name);
+      }
+      if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
+      const bool scalar = st.tensor->shape.empty();
+      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
+      if (!scalar && !partition) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
+            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
+      }
+    }
+    const std::vector<SliceMapping> expected =
+        ExpectedMappings(layout, p, os.entry.dp, ms.round_robin);
+    const std::string field = osd + "/param_slice_mappings/" + gs;
+    for (size_t i = 0; i < std::max(expected.size(), group.mappings.size()); ++i) {
+      if (i < expected.size() && i < group.mappings.size() && expected[i] == group.mappings[i]) {
+        continue;
+      }
+      if (i >= group.mappings.size()) {
+        return FieldError(r, field,
+                          "no entry for " + expected[i].name + ", which param_shapes in " +
+                              ms.name + " places in this partition");
+      }
+      const SliceMapping& got = group.mappings[i];
+      std::string want = "nothing";
+      if (i < expected.size()) {
+        want = expected[i].name + " numel " + std::to_string(expected[i].numel) + " start " +
+               std::to_string(expected[i].start);
+      }
+      return FieldError(r, field + "/" + got.name,
+                        "numel " + std::to_string(got.numel) + " start " +
+                            std::to_string(got.start) + ", but param_shapes in " + ms.name +
+                            " gives " + want);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file) {
+  const std::string osd(kOsd);
+  ArchiveOutput out;
+  out.path = "zero/optimizer_state.pt";
+  const Value* template_dict = reader.root()->Get(kOsd);
+  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
+    return FieldError(reader, kOsd, "missing");
+  }
+  Value* dict = out.graph.Import(template_dict);
+  Value* base = dict->Get("base_optimizer_state");
+  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
+  if (param_groups == nullptr) {
+    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
+  }
+  std::vector<std::pair<Value*, Value*>> entries;
+  for (const auto& [key, value] : dict->entries()) {
+    const std::string name = KeyText(key);
+    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
+        name == "param_slice_mappings") {
+      continue;
+    }
+    entries.emplace_back(key, value);
+  }
+  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
+  out.graph.set_root(out.graph.Dict(std::move(entries)));
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(out.graph.root(), reader, file, {}));
+  return out;
+}
+
 }  // namespace ucp::hooks::deepspeed

@@ -1,8 +1,11 @@
-// Pieces the DeepSpeed adapters share (deepspeed_zero.h: ZeRO-1/2; deepspeed_zero3.h: ZeRO-3):
-// file names of a tag, typed reads of pickle fields with errors naming the file and the field,
-// and the building blocks of plans over a template archive. Internal to hooks/; not an interface.
+// Pieces the DeepSpeed adapters share (deepspeed_zero.h: ZeRO-1/2; deepspeed_pipe.h: pipeline;
+// deepspeed_tp.h: tensor parallelism; deepspeed_zero3.h: ZeRO-3): file names of a tag, typed reads
+// of pickle fields with errors naming the file and the field, ZeRO-1/2's partitioning rules and
+// optimizer files, and the building blocks of plans over a template archive. Internal to hooks/;
+// not an interface.
 //
-// Thread-safety: pure functions of their arguments (ListTag and OpenSource read the file system).
+// Thread-safety: pure functions of their arguments (ListTag, OpenSource, ReadModelStates and
+// ReadOptimStates read the file system).
 #pragma once
 
 #include <cstdint>
@@ -145,5 +148,123 @@ Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& 
 // A DeepSpeed data-parallel target: tp = pp = 1 (kUnsupported otherwise), dp > 0, world 0 or dp
 // (kInvalidArgument / kUnsupported otherwise).
 Status CheckTarget(const Topology& target);
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-1/2 (deepspeed_zero.h, and per pipeline stage or TP rank deepspeed_pipe.h, deepspeed_tp.h).
+
+// DeepSpeed pads every flat buffer to a multiple of nccl_start_alignment_factor × DP.
+inline constexpr uint64_t kAlignmentFactor = 2;
+
+// A flat buffer partitioned over DP ranks: padded at the end to a multiple of
+// kAlignmentFactor × ranks, rank r holding elements [begin(r), begin(r) + partition).
+struct Partitioning {
+  uint64_t padded = 0;     // flat buffer length
+  uint64_t partition = 0;  // P: elements per rank
+  uint64_t padding = 0;    // at the end, on the last rank
+  uint32_t ranks = 1;
+  uint64_t begin(uint32_t r) const { return uint64_t{r} * partition; }
+  uint64_t padding_of(uint32_t r) const { return r + 1 == ranks ? padding : 0; }
+};
+// The partitioning of a flat buffer of `total` real elements over `dp` > 0 ranks; kOutOfRange
+// when the padded length overflows.
+Result<Partitioning> Partition(uint64_t total, uint32_t dp);
+
+// DeepSpeed's _round_robin_reorder: positions 0 .. n-1 grouped by i % parts, groups in order.
+std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts);
+// The optimizer's own parameter order, from a flat order saved at `dp` ranks: original[i] is the
+// flat position of the optimizer's i-th parameter (the identity without round_robin).
+std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp);
+
+// One entry of param_slice_mappings: `numel` elements of parameter `name` at element `start` of
+// the rank's partition (DeepSpeed's fragment_address).
+struct SliceMapping {
+  std::string name;
+  uint64_t numel = 0;
+  uint64_t start = 0;
+  bool operator==(const SliceMapping&) const = default;
+};
+// param_slice_mappings of rank r of `p` as DeepSpeed computes them (_init_lp_to_hp_mapping): over
+// the optimizer's parameter order (OptimizerOrder at p.ranks) with offsets accumulated in THAT
+// order. Without round robin that is the flat buffer's order. With round_robin_gradients the
+// flat buffer is permuted but these offsets are not, so v0.14.5's mappings (and ds_to_universal's
+// output) do not describe the data; the data follows param_shapes, which the index and the
+// partitions use.
+std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
+                                           uint32_t r, bool round_robin);
+// The param_slice_mappings entry at `field` (name → fragment_address(numel, start)), in order;
+// kCorrupt naming the field when it is missing or an entry is not a fragment_address.
+Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& reader,
+                                               const std::string& field);
+// OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
+pickle::Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings);
+
+// Bytes of elements [begin, end) (end <= layout.total) of state `state`'s flat buffer laid out as
+// `layout`, as segments of the index's files; kCorrupt when the index lacks an atom it needs.
+Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
+                                          std::string_view state, uint64_t begin, uint64_t end);
+// Adds to `atom` (shape atom.shape) the fragments of flat state parameter k of `layout`: the
+// intersection of its range with every rank's partition of `p`, at the byte of rank r's tensor
+// per_rank[r] (in index file first_file + r) where it starts; kOutOfRange when an offset
+// overflows.
+Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
+                             const std::vector<const TorchTensor*>& per_rank, uint32_t first_file);
+
+// A model-states file mp_rank_XX_model_states.pt, read.
+struct ModelStates {
+  std::string name;
+  TorchArchiveReader reader;
+  std::string ds_version;
+  uint32_t dp = 0;                      // dp_world_size
+  std::vector<GroupLayout> groups;      // param_shapes, per parameter group
+  std::optional<int64_t> config_stage;  // ds_config's zero_optimization.stage when an int
+  bool round_robin = false;             // ds_config's zero_optimization.round_robin_gradients
+};
+// Reads `name` under `tag_dir`: kCorrupt naming the field when ds_version, dp_world_size
+// (DpWorldSize) or param_shapes (a non-empty list of non-empty groups of torch.Size) is missing
+// or mistyped, or a group's element count overflows.
+Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name);
+
+// One per-rank state tensor of a group: a partition-shaped state (1-d, P elements) or a 0-d one.
+struct StateTensor {
+  std::string key;
+  const TorchTensor* tensor = nullptr;
+};
+
+// Parameter group g of an optimizer file.
+struct OptimGroup {
+  std::vector<StateTensor> states;             // base_optimizer_state/state/g, pickle's order
+  const TorchTensor* fp32 = nullptr;           // single_partition_of_fp32_groups/g
+  std::vector<SliceMapping> mappings;          // param_slice_mappings/g
+  const pickle::Value* param_group = nullptr;  // base_optimizer_state/param_groups/g
+};
+
+// An optimizer file [bf16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt, read.
+struct OptimStates {
+  RankFile entry;
+  TorchArchiveReader reader;
+  bool bf16_optimizer = false;  // BF16_Optimizer (no loss_scaler), else DeepSpeedZeroOptimizer
+  std::optional<int64_t> zero_stage;
+  std::vector<int64_t> partition_count;
+  std::vector<int64_t> group_paddings;
+  std::string ds_version;
+  std::vector<OptimGroup> groups;
+};
+// Reads `entry` under `tag_dir` with `groups` parameter groups: kUnsupported for a zero_stage of
+// 3 or more (message Prefix(path) + `zero3`, the adapter's reason) and for a base_optimizer_state
+// that is not a torch optimizer state_dict (elastic checkpoints); kCorrupt naming the field that
+// is missing or mistyped.
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
+                                    size_t groups, std::string_view zero3);
+// Checks optimizer file `os` against its model states `ms` (ds_version, partition_count, and the
+// group_paddings, partition sizes and param_slice_mappings DeepSpeed computes from param_shapes)
+// and against `first`, the file every other is compared with (zero_stage, optimizer, state keys,
+// shapes and dtypes): kCorrupt naming the field that disagrees; kUnsupported for a state that is
+// neither 0-d nor the partition.
+Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first);
+
+// zero/optimizer_state.pt of ds_to_universal: the optimizer_state_dict of `reader` (index file
+// `file`) without its partitioned entries (base_optimizer_state, single_partition_of_fp32_groups,
+// param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
+Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
 
 }  // namespace ucp::hooks::deepspeed

@@ -18,17 +18,21 @@
 namespace ucp::hooks {
 namespace {
 
+using deepspeed::AddPartitionFragments;
 using deepspeed::Bf16Prefix;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
+using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -36,29 +40,34 @@ using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
 using deepspeed::OptionalField;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadMappings;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
+using deepspeed::SliceMapping;
+using deepspeed::StateTensor;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
+using deepspeed::UniversalOptimizerState;
 using deepspeed::ZeroStageOf;
 using pickle::Kind;
 using pickle::Value;
 
 constexpr std::string_view kLayerRole = "layer_states";
-// DeepSpeed pads every stage's flat buffer to a multiple of nccl_start_alignment_factor × DP.
-constexpr uint64_t kAlignmentFactor = 2;
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = 1 << 16;
 // Bounds the layer placement's work (DeepSpeed's partition_balanced is quadratic in the layers).
@@ -101,54 +110,7 @@ std::optional<uint32_t> LayerOf(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// DeepSpeed's rules: ZeRO-1 partitions of a stage's flat buffer (as in deepspeed_zero.cc) and
-// pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced).
-
-struct Partitioning {
-  uint64_t padded = 0;
-  uint64_t partition = 0;
-  uint64_t padding = 0;
-  uint32_t ranks = 1;
-  uint64_t begin(uint32_t r) const { return uint64_t{r} * partition; }
-  uint64_t padding_of(uint32_t r) const { return r + 1 == ranks ? padding : 0; }
-};
-
-Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
-  Partitioning p;
-  p.ranks = dp;
-  const uint64_t alignment = kAlignmentFactor * dp;
-  const uint64_t remainder = total % alignment;
-  p.padding = remainder == 0 ? 0 : alignment - remainder;
-  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
-  if (!padded) {
-    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
-                              " elements: too large");
-  }
-  p.padded = *padded;
-  p.partition = p.padded / dp;
-  return p;
-}
-
-struct SliceMapping {
-  std::string name;
-  uint64_t numel = 0;
-  uint64_t start = 0;
-  bool operator==(const SliceMapping&) const = default;
-};
-
-// param_slice_mappings of rank r: each parameter's range intersected with the rank's.
-std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
-                                           uint32_t r) {
-  std::vector<SliceMapping> out;
-  const uint64_t begin = p.begin(r);
-  const uint64_t end = begin + p.partition;
-  for (size_t k = 0; k < layout.names.size(); ++k) {
-    const uint64_t lo = std::max(layout.offsets[k], begin);
-    const uint64_t hi = std::min(layout.offsets[k] + layout.numels[k], end);
-    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
-  }
-  return out;
-}
+// DeepSpeed's pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced).
 
 // Stage boundaries (num_parts + 1 entries) of partition_uniform.
 std::vector<uint64_t> PartitionUniform(uint64_t items, uint64_t parts) {
@@ -217,11 +179,6 @@ struct StageModel {
   GroupLayout layout;
 };
 
-struct StateTensor {
-  std::string key;
-  const TorchTensor* tensor = nullptr;
-};
-
 struct StageOptim {
   RankFile entry;
   TorchArchiveReader reader;
@@ -281,26 +238,6 @@ Result<StageModel> ReadStageModel(const std::string& tag_dir, const std::string&
   if (!layout.ok()) return FieldError(r, "param_shapes/0", layout.status().message());
   sm.layout = std::move(*layout);
   return sm;
-}
-
-Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& r,
-                                               const std::string& field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(r, field));
-  std::vector<SliceMapping> out;
-  for (const auto& [name, address] : NamedChildren(node)) {
-    int64_t numel = -1;
-    int64_t start = -1;
-    for (const auto& [attr, value] : NamedChildren(address)) {
-      if (value->kind() != Kind::kInt) continue;
-      if (attr == "numel") numel = value->AsInt64().value_or(-1);
-      if (attr == "start") start = value->AsInt64().value_or(-1);
-    }
-    if (numel < 0 || start < 0) {
-      return FieldError(r, field + "/" + name, "not a fragment_address(numel, start)");
-    }
-    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
-  }
-  return out;
 }
 
 Result<StageOptim> ReadStageOptim(const std::string& tag_dir, const RankFile& entry) {
@@ -386,7 +323,8 @@ Status CheckStageOptim(const StageOptim& so, const StageModel& sm, const StageOp
           " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
     }
   }
-  const std::vector<SliceMapping> expected = ExpectedMappings(sm.layout, p, so.entry.dp);
+  const std::vector<SliceMapping> expected =
+      ExpectedMappings(sm.layout, p, so.entry.dp, /*round_robin=*/false);
   if (so.mappings != expected) {
     std::string want;
     for (const SliceMapping& m : expected) {
@@ -395,31 +333,6 @@ Status CheckStageOptim(const StageOptim& so, const StageModel& sm, const StageOp
     }
     return FieldError(r, osd + "/param_slice_mappings/0",
                       "not what param_shapes in " + sm.name + " gives (" + want + ")");
-  }
-  return Status::Ok();
-}
-
-// Fragments of a flat state of param k of a stage: the intersection of its range with every
-// rank's partition; `files[r]` is the index file of rank r's tensor.
-Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
-                             const std::vector<const TorchTensor*>& per_rank,
-                             const std::vector<uint32_t>& files) {
-  const uint64_t off = layout.offsets[k];
-  const uint64_t end = off + layout.numels[k];
-  for (uint32_t r = 0; r < p.ranks; ++r) {
-    const uint64_t lo = std::max(off, p.begin(r));
-    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
-    if (lo >= hi) continue;
-    const TorchTensor* tensor = per_rank[r];
-    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
-    const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
-    const std::optional<uint64_t> offset =
-        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
-    if (!offset) {
-      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
-                                ": offset overflow");
-    }
-    atom.fragments.push_back({files[r], *offset, tensor->dtype, std::move(region)});
   }
   return Status::Ok();
 }
@@ -588,43 +501,6 @@ Status CheckPipeTarget(const Topology& target) {
   return Status::Ok();
 }
 
-// Bytes of elements [begin, end) of state `state`'s flat buffer laid out as `layout`.
-Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
-                                          std::string_view state, uint64_t begin, uint64_t end) {
-  std::vector<Segment> segments;
-  for (size_t k = 0; k < layout.names.size(); ++k) {
-    const uint64_t off = layout.offsets[k];
-    const uint64_t lo = std::max(off, begin);
-    const uint64_t hi = std::min(off + layout.numels[k], end);
-    if (lo >= hi) continue;
-    const Atom* atom = index.Find(layout.names[k], state);
-    if (atom == nullptr) {
-      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
-                             std::string(state));
-    }
-    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo - off, hi - off, atom->shape));
-    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, region));
-    AppendSegments(segments, more);
-  }
-  return segments;
-}
-
-// OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
-Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
-  Value* dict = graph.Object(pickle::Construction::kReduce,
-                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
-  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
-  for (const SliceMapping& m : mappings) {
-    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
-    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
-                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
-    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
-    dict->mutable_mutations().push_back(
-        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
-  }
-  return dict;
-}
-
 // The optimizer file of (r, stage) at `dp` ranks over `layout`, from the template (0, 0).
 Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveReader& reader,
                                      uint32_t template_file, const GroupLayout& layout, uint32_t r,
@@ -694,7 +570,9 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
       SetDictItem(dict, "partition_count", IntList(out.graph, {dp}), reader.path()));
   UCP_RETURN_IF_ERROR(SetDictItem(
       dict, "param_slice_mappings",
-      out.graph.List({MappingsNode(out.graph, ExpectedMappings(layout, p, r))}), reader.path()));
+      out.graph.List(
+          {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))}),
+      reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, reader, template_file, std::move(replaced)));
   return out;
@@ -903,8 +781,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     const GroupLayout& layout = sm.layout;
     stage_sizes.push_back(layout.names.size());
     UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
-    std::vector<uint32_t> files;
-    for (uint32_t r = 0; r < dp; ++r) files.push_back(pp + s * dp + r);
+    const uint32_t first_file = pp + s * dp;  // rank r's optimizer file: first_file + r
     const StageOptim* stage_optims = &optims[uint64_t{s} * dp];
     for (size_t k = 0; k < layout.names.size(); ++k) {
       const std::string& name = layout.names[k];
@@ -912,7 +789,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       Atom fp32{name, "fp32", stage_optims[0].fp32->dtype, layout.shapes[k], {}};
       std::vector<const TorchTensor*> per_rank;
       for (uint32_t r = 0; r < dp; ++r) per_rank.push_back(stage_optims[r].fp32);
-      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, files));
+      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, first_file));
       c.atoms.push_back(std::move(fp32));
       for (size_t i = 0; i < stage_optims[0].states.size(); ++i) {
         const StateTensor& st = stage_optims[0].states[i];
@@ -924,12 +801,12 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
           const TorchTensor* tensor = stage_optims[r].states[i].tensor;
           UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
           atom.fragments.push_back(
-              {files[r], tensor->file_offset(), tensor->dtype, std::move(whole)});
+              {first_file + r, tensor->file_offset(), tensor->dtype, std::move(whole)});
         } else {
           atom.shape = layout.shapes[k];
           per_rank.clear();
           for (uint32_t r = 0; r < dp; ++r) per_rank.push_back(stage_optims[r].states[i].tensor);
-          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, files));
+          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, first_file));
         }
         c.atoms.push_back(std::move(atom));
       }
@@ -1112,33 +989,8 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanUniversalExport(const AtomIndex& in
     plan.archives.push_back(std::move(out));
   }
 
-  // zero/optimizer_state.pt: optimizer file (0, 0)'s optimizer_state_dict without its
-  // partitioned entries, plus the base optimizer's param_groups.
-  ArchiveOutput out;
-  out.path = "zero/optimizer_state.pt";
-  const Value* template_dict = reader.root()->Get(kOsd);
-  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
-    return FieldError(reader, kOsd, "missing");
-  }
-  Value* dict = out.graph.Import(template_dict);
-  Value* base = dict->Get("base_optimizer_state");
-  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
-  if (param_groups == nullptr) {
-    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
-  }
-  std::vector<std::pair<Value*, Value*>> entries;
-  for (const auto& [key, value] : dict->entries()) {
-    const std::string name = KeyText(key);
-    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
-        name == "param_slice_mappings") {
-      continue;
-    }
-    entries.emplace_back(key, value);
-  }
-  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
-  out.graph.set_root(out.graph.Dict(std::move(entries)));
-  UCP_ASSIGN_OR_RETURN(out.storages,
-                       CollectStorages(out.graph.root(), reader, facts.optim_file, {}));
+  // zero/optimizer_state.pt from optimizer file (0, 0)'s optimizer_state_dict.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
 
   for (uint32_t s = 0; s < facts.model_files.size(); ++s) {

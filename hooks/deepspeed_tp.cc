@@ -22,118 +22,63 @@ namespace ucp::hooks {
 namespace {
 
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckOptimStates;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
-using deepspeed::IntListField;
 using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
-using deepspeed::ListText;
 using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
+using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimGroup;
 using deepspeed::OptimName;
+using deepspeed::OptimStates;
 using deepspeed::OptionalField;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadModelStates;
+using deepspeed::ReadOptimStates;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
-using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
-using deepspeed::StrField;
+using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
-using deepspeed::ZeroStageOf;
+using deepspeed::UniversalOptimizerState;
 using pickle::Kind;
 using pickle::Value;
 
-// DeepSpeed pads every group's flat buffer to a multiple of nccl_start_alignment_factor × DP.
-constexpr uint64_t kAlignmentFactor = 2;
 constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
 constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
 constexpr std::string_view kInfo = "universal_checkpoint_info";
+constexpr char kZero3Refusal[] = "zero_stage=3: ZeRO-3 with tensor parallelism is not supported";
 // The model states of TP ranks > 0: copied unchanged by the universal export.
 constexpr std::string_view kCopiedModelRole = "model_states_copy";
 // Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
 constexpr int64_t kMaxTpWorldSize = int64_t{1} << 16;
 
 // ---------------------------------------------------------------------------------------------
-// DeepSpeed's ZeRO-1/2 partitioning of one TP rank's flat buffer (deepspeed_zero.cc states the
+// DeepSpeed's ZeRO-1/2 partitions of one TP rank's flat buffer (deepspeed_common.h states the
 // rule; tensor-parallel runs have no round-robin order).
-
-struct Partitioning {
-  uint64_t padded = 0;
-  uint64_t partition = 0;
-  uint64_t padding = 0;
-  uint32_t ranks = 1;
-  uint64_t begin(uint32_t r) const { return uint64_t{r} * partition; }
-  uint64_t padding_of(uint32_t r) const { return r + 1 == ranks ? padding : 0; }
-};
-
-Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
-  Partitioning p;
-  p.ranks = dp;
-  const uint64_t alignment = kAlignmentFactor * dp;
-  const uint64_t remainder = total % alignment;
-  p.padding = remainder == 0 ? 0 : alignment - remainder;
-  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
-  if (!padded) {
-    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
-                              " elements: too large");
-  }
-  p.padded = *padded;
-  p.partition = p.padded / dp;
-  return p;
-}
-
-struct SliceMapping {
-  std::string name;
-  uint64_t numel = 0;
-  uint64_t start = 0;
-  bool operator==(const SliceMapping&) const = default;
-};
-
-// param_slice_mappings of DP rank r (_init_lp_to_hp_mapping, flat-buffer order).
-std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
-                                           uint32_t r) {
-  std::vector<SliceMapping> out;
-  const uint64_t begin = p.begin(r);
-  const uint64_t end = begin + p.partition;
-  for (size_t k = 0; k < layout.names.size(); ++k) {
-    const uint64_t lo = std::max(layout.offsets[k], begin);
-    const uint64_t hi = std::min(layout.offsets[k] + layout.numels[k], end);
-    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
-  }
-  return out;
-}
-
-// OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
-Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
-  Value* dict = graph.Object(pickle::Construction::kReduce,
-                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
-  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
-  for (const SliceMapping& m : mappings) {
-    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
-    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
-                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
-    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
-    dict->mutable_mutations().push_back(
-        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
-  }
-  return dict;
-}
 
 // torch.Size((a, b, ...)) as torch pickles it.
 Value* SizeNode(pickle::Graph& graph, const Shape& shape) {
@@ -460,220 +405,30 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
 // ---------------------------------------------------------------------------------------------
 // The files of a tag, read.
 
-struct ModelStates {
-  std::string name;
-  TorchArchiveReader reader;
-  std::string ds_version;
-  uint32_t dp = 0;
+// One TP rank's model states: its mp_world_size and module tensors besides the ZeRO-1/2 facts.
+struct TpModelStates : ModelStates {
   uint32_t mp = 0;
-  std::vector<GroupLayout> groups;
-  std::optional<int64_t> config_stage;
   std::map<std::string, const TorchTensor*> module;
 };
 
-struct StateTensor {
-  std::string key;
-  const TorchTensor* tensor = nullptr;
-};
-
-struct OptimGroup {
-  std::vector<StateTensor> states;
-  const TorchTensor* fp32 = nullptr;
-  std::vector<SliceMapping> mappings;
-  const Value* param_group = nullptr;
-};
-
-struct OptimStates {
-  RankFile entry;
-  TorchArchiveReader reader;
-  bool bf16_optimizer = false;
-  std::optional<int64_t> zero_stage;
-  std::vector<int64_t> partition_count;
-  std::vector<int64_t> group_paddings;
-  std::string ds_version;
-  std::vector<OptimGroup> groups;
-};
-
-Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
-  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
-  ModelStates ms{name, std::move(reader), {}, 0, 0, {}, std::nullopt, {}};
+Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(ModelStates base, ReadModelStates(tag_dir, name));
+  TpModelStates ms{std::move(base), 0, {}};
   const TorchArchiveReader& r = ms.reader;
-  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
-  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
   if (mp < 1 || mp > kMaxTpWorldSize) {
     return FieldError(r, "mp_world_size", std::to_string(mp) + " is not in [1, 65536]");
   }
   ms.mp = static_cast<uint32_t>(mp);
-  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
-  if (shapes->kind() != Kind::kList || shapes->items().empty()) {
-    return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
-  }
-  for (size_t g = 0; g < shapes->items().size(); ++g) {
-    std::vector<std::string> names;
-    std::vector<Shape> dims;
-    const std::string field = "param_shapes/" + std::to_string(g);
-    for (const auto& [key, value] : NamedChildren(shapes->items()[g])) {
-      std::optional<Shape> shape = ShapeOf(value);
-      if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
-      names.push_back(key);
-      dims.push_back(std::move(*shape));
-    }
-    if (names.empty()) return FieldError(r, field, "no parameters");
-    Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
-    if (!layout.ok()) return FieldError(r, field, layout.status().message());
-    ms.groups.push_back(std::move(*layout));
-  }
-  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
-    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
-  }
-  if (const Value* rr = OptionalField(r, "ds_config/zero_optimization/round_robin_gradients")) {
-    if (rr->kind() == Kind::kBool && rr->bool_value()) {
-      return Status::Unsupported(Prefix(r.path()) +
-                                 "ds_config: round_robin_gradients with tensor parallelism is "
-                                 "not supported");
-    }
+  if (ms.round_robin) {
+    return Status::Unsupported(Prefix(r.path()) +
+                               "ds_config: round_robin_gradients with tensor parallelism is "
+                               "not supported");
   }
   if (const Value* node = OptionalField(r, "module")) {
     for (const auto& [key, value] : NamedChildren(node)) ms.module[key] = r.TensorAt(value);
   }
   return ms;
-}
-
-Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& r,
-                                               const std::string& field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(r, field));
-  std::vector<SliceMapping> out;
-  for (const auto& [name, address] : NamedChildren(node)) {
-    int64_t numel = -1;
-    int64_t start = -1;
-    for (const auto& [attr, value] : NamedChildren(address)) {
-      if (value->kind() != Kind::kInt) continue;
-      if (attr == "numel") numel = value->AsInt64().value_or(-1);
-      if (attr == "start") start = value->AsInt64().value_or(-1);
-    }
-    if (numel < 0 || start < 0) {
-      return FieldError(r, field + "/" + name, "not a fragment_address(numel, start)");
-    }
-    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
-  }
-  return out;
-}
-
-Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
-                                    size_t groups) {
-  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
-                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
-  OptimStates os{entry, std::move(reader), false, std::nullopt, {}, {}, {}, {}};
-  const TorchArchiveReader& r = os.reader;
-  const std::string osd(kOsd);
-  if (const Value* stage = OptionalField(r, osd + "/zero_stage")) {
-    os.zero_stage = ZeroStageOf(stage);
-    if (!os.zero_stage) return FieldError(r, osd + "/zero_stage", "not a ZeroStageEnum");
-    if (*os.zero_stage >= 3) {
-      return Status::Unsupported(Prefix(r.path()) +
-                                 "zero_stage=3: ZeRO-3 with tensor parallelism is not supported");
-    }
-  }
-  os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
-  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
-  UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
-  UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
-  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
-  if (state == nullptr || state->kind() != Kind::kDict) {
-    return Status::Unsupported(Prefix(r.path()) + osd +
-                               "/base_optimizer_state: not a torch optimizer state_dict "
-                               "(elastic checkpoints are not supported)");
-  }
-  for (size_t g = 0; g < groups; ++g) {
-    OptimGroup group;
-    const std::string gs = std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
-    for (const auto& [key, value] : NamedChildren(states)) {
-      const TorchTensor* tensor = r.TensorAt(value);
-      if (tensor != nullptr) group.states.push_back({key, tensor});
-    }
-    UCP_ASSIGN_OR_RETURN(const Value* fp32,
-                         Field(r, osd + "/single_partition_of_fp32_groups/" + gs));
-    group.fp32 = r.TensorAt(fp32);
-    if (group.fp32 == nullptr) {
-      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
-    }
-    UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
-    UCP_ASSIGN_OR_RETURN(group.param_group,
-                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
-    os.groups.push_back(std::move(group));
-  }
-  return os;
-}
-
-// Checks DP rank file `os` of TP rank `ms` against that rank's param_shapes (partition sizes,
-// paddings, param_slice_mappings) and against `first`, rank (0, 0)'s file.
-Status CheckRank(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
-  const TorchArchiveReader& r = os.reader;
-  const std::string osd(kOsd);
-  const size_t groups = ms.groups.size();
-  if (os.ds_version != ms.ds_version) {
-    return FieldError(r, osd + "/ds_version",
-                      "\"" + os.ds_version + "\", but " + ms.name + " has \"" + ms.ds_version +
-                          "\" (a file of another save)");
-  }
-  if (os.partition_count != std::vector<int64_t>(groups, ms.dp)) {
-    return FieldError(r, osd + "/partition_count",
-                      ListText(os.partition_count) + ", but " + ms.name + " has dp_world_size " +
-                          std::to_string(ms.dp) + " and " + std::to_string(groups) +
-                          " parameter group(s) (a file of another save)");
-  }
-  if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
-    return FieldError(r, osd + "/zero_stage",
-                      "differs from " + first.entry.name + " (a file of another save)");
-  }
-  for (size_t g = 0; g < groups; ++g) {
-    const std::string gs = std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(ms.groups[g].total, ms.dp));
-    const uint64_t padding = p.padding_of(os.entry.dp);
-    if (os.group_paddings.size() != groups ||
-        static_cast<uint64_t>(os.group_paddings[g]) != padding) {
-      return FieldError(r, osd + "/group_paddings",
-                        ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
-                            " for group " + gs + " from param_shapes in " + ms.name);
-    }
-    const OptimGroup& group = os.groups[g];
-    const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
-    if (group.fp32->shape.size() != 1 || group.fp32->numel() != fp32_numel ||
-        !group.fp32->contiguous()) {
-      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
-                        "shape " + ShapeText(group.fp32->shape) + ", expected [" +
-                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
-    }
-    if (group.states.size() != first.groups[g].states.size()) {
-      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
-                        "other state keys than " + first.entry.name);
-    }
-    for (size_t k = 0; k < group.states.size(); ++k) {
-      const StateTensor& st = group.states[k];
-      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
-      const StateTensor& reference = first.groups[g].states[k];
-      if (st.key != reference.key || st.tensor->dtype != reference.tensor->dtype ||
-          st.tensor->shape.size() != reference.tensor->shape.size()) {
-        return FieldError(r, field, "differs in name, rank or dtype from " + first.entry.name);
-      }
-      if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
-      const bool scalar = st.tensor->shape.empty();
-      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
-      if (!scalar && !partition) {
-        return Status::Unsupported(
-            Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
-            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
-      }
-    }
-    const std::vector<SliceMapping> expected = ExpectedMappings(ms.groups[g], p, os.entry.dp);
-    if (group.mappings != expected) {
-      return FieldError(r, osd + "/param_slice_mappings/" + gs,
-                        "not the partition of param_shapes in " + ms.name);
-    }
-  }
-  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -923,7 +678,7 @@ uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp) {
 // A whole tag.
 
 struct TpTag {
-  std::vector<ModelStates> models;              // by TP rank
+  std::vector<TpModelStates> models;            // by TP rank
   std::vector<std::vector<OptimStates>> optim;  // [tp][dp]
 };
 
@@ -941,7 +696,7 @@ constexpr int kBit16 = -2;
 
 // The bytes of TP rank t's slice of parameter k of group g, in its own order.
 Result<std::string> SliceBytes(const TpTag& tag, size_t t, size_t g, size_t k, int which) {
-  const ModelStates& ms = tag.models[t];
+  const TpModelStates& ms = tag.models[t];
   const GroupLayout& layout = ms.groups[g];
   if (which == kBit16) {
     const TorchTensor& tensor = *ms.module.at(layout.names[k]);
@@ -1180,8 +935,7 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFac
 // ZeRO-3, pipeline and single-rank tags are not this adapter's.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: ZeRO-3 with tensor parallelism is not supported");
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
   if (!listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
@@ -1224,8 +978,7 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
     if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
   }
   if (stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: ZeRO-3 with tensor parallelism is not supported");
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
   if (stage == 0 && !bf16) {
     return Status::Unsupported(Prefix(reader.path()) +
@@ -1250,11 +1003,11 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   }
   TpTag tag;
   {
-    UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, listing.model_states.at(0)));
+    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
     tag.models.reserve(ms.mp);  // ms0 stays valid while the other ranks are added
     tag.models.push_back(std::move(ms));
   }
-  const ModelStates& ms0 = tag.models.front();
+  const TpModelStates& ms0 = tag.models.front();
   const uint32_t tp = ms0.mp;
   const uint32_t dp = ms0.dp;
   if (tp < 2) {
@@ -1263,8 +1016,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                "deepspeed-zero12 adapter reads it)");
   }
   if (ms0.config_stage && *ms0.config_stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: ZeRO-3 with tensor parallelism is not supported");
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
   for (const auto& [mp, name] : listing.model_states) {
     if (mp >= tp) {
@@ -1279,8 +1031,8 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                               "not found (mp_world_size " + std::to_string(tp) + " in " + ms0.name +
                               ")");
     }
-    UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, listing.model_states.at(t)));
-    const ModelStates& first = tag.models.front();
+    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(t)));
+    const TpModelStates& first = tag.models.front();
     if (ms.dp != first.dp || ms.mp != first.mp || ms.ds_version != first.ds_version) {
       return FieldError(ms.reader, "dp_world_size",
                         "dp_world_size, mp_world_size or ds_version differ from " + first.name +
@@ -1328,13 +1080,13 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                 ", mp_world_size " + std::to_string(tp) + " in " + ms0.name + ")");
       }
       UCP_ASSIGN_OR_RETURN(OptimStates os,
-                           ReadOptimStates(tag_dir, *it->second, ms0.groups.size()));
+                           ReadOptimStates(tag_dir, *it->second, ms0.groups.size(), kZero3Refusal));
       tag.optim.back().push_back(std::move(os));
     }
   }
   for (uint32_t t = 0; t < tp; ++t) {
     for (const OptimStates& os : tag.optim[t]) {
-      UCP_RETURN_IF_ERROR(CheckRank(os, tag.models[t], tag.optim[0][0]));
+      UCP_RETURN_IF_ERROR(CheckOptimStates(os, tag.models[t], tag.optim[0][0]));
     }
   }
   const OptimStates& first = tag.optim[0][0];
@@ -1355,7 +1107,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
       }
       UCP_ASSIGN_OR_RETURN(Resolved resolved,
                            Resolve(ms0.reader, patterns, name, layout.shapes[k], tp));
-      for (const ModelStates& ms : tag.models) {
+      for (const TpModelStates& ms : tag.models) {
         const auto it = ms.module.find(name);
         if (it == ms.module.end() || it->second == nullptr) {
           return FieldError(ms.reader, "module/" + name,
@@ -1435,7 +1187,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   c.topology = {dp, tp, 1, dp * tp, static_cast<uint32_t>(zero_stage)};
 
   std::vector<std::string> paths;
-  for (const ModelStates& ms : tag.models) paths.push_back(ms.name);
+  for (const TpModelStates& ms : tag.models) paths.push_back(ms.name);
   for (const std::vector<OptimStates>& row : tag.optim) {
     for (const OptimStates& os : row) paths.push_back(os.entry.name);
   }
@@ -1746,7 +1498,8 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
         fp32_items.push_back(node);
         replaced[fp32->storage->key] = std::move(segments);
         paddings.push_back(padding);
-        mapping_items.push_back(MappingsNode(out.graph, ExpectedMappings(layout, p, r)));
+        mapping_items.push_back(
+            MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
       }
       UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
                                       out.graph.List(std::move(fp32_items)), reader.path()));
@@ -1861,33 +1614,8 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
     plan.archives.push_back(std::move(out));
   }
 
-  // zero/optimizer_state.pt: rank (0, 0)'s optimizer_state_dict without its partitioned
-  // entries, plus the base optimizer's param_groups.
-  ArchiveOutput out;
-  out.path = "zero/optimizer_state.pt";
-  const Value* template_dict = reader.root()->Get(kOsd);
-  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
-    return FieldError(reader, kOsd, "missing");
-  }
-  Value* dict = out.graph.Import(template_dict);
-  Value* base = dict->Get("base_optimizer_state");
-  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
-  if (param_groups == nullptr) {
-    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
-  }
-  std::vector<std::pair<Value*, Value*>> entries;
-  for (const auto& [key, value] : dict->entries()) {
-    const std::string name = KeyText(key);
-    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
-        name == "param_slice_mappings") {
-      continue;
-    }
-    entries.emplace_back(key, value);
-  }
-  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
-  out.graph.set_root(out.graph.Dict(std::move(entries)));
-  UCP_ASSIGN_OR_RETURN(out.storages,
-                       CollectStorages(out.graph.root(), reader, facts.optim_file, {}));
+  // zero/optimizer_state.pt from rank (0, 0)'s optimizer_state_dict.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
 
   // Named, not taken from the index: over an atoms store the files are read from their copies.

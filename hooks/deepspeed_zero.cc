@@ -12,7 +12,6 @@
 #include "core/format/torch_archive_reader.h"
 #include "core/format/torch_archive_writer.h"
 #include "core/plan/copy_plan.h"
-#include "core/util/checked.h"
 #include "hooks/deepspeed_common.h"
 #include "hooks/file_hashing.h"
 
@@ -20,100 +19,64 @@ namespace ucp::hooks {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed::AddPartitionFragments;
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckOptimStates;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
+using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
-using deepspeed::IntListField;
 using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
-using deepspeed::ListText;
 using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
+using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimizerOrder;
 using deepspeed::OptimName;
+using deepspeed::OptimStates;
 using deepspeed::OptionalField;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::PidTuple;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadModelStates;
+using deepspeed::ReadOptimStates;
+using deepspeed::RoundRobinOrder;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
-using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
-using deepspeed::StrField;
+using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
-using deepspeed::ZeroStageOf;
+using deepspeed::UniversalOptimizerState;
 using pickle::Kind;
 using pickle::Value;
 
-// DeepSpeed pads every group's flat buffer to a multiple of nccl_start_alignment_factor × DP.
-constexpr uint64_t kAlignmentFactor = 2;
 constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
 constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
+constexpr char kZero3Refusal[] =
+    "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)";
 
 // ---------------------------------------------------------------------------------------------
-// DeepSpeed's partitioning rules.
-
-struct Partitioning {
-  uint64_t padded = 0;     // flat buffer length
-  uint64_t partition = 0;  // P: elements per rank
-  uint64_t padding = 0;    // at the end, on the last rank
-  uint32_t ranks = 1;
-  uint64_t begin(uint32_t r) const { return uint64_t{r} * partition; }
-  uint64_t padding_of(uint32_t r) const { return r + 1 == ranks ? padding : 0; }
-};
-
-Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
-  Partitioning p;
-  p.ranks = dp;
-  const uint64_t alignment = kAlignmentFactor * dp;
-  const uint64_t remainder = total % alignment;
-  p.padding = remainder == 0 ? 0 : alignment - remainder;
-  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
-  if (!padded) {
-    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
-                              " elements: too large");
-  }
-  p.padded = *padded;
-  p.partition = p.padded / dp;
-  return p;
-}
-
-// DeepSpeed's _round_robin_reorder: positions i grouped by i % parts, groups in order.
-std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts) {
-  std::vector<size_t> order;
-  order.reserve(n);
-  for (size_t j = 0; j < std::min<size_t>(parts, n); ++j) {
-    for (size_t i = j; i < n; i += parts) order.push_back(i);
-  }
-  return order;
-}
-
-// The optimizer's own parameter order, from a flat order saved at `dp` ranks.
-std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp) {
-  std::vector<size_t> original(n);
-  if (!round_robin) {
-    for (size_t i = 0; i < n; ++i) original[i] = i;
-    return original;
-  }
-  const std::vector<size_t> order = RoundRobinOrder(n, dp);
-  for (size_t position = 0; position < n; ++position) original[order[position]] = position;
-  return original;  // original[i] = flat position of the optimizer's i-th parameter
-}
+// Plans.
 
 // A layout's parameters in the flat order DeepSpeed uses at `dp` ranks.
 Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32_t source_dp,
@@ -128,286 +91,6 @@ Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32
   }
   return MakeLayout(std::move(names), std::move(shapes));
 }
-
-// param_slice_mappings of rank r as DeepSpeed computes them (_init_lp_to_hp_mapping): over the
-// optimizer's parameter order with offsets accumulated in THAT order. Without round robin that is
-// the flat buffer's order. With round_robin_gradients the flat buffer is permuted but these
-// offsets are not, so v0.14.5's mappings (and ds_to_universal's output) do not describe the
-// data; the data follows param_shapes, which the index and the partitions use.
-struct SliceMapping {
-  std::string name;
-  uint64_t numel = 0;
-  uint64_t start = 0;
-  bool operator==(const SliceMapping&) const = default;
-};
-
-std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
-                                           uint32_t r, bool round_robin, uint32_t dp) {
-  std::vector<SliceMapping> out;
-  const uint64_t begin = p.begin(r);
-  const uint64_t end = begin + p.partition;
-  uint64_t offset = 0;
-  for (const size_t k : OptimizerOrder(layout.names.size(), round_robin, dp)) {
-    const uint64_t lo = std::max(offset, begin);
-    const uint64_t hi = std::min(offset + layout.numels[k], end);
-    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
-    offset += layout.numels[k];
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The files of a tag, read.
-
-struct ModelStates {
-  std::string name;
-  TorchArchiveReader reader;
-  std::string ds_version;
-  uint32_t dp = 0;
-  std::vector<GroupLayout> groups;
-  std::optional<int64_t> config_stage;
-  bool round_robin = false;
-};
-
-// One per-rank state tensor of a group: a partition-shaped state (1-d, P elements) or a 0-d one.
-struct StateTensor {
-  std::string key;
-  const TorchTensor* tensor = nullptr;
-};
-
-struct OptimGroup {
-  std::vector<StateTensor> states;  // in the pickle's order
-  const TorchTensor* fp32 = nullptr;
-  std::vector<SliceMapping> mappings;
-  const Value* param_group = nullptr;
-};
-
-struct OptimStates {
-  RankFile entry;
-  TorchArchiveReader reader;
-  bool bf16_optimizer = false;
-  std::optional<int64_t> zero_stage;
-  std::vector<int64_t> partition_count;
-  std::vector<int64_t> group_paddings;
-  std::string ds_version;
-  std::vector<OptimGroup> groups;
-};
-
-Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
-  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
-  ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
-  const TorchArchiveReader& r = ms.reader;
-  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
-  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
-  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
-  if (shapes->kind() != Kind::kList || shapes->items().empty()) {
-    return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
-  }
-  for (size_t g = 0; g < shapes->items().size(); ++g) {
-    std::vector<std::string> names;
-    std::vector<Shape> dims;
-    const std::string field = "param_shapes/" + std::to_string(g);
-    for (const auto& [key, value] : NamedChildren(shapes->items()[g])) {
-      std::optional<Shape> shape = ShapeOf(value);
-      if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
-      names.push_back(key);
-      dims.push_back(std::move(*shape));
-    }
-    if (names.empty()) return FieldError(r, field, "no parameters");
-    Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
-    if (!layout.ok()) return FieldError(r, field, layout.status().message());
-    ms.groups.push_back(std::move(*layout));
-  }
-  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
-    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
-  }
-  if (const Value* rr = OptionalField(r, "ds_config/zero_optimization/round_robin_gradients")) {
-    ms.round_robin = rr->kind() == Kind::kBool && rr->bool_value();
-  }
-  return ms;
-}
-
-Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& r,
-                                               const std::string& field) {
-  UCP_ASSIGN_OR_RETURN(const Value* node, Field(r, field));
-  std::vector<SliceMapping> out;
-  for (const auto& [name, address] : NamedChildren(node)) {
-    int64_t numel = -1;
-    int64_t start = -1;
-    for (const auto& [attr, value] : NamedChildren(address)) {
-      if (value->kind() != Kind::kInt) continue;
-      if (attr == "numel") numel = value->AsInt64().value_or(-1);
-      if (attr == "start") start = value->AsInt64().value_or(-1);
-    }
-    if (numel < 0 || start < 0) {
-      return FieldError(r, field + "/" + name, "not a fragment_address(numel, start)");
-    }
-    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
-  }
-  return out;
-}
-
-Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
-                                    size_t groups) {
-  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
-                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
-  OptimStates os{entry, std::move(reader), false, std::nullopt, {}, {}, {}, {}};
-  const TorchArchiveReader& r = os.reader;
-  const std::string osd(kOsd);
-  if (const Value* stage = OptionalField(r, osd + "/zero_stage")) {
-    os.zero_stage = ZeroStageOf(stage);
-    if (!os.zero_stage) return FieldError(r, osd + "/zero_stage", "not a ZeroStageEnum");
-  }
-  if (os.zero_stage && *os.zero_stage >= 3) {
-    return Status::Unsupported(Prefix(r.path()) +
-                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
-  }
-  os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
-  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
-  UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
-  UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
-  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
-  if (state == nullptr || state->kind() != Kind::kDict) {
-    return Status::Unsupported(Prefix(r.path()) + osd +
-                               "/base_optimizer_state: not a torch optimizer state_dict "
-                               "(elastic checkpoints are not supported)");
-  }
-  for (size_t g = 0; g < groups; ++g) {
-    OptimGroup group;
-    const std::string gs = std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
-    for (const auto& [key, value] : NamedChildren(states)) {
-      const TorchTensor* tensor = r.TensorAt(value);
-      if (tensor != nullptr) group.states.push_back({key, tensor});
-    }
-    UCP_ASSIGN_OR_RETURN(const Value* fp32,
-                         Field(r, osd + "/single_partition_of_fp32_groups/" + gs));
-    group.fp32 = r.TensorAt(fp32);
-    if (group.fp32 == nullptr) {
-      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
-    }
-    UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
-    UCP_ASSIGN_OR_RETURN(group.param_group,
-                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
-    os.groups.push_back(std::move(group));
-  }
-  return os;
-}
-
-// Checks one rank's file against the layout param_shapes gives (its partition sizes, paddings
-// and param_slice_mappings are what DeepSpeed computes from it).
-Status CheckRank(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
-  const TorchArchiveReader& r = os.reader;
-  const std::string osd(kOsd);
-  const size_t groups = ms.groups.size();
-  if (os.ds_version != ms.ds_version) {
-    return FieldError(r, osd + "/ds_version",
-                      "\"" + os.ds_version + "\", but " + ms.name + " has \"" + ms.ds_version +
-                          "\" (a file of another save)");
-  }
-  if (os.partition_count != std::vector<int64_t>(groups, ms.dp)) {
-    return FieldError(r, osd + "/partition_count",
-                      ListText(os.partition_count) + ", but " + ms.name + " has dp_world_size " +
-                          std::to_string(ms.dp) + " and " + std::to_string(groups) +
-                          " parameter group(s) (a file of another save)");
-  }
-  if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
-    return FieldError(r, osd + "/zero_stage",
-                      "differs from " + first.entry.name + " (a file of another save)");
-  }
-  for (size_t g = 0; g < groups; ++g) {
-    const std::string gs = std::to_string(g);
-    const GroupLayout& layout = ms.groups[g];
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
-    const uint64_t padding = p.padding_of(os.entry.dp);
-    if (os.group_paddings.size() != groups ||
-        static_cast<uint64_t>(os.group_paddings[g]) != padding) {
-      return FieldError(r, osd + "/group_paddings",
-                        ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
-                            " for group " + gs + " from param_shapes in " + ms.name);
-    }
-    const OptimGroup& group = os.groups[g];
-    const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
-    if (group.fp32->shape.size() != 1 || group.fp32->numel() != fp32_numel ||
-        !group.fp32->contiguous()) {
-      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
-                        "shape " + ShapeText(group.fp32->shape) + ", expected [" +
-                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
-    }
-    if (group.states.size() != first.groups[g].states.size()) {
-      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
-                        "other state keys than " + first.entry.name);
-    }
-    for (size_t k = 0; k < group.states.size(); ++k) {
-      const StateTensor& st = group.states[k];
-      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
-      const StateTensor& reference = first.groups[g].states[k];
-      if (st.key != reference.key || st.tensor->shape != reference.tensor->shape ||
-          st.tensor->dtype != reference.tensor->dtype) {
-        return FieldError(r, field, "differs in name, shape or dtype from " + first.entry.name);
-      }
-      if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
-      const bool scalar = st.tensor->shape.empty();
-      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
-      if (!scalar && !partition) {
-        return Status::Unsupported(
-            Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
-            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
-      }
-    }
-    const std::vector<SliceMapping> expected =
-        ExpectedMappings(layout, p, os.entry.dp, ms.round_robin, ms.dp);
-    const std::string field = osd + "/param_slice_mappings/" + gs;
-    for (size_t i = 0; i < std::max(expected.size(), group.mappings.size()); ++i) {
-      if (i < expected.size() && i < group.mappings.size() && expected[i] == group.mappings[i]) {
-        continue;
-      }
-      if (i >= group.mappings.size()) {
-        return FieldError(r, field,
-                          "no entry for " + expected[i].name + ", which param_shapes in " +
-                              ms.name + " places in this partition");
-      }
-      const SliceMapping& got = group.mappings[i];
-      std::string want = "nothing";
-      if (i < expected.size()) {
-        want = expected[i].name + " numel " + std::to_string(expected[i].numel) + " start " +
-               std::to_string(expected[i].start);
-      }
-      return FieldError(r, field + "/" + got.name,
-                        "numel " + std::to_string(got.numel) + " start " +
-                            std::to_string(got.start) + ", but param_shapes in " + ms.name +
-                            " gives " + want);
-    }
-  }
-  return Status::Ok();
-}
-
-// Fragments of a flat state of param k: the intersection of its range with every rank's
-// partition, at the byte of that rank's tensor where it starts.
-Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
-                             const std::vector<const TorchTensor*>& per_rank) {
-  const uint64_t off = layout.offsets[k];
-  const uint64_t end = off + layout.numels[k];
-  for (uint32_t r = 0; r < p.ranks; ++r) {
-    const uint64_t lo = std::max(off, p.begin(r));
-    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
-    if (lo >= hi) continue;
-    const TorchTensor* tensor = per_rank[r];
-    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
-    const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
-    const std::optional<uint64_t> offset =
-        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
-    if (!offset) {
-      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
-                                ": offset overflow");
-    }
-    atom.fragments.push_back({1 + r, *offset, tensor->dtype, std::move(region)});
-  }
-  return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Plans.
 
 // The index's layout of every group (source flat order) and the facts PlanReshard needs.
 struct IndexFacts {
@@ -465,49 +148,10 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// Bytes of elements [begin, end) of state `state`'s flat buffer laid out as `layout` (end <=
-// layout.total), as segments of the index's files.
-Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
-                                          std::string_view state, uint64_t begin, uint64_t end) {
-  std::vector<Segment> segments;
-  for (size_t k = 0; k < layout.names.size(); ++k) {
-    const uint64_t off = layout.offsets[k];
-    const uint64_t lo = std::max(off, begin);
-    const uint64_t hi = std::min(off + layout.numels[k], end);
-    if (lo >= hi) continue;
-    const Atom* atom = index.Find(layout.names[k], state);
-    if (atom == nullptr) {
-      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
-                             std::string(state));
-    }
-    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo - off, hi - off, atom->shape));
-    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, region));
-    AppendSegments(segments, more);
-  }
-  return segments;
-}
-
-// OrderedDict(name → fragment_address(numel, start)) as DeepSpeed pickles it.
-Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
-  Value* dict = graph.Object(pickle::Construction::kReduce,
-                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
-  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
-  for (const SliceMapping& m : mappings) {
-    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
-    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
-                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
-    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
-    dict->mutable_mutations().push_back(
-        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
-  }
-  return dict;
-}
-
 // ZeRO-3, pipeline and tensor-parallel tags, told apart by their file names.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
   if (!listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
@@ -559,8 +203,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
       if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
     }
     if (stage >= 3) {
-      return Status::Unsupported(
-          Prefix(tag_dir) + "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
+      return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
     }
     if (stage == 0 && !bf16) {
       return Status::Unsupported(Prefix(reader.path()) +
@@ -588,8 +231,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
   UCP_ASSIGN_OR_RETURN(ModelStates ms,
                        ReadModelStates(tag_dir, listing.model_states.begin()->second));
   if (ms.config_stage && *ms.config_stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
 
   // One optimizer file per DP rank, all with one prefix and mp rank 00.
@@ -622,12 +264,13 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
   }
   std::vector<OptimStates> ranks;
   for (uint32_t r = 0; r < ms.dp; ++r) {
-    UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size()));
+    UCP_ASSIGN_OR_RETURN(OptimStates os,
+                         ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size(), kZero3Refusal));
     ranks.push_back(std::move(os));
   }
   // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
   if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
-  for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckRank(os, ms, ranks.front()));
+  for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
   const OptimStates& first = ranks.front();
   const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
 
@@ -680,7 +323,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
       Atom fp32{name, "fp32", first.groups[g].fp32->dtype, layout.shapes[k], {}};
       std::vector<const TorchTensor*> per_rank;
       for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].fp32);
-      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank));
+      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, 1));
       c.atoms.push_back(std::move(fp32));
 
       for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
@@ -697,7 +340,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
           atom.shape = layout.shapes[k];
           per_rank.clear();
           for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].states[s].tensor);
-          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank));
+          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, 1));
         }
         c.atoms.push_back(std::move(atom));
       }
@@ -942,7 +585,7 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
 
       paddings.push_back(padding);
       mapping_items.push_back(
-          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin, m)));
+          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
     }
     if (template_dict == nullptr || dict == nullptr) {
       return FieldError(reader, osd, "missing");
@@ -989,33 +632,8 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
     plan.archives.push_back(std::move(out));
   }
 
-  // zero/optimizer_state.pt: rank 0's optimizer_state_dict without its partitioned entries,
-  // plus the base optimizer's param_groups.
-  ArchiveOutput out;
-  out.path = "zero/optimizer_state.pt";
-  const Value* template_dict = reader.root()->Get(kOsd);
-  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
-    return FieldError(reader, kOsd, "missing");
-  }
-  Value* dict = out.graph.Import(template_dict);
-  Value* base = dict->Get("base_optimizer_state");
-  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
-  if (param_groups == nullptr) {
-    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
-  }
-  std::vector<std::pair<Value*, Value*>> entries;
-  for (const auto& [key, value] : dict->entries()) {
-    const std::string name = KeyText(key);
-    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
-        name == "param_slice_mappings") {
-      continue;
-    }
-    entries.emplace_back(key, value);
-  }
-  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
-  out.graph.set_root(out.graph.Dict(std::move(entries)));
-  UCP_ASSIGN_OR_RETURN(out.storages,
-                       CollectStorages(out.graph.root(), reader, facts.optim_file, {}));
+  // zero/optimizer_state.pt from rank 0's optimizer_state_dict.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
 
   // Named, not taken from the index: over an atoms store the file is read from its copy.
