@@ -339,6 +339,19 @@ Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::s
   return Status::Corrupt(Prefix(where) + std::string(key) + ": missing");
 }
 
+Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*> fp32_partitions,
+                          const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
+                          std::vector<Value*> mappings, const std::string& where) {
+  const size_t groups = group_paddings.size();
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
+                                  graph.List(std::move(fp32_partitions)), where));
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "group_paddings", IntList(graph, group_paddings), where));
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count",
+                                  IntList(graph, std::vector<uint64_t>(groups, partition_count)),
+                                  where));
+  return SetDictItem(dict, "param_slice_mappings", graph.List(std::move(mappings)), where);
+}
+
 Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
   std::vector<Value*> items;
   for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));

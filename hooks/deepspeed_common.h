@@ -126,6 +126,14 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
                    const std::string& where);
 // A pickled list of ints.
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
+// Writes a ZeRO-1/2 rank's partition fields into its optimizer_state_dict `dict`, one entry per
+// group: single_partition_of_fp32_groups (`fp32_partitions`), group_paddings, partition_count
+// (`partition_count` for every group) and param_slice_mappings (`mappings`). kCorrupt naming
+// `where` when `dict` lacks one of them.
+Status SetPartitionFields(pickle::Graph& graph, pickle::Value* dict,
+                          std::vector<pickle::Value*> fp32_partitions,
+                          const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
+                          std::vector<pickle::Value*> mappings, const std::string& where);
 // A tensor node like template `tensor` (dtype, location, requires_grad, parameter-ness) of
 // `shape`, viewing element 0 on of a storage of `storage_numel` elements under `key`.
 Result<pickle::Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,

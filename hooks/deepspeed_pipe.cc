@@ -29,7 +29,6 @@ using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
-using deepspeed::IntList;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
@@ -54,6 +53,7 @@ using deepspeed::RankFile;
 using deepspeed::ReadMappings;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
+using deepspeed::SetPartitionFields;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::SliceMapping;
@@ -562,16 +562,9 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
                        PartitionTensor(out.graph, *fp32, p.partition - padding, p.partition));
   replaced[fp32->storage->key] = std::move(segments);
 
-  UCP_RETURN_IF_ERROR(
-      SetDictItem(dict, "single_partition_of_fp32_groups", out.graph.List({node}), reader.path()));
-  UCP_RETURN_IF_ERROR(
-      SetDictItem(dict, "group_paddings", IntList(out.graph, {padding}), reader.path()));
-  UCP_RETURN_IF_ERROR(
-      SetDictItem(dict, "partition_count", IntList(out.graph, {dp}), reader.path()));
-  UCP_RETURN_IF_ERROR(SetDictItem(
-      dict, "param_slice_mappings",
-      out.graph.List(
-          {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))}),
+  UCP_RETURN_IF_ERROR(SetPartitionFields(
+      out.graph, dict, {node}, {padding}, dp,
+      {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))},
       reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, reader, template_file, std::move(replaced)));

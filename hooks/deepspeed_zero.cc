@@ -32,7 +32,6 @@ using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
-using deepspeed::IntList;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kModelRole;
@@ -61,6 +60,7 @@ using deepspeed::ReadOptimStates;
 using deepspeed::RoundRobinOrder;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
+using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
@@ -590,15 +590,8 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
     if (template_dict == nullptr || dict == nullptr) {
       return FieldError(reader, osd, "missing");
     }
-    UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
-                                    out.graph.List(std::move(fp32_items)), reader.path()));
-    UCP_RETURN_IF_ERROR(
-        SetDictItem(dict, "group_paddings", IntList(out.graph, paddings), reader.path()));
-    UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count",
-                                    IntList(out.graph, std::vector<uint64_t>(layouts.size(), m)),
-                                    reader.path()));
-    UCP_RETURN_IF_ERROR(SetDictItem(dict, "param_slice_mappings",
-                                    out.graph.List(std::move(mapping_items)), reader.path()));
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+                                           std::move(mapping_items), reader.path()));
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));
