@@ -44,13 +44,16 @@ class SaveObserver {
     return true;
   }
 
-  // `size` bytes of `data` were written to tracked `fd` (the host call's successful return).
-  // `offset` is the explicit file offset for pwrite-style calls, or -1 for "at the current file
-  // position" (write, fwrite on the fd's FILE).
-  virtual void OnWrite(int fd, int64_t offset, const void* data, size_t size) = 0;
-  // Same for vectored writes: the first `size` bytes of `iov[0..iovcnt)` were written.
-  virtual void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
-                             size_t size) = 0;
+  // The host is about to write `size` bytes of `iov[0..iovcnt)` to tracked `fd` (every write-like
+  // call: write, writev, pwrite*, fwrite). `offset` is the explicit file offset for pwrite-style
+  // calls, or -1 for "at the current file position". The bytes stay valid and unchanged until
+  // the matching OnWriteEnd, which the wrapper calls on this same thread right after the host's
+  // call returns, whatever it returned: the observer may read them on another thread meanwhile.
+  virtual void OnWriteBegin(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                            size_t size) = 0;
+  // The host's call that OnWriteBegin announced returned `ret`: the first `ret` bytes were
+  // written, or nothing (0, -1).
+  virtual void OnWriteEnd(int fd, ssize_t ret) = 0;
   // The host moved the file position of a tracked fd (lseek/fseek), or wrote bytes ucp cannot
   // see (sendfile/copy_file_range into it): sequential hashing is no longer valid.
   virtual void OnNonSequential(int fd) = 0;

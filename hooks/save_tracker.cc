@@ -5,12 +5,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <ctime>
 #include <filesystem>
 
 #include "core/util/log.h"
+#include "core/util/reentrancy_guard.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
@@ -77,8 +79,69 @@ struct SaveTracker::OpenFile {
   bool streaming = true;  // false once a write did not land at `hashed`
 };
 
+// One big write's bytes, hashed by whichever thread claims the job first: the hasher thread, or
+// the writer in OnWriteEnd when the hasher has not started it.
+struct SaveTracker::HashJob {
+  enum Phase : int { kQueued, kRunning, kDone };
+
+  // Feeds the first `size` bytes of `pieces` to `state`.
+  void Run() {
+    size_t left = size;
+    for (const struct iovec& piece : pieces) {
+      const size_t take = std::min(left, piece.iov_len);
+      XXH3_64bits_update(&state, piece.iov_base, take);
+      left -= take;
+    }
+    phase.store(kDone, std::memory_order_release);
+    phase.notify_all();
+  }
+  // True when this thread won the job and must Run it.
+  bool Claim() {
+    int expected = kQueued;
+    return phase.compare_exchange_strong(expected, kRunning, std::memory_order_acq_rel);
+  }
+  // Returns once the job is done, running it here if nobody has started it.
+  void Finish() {
+    if (Claim()) {
+      Run();
+      return;
+    }
+    for (int seen = phase.load(std::memory_order_acquire); seen != kDone;
+         seen = phase.load(std::memory_order_acquire)) {
+      phase.wait(seen, std::memory_order_acquire);
+    }
+  }
+
+  std::atomic<int> phase{kQueued};
+  XXH3_state_t state;  // the file's hash at the begin of the write, then with its bytes
+  std::vector<struct iovec> pieces;
+  size_t size = 0;
+};
+
+struct SaveTracker::WriteInFlight {
+  const SaveTracker* tracker = nullptr;  // null: no write in flight on this thread
+  int fd = -1;
+  std::shared_ptr<OpenFile> file;
+  uint64_t start = 0;        // where the bytes land
+  bool at_position = false;  // a write at (and moving) the file position
+  const struct iovec* iov = nullptr;
+  int iovcnt = 0;
+  size_t size = 0;
+  std::shared_ptr<HashJob> job;  // for a big write that starts where the hashed bytes end
+};
+
+thread_local SaveTracker::WriteInFlight SaveTracker::in_flight_;
+
 SaveTracker::SaveTracker(SaveTrackerOptions options) : options_(std::move(options)) {}
-SaveTracker::~SaveTracker() = default;
+
+SaveTracker::~SaveTracker() {
+  {
+    std::lock_guard<std::mutex> lock(hasher_mutex_);
+    hasher_stopping_ = true;
+  }
+  hasher_wake_.notify_all();
+  if (hasher_.joinable()) hasher_.join();
+}
 
 void SaveTracker::AddCommitListener(CommitListener* listener) {
   std::lock_guard<std::mutex> lock(listeners_mutex_);
@@ -152,44 +215,103 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, 
   return tracked;
 }
 
-void SaveTracker::OnWrite(int fd, int64_t offset, const void* data, size_t size) {
-  const struct iovec piece = {const_cast<void*>(data), size};
-  OnWriteVector(fd, offset, &piece, 1, size);
+void SaveTracker::OnWriteBegin(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                               size_t size) {
+  Contain("write", [&] {
+    std::shared_ptr<OpenFile> file = Find(fd);
+    if (file == nullptr) return;
+    WriteInFlight write;
+    {
+      std::lock_guard<std::mutex> lock(file->mutex);
+      // Where these bytes land: O_APPEND writes (pwrite included, on Linux) go to the end; a
+      // pwrite does not move the file position.
+      write.at_position = !file->append && offset < 0;
+      if (file->append) {
+        write.start = file->hashed;
+      } else if (offset < 0) {
+        write.start = file->position;
+      } else {
+        write.start = static_cast<uint64_t>(offset);
+      }
+      if (file->streaming && write.start == file->hashed && size >= kParallelHashBytes) {
+        // `new`, not make_shared: XXH3_state_t is over-aligned.
+        write.job.reset(new HashJob);
+        XXH3_copyState(&write.job->state, &file->hash);
+        write.job->pieces.assign(iov, iov + std::max(iovcnt, 0));
+        write.job->size = size;
+      }
+    }
+    write.tracker = this;
+    write.fd = fd;
+    write.file = std::move(file);
+    write.iov = iov;
+    write.iovcnt = iovcnt;
+    write.size = size;
+    in_flight_ = write;
+    if (write.job != nullptr) PostHashJob(std::move(write.job));
+  });
 }
 
-void SaveTracker::OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
-                                size_t size) {
+void SaveTracker::OnWriteEnd(int fd, ssize_t ret) {
+  if (in_flight_.tracker != this || in_flight_.fd != fd) return;
+  WriteInFlight write = std::move(in_flight_);
+  in_flight_ = WriteInFlight{};
   Contain("write", [&] {
-    const std::shared_ptr<OpenFile> file = Find(fd);
-    if (file == nullptr) return;
-    std::lock_guard<std::mutex> lock(file->mutex);
-    // Where these bytes landed: O_APPEND writes (pwrite included, on Linux) go to the end; a
-    // pwrite does not move the file position.
-    uint64_t start;
-    if (file->append) {
-      start = file->hashed;
-    } else if (offset < 0) {
-      start = file->position;
-      file->position += size;
-    } else {
-      start = static_cast<uint64_t>(offset);
-    }
-    if (!file->streaming) return;
-    if (start != file->hashed) {
+    // First the job: the host's bytes must not be read after this returns.
+    if (write.job != nullptr) write.job->Finish();
+    OpenFile& file = *write.file;
+    std::lock_guard<std::mutex> lock(file.mutex);
+    if (ret <= 0) return;
+    const auto written = static_cast<uint64_t>(ret);
+    if (write.at_position) file.position = write.start + written;
+    if (!file.streaming) return;
+    // Writes of one file from two threads at once that both claim the hashed end (two writes at
+    // the file position) cannot both pass this test: whichever ends second stops streaming.
+    if (write.start != file.hashed) {
       UCP_LOG_DEBUG("save: {}: write at {} after {} hashed bytes; hashing at close instead",
-                    file->path, start, file->hashed);
-      file->streaming = false;
+                    file.path, write.start, file.hashed);
+      file.streaming = false;
       return;
     }
-    size_t left = size;
-    for (int i = 0; i < iovcnt && left > 0; ++i) {
-      const size_t take = std::min(left, iov[i].iov_len);
-      XXH3_64bits_update(&file->hash, iov[i].iov_base, take);
+    if (write.job != nullptr && written == write.size) {
+      XXH3_copyState(&file.hash, &write.job->state);
+      file.hashed += written;
+      return;
+    }
+    size_t left = std::min<uint64_t>(written, write.size);
+    for (int i = 0; i < write.iovcnt && left > 0; ++i) {
+      const size_t take = std::min(left, write.iov[i].iov_len);
+      XXH3_64bits_update(&file.hash, write.iov[i].iov_base, take);
       left -= take;
     }
-    file->hashed += size - left;
-    if (left != 0) file->streaming = false;  // the iovecs hold fewer bytes than were written
+    file.hashed += written - left;
+    if (left != 0 || written > write.size) file.streaming = false;  // more written than shown
   });
+}
+
+void SaveTracker::PostHashJob(std::shared_ptr<HashJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(hasher_mutex_);
+    if (!hasher_.joinable()) hasher_ = std::thread(&SaveTracker::RunHasher, this);
+    hasher_queue_.push_back(std::move(job));
+  }
+  hasher_wake_.notify_one();
+}
+
+void SaveTracker::RunHasher() {
+  // Hashing touches no file, but the thread is ucp's own: nothing it does is the host's.
+  ReentrancyGuard guard;
+  std::unique_lock<std::mutex> lock(hasher_mutex_);
+  for (;;) {
+    hasher_wake_.wait(lock, [this] { return hasher_stopping_ || !hasher_queue_.empty(); });
+    if (hasher_stopping_) return;
+    std::shared_ptr<HashJob> job = std::move(hasher_queue_.front());
+    hasher_queue_.pop_front();
+    lock.unlock();
+    if (job->Claim()) job->Run();
+    job.reset();
+    lock.lock();
+  }
 }
 
 void SaveTracker::OnNonSequential(int fd) {

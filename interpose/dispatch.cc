@@ -121,20 +121,43 @@ void OnFdopen(int fd, int flags) noexcept {
   OfferForWrite(fd, path, IsEmpty(fd), (flags & O_APPEND) != 0, observer);
 }
 
-void OnWrite(int fd, int64_t offset, const void* data, ssize_t ret) noexcept {
-  if (ret <= 0 || !FdTable::Get().IsTracked(fd)) return;
-  hooks::SaveObserver* observer = hooks::GetSaveObserver();
-  if (observer == nullptr) return;
-  Guarded("OnWrite", [&] { observer->OnWrite(fd, offset, data, static_cast<size_t>(ret)); });
+TrackedWrite::TrackedWrite(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
+                           size_t size) noexcept
+    : fd_(fd) {
+  Begin(offset, iov, iovcnt, size);
 }
 
-void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
-                   ssize_t ret) noexcept {
-  if (ret <= 0 || !FdTable::Get().IsTracked(fd)) return;
+TrackedWrite::TrackedWrite(int fd, int64_t offset, const void* data, size_t size) noexcept
+    : fd_(fd), single_{const_cast<void*>(data), size} {
+  Begin(offset, &single_, 1, size);
+}
+
+size_t IovecBytes(const struct iovec* iov, int iovcnt) noexcept {
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) {
+    if (__builtin_add_overflow(total, iov[i].iov_len, &total)) return SIZE_MAX;
+  }
+  return total;
+}
+
+void TrackedWrite::Begin(int64_t offset, const struct iovec* iov, int iovcnt,
+                         size_t size) noexcept {
+  if (!FdTable::Get().IsTracked(fd_)) return;
+  ErrnoPreserver keep;  // before the host's call: its errno must be all the host sees
   hooks::SaveObserver* observer = hooks::GetSaveObserver();
   if (observer == nullptr) return;
-  Guarded("OnWriteVector",
-          [&] { observer->OnWriteVector(fd, offset, iov, iovcnt, static_cast<size_t>(ret)); });
+  // Set before the call: whatever OnWriteBegin did, OnWriteEnd must follow before the bytes go.
+  observer_ = observer;
+  Guarded("OnWriteBegin", [&] { observer->OnWriteBegin(fd_, offset, iov, iovcnt, size); });
+}
+
+TrackedWrite::~TrackedWrite() { Done(-1); }
+
+void TrackedWrite::Done(ssize_t ret) noexcept {
+  hooks::SaveObserver* observer = observer_;
+  if (observer == nullptr) return;
+  observer_ = nullptr;
+  Guarded("OnWriteEnd", [&] { observer->OnWriteEnd(fd_, ret); });
 }
 
 off_t PositionOf(int fd) noexcept {

@@ -42,11 +42,31 @@ void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept;
 // untracked fd is offered to the SaveObserver under the path /proc/self/fd shows.
 void OnFdopen(int fd, int flags) noexcept;
 
-// A write-like call on `fd` returned `ret` (bytes, or -1). `offset` is the explicit file offset,
-// or -1 for "at the current position".
-void OnWrite(int fd, int64_t offset, const void* data, ssize_t ret) noexcept;
-void OnWriteVector(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
-                   ssize_t ret) noexcept;
+// The bytes `iov[0..iovcnt)` holds (saturating; 0 for iovcnt <= 0).
+size_t IovecBytes(const struct iovec* iov, int iovcnt) noexcept;
+
+// Brackets a write-like host call on `fd`: constructed right before it with what it is about to
+// write (`offset`: the explicit file offset, or -1 for "at the current position"), Done(ret)
+// right after it with what it returned (bytes, or -1). The bytes must stay valid until Done; a
+// TrackedWrite that is never Done tells the observer at its destruction that nothing was
+// written. Not copyable: one per call, on the calling thread.
+class TrackedWrite {
+ public:
+  TrackedWrite(int fd, int64_t offset, const struct iovec* iov, int iovcnt, size_t size) noexcept;
+  TrackedWrite(int fd, int64_t offset, const void* data, size_t size) noexcept;
+  ~TrackedWrite();
+  TrackedWrite(const TrackedWrite&) = delete;
+  TrackedWrite& operator=(const TrackedWrite&) = delete;
+
+  void Done(ssize_t ret) noexcept;
+
+ private:
+  void Begin(int64_t offset, const struct iovec* iov, int iovcnt, size_t size) noexcept;
+
+  const int fd_;
+  struct iovec single_ {};
+  hooks::SaveObserver* observer_ = nullptr;  // set when OnWriteBegin was called
+};
 
 // The file position of `fd` before an lseek (-1 when unknown); keeps errno.
 off_t PositionOf(int fd) noexcept;

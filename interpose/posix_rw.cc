@@ -18,45 +18,51 @@ bool Watched(int fd) { return ucp::InterceptGate() && ucp::FdTable::Get().MaybeT
 extern "C" UCP_EXPORT ssize_t write(int fd, const void* buf, size_t n) {
   if (!Watched(fd)) return ucp::real::write()(fd, buf, n);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, -1, buf, n);
   const ssize_t ret = ucp::real::write()(fd, buf, n);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWrite(fd, -1, buf, ret);
+  tracked.Done(ret);
   return ret;
 }
 
 extern "C" UCP_EXPORT ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
   if (!Watched(fd)) return ucp::real::writev()(fd, iov, iovcnt);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, -1, iov, iovcnt, ucp::dispatch::IovecBytes(iov, iovcnt));
   const ssize_t ret = ucp::real::writev()(fd, iov, iovcnt);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWriteVector(fd, -1, iov, iovcnt, ret);
+  tracked.Done(ret);
   return ret;
 }
 
 extern "C" UCP_EXPORT ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset) {
   if (!Watched(fd)) return ucp::real::pwrite()(fd, buf, n, offset);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, offset, buf, n);
   const ssize_t ret = ucp::real::pwrite()(fd, buf, n, offset);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWrite(fd, offset, buf, ret);
+  tracked.Done(ret);
   return ret;
 }
 
 extern "C" UCP_EXPORT ssize_t pwrite64(int fd, const void* buf, size_t n, off64_t offset) {
   if (!Watched(fd)) return ucp::real::pwrite64()(fd, buf, n, offset);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, offset, buf, n);
   const ssize_t ret = ucp::real::pwrite64()(fd, buf, n, offset);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWrite(fd, offset, buf, ret);
+  tracked.Done(ret);
   return ret;
 }
 
 extern "C" UCP_EXPORT ssize_t pwritev(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
   if (!Watched(fd)) return ucp::real::pwritev()(fd, iov, iovcnt, offset);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, offset, iov, iovcnt,
+                                      ucp::dispatch::IovecBytes(iov, iovcnt));
   const ssize_t ret = ucp::real::pwritev()(fd, iov, iovcnt, offset);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWriteVector(fd, offset, iov, iovcnt, ret);
+  tracked.Done(ret);
   return ret;
 }
 
@@ -64,20 +70,24 @@ extern "C" UCP_EXPORT ssize_t pwritev64(int fd, const struct iovec* iov, int iov
                                         off64_t offset) {
   if (!Watched(fd)) return ucp::real::pwritev64()(fd, iov, iovcnt, offset);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, offset, iov, iovcnt,
+                                      ucp::dispatch::IovecBytes(iov, iovcnt));
   const ssize_t ret = ucp::real::pwritev64()(fd, iov, iovcnt, offset);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWriteVector(fd, offset, iov, iovcnt, ret);
+  tracked.Done(ret);
   return ret;
 }
 
-// offset -1 writes at the current position, which is what OnWriteVector's -1 means too.
+// offset -1 writes at the current position, which is what TrackedWrite's -1 means too.
 extern "C" UCP_EXPORT ssize_t pwritev2(int fd, const struct iovec* iov, int iovcnt, off_t offset,
                                        int flags) {
   if (!Watched(fd)) return ucp::real::pwritev2()(fd, iov, iovcnt, offset, flags);
   ucp::ReentrancyGuard guard;
+  ucp::dispatch::TrackedWrite tracked(fd, offset < 0 ? -1 : offset, iov, iovcnt,
+                                      ucp::dispatch::IovecBytes(iov, iovcnt));
   const ssize_t ret = ucp::real::pwritev2()(fd, iov, iovcnt, offset, flags);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWriteVector(fd, offset < 0 ? -1 : offset, iov, iovcnt, ret);
+  tracked.Done(ret);
   return ret;
 }
 

@@ -122,8 +122,14 @@ extern "C" UCP_EXPORT size_t fwrite(const void* data, size_t size, size_t count,
   const int fd = FdOf(stream);
   if (!ucp::FdTable::Get().MaybeTracked(fd)) return ucp::real::fwrite()(data, size, count, stream);
   ucp::ReentrancyGuard guard;
+  // fwrite's size * count cannot overflow for a buffer that exists; a call claiming more writes
+  // nothing ucp could hash anyway.
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(size, count, &bytes))
+    return ucp::real::fwrite()(data, size, count, stream);
+  ucp::dispatch::TrackedWrite tracked(fd, -1, data, bytes);
   const size_t ret = ucp::real::fwrite()(data, size, count, stream);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnWrite(fd, -1, data, static_cast<ssize_t>(ret * size));
+  tracked.Done(static_cast<ssize_t>(ret * size));
   return ret;
 }

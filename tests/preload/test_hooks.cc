@@ -50,9 +50,11 @@ class EventLog : public ucp::hooks::SaveObserver {
     fds_[fd] = file;
     return true;
   }
-  void OnWrite(int fd, int64_t offset, const void*, size_t size) override { Add(fd, offset, size); }
-  void OnWriteVector(int fd, int64_t offset, const struct iovec*, int, size_t size) override {
-    Add(fd, offset, size);
+  void OnWriteBegin(int, int64_t offset, const struct iovec*, int, size_t) override {
+    begun_offset_ = offset;
+  }
+  void OnWriteEnd(int fd, ssize_t ret) override {
+    if (ret > 0) Add(fd, begun_offset_, static_cast<size_t>(ret));
   }
   void OnNonSequential(int fd) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -110,6 +112,8 @@ class EventLog : public ucp::hooks::SaveObserver {
     ::close(fd);
   }
 
+  // The offset of the write this thread began: its end reports only what it returned.
+  static inline thread_local int64_t begun_offset_ = -1;
   const std::string dir_;
   const std::string events_;
   std::mutex mutex_;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -76,13 +77,20 @@ class SaveTrackerTest : public ::testing::Test {
     EXPECT_EQ(tracked, expect_tracked) << path;
     return fd;
   }
+  // Writes as the host would, bracketed as the wrappers bracket it.
   static void Write(SaveTracker& tracker, int fd, std::string_view bytes) {
-    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-    tracker.OnWrite(fd, -1, bytes.data(), bytes.size());
+    const struct iovec piece = {const_cast<char*>(bytes.data()), bytes.size()};
+    tracker.OnWriteBegin(fd, -1, &piece, 1, bytes.size());
+    const ssize_t ret = ::write(fd, bytes.data(), bytes.size());
+    tracker.OnWriteEnd(fd, ret);
+    ASSERT_EQ(ret, static_cast<ssize_t>(bytes.size()));
   }
   static void PWrite(SaveTracker& tracker, int fd, std::string_view bytes, off_t offset) {
-    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
-    tracker.OnWrite(fd, offset, bytes.data(), bytes.size());
+    const struct iovec piece = {const_cast<char*>(bytes.data()), bytes.size()};
+    tracker.OnWriteBegin(fd, offset, &piece, 1, bytes.size());
+    const ssize_t ret = ::pwrite(fd, bytes.data(), bytes.size(), offset);
+    tracker.OnWriteEnd(fd, ret);
+    ASSERT_EQ(ret, static_cast<ssize_t>(bytes.size()));
   }
   static void Close(SaveTracker& tracker, int fd) {
     ASSERT_EQ(::close(fd), 0);
@@ -150,6 +158,78 @@ TEST_F(SaveTrackerTest, SequentialWritesAreHashedOnTheFly) {
   EXPECT_NE(FormatXxh3(records[0].xxh3), XxhsumH3(tag_dir_ + "/" + name));
 }
 
+TEST_F(SaveTrackerTest, BigWritesAreHashedWhileTheKernelCopiesThem) {
+  SaveTracker tracker({});
+  const std::string name = "mp_rank_00_model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  // Big and small writes interleaved, and a big vectored one: each big one is a hasher job.
+  Write(tracker, fd, RandomBytes(SaveTracker::kParallelHashBytes, 30));
+  Write(tracker, fd, RandomBytes(100, 31));
+  Write(tracker, fd, RandomBytes(3 * SaveTracker::kParallelHashBytes + 17, 32));
+  const std::string a = RandomBytes(SaveTracker::kParallelHashBytes / 2, 33);
+  const std::string b = RandomBytes(SaveTracker::kParallelHashBytes, 34);
+  struct iovec iov[2] = {{const_cast<char*>(a.data()), a.size()},
+                         {const_cast<char*>(b.data()), b.size()}};
+  tracker.OnWriteBegin(fd, -1, iov, 2, a.size() + b.size());
+  ASSERT_EQ(::writev(fd, iov, 2), static_cast<ssize_t>(a.size() + b.size()));
+  tracker.OnWriteEnd(fd, static_cast<ssize_t>(a.size() + b.size()));
+  const std::string copy = CopyAsideAndTamper(name);
+  Close(tracker, fd);
+  const auto records = Records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].size, fs::file_size(copy));
+  EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy)) << "not hashed on the fly";
+}
+
+TEST_F(SaveTrackerTest, AShortOrFailedBigWriteHashesOnlyWhatLanded) {
+  SaveTracker tracker({});
+  const std::string name = "mp_rank_00_model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  const std::string big = RandomBytes(2 * SaveTracker::kParallelHashBytes, 35);
+  const struct iovec piece = {const_cast<char*>(big.data()), big.size()};
+  // The kernel took only the first half (as a full disk or a signal can make it).
+  tracker.OnWriteBegin(fd, -1, &piece, 1, big.size());
+  const ssize_t half = static_cast<ssize_t>(big.size() / 2);
+  ASSERT_EQ(::write(fd, big.data(), static_cast<size_t>(half)), half);
+  tracker.OnWriteEnd(fd, half);
+  // A failed call writes nothing.
+  tracker.OnWriteBegin(fd, -1, &piece, 1, big.size());
+  tracker.OnWriteEnd(fd, -1);
+  Write(tracker, fd, std::string_view(big).substr(static_cast<size_t>(half)));
+  const std::string copy = CopyAsideAndTamper(name);
+  Close(tracker, fd);
+  const auto records = Records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].size, big.size());
+  EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy)) << "not hashed on the fly";
+}
+
+TEST_F(SaveTrackerTest, TwoThreadsWritingOneFileAtItsPositionAtOnce) {
+  SaveTracker tracker({});
+  const std::string name = "mp_rank_00_model_states.pt";
+  const int fd = Open(tracker, tag_dir_ + "/" + name, kCreate);
+  const std::string first = RandomBytes(SaveTracker::kParallelHashBytes, 36);
+  const std::string second = RandomBytes(5000, 37);
+  // Both writes begin at position 0; the kernel puts `second` first, and its call ends last.
+  std::atomic<bool> begun{false};
+  std::atomic<bool> other_done{false};
+  std::thread writer([&] {
+    const struct iovec piece = {const_cast<char*>(second.data()), second.size()};
+    tracker.OnWriteBegin(fd, -1, &piece, 1, second.size());
+    const ssize_t ret = ::write(fd, second.data(), second.size());
+    begun = true;
+    while (!other_done) std::this_thread::yield();
+    tracker.OnWriteEnd(fd, ret);
+  });
+  while (!begun) std::this_thread::yield();
+  Write(tracker, fd, first);
+  other_done = true;
+  writer.join();
+  Close(tracker, fd);
+  ExpectJournaled(name);
+  EXPECT_EQ(fs::file_size(tag_dir_ + "/" + name), first.size() + second.size());
+}
+
 TEST_F(SaveTrackerTest, PwriteAtTheRunningPositionAndWriteVector) {
   SaveTracker tracker({});
   const std::string name = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
@@ -160,8 +240,9 @@ TEST_F(SaveTrackerTest, PwriteAtTheRunningPositionAndWriteVector) {
   const std::string b = RandomBytes(700, 4);
   struct iovec iov[2] = {{const_cast<char*>(a.data()), a.size()},
                          {const_cast<char*>(b.data()), b.size()}};
+  tracker.OnWriteBegin(fd, 1500, iov, 2, 1000);
   ASSERT_EQ(::pwritev(fd, iov, 2, 1500), 1000);
-  tracker.OnWriteVector(fd, 1500, iov, 2, 1000);
+  tracker.OnWriteEnd(fd, 1000);
   const std::string copy = CopyAsideAndTamper(name);
   Close(tracker, fd);
   const auto records = Records();
@@ -402,7 +483,9 @@ TEST_F(SaveTrackerTest, ThreadsWritingTheirOwnFiles) {
 
 TEST_F(SaveTrackerTest, EventsForUnknownFdsAreIgnored) {
   SaveTracker tracker({});
-  tracker.OnWrite(12345, -1, "x", 1);
+  const struct iovec piece = {const_cast<char*>("x"), 1};
+  tracker.OnWriteBegin(12345, -1, &piece, 1, 1);
+  tracker.OnWriteEnd(12345, 1);
   tracker.OnNonSequential(12345);
   tracker.OnDup(12345, 12346);
   tracker.OnSync(12345);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,13 +32,12 @@ class Recorder : public hooks::SaveObserver {
         (append ? " append" : ""));
     return path.substr(0, prefix_.size()) == prefix_;
   }
-  void OnWrite(int fd, int64_t offset, const void*, size_t size) override {
-    Add("write " + std::to_string(fd) + " " + std::to_string(offset) + " " + std::to_string(size));
-  }
-  void OnWriteVector(int fd, int64_t offset, const struct iovec*, int iovcnt,
-                     size_t size) override {
-    Add("writev " + std::to_string(fd) + " " + std::to_string(offset) + " " +
+  void OnWriteBegin(int fd, int64_t offset, const struct iovec*, int iovcnt, size_t size) override {
+    Add("begin " + std::to_string(fd) + " " + std::to_string(offset) + " " +
         std::to_string(iovcnt) + " " + std::to_string(size));
+  }
+  void OnWriteEnd(int fd, ssize_t ret) override {
+    Add("end " + std::to_string(fd) + " " + std::to_string(ret));
   }
   void OnNonSequential(int fd) override { Add("nonseq " + std::to_string(fd)); }
   void OnDup(int old_fd, int new_fd) override {
@@ -64,6 +64,12 @@ class Recorder : public hooks::SaveObserver {
   std::mutex mutex_;
   std::vector<std::string> events_;
 };
+
+// A write-like host call of `data` on `fd` that returned `ret`, as the wrappers bracket it.
+void Write(int fd, int64_t offset, std::string_view data, ssize_t ret) {
+  TrackedWrite write(fd, offset, data.data(), data.size());
+  write.Done(ret);
+}
 
 class DispatchTest : public ::testing::Test {
  protected:
@@ -136,29 +142,36 @@ TEST_F(DispatchTest, UntrackedFilesReportNothingButTheirOpen) {
   Recorder outside("/nonexistent-prefix/");
   hooks::SetSaveObserver(&outside);
   const int fd = OpenForWrite("x");
-  OnWrite(fd, -1, "abc", 3);
+  Write(fd, -1, "abc", 3);
   Close(fd);
   EXPECT_EQ(outside.Take(), std::vector<std::string>{"open " + N(fd) + " " + dir_ + "/x trunc"});
 }
 
 TEST_F(DispatchTest, WritesOfTrackedFds) {
   const int fd = OpenForWrite("w.pt");
-  OnWrite(fd, -1, "abc", 3);
-  OnWrite(fd, -1, "abc", -1);  // failed calls are not writes
-  OnWrite(fd, -1, "abc", 0);
-  OnWrite(fd, 4096, "abc", 2);
+  Write(fd, -1, "abc", 3);
+  Write(fd, -1, "abc", -1);
+  Write(fd, 4096, "abc", 2);
   struct iovec iov[2] = {{const_cast<char*>("ab"), 2}, {const_cast<char*>("cd"), 2}};
-  OnWriteVector(fd, -1, iov, 2, 3);
+  {
+    TrackedWrite vectored(fd, -1, iov, 2, IovecBytes(iov, 2));
+    vectored.Done(3);
+  }
+  {
+    TrackedWrite abandoned(fd, -1, "xy", 2);  // never Done: the observer hears of no bytes
+  }
   OnSync(fd, 0);
   OnSync(fd, -1);
   OnUnseenWrite(fd, 10);
   OnUnseenWrite(fd, 0);
   Close(fd);
   EXPECT_EQ(recorder_->Take(),
-            (std::vector<std::string>{"open " + N(fd) + " " + dir_ + "/w.pt trunc",
-                                      "write " + N(fd) + " -1 3", "write " + N(fd) + " 4096 2",
-                                      "writev " + N(fd) + " -1 2 3", "sync " + N(fd),
-                                      "nonseq " + N(fd), "close " + N(fd)}));
+            (std::vector<std::string>{
+                "open " + N(fd) + " " + dir_ + "/w.pt trunc", "begin " + N(fd) + " -1 1 3",
+                "end " + N(fd) + " 3", "begin " + N(fd) + " -1 1 3", "end " + N(fd) + " -1",
+                "begin " + N(fd) + " 4096 1 3", "end " + N(fd) + " 2", "begin " + N(fd) + " -1 2 4",
+                "end " + N(fd) + " 3", "begin " + N(fd) + " -1 1 2", "end " + N(fd) + " -1",
+                "sync " + N(fd), "nonseq " + N(fd), "close " + N(fd)}));
 }
 
 TEST_F(DispatchTest, PositionQueriesAreNotMoves) {
@@ -188,14 +201,14 @@ TEST_F(DispatchTest, DupChainsFollowTheOpenFile) {
   EXPECT_FALSE(FdTable::Get().IsTracked(a));
   EXPECT_TRUE(FdTable::Get().IsTracked(b));
   EXPECT_TRUE(FdTable::Get().IsTracked(c));
-  OnWrite(c, -1, "x", 1);
+  Write(c, -1, "x", 1);
   Close(b);
   Close(c);
   EXPECT_EQ(recorder_->Take(),
             (std::vector<std::string>{"open " + N(a) + " " + dir_ + "/d.pt trunc",
                                       "dup " + N(a) + " " + N(b), "dup " + N(b) + " " + N(c),
-                                      "close " + N(a), "write " + N(c) + " -1 1", "close " + N(b),
-                                      "close " + N(c)}));
+                                      "close " + N(a), "begin " + N(c) + " -1 1 1",
+                                      "end " + N(c) + " 1", "close " + N(b), "close " + N(c)}));
 }
 
 TEST_F(DispatchTest, DupOfAnUntrackedFdOntoATrackedOneClosesIt) {
@@ -234,7 +247,7 @@ TEST_F(DispatchTest, AReusedNumberForgetsItsStaleState) {
             (std::vector<std::string>{"open " + N(fd) + " " + dir_ + "/stale.pt trunc",
                                       "close " + N(fd)}));
   EXPECT_FALSE(FdTable::Get().MaybeTracked(again));
-  OnWrite(again, -1, "x", 1);
+  Write(again, -1, "x", 1);
   EXPECT_TRUE(recorder_->Take().empty());
   ::close(again);
 }
@@ -285,7 +298,9 @@ TEST_F(DispatchTest, RenamesAreReportedWithAbsolutePaths) {
 class ThrowingObserver : public Recorder {
  public:
   using Recorder::Recorder;
-  void OnWrite(int, int64_t, const void*, size_t) override { throw std::runtime_error("boom"); }
+  void OnWriteBegin(int, int64_t, const struct iovec*, int, size_t) override {
+    throw std::runtime_error("boom");
+  }
 };
 
 TEST_F(DispatchTest, AThrowingHandlerSwitchesTheLayerOff) {
@@ -295,7 +310,7 @@ TEST_F(DispatchTest, AThrowingHandlerSwitchesTheLayerOff) {
   const int fd = OpenForWrite("boom.pt");
   EXPECT_TRUE(InterceptGate());
   errno = EINTR;
-  OnWrite(fd, -1, "x", 1);
+  Write(fd, -1, "x", 1);
   EXPECT_FALSE(InterceptGate());
   Close(fd);
 }
@@ -351,7 +366,7 @@ TEST_F(DispatchTest, ConcurrentOpensAndClosesReportEachNumberInOrder) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kRounds; ++i) {
         const int fd = OpenForWrite("c" + std::to_string(t), O_TRUNC);
-        OnWrite(fd, -1, "x", 1);
+        Write(fd, -1, "x", 1);
         if (i % 3 == 0) {
           const int copy = ::dup(fd);
           OnDup(fd, copy);
