@@ -73,6 +73,8 @@ constexpr std::string_view kInfo = "universal_checkpoint_info";
 constexpr char kZero3Refusal[] = "zero_stage=3: ZeRO-3 with tensor parallelism is not supported";
 // The model states of TP ranks > 0: copied unchanged by the universal export.
 constexpr std::string_view kCopiedModelRole = "model_states_copy";
+// Megatron's default --make-vocab-size-divisible-by.
+constexpr uint64_t kMegatronVocabDivisibleBy = 128;
 // Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
 constexpr int64_t kMaxTpWorldSize = int64_t{1} << 16;
 
@@ -112,7 +114,9 @@ std::vector<Piece> Pieces(const GroupLayout& layout, size_t k, const Partitionin
 // ---------------------------------------------------------------------------------------------
 // Shard maps: how a parameter's TP slices make its atom.
 
-enum class Rule { kReplicated, kAveraged, kSplit };
+// kUnnamed: no pattern names the parameter and the tag has one TP rank, so nothing tells whether
+// it is split or replicated; whole at tp = 1, refused at tp > 1.
+enum class Rule { kReplicated, kAveraged, kSplit, kUnnamed };
 // Which keys ds_to_universal writes beside 'param'.
 enum class UniversalForm { kNone, kCatDim, kNSubParams, kSubParamShape };
 
@@ -150,6 +154,8 @@ constexpr const char* RuleName(Rule rule) {
       return "averaged";
     case Rule::kSplit:
       return "split";
+    case Rule::kUnnamed:
+      return "unnamed";
   }
   return "";
 }
@@ -188,6 +194,10 @@ Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json
   if (rule == "replicated") return map;
   if (rule == "averaged") {
     map.rule = Rule::kAveraged;
+    return map;
+  }
+  if (rule == "unnamed") {
+    map.rule = Rule::kUnnamed;
     return map;
   }
   if (rule != "split") return bad;
@@ -234,6 +244,13 @@ struct Geometry {
 Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
                             uint32_t tp, const std::optional<Vocab>& vocab) {
   Geometry g{tp, atom, atom, {}};
+  if (map.rule == Rule::kUnnamed && tp > 1) {
+    return Status::Unsupported(
+        "deepspeed: tp=" + std::to_string(tp) + ": " + name + ": no rule of " + std::string(kInfo) +
+        " names this parameter and the tag has one TP rank, so nothing says whether it is split "
+        "(and on which dimension) or replicated; ucp does not guess: name it in the client's "
+        "universal_checkpoint_info patterns");
+  }
   if (map.rule != Rule::kSplit) return g;
   if (map.dim >= atom.size()) {
     return Status::Corrupt("deepspeed: " + name + ": split dimension " + std::to_string(map.dim) +
@@ -657,17 +674,23 @@ Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
   return out;
 }
 
-// The make_vocab_size_divisible_by that pads `original` to `padded` at degree tp: the smallest
-// power of two that does (Megatron's default, 128, is one), else the smallest integer; 0 when
-// none does.
+// The make_vocab_size_divisible_by that pads `original` to `padded` at degree tp: Megatron's
+// default when it does, else the largest power of two that does, else the smallest integer; 0
+// when none does. Several values may fit (67 rows padded to 68 at tp=1 fit 2 and 4, which pad to
+// 68 and 72 at tp=2): the default is the likeliest, and a run that chose another took a smaller
+// multiple. A wrong guess gives the target a vocabulary of another size than its model's, which
+// the load refuses rather than misreads.
 uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp) {
   const auto pads = [&](uint64_t m) {
     const Result<uint64_t> got = PaddedVocab({original, padded, m}, tp);
     return got.ok() && *got == padded;
   };
+  if (pads(kMegatronVocabDivisibleBy)) return kMegatronVocabDivisibleBy;
+  uint64_t largest = 0;
   for (uint64_t m = 1; m <= padded / tp; m *= 2) {
-    if (pads(m)) return m;
+    if (pads(m)) largest = m;
   }
+  if (largest != 0) return largest;
   for (uint64_t m = 1; m <= padded / tp; ++m) {
     if (pads(m)) return m;
   }
@@ -932,7 +955,13 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFac
   return segments;
 }
 
-// ZeRO-3, pipeline and single-rank tags are not this adapter's.
+// Whether a model-states file holds the client's universal_checkpoint_info.
+bool CarriesRules(const TorchArchiveReader& model_states) {
+  const Value* info = OptionalField(model_states, kInfo);
+  return info != nullptr && info->kind() == Kind::kDict;
+}
+
+// ZeRO-3 and pipeline tags are not this adapter's.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
@@ -956,7 +985,14 @@ bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
   for (const RankFile& entry : listing->optim) {
     if (entry.mp > 0) return true;
   }
-  return false;
+  // One TP rank: this adapter's when its model states carry the rules to split it by.
+  const auto model = listing->model_states.find(0);
+  if (model == listing->model_states.end()) return false;
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(tag_dir + "/" + model->second);
+  if (!reader.ok() || !CarriesRules(*reader)) return false;
+  const Value* round_robin =
+      OptionalField(*reader, "ds_config/zero_optimization/round_robin_gradients");
+  return round_robin == nullptr || round_robin->kind() != Kind::kBool || !round_robin->bool_value();
 }
 
 Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
@@ -1010,10 +1046,10 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   const TpModelStates& ms0 = tag.models.front();
   const uint32_t tp = ms0.mp;
   const uint32_t dp = ms0.dp;
-  if (tp < 2) {
+  if (tp == 1 && !CarriesRules(ms0.reader)) {
     return Status::Unsupported(Prefix(ms0.reader.path()) +
-                               "mp_world_size 1: not a tensor-parallel tag (the "
-                               "deepspeed-zero12 adapter reads it)");
+                               "mp_world_size 1 without universal_checkpoint_info: no rules to "
+                               "split it over TP ranks by (the deepspeed-zero12 adapter reads it)");
   }
   if (ms0.config_stage && *ms0.config_stage >= 3) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
@@ -1121,8 +1157,12 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                 ShapeText(layout.shapes[k]));
         }
       }
-      if (resolved.check_slices) {
-        const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
+      const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
+      if (resolved.check_slices && !resolved.map && tp == 1) {
+        // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
+        resolved.map = ShardMap{};
+        resolved.map->rule = Rule::kUnnamed;
+      } else if (resolved.check_slices && (tp > 1 || averaged)) {
         UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
                              DifferingState(tag, g, k, averaged));
         if (differing && !resolved.map) {
@@ -1567,6 +1607,8 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
     UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
     pickle::Graph& graph = out.graph;
     std::vector<std::pair<Value*, Value*>> entries;
+    // ds_to_universal concatenates a parameter no pattern names on dim 0.
+    if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
     switch (map.universal) {
       case UniversalForm::kNone:
         break;

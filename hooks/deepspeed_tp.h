@@ -1,6 +1,8 @@
 // The DeepSpeed tensor-parallel adapter ("deepspeed-tp", schema 1): Megatron-DeepSpeed
 // checkpoints of ZeRO-1/2 (DeepSpeedZeroOptimizer, BF16_Optimizer) at tensor-parallel degree
-// tp > 1 as atoms, resharded to any (tp, dp) and exported as ds_to_universal does.
+// tp > 1, or at tp = 1 when the model states carry universal_checkpoint_info (the rules to split
+// by), as atoms, resharded to any (tp, dp) and exported as ds_to_universal does. A TP=1 tag
+// without it is the deepspeed-zero12 adapter's, which refuses tp > 1 targets.
 //
 // A tag it reads (pp = 1; per TP rank t < mp_world_size, per DP rank r < dp_world_size):
 //   mp_rank_<t:02>_model_states.pt   module (rank t's slices, views of one flat buffer),
@@ -25,13 +27,15 @@
 // names DeepSpeed's MegatronSDLoader splits so (attention.query_key_value, mlp.dense_h_to_4h.*,
 // word_embeddings.weight, final_linear.weight). Any other parameter whose TP slices are not
 // bit-identical is refused, naming it (kUnsupported): ds_to_universal would silently concatenate
-// it on dim 0, which may be wrong. Bit-identical slices are treated as replicated.
+// it on dim 0, which may be wrong. Bit-identical slices are treated as replicated. At tp = 1 there
+// is one slice to judge by: such a parameter is "unnamed", copied whole at tp = 1 and refused,
+// named, at tp > 1 (its universal export has ds_to_universal's 'cat_dim': 0).
 //
 // The index holds every rule explicitly, per parameter, in adapter_state["tp"] (the atom index's
 // adapter-specific member, opaque to core):
 //   {"degree": 2,
 //    "vocab": {"original": 67, "padded": 72, "divisible_by": 4},          // optional
-//    "params": {"<name>": {"rule": "replicated" | "averaged" | "split",
+//    "params": {"<name>": {"rule": "replicated" | "averaged" | "split" | "unnamed",
 //                          "dim": 0,                     // split: the dimension cut over TP
 //                          "sub_params": [72, 72],       // split: global extents along dim of
 //                                                        // the sub-parameters (one: plain split)
@@ -45,8 +49,10 @@
 // that order. The vocabulary's padded rows [original, padded) are in no atom; a target TP degree
 // tp' gets Megatron's _vocab_size_with_padding(original, divisible_by · tp') rows, the new ones
 // zero (what DeepSpeed's universal load writes). divisible_by is the model states'
-// args.make_vocab_size_divisible_by when saved, else the smallest one that gives the source's
-// padded size at its degree, preferring powers of two.
+// args.make_vocab_size_divisible_by when saved, else inferred from the source's padded size at its
+// degree: Megatron's default 128 when it gives that size, else the largest power of two that
+// does, else the smallest integer (at tp = 1, 67 rows padded to 68 fit 2 and 4, which disagree at
+// tp = 2: a tag without args can only be told apart by that rule).
 //
 // Atoms: as deepspeed_zero.h, per parameter of the full (merged, vocabulary-unpadded) shape:
 // "fp32", every optimizer state, "bit16" (the module) and "step".
@@ -74,9 +80,10 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }
 
-  // True when `tag_dir` holds model-states files of more than one TP rank
-  // (mp_rank_XX_model_states.pt, XX > 0) and neither pipeline layer files nor ZeRO-3 model
-  // states.
+  // True when `tag_dir` holds neither pipeline layer files nor ZeRO-3 model states, and either
+  // files of more than one TP rank (mp_rank_XX_model_states.pt, XX > 0) or one TP rank whose
+  // mp_rank_00_model_states.pt holds universal_checkpoint_info without round_robin_gradients
+  // (this reads that file's pickle, never tensor data).
   bool Recognizes(const std::string& tag_dir) const override;
 
   // mp_rank_<t>_model_states.pt for t < mp_world_size and
@@ -97,7 +104,8 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   // mp_world_size, dp_world_size, universal_checkpoint_info.padded_vocab_size) and its DP
   // ranks' optimizer files (partitions, paddings, partition_count, param_slice_mappings), every
   // other object carried from the source's rank (0, 0) files. target.world is 0 or tp·dp;
-  // pp other than 1 is kUnsupported; a split that target.tp does not divide kUnsupported.
+  // pp other than 1 is kUnsupported; a split that target.tp does not divide kUnsupported, and so
+  // is an "unnamed" parameter (of a TP=1 source) at target.tp > 1.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

@@ -165,6 +165,33 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   return Status::Ok();
 }
 
+// Why a TP=1 tag of this adapter cannot be split over `tp` ranks: the client's
+// universal_checkpoint_info (Megatron-DeepSpeed's) says which parameters are split on which
+// dimension, and the deepspeed-tp adapter reads tags that carry it.
+Status RefuseTensorParallel(const AtomIndex& index, const std::string& tag_dir, uint32_t model_file,
+                            uint32_t tp) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model, OpenSource(index, tag_dir, model_file));
+  const std::string what = "deepspeed: tp=" + std::to_string(tp) + ": " + model.path() + ": ";
+  const Value* info = OptionalField(model, "universal_checkpoint_info");
+  if (info == nullptr || info->kind() != Kind::kDict) {
+    return Status::Unsupported(
+        what +
+        "no universal_checkpoint_info in the model states: no rules say which parameters are "
+        "split over TP ranks, on which dimension, or replicated, so a TP=1 tag without it cannot "
+        "be split (Megatron-DeepSpeed saves it in the client state)");
+  }
+  if (const Value* rr = OptionalField(model, "ds_config/zero_optimization/round_robin_gradients");
+      rr != nullptr && rr->kind() == Kind::kBool && rr->bool_value()) {
+    return Status::Unsupported(what +
+                               "round_robin_gradients with tensor parallelism is not supported");
+  }
+  return Status::FailedPrecondition(
+      what +
+      "the tag carries universal_checkpoint_info, but this index was built by the "
+      "deepspeed-zero12 adapter, which keeps no shard maps: rebuild it (`ucp index` on the tag) "
+      "so that the deepspeed-tp adapter reads it");
+}
+
 }  // namespace
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
@@ -450,8 +477,11 @@ Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reade
 Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
                                                      const std::string& tag_dir,
                                                      const Topology& target) const {
-  UCP_RETURN_IF_ERROR(CheckTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (target.tp > 1 && target.pp == 1) {
+    return RefuseTensorParallel(index, tag_dir, facts.model_file, target.tp);
+  }
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
   const uint32_t m = target.dp;
   OutputPlan plan;
 

@@ -49,7 +49,8 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   // True when `tag_dir` holds DeepSpeed checkpoint file names (model or optimizer states), no
   // ZeRO-3 model-states file (zero_pp_rank_N_mp_rank_XX_model_states.pt: DeepSpeedZero3Adapter's),
   // no pipeline layer file (layer_XX-model_states.pt: DeepSpeedPipeAdapter's) and no file of a TP
-  // rank > 0 (DeepSpeedTpAdapter's).
+  // rank > 0 (DeepSpeedTpAdapter's). DeepSpeedTpAdapter, registered before this one, also takes
+  // TP=1 tags whose model states carry universal_checkpoint_info.
   bool Recognizes(const std::string& tag_dir) const override;
 
   // mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt for r <
@@ -73,7 +74,9 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   // partition_count and param_slice_mappings are those DeepSpeed computes at that size; every
   // other object is carried from the source's rank-0 file. target.world is 0 (unspecified) or
   // target.dp; a world that dp does not divide is kInvalidArgument, tp or pp other than 1
-  // kUnsupported, dp = 0 kInvalidArgument.
+  // kUnsupported, dp = 0 kInvalidArgument. tp > 1 names why: kUnsupported when the model states
+  // hold no universal_checkpoint_info (no rules to split by), kFailedPrecondition when they do
+  // (an index this adapter built before DeepSpeedTpAdapter read such tags: to be rebuilt).
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

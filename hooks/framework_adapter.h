@@ -41,7 +41,8 @@ class FrameworkAdapter {
   virtual uint32_t schema() const = 0;
 
   // True when the files directly in `tag_dir` have this schema's names (cheap: a directory
-  // listing, no file is opened).
+  // listing, and at most one pickle read where the names alone cannot tell two schemas apart;
+  // never tensor data).
   virtual bool Recognizes(const std::string& tag_dir) const = 0;
 
   // The files (paths relative to `tag_dir`) a complete save of the tag holds, judged from what

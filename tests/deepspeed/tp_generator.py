@@ -9,14 +9,19 @@ writes, from one training state of full (TP=1) tensors:
   OUT_DIR/full/<param>/<state>.pt               the full tensors (fp32, exp_avg, exp_avg_sq), the
       vocabulary without padding: what the atoms must hold
 variants: "ok" at tp2dp2, tp1dp2, tp2dp1, tp1dp1, tp2dp3 (the reshard oracles of each other);
-"uncovered" and "averaged_differs" at tp2dp2 (tags ucp must refuse).
+"ruled" at tp1dp2, tp1dp1, tp2dp2, tp2dp1, tp4dp2, tp4dp1: the same state with extra.scale named
+replicated, so that its TP=1 tags can be split (each other's oracles); "uncovered" and
+"averaged_differs" at tp2dp2 (tags ucp must refuse); "no_info" at tp1dp2: no
+universal_checkpoint_info at all (no rules to split a TP=1 tag by).
 
 The state's parameters cover every rule of universal_checkpoint_info: a vocabulary
-(word_embeddings, 11 rows padded by Megatron's _vocab_size_with_padding with divisible_by 4: 12 at
-TP=1, 16 at TP=2), fused QKV with sub-parameters of 8, 4, 4 rows (parameter_with_sub_params), a
-SwiGLU gate/up pair (parameter_with_2_sub_params_cat_dim_0), a row-parallel weight, a
-column-parallel one named as Megatron names them (no pattern), replicated and averaged norms, and
-a parameter no rule names whose slices are identical. TP rank t's slice: for every sub-parameter,
+(word_embeddings, 35 rows padded by Megatron's _vocab_size_with_padding with divisible_by 4: 36
+at TP=1, 40 at TP=2, 48 at TP=4; 4 is the only power of two that gives 40 at TP=2 or 48 at TP=4,
+and the largest that gives 36 at TP=1), fused QKV with sub-parameters of 8, 4, 4 rows
+(parameter_with_sub_params), a SwiGLU gate/up pair of 8 + 8 rows
+(parameter_with_2_sub_params_cat_dim_0), a row-parallel weight, a column-parallel one named as
+Megatron names them (no pattern), replicated and averaged norms, and a parameter no rule names
+whose slices are identical. TP rank t's slice: for every sub-parameter,
 its t-th chunk on the split dimension, concatenated (universal_checkpoint.py's load rule);
 replicated and averaged parameters whole. Per TP rank the parameters of each group, in order, make
 the flat buffer that ZeRO-1 partitions over DP (padded at its end to a multiple of 2*D). The
@@ -31,7 +36,7 @@ import torch
 
 import ds_objects
 
-ORIGINAL_VOCAB = 11
+ORIGINAL_VOCAB = 35
 DIVISIBLE_BY = 4
 
 # name, full shape, rule: ("vocab",), ("sub", dim, sizes), ("two",), ("split", dim),
@@ -40,8 +45,8 @@ PARAMS = [
     [("word_embeddings.weight", (ORIGINAL_VOCAB, 6), ("vocab",)),
      ("layers.0.attention.query_key_value.weight", (16, 6), ("sub", 0, (8, 4, 4))),
      ("layers.0.attention.dense.weight", (6, 8), ("split", 1)),
-     ("layers.0.mlp.gate_up.weight", (20, 6), ("two",)),
-     ("layers.0.mlp.gate_up.bias", (20,), ("two",)),
+     ("layers.0.mlp.gate_up.weight", (16, 6), ("two",)),
+     ("layers.0.mlp.gate_up.bias", (16,), ("two",)),
      ("layers.0.mlp.dense_h_to_4h.weight", (12, 6), ("split", 0))],
     [("layers.0.norm.weight", (6,), ("averaged",)),
      ("final_norm.weight", (6,), ("replicated",)),
@@ -97,8 +102,9 @@ def tp_slice(full, rule, tp, t):
     return torch.cat([part.chunk(tp, dim)[t] for part in full.split(list(sizes), dim)], dim)
 
 
-def write_tag(tag_dir, state, tp, dp, perturb=None):
-    """perturb: a parameter whose TP rank 1 slices are changed (slices that differ)."""
+def write_tag(tag_dir, state, tp, dp, perturb=None, info=INFO):
+    """perturb: a parameter whose TP rank 1 slices are changed (slices that differ); info: the
+    client's universal_checkpoint_info (None: none saved)."""
     os.makedirs(tag_dir, exist_ok=True)
     # The same config at every size: ds_config is the new run's, which no resharder can know.
     ds_config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
@@ -128,8 +134,6 @@ def write_tag(tag_dir, state, tp, dp, perturb=None):
                 shape = slices[name]["fp32"].shape
                 module[name] = flat.narrow(0, offset, shape.numel()).view(shape)
                 offset += shape.numel()
-        info = dict(INFO)
-        info["padded_vocab_size"] = padded_vocab(tp)
         model = {
             "module": module,
             "buffer_names": [],
@@ -145,8 +149,10 @@ def write_tag(tag_dir, state, tp, dp, perturb=None):
             "skipped_steps": 0, "global_steps": 5, "global_samples": 40,
             "dp_world_size": dp, "mp_world_size": tp,
             "ds_config": ds_config, "ds_version": "0.14.5", "my_step": 5,
-            "checkpoint_version": 2.0, "universal_checkpoint_info": info,
+            "checkpoint_version": 2.0,
         }
+        if info is not None:
+            model["universal_checkpoint_info"] = dict(info, padded_vocab_size=padded_vocab(tp))
         ds_objects.save(model, f"{tag_dir}/mp_rank_{t:02d}_model_states.pt")
 
         for r in range(dp):
@@ -210,6 +216,10 @@ def main():
     state = make_state()
     for tp, dp in ((2, 2), (1, 2), (2, 1), (1, 1), (2, 3)):
         write_tag(f"{out}/ok/tp{tp}dp{dp}/global_step5", state, tp, dp)
+    ruled = dict(INFO, tp_replicated_parameter_patterns=[r"final_norm\.weight", r"extra\.scale"])
+    for tp, dp in ((1, 2), (1, 1), (2, 2), (2, 1), (4, 2), (4, 1)):
+        write_tag(f"{out}/ruled/tp{tp}dp{dp}/global_step5", state, tp, dp, info=ruled)
+    write_tag(f"{out}/no_info/tp1dp2/global_step5", state, 1, 2, info=None)
     for name, tensors in state.items():
         for key, tensor in tensors.items():
             os.makedirs(f"{out}/full/{name}", exist_ok=True)

@@ -209,9 +209,12 @@ INSTANTIATE_TEST_SUITE_P(Fixture, DeepSpeedTpResaveTest,
                                            "tp1dp1_from_tp2dp2", "tp2dp2_from_tp2dp2"),
                          [](const auto& test_param) { return test_param.param.substr(0, 6); });
 
-// tp2dp2 → tp2dp1 → tp2dp2 through executed plans reproduces every object and tensor of the
-// original (the intermediate tag is itself indexed, i.e. validated as a tensor-parallel tag).
-TEST(DeepSpeedTpRoundTripTest, ReshardThereAndBackIsLossless) {
+// tp2dp2 → tp2dp1 → tp2dp2 and tp2dp2 → tp1dp1 → tp2dp2 through executed plans reproduce every
+// object and tensor of the original (the intermediate tag is itself indexed, i.e. validated as a
+// tensor-parallel tag; at tp1dp1 by its universal_checkpoint_info, its vocabulary padded to 68).
+class DeepSpeedTpRoundTripTest : public ::testing::TestWithParam<Topology> {};
+
+TEST_P(DeepSpeedTpRoundTripTest, ReshardThereAndBackIsLossless) {
   const TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   const auto reshard = [](const std::string& tag, const Topology& target,
@@ -224,7 +227,7 @@ TEST(DeepSpeedTpRoundTripTest, ReshardThereAndBackIsLossless) {
     const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
     ASSERT_TRUE(status.ok()) << status.ToString();
   };
-  reshard(kTag, Topology{1, 2, 1, 2, 0}, dir.path() + "/middle/global_step5");
+  reshard(kTag, GetParam(), dir.path() + "/middle/global_step5");
   reshard(dir.path() + "/middle/global_step5", Topology{2, 2, 1, 4, 0},
           dir.path() + "/back/global_step5");
   for (const fs::directory_entry& entry : fs::directory_iterator(kTag)) {
@@ -241,6 +244,35 @@ TEST(DeepSpeedTpRoundTripTest, ReshardThereAndBackIsLossless) {
       EXPECT_TRUE(TensorBytes(*got, got->tensors()[i]) == TensorBytes(*want, want->tensors()[i]))
           << "tensor " << i;
     }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixture, DeepSpeedTpRoundTripTest,
+                         ::testing::Values(Topology{1, 2, 1, 2, 0}, Topology{1, 1, 1, 1, 0}),
+                         [](const auto& test_param) {
+                           return "tp" + std::to_string(test_param.param.tp) + "dp" +
+                                  std::to_string(test_param.param.dp);
+                         });
+
+// DeepSpeed's TP=1 resaves carry universal_checkpoint_info: this adapter reads them, with the
+// vocabulary's divisible_by inferred as 4 from 67 rows padded to 68 (the only divisor that gives
+// the original save's 72 at TP=2; the README of the fixture says 4).
+TEST(DeepSpeedTpSplitTest, ReadsDeepSpeedsTp1Resaves) {
+  for (const char* resave : {"tp1dp2_from_tp2dp2", "tp1dp1_from_tp2dp2"}) {
+    const std::string tag = kFixture + "/resaved/" + resave + "/global_step5";
+    SCOPED_TRACE(tag);
+    Result<const FrameworkAdapter*> detected = DetectAdapter(tag);
+    ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+    EXPECT_EQ((*detected)->name(), DeepSpeedTpAdapter::kName);
+    Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    EXPECT_EQ(index->contents().topology.tp, 1u);
+    EXPECT_EQ(index->contents().adapter_state["tp"]["vocab"],
+              (nlohmann::json{{"original", 67}, {"padded", 68}, {"divisible_by", 4}}));
+    const nlohmann::json& params = index->contents().adapter_state["tp"]["params"];
+    EXPECT_EQ(params["layers.0.attention.dense.weight"]["dim"], 1);
+    EXPECT_EQ(params["layers.0.attention.query_key_value.weight"]["dim"], 0);
+    EXPECT_EQ(params["final_layernorm.weight"]["rule"], "replicated");
   }
 }
 
