@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/format/safetensors_reader.h"
+#include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/io/file_lock.h"
 #include "core/plan/export_plan.h"
@@ -320,6 +321,7 @@ uint64_t AtomsMaterializer::shares_written() const {
 void AtomsMaterializer::Run() {
   // Everything this thread does is ucp's own I/O: the hooks must neither record nor serve it.
   ReentrancyGuard guard;
+  IoPhaseScope phase(IoPhase::kAtoms);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/io/fault_injection.h"
 #include "core/util/reentrancy_guard.h"
 
 namespace ucp::hooks {
@@ -74,9 +75,11 @@ Result<std::vector<FileDigest>> HashTagFiles(const std::string& tag_dir,
   };
   std::vector<std::thread> workers;
   for (unsigned t = 1; t < threads; ++t) {
-    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve.
-    workers.emplace_back([&work] {
+    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve;
+    // it belongs to the phase that started them.
+    workers.emplace_back([&work, phase = CurrentIoPhase()] {
       ReentrancyGuard guard;
+      IoPhaseScope phase_scope(phase);
       work();
     });
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/format/atom_index.h"
+#include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/io/file_lock.h"
 #include "core/util/log.h"
@@ -157,6 +158,7 @@ uint64_t IndexBuilder::committed() const {
 void IndexBuilder::Run() {
   // Everything this thread does is ucp's own I/O: the hooks must neither record nor serve it.
   ReentrancyGuard guard;
+  IoPhaseScope phase(IoPhase::kIndexBuild);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });

@@ -13,9 +13,12 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <span>
+
+#include "core/io/fault_injection.h"
 
 namespace ucp::hooks {
 namespace {
@@ -34,17 +37,6 @@ std::string ThisProcessJournalName() {
   // A '/' in a host name would leave the directory.
   std::replace(host, host + std::strlen(host), '/', '_');
   return std::string("journal.") + host + "." + std::to_string(::getpid()) + ".jsonl";
-}
-
-Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
-  const ssize_t written = ::write(fd, bytes.data(), bytes.size());
-  if (written < 0) return PosixError("journal: append to " + path, errno);
-  if (static_cast<size_t>(written) != bytes.size()) {
-    return Status::IoError("journal: append to " + path + ": short write (" +
-                           std::to_string(written) + " of " + std::to_string(bytes.size()) +
-                           " bytes)");
-  }
-  return Status::Ok();
 }
 
 Result<std::string> ReadWholeFile(const std::string& path) {
@@ -193,17 +185,27 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
 }
 
 Status AppendJournalRecord(std::string_view tag_dir, const JournalRecord& record) {
+  IoPhaseScope phase(IoPhase::kJournal);
   UCP_ASSIGN_OR_RETURN(const std::string line, EncodeJournalRecord(record));
   const std::string dir = JournalDirectory(tag_dir);
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return PosixError("journal: mkdir " + dir, errno);
   }
   const std::string path = dir + "/" + ThisProcessJournalName();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return PosixError("journal: open " + path, errno);
-  const Status status = WriteAll(fd, line, path);
-  ::close(fd);
-  return status;
+  // Only this process appends to its journal, and only under this lock, so the size before the
+  // append is where the line starts: a failure part-way (a full disk) cuts the line off again
+  // rather than leave a torn line that a later record would make the middle of the file.
+  static std::mutex append_mutex;
+  std::lock_guard<std::mutex> lock(append_mutex);
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kAppend));
+  UCP_ASSIGN_OR_RETURN(const uint64_t start, file.Size());
+  const Status status = file.Append(std::as_bytes(std::span(line.data(), line.size())));
+  if (!status.ok()) {
+    const Status cut = file.Truncate(start);
+    return Status(status.code(),
+                  "journal: " + status.message() + (cut.ok() ? "" : "; then " + cut.message()));
+  }
+  return file.Close();
 }
 
 Result<JournalContents> ParseJournal(std::string_view name, std::string_view bytes) {

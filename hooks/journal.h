@@ -65,8 +65,9 @@ int64_t LauncherRank();
 // text that is not valid UTF-8.
 Result<std::string> EncodeJournalRecord(const JournalRecord& record);
 
-// Appends `record` to this process's journal of `tag_dir` (creating `.ucp/` and the file). One
-// write(2): the line lands whole or, on a crash or a full disk, torn at the end of the file.
+// Appends `record` to this process's journal of `tag_dir` (creating `.ucp/` and the file),
+// retrying EINTR and short writes: the line lands whole, or on a crash torn at the end of the
+// file; a failed append (a full disk) truncates the file back to where the line began.
 Status AppendJournalRecord(std::string_view tag_dir, const JournalRecord& record);
 
 struct JournalContents {

@@ -136,6 +136,9 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
   }
   UCP_RETURN_IF_ERROR(EmptyView(directory));
   const Status verified = VerifySources(index, FilesRead(index, plan), tag_dir, "view");
+  // Only a verdict on the bytes is recorded: a read that failed (EIO, a file missing for now)
+  // says nothing about them, and recording it would refuse the view to every later process.
+  if (!verified.ok() && verified.code() != StatusCode::kCorrupt) return verified;
   nlohmann::json json = {{"version", kViewVersion},
                          {"index_xxh3", index_hex},
                          {"target", TargetJson(target)},
@@ -144,8 +147,7 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
   UCP_RETURN_IF_ERROR(WriteFileAtomically(json_path, json.dump(2) + "\n"));
   UCP_LOG_INFO("view: created {} for index {} ({})", directory, index_hex,
                verified.ok() ? "sources verified" : verified.message());
-  if (verified.ok() || verified.code() == StatusCode::kCorrupt) return verified;
-  return Status::Corrupt(verified.message());
+  return verified;
 }
 
 }  // namespace

@@ -12,7 +12,8 @@
 //                           written once per index (temporary, fsync, rename): "verified" says
 //                           whether every source file the view reads (those its files take
 //                           bytes from, and the carried files) had its size and XXH3 when the
-//                           view was created
+//                           view was created; a verification that could not read a source
+//                           (EIO, a missing file) records nothing and fails this open only
 //   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/util/log.h"
 #include "hooks/atoms_store.h"
@@ -86,6 +87,7 @@ struct ViewServer::TagState {
 ViewServer::ViewServer(ViewServerOptions options) : options_(std::move(options)) {}
 
 std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag_dir) {
+  IoPhaseScope phase(IoPhase::kViewBuild);
   const std::string index_path = AtomIndexPath(tag_dir);
   struct stat info;
   if (::stat(index_path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return nullptr;
@@ -173,6 +175,8 @@ ServeDecision ViewServer::Resolve(std::string_view path) {
   const std::string_view name = NameInTag(path, match->tag_dir);
   if (name.empty()) return {};
 
+  // Reading the index and the sources, creating the view and building its files.
+  IoPhaseScope phase(IoPhase::kViewBuild);
   const std::shared_ptr<TagState> state = StateOf(match->tag_dir);
   const ServeDecision failed{
       options_.strict ? ServeDecision::Kind::kFail : ServeDecision::Kind::kPassThrough, {}};

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "core/io/fault_injection.h"
 #include "core/util/reentrancy_guard.h"
 
 namespace ucp {
@@ -44,6 +45,8 @@ int FlagsFor(File::Mode mode) {
       return O_RDWR | O_CREAT | O_TRUNC;
     case File::Mode::kCreateExclusive:
       return O_RDWR | O_CREAT | O_EXCL;
+    case File::Mode::kAppend:
+      return O_WRONLY | O_APPEND | O_CREAT;
   }
   return O_RDONLY;
 }
@@ -55,13 +58,34 @@ bool CopyFileRangeUnsupported(int err) {
          err == ETXTBSY || err == EPERM;
 }
 
+// One read or write through the fault-injection point (fault_injection.h): an injected error
+// fails as the kernel would (-1, errno), an injected short transfer asks `call` for fewer bytes.
+template <typename Call>
+ssize_t Transfer(IoOp op, const std::string& path, size_t want, Call call) {
+  const IoFault fault = MaybeInjectFault(op, path, want);
+  if (fault.error != 0) {
+    errno = fault.error;
+    return -1;
+  }
+  return call(std::min(want, std::max<size_t>(fault.max_bytes, 1)));
+}
+
+// A call other than a transfer through the fault-injection point: 0 to go ahead, or the errno.
+int InjectedError(IoOp op, const std::string& path) { return MaybeInjectFault(op, path, 0).error; }
+
 }  // namespace
 
 Result<File> File::Open(std::string path, Mode mode, mode_t permissions) {
   ReentrancyGuard guard;
   int fd;
   do {
-    fd = ::open(path.c_str(), FlagsFor(mode) | O_CLOEXEC, permissions);
+    const int injected = mode == Mode::kRead ? 0 : InjectedError(IoOp::kOpenWrite, path);
+    if (injected != 0) {
+      errno = injected;
+      fd = -1;
+    } else {
+      fd = ::open(path.c_str(), FlagsFor(mode) | O_CLOEXEC, permissions);
+    }
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return PosixError(Describe("open", path), errno);
   return File(fd, std::move(path));
@@ -153,8 +177,9 @@ Result<size_t> File::ReadSomeAt(uint64_t offset, std::span<std::byte> out) const
   ReentrancyGuard guard;
   size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n =
-        ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    const ssize_t n = Transfer(IoOp::kRead, path_, out.size() - done, [&](size_t want) {
+      return ::pread(fd_, out.data() + done, want, static_cast<off_t>(offset + done));
+    });
     if (n < 0) {
       if (errno == EINTR) continue;
       return PosixError(DescribeRange("pread", out.size(), offset, path_), errno);
@@ -179,8 +204,9 @@ Status File::WriteAt(uint64_t offset, std::span<const std::byte> data) {
   ReentrancyGuard guard;
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n =
-        ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    const ssize_t n = Transfer(IoOp::kWrite, path_, data.size() - done, [&](size_t want) {
+      return ::pwrite(fd_, data.data() + done, want, static_cast<off_t>(offset + done));
+    });
     if (n < 0) {
       if (errno == EINTR) continue;
       return PosixError(DescribeRange("pwrite", data.size(), offset, path_), errno);
@@ -195,7 +221,8 @@ Status File::Append(std::span<const std::byte> data) {
   ReentrancyGuard guard;
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+    const ssize_t n = Transfer(IoOp::kWrite, path_, data.size() - done,
+                               [&](size_t want) { return ::write(fd_, data.data() + done, want); });
     if (n < 0) {
       if (errno == EINTR) continue;
       return PosixError(Describe("write " + std::to_string(data.size()) + " bytes to", path_),
@@ -224,7 +251,13 @@ Status File::Sync() {
   ReentrancyGuard guard;
   int rc;
   do {
-    rc = ::fsync(fd_);
+    const int injected = InjectedError(IoOp::kSync, path_);
+    if (injected != 0) {
+      errno = injected;
+      rc = -1;
+    } else {
+      rc = ::fsync(fd_);
+    }
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) return PosixError(Describe("fsync", path_), errno);
   return Status::Ok();
@@ -252,7 +285,9 @@ Status CopyRange(const File& src, uint64_t src_offset, File& dst, uint64_t dst_o
     loff_t in = static_cast<loff_t>(src_offset + done);
     loff_t out = static_cast<loff_t>(dst_offset + done);
     const size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, 1u << 30));
-    const ssize_t n = ::copy_file_range(src.fd(), &in, dst.fd(), &out, want, 0);
+    const ssize_t n = Transfer(IoOp::kWrite, dst.path(), want, [&](size_t asked) {
+      return ::copy_file_range(src.fd(), &in, dst.fd(), &out, asked, 0);
+    });
     if (n < 0) {
       if (errno == EINTR) continue;
       if (CopyFileRangeUnsupported(errno)) {
@@ -285,9 +320,17 @@ Status CopyRange(const File& src, uint64_t src_offset, File& dst, uint64_t dst_o
 
 Status RenameFile(const std::string& from, const std::string& to) {
   ReentrancyGuard guard;
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    return PosixError("file: rename " + from + " to " + to, errno);
-  }
+  int rc;
+  do {
+    const int injected = InjectedError(IoOp::kRename, to);
+    if (injected != 0) {
+      errno = injected;
+      rc = -1;
+    } else {
+      rc = ::rename(from.c_str(), to.c_str());
+    }
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) return PosixError("file: rename " + from + " to " + to, errno);
   return Status::Ok();
 }
 

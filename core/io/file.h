@@ -9,6 +9,8 @@
 // the path ("file: pread 4096 bytes at 128 of /ckpt/x.pt: Input/output error"), built by
 // PosixError (ENOENT → kNotFound, other errno → kIoError). Short reads at end of file are
 // kCorrupt: every reader in ucp reads ranges that the file's own metadata promised exist.
+// Every system call here first passes the fault-injection point of core/io/fault_injection.h
+// (tests only; EINTR and short transfers are retried like the kernel's own).
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +32,7 @@ class File {
     kReadWrite,        // O_RDWR; the file must exist
     kCreate,           // O_RDWR | O_CREAT | O_TRUNC: creates, or empties an existing file
     kCreateExclusive,  // O_RDWR | O_CREAT | O_EXCL: fails (kIoError, EEXIST) if the path exists
+    kAppend,           // O_WRONLY | O_APPEND | O_CREAT: every Append lands at the end of file
   };
 
   // Opens `path` (always O_CLOEXEC). `permissions` applies only when the file is created.
@@ -98,7 +101,7 @@ inline constexpr size_t kCopyChunkBytes = size_t{1} << 20;
 Status CopyRange(const File& src, uint64_t src_offset, File& dst, uint64_t dst_offset,
                  uint64_t length);
 
-// rename(2) `from` to `to` (atomic replacement within one file system).
+// rename(2) `from` to `to` (atomic replacement within one file system), retried on EINTR.
 Status RenameFile(const std::string& from, const std::string& to);
 // unlink(2) `path`; a path that does not exist is kNotFound.
 Status RemoveFile(const std::string& path);

@@ -13,6 +13,7 @@
 #include "core/format/safetensors_writer.h"
 #include "core/format/torch_archive_writer.h"
 #include "core/io/byte_run.h"
+#include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/util/checked.h"
 #include "core/util/path.h"
@@ -281,9 +282,11 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
   };
   std::vector<std::thread> workers;
   for (unsigned w = 1; w < threads; ++w) {
-    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve.
-    workers.emplace_back([&work] {
+    // Inside the preload these threads do ucp's own I/O, which the hooks must never see or serve;
+    // it belongs to the phase that started them.
+    workers.emplace_back([&work, phase = CurrentIoPhase()] {
       ReentrancyGuard guard;
+      IoPhaseScope phase_scope(phase);
       work();
     });
   }
