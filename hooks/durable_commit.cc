@@ -1,9 +1,12 @@
 #include "hooks/durable_commit.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <ctime>
 #include <exception>
 #include <set>
@@ -41,18 +44,24 @@ bool AllDigits(std::string_view text) {
   return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
-// The signal name inside pending name `file_name` (".<name>.ucp-pending-<pid>-<n>"), or "".
-std::string_view SignalNameOf(std::string_view file_name) {
-  if (file_name.size() < 2 || file_name[0] != '.') return {};
+struct PendingName {
+  std::string_view signal;  // the signal's file name
+  int64_t pid = 0;          // the process that wrote it
+};
+
+// Parses pending name `file_name` (".<name>.ucp-pending-<pid>-<n>").
+std::optional<PendingName> ParsePendingName(std::string_view file_name) {
+  if (file_name.size() < 2 || file_name[0] != '.') return std::nullopt;
   const size_t marker = file_name.rfind(kPendingMarker);
-  if (marker == std::string_view::npos || marker < 2) return {};
+  if (marker == std::string_view::npos || marker < 2) return std::nullopt;
   const std::string_view numbers = file_name.substr(marker + kPendingMarker.size());
   const size_t dash = numbers.find('-');
   if (dash == std::string_view::npos || !AllDigits(numbers.substr(0, dash)) ||
-      !AllDigits(numbers.substr(dash + 1))) {
-    return {};
+      !AllDigits(numbers.substr(dash + 1)) || dash > 18) {
+    return std::nullopt;
   }
-  return file_name.substr(1, marker - 1);
+  return PendingName{file_name.substr(1, marker - 1),
+                     std::stoll(std::string(numbers.substr(0, dash)))};
 }
 
 double MillisecondsSince(std::chrono::steady_clock::time_point start) {
@@ -72,12 +81,14 @@ std::string PendingSignalPath(std::string_view signal_path, int64_t pid, uint64_
 std::optional<std::string> SignalOfPendingPath(std::string_view path) {
   const std::string_view dir = Parent(path);
   if (dir.empty()) return std::nullopt;
-  const std::string_view name = SignalNameOf(path.substr(dir.size() + 1));
-  if (name.empty()) return std::nullopt;
-  return std::string(dir) + "/" + std::string(name);
+  const std::optional<PendingName> name = ParsePendingName(path.substr(dir.size() + 1));
+  if (!name) return std::nullopt;
+  return std::string(dir) + "/" + std::string(name->signal);
 }
 
-bool IsPendingSignalName(std::string_view file_name) { return !SignalNameOf(file_name).empty(); }
+bool IsPendingSignalName(std::string_view file_name) {
+  return ParsePendingName(file_name).has_value();
+}
 
 std::vector<std::string> NotYetDurable(
     const std::vector<JournalRecord>& records, const std::vector<std::string>& expected,
@@ -376,12 +387,37 @@ bool DurableCommit::Rename(const Publish& publish) const {
   return true;
 }
 
+void DurableCommit::SweepStale(const std::string& signal_path) const {
+  const std::string dir(Parent(signal_path));
+  const std::string_view signal = std::string_view(signal_path).substr(dir.size() + 1);
+  DIR* stream = ::opendir(dir.c_str());
+  if (stream == nullptr) return;
+  std::vector<std::string> stale;
+  while (const dirent* entry = ::readdir(stream)) {
+    const std::optional<PendingName> name = ParsePendingName(entry->d_name);
+    // A process that no longer exists (killed mid-save) left it; its tag was never published.
+    if (name && name->signal == signal && name->pid != pid_ &&
+        ::kill(static_cast<pid_t>(name->pid), 0) != 0 && errno == ESRCH) {
+      stale.push_back(dir + "/" + entry->d_name);
+    }
+  }
+  ::closedir(stream);
+  for (const std::string& path : stale) {
+    if (RemoveFile(path).ok()) UCP_LOG_INFO("durable: removed {}, left by a dead process", path);
+  }
+}
+
 bool DurableCommit::PublishReady() {
   std::map<std::string, std::vector<Publish>> snapshot;
+  std::vector<std::string> unswept;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     snapshot = publishes_;
+    for (const auto& [signal, list] : publishes_) {
+      if (swept_.insert(signal).second) unswept.push_back(signal);
+    }
   }
+  for (const std::string& signal : unswept) SweepStale(signal);
   const auto now = std::chrono::steady_clock::now();
   for (const auto& [signal, list] : snapshot) {
     // The newest complete commit wins; the older ones it supersedes are never published.

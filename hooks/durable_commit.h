@@ -23,6 +23,8 @@
 //      AtomsMaterializer) of the commit. A tag no adapter recognises (or one its adapter refuses)
 //      is published once every data file its journals show for this save is durable: ranks that
 //      never closed a file cannot be waited for then.
+//   The first commit of a signal in a process removes the pending files of that signal left by
+//   processes no longer alive on this host (killed before their publish).
 //   A newer commit of the same signal that completes first supersedes the older ones (their
 //   pending files are removed): the signal never moves backwards. A commit that does not complete
 //   within options.wait (a rank died) is never published: its pending file is removed, logged.
@@ -53,6 +55,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -142,6 +145,9 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
   bool PublishReady();
   // Whether `publish` is complete and durable; `waiting` says what is missing when not.
   bool Complete(const Publish& publish, std::string* waiting) const;
+  // Removes the pending files of `signal_path` that processes no longer alive on this host left
+  // (a SIGKILL between the write of the signal and its publish).
+  void SweepStale(const std::string& signal_path) const;
   // Renames the pending file onto the signal, durably. False (logged) on failure.
   bool Rename(const Publish& publish) const;
   // Forgets pending file `pending` of `signal_path` (caller holds mutex_).
@@ -159,6 +165,7 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
   std::map<std::string, std::vector<Publish>> publishes_;  // signal path → commits, oldest first
   std::map<std::string, std::vector<std::string>> pending_;  // signal path → pending files
   std::map<std::string, int64_t> last_commit_ns_;            // save dir → previous commit
+  std::set<std::string> swept_;           // signal paths whose stale pending files were removed
   std::atomic<size_t> pending_files_{0};  // the entries of pending_, read without mutex_
   uint64_t next_pending_ = 0;
   uint64_t published_ = 0;

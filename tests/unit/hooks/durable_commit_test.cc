@@ -302,6 +302,20 @@ TEST_F(DurableCommitTest, PublishesOnlyOnceEveryFileIsDurable) {
   EXPECT_EQ(own_durable, 2u);
 }
 
+TEST_F(DurableCommitTest, RemovesPendingFilesOfDeadProcesses) {
+  // Above any pid_max: no such process. The parent process is alive.
+  const std::string dead = dir_ + "/.latest.ucp-pending-999999999-4";
+  const std::string alive = PendingSignalPath(dir_ + "/latest", ::getppid(), 1);
+  const std::string other_signal = dir_ + "/.latest_universal.ucp-pending-999999999-4";
+  for (const std::string& path : {dead, alive, other_signal}) std::ofstream(path) << "global_step3";
+  for (const std::string& name : names_) Close(name);
+  WriteLatest();
+  ASSERT_TRUE(LatestBecomes("global_step5"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive));
+  EXPECT_TRUE(fs::exists(other_signal));
+}
+
 TEST_F(DurableCommitTest, NeverPublishesAnIncompleteTag) {
   Close(names_[0]);
   Close(names_[1]);
