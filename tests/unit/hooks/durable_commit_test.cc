@@ -248,6 +248,46 @@ TEST_F(DurableCommitTest, RedirectsOnlyCommitSignalsNamedByContent) {
   EXPECT_EQ(outside.Redirect(dir_ + "/latest"), std::nullopt);
 }
 
+// The view server's stand-in: passes everything through, and says which paths it was asked.
+class PassThrough final : public ServePolicy {
+ public:
+  ServeDecision Resolve(std::string_view path) override {
+    asked.emplace_back(path);
+    return {};
+  }
+  bool MayServeFileName(std::string_view file_name) override { return file_name == "served"; }
+  std::optional<ListingChange> ChangeListing(std::string_view) override { return std::nullopt; }
+  std::vector<std::string> asked;
+};
+
+TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
+  PassThrough inner;
+  PendingSignalServe serve(&durable_, &inner);
+  EXPECT_FALSE(serve.MayServeFileName("latest"));
+  EXPECT_TRUE(serve.MayServeFileName("served"));
+  EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
+
+  for (const std::string& name : names_) Close(name);
+  WriteLatest();
+  ASSERT_TRUE(LatestBecomes("global_step5"));
+  durable_.Drain(std::chrono::steady_clock::now() + kPublishLimit);
+  EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
+  EXPECT_FALSE(serve.MayServeFileName("latest"));
+  EXPECT_EQ(inner.asked.back(), dir_ + "/latest");
+}
+
+TEST_F(DurableCommitTest, ReadsSeeThePendingFileUntilThePublish) {
+  PassThrough inner;
+  PendingSignalServe serve(&durable_, &inner);
+  Close(names_[0]);
+  const std::string pending = WriteLatest();  // rank 1's and 2's files never come
+  const ServeDecision decision = serve.Resolve(dir_ + "/latest");
+  EXPECT_EQ(decision.kind, ServeDecision::Kind::kSubstitute);
+  EXPECT_EQ(decision.path, pending);
+  EXPECT_EQ(Slurp(decision.path), "global_step5");
+  EXPECT_TRUE(inner.asked.empty());
+}
+
 TEST_F(DurableCommitTest, PublishesOnlyOnceEveryFileIsDurable) {
   ASSERT_EQ(names_.size(), 3u);  // model states, zero_pp_rank_0, zero_pp_rank_1
   // Rank 0's files, then its `latest`, before rank 1 closed its file (DeepSpeed's order).
