@@ -156,6 +156,7 @@ Result<Config> ParseConfig(const EnvLookup& lookup) {
                                           "name or stack", &config.detect));
   UCP_RETURN_IF_ERROR(ParseStackPatterns(lookup, &config.stack_patterns));
   UCP_RETURN_IF_ERROR(ParseAbsolutePath(lookup, "UCP_DUMP_TOPOLOGY", &config.dump_topology));
+  UCP_RETURN_IF_ERROR(ParseBool(lookup, "UCP_DURABLE", &config.durable));
   return config;
 }
 

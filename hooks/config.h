@@ -55,6 +55,7 @@ struct Config {
   Detect detect = Detect::kName;             // UCP_DETECT
   std::vector<std::string> stack_patterns{"PyTorchStreamWriter"};  // UCP_STACK_PATTERNS
   std::string dump_topology;  // UCP_DUMP_TOPOLOGY; empty = no dump
+  bool durable = false;       // UCP_DURABLE=1: commit signals wait for a complete, durable tag
 
   // True when the wrappers should do anything at all (not UCP_DISABLE=1, not UCP_MODE=off).
   bool active() const { return !disable && mode != Mode::kOff; }

@@ -69,6 +69,26 @@ class SaveObserver {
   virtual void OnRename(std::string_view from, std::string_view to) = 0;
 };
 
+// Save side, UCP_DURABLE only: a write-open that lands under another name, so that a commit
+// signal becomes visible only once its tag is complete and durable (hooks/durable_commit.h).
+class WriteRedirect {
+ public:
+  virtual ~WriteRedirect() = default;
+
+  // A cheap test on the last component of a path about to be opened for writing: false promises
+  // that Redirect would return nullopt.
+  virtual bool MayRedirectFileName(std::string_view file_name) = 0;
+
+  // The host is about to open `path` for writing and truncating it (O_TRUNC, fopen "w"): the
+  // absolute path the call opens instead, or nullopt for the host's own path. The caller reports
+  // the open to the SaveObserver under the returned path.
+  virtual std::optional<std::string> Redirect(std::string_view path) = 0;
+
+  // The open of `redirected` (returned by Redirect for `path`) failed; the call then runs on
+  // `path` itself.
+  virtual void RedirectFailed(std::string_view path, std::string_view redirected) = 0;
+};
+
 // Load side: what the host reads. Decides whether a path is served from another file, and what a
 // directory listing shows.
 //
@@ -115,7 +135,9 @@ class ServePolicy {
 // The registered handlers (nullptr = none). Set during start-up only.
 SaveObserver* GetSaveObserver() noexcept;
 ServePolicy* GetServePolicy() noexcept;
+WriteRedirect* GetWriteRedirect() noexcept;
 void SetSaveObserver(SaveObserver* observer) noexcept;
 void SetServePolicy(ServePolicy* policy) noexcept;
+void SetWriteRedirect(WriteRedirect* redirect) noexcept;
 
 }  // namespace ucp::hooks

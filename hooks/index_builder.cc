@@ -29,29 +29,6 @@ int64_t WallTimeNs() {
   return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
 }
 
-// The time after which a journal record belongs to this save: that of the tag's previous commit
-// record. This save's own record is the newest one this process appended before OnCommit ran
-// (the tracker journals a commit before telling its listeners); when it is missing (its append
-// failed) every commit record up to then is an earlier save's.
-int64_t SaveStartNs(const std::vector<JournalRecord>& records, int64_t commit_time_ns) {
-  const int64_t pid = ::getpid();
-  std::optional<int64_t> own;
-  for (const JournalRecord& record : records) {
-    if (record.role == FileRole::kCommitSignal && record.pid == pid &&
-        record.time_ns <= commit_time_ns) {
-      own = std::max(own.value_or(record.time_ns), record.time_ns);
-    }
-  }
-  const int64_t before = own ? *own : commit_time_ns + 1;
-  int64_t start = 0;
-  for (const JournalRecord& record : records) {
-    if (record.role == FileRole::kCommitSignal && record.time_ns < before) {
-      start = std::max(start, record.time_ns);
-    }
-  }
-  return start;
-}
-
 // The files of `expected` that no record of this save shows closed at their size on disk now.
 Result<std::vector<std::string>> NotYetClosed(const std::string& tag_dir,
                                               const std::vector<std::string>& expected,
@@ -103,6 +80,28 @@ void RemoveStaleIndex(const std::string& tag_dir) {
 }
 
 }  // namespace
+
+// This save's own commit record is the newest one this process appended before OnCommit ran
+// (the tracker journals a commit before telling its listeners); when it is missing (its append
+// failed) every commit record up to then is an earlier save's.
+int64_t SaveStartNs(const std::vector<JournalRecord>& records, int64_t commit_time_ns) {
+  const int64_t pid = ::getpid();
+  std::optional<int64_t> own;
+  for (const JournalRecord& record : records) {
+    if (record.role == FileRole::kCommitSignal && record.pid == pid &&
+        record.time_ns <= commit_time_ns) {
+      own = std::max(own.value_or(record.time_ns), record.time_ns);
+    }
+  }
+  const int64_t before = own ? *own : commit_time_ns + 1;
+  int64_t start = 0;
+  for (const JournalRecord& record : records) {
+    if (record.role == FileRole::kCommitSignal && record.time_ns < before) {
+      start = std::max(start, record.time_ns);
+    }
+  }
+  return start;
+}
 
 IndexBuilder::IndexBuilder(IndexBuilderOptions options) : options_(std::move(options)) {}
 

@@ -34,12 +34,19 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/util/status.h"
 #include "hooks/framework_adapter.h"
+#include "hooks/journal.h"
 #include "hooks/save_tracker.h"
 
 namespace ucp::hooks {
+
+// The time after which a journal record of a tag belongs to the save committed at
+// `commit_time_ns` (wall clock, just after the tracker journaled the commit) by this process: that
+// of the tag's previous commit record, or 0.
+int64_t SaveStartNs(const std::vector<JournalRecord>& records, int64_t commit_time_ns);
 
 struct IndexBuilderOptions {
   // The longest a build waits for the other ranks' files.

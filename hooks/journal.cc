@@ -119,6 +119,10 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
   } else {
     return Status::Corrupt("\"role\" is neither \"data\" nor \"commit\"");
   }
+  if (const Json* durable = member("durable"); durable != nullptr) {
+    if (!durable->is_boolean()) return Status::Corrupt("\"durable\" is not a boolean");
+    record.durable = durable->get<bool>();
+  }
   return record;
 }
 
@@ -178,6 +182,7 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
     json["time_ns"] = record.time_ns;
     json["framework"] = record.framework;
     json["role"] = FileRoleName(record.role);
+    if (record.durable) json["durable"] = true;
     return json.dump() + "\n";
   } catch (const std::exception& error) {
     return Status::InvalidArgument("journal: record for \"" + record.path + "\": " + error.what());

@@ -21,6 +21,11 @@
 //   "time_ns"    wall-clock time of the close, nanoseconds since the Unix epoch
 //   "framework"  the layout that recognised the file ("deepspeed", "megatron", "dcp")
 //   "role"       "data" (a checkpoint file) or "commit" (the framework's commit signal)
+// Optional member (readers that do not know it ignore it, as the rule above says):
+//   "durable"    true: under UCP_DURABLE, the writing process fsynced the file and its
+//                directories after the close that the record's other members describe; the
+//                record repeats that close's record member for member (same "time_ns"), so a
+//                reader that ignores "durable" sees the same close twice. Absent means false.
 // A crash can leave the last line of a file without its "\n": readers skip such a torn last line
 // with a warning. Any other malformed line makes the whole file unreadable (kCorrupt).
 //
@@ -48,6 +53,7 @@ struct JournalRecord {
   int64_t time_ns = 0;
   std::string framework;
   FileRole role = FileRole::kData;
+  bool durable = false;  // "durable": true; written only when true
 };
 
 // "<tag_dir>/.ucp".

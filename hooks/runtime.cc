@@ -6,6 +6,7 @@
 #include "core/util/log.h"
 #include "hooks/atoms_store.h"
 #include "hooks/checkpoint_layout.h"
+#include "hooks/durable_commit.h"
 #include "hooks/events.h"
 #include "hooks/index_builder.h"
 #include "hooks/save_tracker.h"
@@ -27,6 +28,8 @@ constexpr std::chrono::minutes kDrainBound{2};
 
 // Created by Start() when the mode indexes, never destroyed: wrappers may run during teardown.
 IndexBuilder* g_index_builder = nullptr;
+// Created by Start() under UCP_DURABLE, never destroyed, for the same reason.
+DurableCommit* g_durable_commit = nullptr;
 // Created by Start() in atoms mode, never destroyed, for the same reason.
 AtomsMaterializer* g_atoms_materializer = nullptr;
 
@@ -45,9 +48,9 @@ const char* ModeName(Mode mode) {
 }  // namespace
 
 Status Start(const Config& config) {
-  UCP_LOG_INFO("hooks: starting (mode {}, {} root(s), detect {}, strict {})", ModeName(config.mode),
-               config.roots.size(), config.detect == Detect::kStack ? "stack" : "name",
-               config.strict);
+  UCP_LOG_INFO("hooks: starting (mode {}, {} root(s), detect {}, strict {}, durable {})",
+               ModeName(config.mode), config.roots.size(),
+               config.detect == Detect::kStack ? "stack" : "name", config.strict, config.durable);
   TopologyRegistry::Global().SetDumpPath(config.dump_topology);
   if (config.mode == Mode::kOff) return Status::Ok();
   SaveTrackerOptions options;
@@ -66,15 +69,34 @@ Status Start(const Config& config) {
     return ResolveCurrentTopology(topology, TopologyRegistry::Global().Summary(), &::getenv,
                                   source);
   };
+  options.pending_signals = config.durable;
+  ServePolicy* policy = new ViewServer(std::move(serve));
+  if (config.durable) {
+    // Every other listener hears of a commit once it is published.
+    DurableCommitOptions durable;
+    durable.layouts = options.layouts;
+    durable.roots = options.roots;
+    g_durable_commit = new DurableCommit(std::move(durable));
+    policy = new PendingSignalServe(g_durable_commit, policy);
+  }
   auto* tracker = new SaveTracker(std::move(options));
+  auto listen = [tracker](CommitListener* listener) {
+    if (g_durable_commit != nullptr) {
+      g_durable_commit->AddDownstream(listener);
+    } else {
+      tracker->AddCommitListener(listener);
+    }
+  };
+  if (g_durable_commit != nullptr) tracker->AddCommitListener(g_durable_commit);
   g_index_builder = new IndexBuilder(IndexBuilderOptions{});
-  tracker->AddCommitListener(g_index_builder);
+  listen(g_index_builder);
   if (config.mode == Mode::kAtoms) {
     g_atoms_materializer = new AtomsMaterializer(AtomsMaterializerOptions{});
-    tracker->AddCommitListener(g_atoms_materializer);
+    listen(g_atoms_materializer);
   }
   SetSaveObserver(tracker);
-  SetServePolicy(new ViewServer(std::move(serve)));
+  SetServePolicy(policy);
+  if (g_durable_commit != nullptr) SetWriteRedirect(g_durable_commit);
   return Status::Ok();
 }
 
@@ -84,6 +106,8 @@ void Stop() noexcept {
   UCP_LOG_INFO("hooks: stopping");
   // One bound for both: a rank's share waits for the index rank 0's builder commits.
   const auto deadline = std::chrono::steady_clock::now() + kDrainBound;
+  // First the publish: the index build of a save committed just before the exit follows it.
+  if (g_durable_commit != nullptr) g_durable_commit->Drain(deadline);
   if (g_index_builder != nullptr) g_index_builder->Drain(deadline);
   if (g_atoms_materializer != nullptr) g_atoms_materializer->Drain(deadline);
 }

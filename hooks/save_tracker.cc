@@ -13,6 +13,7 @@
 
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
+#include "hooks/durable_commit.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
@@ -174,13 +175,21 @@ std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
 }
 
 bool SaveTracker::MayTrackFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchFileName(file_name);
+  return options_.layouts->MayMatchFileName(file_name) ||
+         (options_.pending_signals && IsPendingSignalName(file_name));
+}
+
+std::string SaveTracker::SignalPathOf(std::string_view path) const {
+  if (options_.pending_signals) {
+    if (std::optional<std::string> signal = SignalOfPendingPath(path)) return std::move(*signal);
+  }
+  return std::string(path);
 }
 
 bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) {
   bool tracked = false;
   Contain("open", [&] {
-    auto match = options_.layouts->Recognise(path, options_.roots);
+    auto match = options_.layouts->Recognise(SignalPathOf(path), options_.roots);
     if (!match) return;
     if (match->role == FileRole::kData && options_.writer_check != nullptr &&
         !options_.writer_check->IsCheckpointWriter()) {
@@ -345,7 +354,9 @@ void SaveTracker::OnSync(int) {}
 void SaveTracker::OnRename(std::string_view, std::string_view to) {
   Contain("rename", [&] {
     const auto match = options_.layouts->Recognise(to, options_.roots);
-    if (match && match->role == FileRole::kCommitSignal) Commit(*match, std::string(to));
+    if (match && match->role == FileRole::kCommitSignal) {
+      Commit(*match, std::string(to), std::string(to));
+    }
   });
 }
 
@@ -356,7 +367,7 @@ void SaveTracker::Release(const std::shared_ptr<OpenFile>& file) {
     FinishData(*file);
   } else {
     // No lock: a commit uses only the immutable path and match, and listeners run lock-free.
-    Commit(file->match, file->path);
+    Commit(file->match, SignalPathOf(file->path), file->path);
   }
 }
 
@@ -401,15 +412,16 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
                 FormatXxh3(digest.xxh3));
-  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path, digest.size,
-                             digest.xxh3};
+  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,
+                             digest.size,          digest.xxh3,        record.time_ns};
   for (CommitListener* listener : Listeners()) listener->OnFileSaved(event);
 }
 
-void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path) {
+void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path,
+                         const std::string& written_path) {
   const CheckpointLayout* layout = options_.layouts->Find(signal.framework);
   if (layout == nullptr) return;
-  auto content = ReadPrefix(signal_path, kMaxSignalBytes);
+  auto content = ReadPrefix(written_path, kMaxSignalBytes);
   if (!content.ok()) {
     UCP_LOG_WARN("save: {}", content.status().message());
     return;
@@ -425,7 +437,7 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
                  target->tag_dir);
     return;
   }
-  auto digest = HashFile(signal_path);
+  auto digest = HashFile(written_path);
   if (!digest.ok()) {
     UCP_LOG_WARN("save: {}", digest.status().message());
     return;
@@ -442,8 +454,8 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   const Status status = AppendJournalRecord(target->tag_dir, record);
   if (!status.ok()) UCP_LOG_WARN("save: {}: {}", signal_path, status.message());
 
-  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir, target->tag,
-                          signal_path};
+  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir,
+                          target->tag,      signal_path,     written_path};
   UCP_LOG_INFO("save: {} commit of tag {} in {} ({})", event.framework, event.tag, event.save_dir,
                event.signal_path);
   for (CommitListener* listener : Listeners()) listener->OnCommit(event);

@@ -58,6 +58,9 @@ struct CommitEvent {
   std::string tag_dir;      // the committed tag's directory
   std::string tag;          // its name, e.g. "global_step5"
   std::string signal_path;  // the commit signal's path, e.g. <save_dir>/latest
+  // Where the signal's bytes are: signal_path, or under UCP_DURABLE its pending name
+  // (hooks/durable_commit.h), which becomes signal_path only once the tag is durable.
+  std::string written_path;
 };
 
 // A data file of a tag that this process wrote, closed and journaled.
@@ -67,6 +70,7 @@ struct SavedFileEvent {
   std::string path;  // relative to tag_dir
   uint64_t size = 0;
   uint64_t xxh3 = 0;
+  int64_t time_ns = 0;  // the journal record's "time_ns"
 };
 
 class CommitListener {
@@ -86,6 +90,9 @@ struct SaveTrackerOptions {
   // UCP_DETECT=stack: consulted for data files; nullptr = by name only. Not owned; outlives the
   // tracker.
   WriterCheck* writer_check = nullptr;
+  // UCP_DURABLE: a write of a commit signal's pending name (hooks/durable_commit.h) is that
+  // signal's write; its bytes are read from the pending file.
+  bool pending_signals = false;
 };
 
 class SaveTracker final : public SaveObserver {
@@ -138,8 +145,11 @@ class SaveTracker final : public SaveObserver {
   void RunHasher();
   // A snapshot of the listeners, so that none is called with listeners_mutex_ held.
   std::vector<CommitListener*> Listeners();
-  // Resolves, journals, logs and announces a commit signal.
-  void Commit(const PathMatch& signal, const std::string& signal_path);
+  // Resolves, journals, logs and announces a commit signal, whose bytes are at `written_path`.
+  void Commit(const PathMatch& signal, const std::string& signal_path,
+              const std::string& written_path);
+  // The commit signal that `path` stands for: itself, or the signal of a pending name.
+  std::string SignalPathOf(std::string_view path) const;
 
   const SaveTrackerOptions options_;
   std::array<Shard, kShards> shards_;

@@ -110,6 +110,35 @@ void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept {
   OfferForWrite(fd, absolute, truncated, (flags & O_APPEND) != 0, observer);
 }
 
+std::string RedirectedWrite(int dirfd, const char* path, int flags) noexcept {
+  hooks::WriteRedirect* redirect = hooks::GetWriteRedirect();
+  if (redirect == nullptr || !IsWriteOpen(flags) || (flags & O_TRUNC) == 0) return {};
+  const std::optional<std::string_view> file_name = DecisiveFileName(path);
+  bool may = file_name.has_value();
+  if (may) Guarded("MayRedirectFileName", [&] { may = redirect->MayRedirectFileName(*file_name); });
+  if (!may) return {};
+  const int saved_errno = errno;
+  std::string redirected;
+  Guarded("Redirect", [&] {
+    const std::string absolute = AbsolutePath(dirfd, path);
+    if (absolute.empty()) return;
+    if (std::optional<std::string> to = redirect->Redirect(absolute)) redirected = std::move(*to);
+  });
+  errno = saved_errno;
+  return redirected;
+}
+
+void OnRedirectFailed(int dirfd, const char* path, const std::string& redirected) noexcept {
+  hooks::WriteRedirect* redirect = hooks::GetWriteRedirect();
+  if (redirect == nullptr) return;
+  const int saved_errno = errno;
+  Guarded("RedirectFailed", [&] {
+    const std::string absolute = AbsolutePath(dirfd, path);
+    redirect->RedirectFailed(absolute, redirected);
+  });
+  errno = saved_errno;
+}
+
 void OnFdopen(int fd, int flags) noexcept {
   hooks::SaveObserver* observer = hooks::GetSaveObserver();
   if (fd < 0 || observer == nullptr || !IsWriteOpen(flags)) return;

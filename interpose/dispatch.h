@@ -38,6 +38,27 @@ bool Strict() noexcept;
 // it. Does nothing for fd < 0.
 void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept;
 
+// UCP_DURABLE: for a write-open of `path` (relative to `dirfd`) that truncates (O_TRUNC), the
+// absolute path to open instead; "" (the usual answer, and always without a WriteRedirect) for
+// `path` itself. Keeps errno.
+std::string RedirectedWrite(int dirfd, const char* path, int flags) noexcept;
+// The open of `redirected`, which RedirectedWrite returned for `path`, failed.
+void OnRedirectFailed(int dirfd, const char* path, const std::string& redirected) noexcept;
+
+// Runs the write-open `call(path)`, on RedirectedWrite's path when it names one (falling back to
+// `path` when that open fails). Returns the call's result; `*opened` is the path it opened.
+template <typename Ret, typename Call, typename Failed>
+Ret RedirectedOpen(int dirfd, const char* path, int flags, Call&& call, Failed&& failed,
+                   std::string* opened) noexcept {
+  *opened = RedirectedWrite(dirfd, path, flags);
+  if (opened->empty()) return call(path);
+  const Ret ret = call(opened->c_str());
+  if (!failed(ret)) return ret;
+  OnRedirectFailed(dirfd, path, *opened);
+  opened->clear();
+  return call(path);
+}
+
 // fdopen(fd, mode) succeeded with `flags` parsed from its mode: a writing stream on an
 // untracked fd is offered to the SaveObserver under the path /proc/self/fd shows.
 void OnFdopen(int fd, int flags) noexcept;

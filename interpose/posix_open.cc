@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <stdarg.h>
 
+#include <string>
+
 #include "interpose/dispatch.h"
 #include "interpose/gate.h"
 #include "interpose/libc_decls.h"
@@ -23,11 +25,13 @@ int Open(int dirfd, const char* path, int flags, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
   ucp::ReentrancyGuard guard;
   const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
-  const int fd = serve ? ucp::dispatch::Served(
-                             dirfd, path, call, [](int ret) { return ret < 0; }, -1)
-                       : call(path);
+  auto failed = [](int ret) { return ret < 0; };
+  std::string opened;  // UCP_DURABLE: where a commit signal's write-open went instead
+  const int fd =
+      serve ? ucp::dispatch::Served(dirfd, path, call, failed, -1)
+            : ucp::dispatch::RedirectedOpen<int>(dirfd, path, flags, call, failed, &opened);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnOpen(fd, dirfd, path, flags);
+  ucp::dispatch::OnOpen(fd, dirfd, opened.empty() ? path : opened.c_str(), flags);
   return fd;
 }
 

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 
+#include <string>
+
 #include "interpose/dispatch.h"
 #include "interpose/fd_table.h"
 #include "interpose/gate.h"
@@ -45,12 +47,13 @@ FILE* Fopen(const char* path, const char* mode, Call&& call) {
   ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
   const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
-  FILE* const stream = serve ? ucp::dispatch::Served(
-                                   AT_FDCWD, path, call, [](FILE* ret) { return ret == nullptr; },
-                                   static_cast<FILE*>(nullptr))
-                             : call(path);
+  auto failed = [](FILE* ret) { return ret == nullptr; };
+  std::string opened;  // UCP_DURABLE: where a commit signal's write-open went instead
+  FILE* const stream =
+      serve ? ucp::dispatch::Served(AT_FDCWD, path, call, failed, static_cast<FILE*>(nullptr))
+            : ucp::dispatch::RedirectedOpen<FILE*>(AT_FDCWD, path, flags, call, failed, &opened);
   ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, path, flags);
+  ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, opened.empty() ? path : opened.c_str(), flags);
   return stream;
 }
 

@@ -38,6 +38,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(config->detect, Detect::kName);
   EXPECT_EQ(config->stack_patterns, std::vector<std::string>{"PyTorchStreamWriter"});
   EXPECT_EQ(config->dump_topology, "");
+  EXPECT_FALSE(config->durable);
   EXPECT_TRUE(config->active());
 }
 
@@ -152,6 +153,16 @@ TEST(ConfigTest, DumpTopology) {
             "/tmp/topology.json");
   EXPECT_EQ(ErrorOf({{"UCP_DUMP_TOPOLOGY", "topology.json"}}),
             "UCP_DUMP_TOPOLOGY=topology.json is invalid (expected an absolute path)");
+}
+
+TEST(ConfigTest, Durable) {
+  EXPECT_TRUE(Parse({{"UCP_DURABLE", "1"}})->durable);
+  EXPECT_FALSE(Parse({{"UCP_DURABLE", "0"}})->durable);
+  EXPECT_FALSE(Parse({{"UCP_DURABLE", ""}})->durable);
+  EXPECT_EQ(ErrorOf({{"UCP_DURABLE", "yes"}}), "UCP_DURABLE=yes is invalid (expected 0 or 1)");
+  EXPECT_EQ(ErrorOf({{"UCP_DURABLE", " 1"}}), "UCP_DURABLE= 1 is invalid (expected 0 or 1)");
+  EXPECT_EQ(ErrorOf({{"UCP_DURABLE", "2"}, {"UCP_DUMP_TOPOLOGY", "x"}}),
+            "UCP_DUMP_TOPOLOGY=x is invalid (expected an absolute path)");
 }
 
 TEST(ConfigTest, FirstBadVariableIsReported) {

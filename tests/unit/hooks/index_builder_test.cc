@@ -104,7 +104,7 @@ class IndexBuilderTest : public ::testing::Test {
     record.role = FileRole::kCommitSignal;
     const Status status = AppendJournalRecord(tag_, record);
     ASSERT_TRUE(status.ok()) << status.ToString();
-    builder.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest"});
+    builder.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", dir_ + "/latest"});
   }
 
   // Journals the files of the other ranks from another thread, kRankDelay apart; before the last
