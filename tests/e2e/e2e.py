@@ -143,8 +143,13 @@ def reshard_and_load(cli, work, tag_dir, nproc, name, port, steps):
 
 
 def case_save(cli, lib, work):
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    # Only this case's outputs: the cases that do not need its checkpoint (atoms, layout) may be
+    # writing beside them under `ctest -j`.
+    os.makedirs(work, exist_ok=True)
+    shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
+    for name in ("full_dp4.json", "save.log"):
+        if os.path.exists(os.path.join(work, name)):
+            os.remove(os.path.join(work, name))
     rc = launch(4, PORTS["save"],
                 ["--steps", STEPS, "--save_dir", os.path.join(work, "ckpt"), "--save_at", SAVE_STEP,
                  "--out", os.path.join(work, "full_dp4.json")],

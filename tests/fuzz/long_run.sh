@@ -22,9 +22,10 @@ regressions=$repo/tests/fuzz/regressions/$target
 [[ ! -d "$regressions" ]] || cp "$regressions"/* "$out/corpus/"
 echo "long_run: $target for ${seconds}s from $(ls "$out/corpus" | wc -l) seed(s)"
 status=0
-# -timeout: an input that takes over 10 s is a hang worth keeping, as is one over 2 GiB.
+# -timeout: an input that takes over 2 min is a hang worth keeping (the run is niced, so a shorter
+# bound catches starvation on a busy machine), as is one over 2 GiB.
 nice -n 19 "$binary" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 \
-  -timeout=10 -artifact_prefix="$out/artifacts/" "$out/corpus" >"$out/log" 2>&1 || status=$?
+  -timeout=120 -artifact_prefix="$out/artifacts/" "$out/corpus" >"$out/log" 2>&1 || status=$?
 grep -E '^#[0-9]+.*(DONE|pulse|NEW)' "$out/log" | tail -1
 grep -E '^(stat::|Done|SUMMARY|==[0-9]+==ERROR|artifact_prefix|Test unit written)' "$out/log" || true
 echo "corpus: $(ls "$out/corpus" | wc -l) files, $(du -sk "$out/corpus" | cut -f1) KiB"
