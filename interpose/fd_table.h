@@ -70,7 +70,10 @@ class FdTable {
 
  private:
   static constexpr int kWords = kDirectFds / 64;
-  static constexpr unsigned kStripes = 64;
+  // LockForFork and LockAllFds hold every stripe at once (and LockForFork the overflow mutex):
+  // 32 leaves room under the 64 locks one thread may hold in ThreadSanitizer's deadlock detector
+  // (beyond, it aborts) for what the forking thread already holds (CPython's import lock).
+  static constexpr unsigned kStripes = 32;
 
   // Collects the tracked overflow fds in [first, last], removing them. Returns how many it put
   // in `out` (at most `capacity`); call again while it returns `capacity`.

@@ -34,6 +34,7 @@ Usage: e2e.py UCP_CLI LIBUCP WORK CASE [ARGS]
                        sharing (tests/deepspeed/ds_objects.compare); values may differ by
                        DeepSpeed's reduction order, their differences are printed.
 Each case prints its measured figures. Exit status 0: passed.
+PRELOAD_FIRST (environment): what must precede LIBUCP in LD_PRELOAD (libtsan in TSan builds).
 """
 import json
 import os
@@ -48,6 +49,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO = os.path.join(HERE, "..", "..", "demo")
 PY = sys.executable
+PRELOAD_FIRST = os.environ.get("PRELOAD_FIRST", "")
 STEPS = 10
 SAVE_STEP = 5
 # Losses of a resume at another data-parallel size differ from the uninterrupted run only by the
@@ -71,7 +73,7 @@ def launch(nproc, port, args, log, preload=None, extra_env=None, wait=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     env.pop("LD_PRELOAD", None)
     if preload:
-        env["LD_PRELOAD"] = preload
+        env["LD_PRELOAD"] = " ".join(filter(None, [PRELOAD_FIRST, preload]))
         env.setdefault("UCP_LOG_DIR", os.path.join(os.path.dirname(log), "ucp-logs"))
         os.makedirs(env["UCP_LOG_DIR"], exist_ok=True)
     env.update(extra_env or {})
@@ -141,8 +143,13 @@ def reshard_and_load(cli, work, tag_dir, nproc, name, port, steps):
 
 
 def case_save(cli, lib, work):
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    # Only this case's outputs: the cases that do not need its checkpoint (atoms, layout) may be
+    # writing beside them under `ctest -j`.
+    os.makedirs(work, exist_ok=True)
+    shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
+    for name in ("full_dp4.json", "save.log"):
+        if os.path.exists(os.path.join(work, name)):
+            os.remove(os.path.join(work, name))
     rc = launch(4, PORTS["save"],
                 ["--steps", STEPS, "--save_dir", os.path.join(work, "ckpt"), "--save_at", SAVE_STEP,
                  "--out", os.path.join(work, "full_dp4.json")],
@@ -205,7 +212,7 @@ def listing(tag_dir, lib, nproc):
     env = dict(os.environ, WORLD_SIZE=str(nproc), RANK="0", LOCAL_RANK="0")
     env.pop("LD_PRELOAD", None)
     if lib:
-        env["LD_PRELOAD"] = lib
+        env["LD_PRELOAD"] = " ".join(filter(None, [PRELOAD_FIRST, lib]))
     result = subprocess.run([PY, "-c", f"import os; print(sorted(os.listdir({tag_dir!r})))"],
                             env=env, capture_output=True, text=True)
     check(result.returncode == 0, f"listing {tag_dir} failed: {result.stderr}")

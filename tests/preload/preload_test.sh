@@ -108,6 +108,37 @@ case "$case_name" in
     ! grep -q "child" "$work/events" || fail "the forked child was intercepted"
     ;;
 
+  tracked_hammer)
+    # 64 threads save a DeepSpeed tag through the real tracker while the host forks mid-save:
+    # the host sees no difference, the journal holds exactly one record per file the parent
+    # wrote, with its size and xxh3 (check.py compares with xxhsum), and the commit of `latest`;
+    # the child's tracked file (it passes through) is in no journal. The model states are a real
+    # torch file of a 64-rank ZeRO-2 tag, so the index build that the commit starts runs too.
+    mkdir "$work/plain" "$work/ucp"
+    "$UCP_PYTHON" -c 'import sys, torch; torch.save({"module": {"w": torch.zeros(4)},
+      "ds_version": "0.14.5", "dp_world_size": 64, "mp_world_size": 1,
+      "ds_config": {"zero_optimization": {"stage": 2}}},
+      sys.argv[1])' "$work/model_states.pt"
+    run "$work/plain" "" "$HOSTS/tracked_hammer_host" "$work/plain" "$work/model_states.pt" ||
+      fail "host failed without ucp"
+    RANK=0 run "$work/ucp" "$UCP_LIB" "$HOSTS/tracked_hammer_host" "$work/ucp" \
+      "$work/model_states.pt" || fail "host failed under ucp: $(head -5 "$work/ucp.err")"
+    same_output "$work/plain" "$work/ucp"
+    no_stderr "$work/ucp"
+    tag="$work/ucp/global_step1"
+    names=$(awk '$1 == "tracked" {print $2}' "$work/ucp.out")
+    [[ $(echo "$names" | wc -l) == 65 ]] || fail "the host did not list 65 files"
+    # shellcheck disable=SC2086 # one argument per name
+    "$UCP_PYTHON" "$(dirname "$0")/../savetrack/check.py" journal "$tag" 0 $names ||
+      fail "journal does not match the files"
+    journals=("$tag"/.ucp/journal.*.jsonl)
+    [[ ${#journals[@]} == 1 ]] || fail "expected the parent's journal only: ${journals[*]}"
+    [[ -s "$work/ucp/global_step2/mp_rank_00_model_states.pt" ]] || fail "the child wrote nothing"
+    "$UCP_PYTHON" "$(dirname "$0")/../savetrack/check.py" untracked "$work/ucp/global_step2" ||
+      fail "the forked child was tracked"
+    [[ ! -e "$work/plain/global_step1/.ucp" ]] || fail "a journal without ucp"
+    ;;
+
   logging)
     # Debug logging on, with tracked files (so dispatch logs from inside wrappers): no
     # recursion, no deadlock, same output, and the log file exists.

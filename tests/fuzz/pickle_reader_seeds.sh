@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seeds the pickle_reader fuzz corpus: the data.pkl of a few DeepSpeed fixture checkpoints
 # (unzip -p) and the Python-generated pickle test cases (every protocol, hand-assembled ones).
-# Usage: pickle_seeds.sh CORPUS_DIR   (UCP_SHARED_DIR defaults to ../shared beside the repo)
+# Usage: pickle_reader_seeds.sh CORPUS_DIR   (UCP_SHARED_DIR defaults to ../shared beside the repo)
 set -euo pipefail
 corpus=$1
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

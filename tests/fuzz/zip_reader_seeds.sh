@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Seeds the zip_reader fuzz corpus: a few small torch.save files written by DeepSpeed, from
 # $UCP_SHARED_DIR/fixtures/deepspeed (default ../shared beside the repository).
-# Usage: zip_seeds.sh CORPUS_DIR
+# Usage: zip_reader_seeds.sh CORPUS_DIR
 set -euo pipefail
-corpus=${1:?usage: zip_seeds.sh CORPUS_DIR}
+corpus=${1:?usage: zip_reader_seeds.sh CORPUS_DIR}
 shared=${UCP_SHARED_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/shared}
 mkdir -p "$corpus"
 n=0
@@ -15,4 +15,4 @@ while IFS= read -r file; do
   n=$((n + 1))
 done < <(find "$shared/fixtures/deepspeed" -name '*.pt' -size -200k -printf '%s %p\n' 2>/dev/null |
          sort -n | awk 'NR % 200 == 1 {print $2}' | head -n 8)
-echo "zip_seeds: $n seed files in $corpus"
+echo "zip_reader_seeds: $n seed files in $corpus"
