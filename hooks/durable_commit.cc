@@ -12,6 +12,7 @@
 #include <set>
 #include <utility>
 
+#include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
@@ -261,6 +262,7 @@ uint64_t DurableCommit::published() const {
 void DurableCommit::Run() {
   // Everything this thread does is ucp's own I/O: the hooks must neither record nor serve it.
   ReentrancyGuard guard;
+  IoPhaseScope phase(IoPhase::kDurableCommit);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty() || !publishes_.empty(); });

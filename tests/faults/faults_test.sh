@@ -12,6 +12,8 @@
 #            through, no served file is left), and under UCP_STRICT=1 the opens fail with EIO
 #   atoms    faults in the atoms store (UCP_MODE=atoms, two ranks): EINTR and short transfers
 #            give the store of a run without faults; ENOSPC/EIO leave the index without a store
+#   durable  faults in the durable commit (UCP_DURABLE=1): EINTR is retried and `latest` is
+#            published; a failed fsync or rename publishes nothing
 # Every case also checks that the fault fired and that no temporary file is left.
 set -euo pipefail
 
@@ -145,6 +147,37 @@ case "$case_name" in
       save_run "${entry##*=}"
       fired
       check_save "${entry##*=}" "$work/out" "$work/plain.out"
+    done
+    ;;
+
+  durable)
+    plain_save
+    # UCP_DURABLE=1: EINTR on the fsyncs of the files, the directories and the pending `latest`,
+    # and on its rename, is retried: `latest` is published and the index built. A failed fsync
+    # or rename publishes nothing: `latest` keeps its previous state (here: absent).
+    for entry in durable:sync:EINTR:1:0=published durable:rename:EINTR:1:0=published \
+      durable:sync:EIO=unpublished durable:rename:EIO=unpublished; do
+      spec=${entry%=*}
+      fresh
+      if [[ ${entry##*=} == published ]]; then
+        faulty UCP_DURABLE=1 -- save "$work/run" "$dp2" all >"$work/out" ||
+          fail "host exit status $?"
+      else
+        faulty UCP_DURABLE=1 -- save "$work/run" "$dp2" all --wait-index 1 --hard-exit \
+          >"$work/out" ||
+          fail "host exit status $?"
+      fi
+      fired
+      diff -u "$work/plain.out" "$work/out" >&2 || fail "the host observed something else"
+      same_files "$work/run/global_step5" "$dp2"
+      no_temporaries "$work/run"
+      if [[ ${entry##*=} == published ]]; then
+        [[ $(cat "$work/run/latest") == global_step5 ]] || fail "latest not published"
+        cmp -s "$work/run/global_step5/.ucp/index.json" "$work/ref_index.json" ||
+          fail "index.json missing or not the one ucp index writes"
+      else
+        [[ ! -e $work/run/latest ]] || fail "latest published despite the fault"
+      fi
     done
     ;;
 
