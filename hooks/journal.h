@@ -6,8 +6,10 @@
 //                                         so processes on different nodes sharing a file system
 //                                         never append to the same file
 // Each file is a sequence of records, each one line: a JSON object (UTF-8, no embedded newline)
-// followed by "\n", appended with a single write(2) on an O_APPEND descriptor, so concurrent
-// appenders never interleave within a line. Members (all required; readers ignore unknown ones):
+// followed by "\n". Only the file's own process appends to it, under a process-wide lock, on an
+// O_APPEND descriptor, retrying EINTR and short writes until the line is whole; an append that
+// fails part-way (a full disk) truncates the file back to where its line began, so a torn line
+// can only be the last, left by a crash. Members (all required; readers ignore unknown ones):
 //   "v"          1, the record version
 //   "path"       the file's path relative to <tag> (e.g. "mp_rank_00_model_states.pt",
 //                "mp_rank_00/model_optim_rng.pt"; a commit signal outside the tag, such as
