@@ -1,13 +1,19 @@
 """Real DeepSpeed v0.14.5 tensor parallelism under LD_PRELOAD=libucp.so (CPU, gloo, 127.0.0.1).
 
-The tensor-parallel fixture's TP=2 x DP=2 save (../shared/fixtures/deepspeed/tp2_z1_fp32/tp2dp2,
-copied: the index and the views are written into the tag) is indexed with `ucp index`, then
-train_tp.py resumes it at TP=1 x DP=2 with a plain engine.load_checkpoint (load_universal off)
-under the preload, UCP_TOPOLOGY=tp=1 telling ucp the new TP degree. Its losses at steps 6..10
-must be bit-identical to DeepSpeed's own universal load at TP=1 x DP=2 (the fixture's
-losses/D_uc_tp2dp2_to_tp1dp2.json). Skipped, with the reason, where `import deepspeed` fails.
+A tag of the tensor-parallel fixture (../shared/fixtures/deepspeed/tp2_z1_fp32; copied: the index
+and the views are written into the tag) is indexed with `ucp index`, then train_tp.py resumes it
+at another TP degree with a plain engine.load_checkpoint (load_universal off) under the preload,
+UCP_TOPOLOGY telling ucp the new TP degree. Its losses at steps 6..10 must be bit-identical to
+DeepSpeed's own universal load at that topology. Two directions:
+  merge  the TP=2 x DP=2 save resumed at TP=1 x DP=2 (oracle losses/D_uc_tp2dp2_to_tp1dp2.json)
+  split  DeepSpeed's TP=1 x DP=2 resave (resaved/tp1dp2_from_tp2dp2, whose model states carry
+         universal_checkpoint_info) resumed at TP=2 x DP=2. The resave holds exactly the state of
+         the TP=2 x DP=2 save (RESAVED.txt: every partition bit-identical), so the oracle is
+         DeepSpeed's universal load of that state at TP=2 x DP=2 (D_uc_tp2dp2_to_tp2dp2.json).
+Skipped, with the reason, where `import deepspeed` fails.
 
-Usage: ds_tp_e2e.py --fixtures DIR --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+Usage: ds_tp_e2e.py --direction merge|split --fixtures DIR --work DIR --tools DIR --lib LIBUCP
+                    --ucp UCP_CLI
 """
 
 import argparse
@@ -19,52 +25,61 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_e2e  # noqa: E402 (the shared environment, launch and loss helpers)
 
+# direction -> (source tag's folder in the fixture, target tp, ranks, oracle loss log)
+DIRECTIONS = {
+    'merge': ('tp2dp2', 1, 2, 'D_uc_tp2dp2_to_tp1dp2.json'),
+    'split': (os.path.join('resaved', 'tp1dp2_from_tp2dp2'), 2, 4, 'D_uc_tp2dp2_to_tp2dp2.json'),
+}
+
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument('--direction', required=True, choices=sorted(DIRECTIONS))
     for option in ('--fixtures', '--work', '--tools', '--lib', '--ucp'):
         parser.add_argument(option, required=True)
     args = parser.parse_args()
     # The trainer runs in the tools folder.
     args.lib, args.ucp = os.path.abspath(args.lib), os.path.abspath(args.ucp)
-    source = os.path.join(args.fixtures, 'tp2_z1_fp32')
+    folder, tp, ranks, oracle_log = DIRECTIONS[args.direction]
+    fixture = os.path.join(args.fixtures, 'tp2_z1_fp32')
+    source = os.path.join(fixture, folder)
     if not os.path.isdir(source):
-        ds_e2e.skip(f'no tensor-parallel fixture at {source}')
+        ds_e2e.skip(f'no tensor-parallel fixture tag at {source}')
     env = ds_e2e.trainer_environment(args.tools)
-    work = os.path.join(args.work, 'tp')
+    work = os.path.join(args.work, 'tp_' + args.direction)
     shutil.rmtree(work, ignore_errors=True)
     ckpt = os.path.join(work, 'ckpt')
-    shutil.copytree(os.path.join(source, 'tp2dp2', 'global_step5'),
-                    os.path.join(ckpt, 'global_step5'))
-    shutil.copy(os.path.join(source, 'tp2dp2', 'latest'), ckpt)
+    shutil.copytree(os.path.join(source, 'global_step5'), os.path.join(ckpt, 'global_step5'))
+    shutil.copy(os.path.join(source, 'latest'), ckpt)
     for root, dirs, files in os.walk(work):
         for name in dirs + files:
             os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
     subprocess.run([args.ucp, 'index', os.path.join(ckpt, 'global_step5')], check=True,
                    stdout=subprocess.DEVNULL)
 
+    topology = f'TP={tp} x DP={ranks // tp}'
     logs = os.path.join(work, 'logs')
     out = os.path.join(work, 'preload.json')
-    command = [sys.executable, 'launch.py', '2', str(ds_e2e.free_port()), 'train_tp.py',
-               '--tp', '1', '--steps', '10', '--load_dir', ckpt, '--out', out]
+    command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port()), 'train_tp.py',
+               '--tp', str(tp), '--steps', '10', '--load_dir', ckpt, '--out', out]
     log = os.path.join(work, 'preload.log')
     with open(log, 'w') as output:
         status = subprocess.run(command, cwd=args.tools,
                                 env=dict(ds_e2e.preload_env(env, args.lib, logs),
-                                         UCP_TOPOLOGY='tp=1'),
+                                         UCP_TOPOLOGY=f'tp={tp}'),
                                 stdout=output, stderr=subprocess.STDOUT).returncode
     if status != 0:
-        ds_e2e.fail(f'plain load_checkpoint at TP=1 x DP=2 under the preload exited {status}:\n'
+        ds_e2e.fail(f'plain load_checkpoint at {topology} under the preload exited {status}:\n'
                     f'{open(log, errors="replace").read()[-3000:]}\nucp logs:\n'
                     f'{ds_e2e.log_tail(logs)}')
     got = ds_e2e.losses(out)
-    oracle = ds_e2e.losses(os.path.join(source, 'losses', 'D_uc_tp2dp2_to_tp1dp2.json'))
+    oracle = ds_e2e.losses(os.path.join(fixture, 'losses', oracle_log))
     steps = list(range(6, 11))
     if sorted(got) != steps or sorted(oracle) != steps:
         ds_e2e.fail(f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}, '
                     f'expected {steps}')
-    ds_e2e.print_losses('losses TP=1 x DP=2 preload', got)
-    ds_e2e.print_losses('losses TP=1 x DP=2 universal', oracle)
+    ds_e2e.print_losses(f'losses {topology} preload from {folder}', got)
+    ds_e2e.print_losses(f'losses {topology} universal', oracle)
     mismatched = [s for s in steps
                   if ds_e2e.float32_bits(got[s]) != ds_e2e.float32_bits(oracle[s])]
     if mismatched:
