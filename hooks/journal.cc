@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <span>
 
 #include "core/io/fault_injection.h"
+#include "core/util/xxh3.h"
 
 namespace ucp::hooks {
 namespace {
@@ -248,7 +248,7 @@ Result<FileDigest> HashFile(const File& file) {
     UCP_ASSIGN_OR_RETURN(const size_t n,
                          file.ReadSomeAt(digest.size, std::span(buffer.get(), kChunk)));
     if (n == 0) break;
-    XXH3_64bits_update(&state, buffer.get(), n);
+    Xxh3Update(state, buffer.get(), n);
     digest.size += n;
   }
   digest.xxh3 = XXH3_64bits_digest(&state);

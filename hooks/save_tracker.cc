@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +12,7 @@
 
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
+#include "core/util/xxh3.h"
 #include "hooks/durable_commit.h"
 #include "hooks/journal.h"
 
@@ -90,7 +90,7 @@ struct SaveTracker::HashJob {
     size_t left = size;
     for (const struct iovec& piece : pieces) {
       const size_t take = std::min(left, piece.iov_len);
-      XXH3_64bits_update(&state, piece.iov_base, take);
+      Xxh3Update(state, piece.iov_base, take);
       left -= take;
     }
     phase.store(kDone, std::memory_order_release);
@@ -290,7 +290,7 @@ void SaveTracker::OnWriteEnd(int fd, ssize_t ret) {
     size_t left = std::min<uint64_t>(written, write.size);
     for (int i = 0; i < write.iovcnt && left > 0; ++i) {
       const size_t take = std::min(left, write.iov[i].iov_len);
-      XXH3_64bits_update(&file.hash, write.iov[i].iov_base, take);
+      Xxh3Update(file.hash, write.iov[i].iov_base, take);
       left -= take;
     }
     file.hashed += written - left;

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstdio>
