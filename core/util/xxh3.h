@@ -1,8 +1,8 @@
 // XXH3-64 of bulk data with the fastest kernel this CPU runs: AVX2 where the CPU and the OS
 // support it, else xxHash's SSE2 baseline (the x86-64 minimum the rest of ucp is built for). The
-// kernels give identical hashes; AVX2 hashes about 1.6 times as fast here (0.078 against 0.12 s
-// per GiB), which is what keeps hashing a checkpoint as torch.save writes it off the trainer's
-// time (tests/bench/save).
+// kernels give identical hashes. Hashing a checkpoint is memory-bound, so AVX2 gains less than
+// its width: 10-35% less time per GiB here (tests/bench/run.sh hash), CPU that the hasher thread
+// takes from the trainer's other threads while torch.save writes (tests/bench/save).
 //
 // Use these for checkpoint bytes; a few bytes of a key may as well go to XXH3_64bits directly.
 //
