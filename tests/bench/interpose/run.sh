@@ -61,3 +61,8 @@ for name in best:
         stub = best[f"BM_{call}_Stub"]
         print(f"{call:<22}{stub:>9.1f}{best[name]:>12.1f}{best[name] - stub:>10.1f}")
 PY
+
+if command -v valgrind >/dev/null; then
+  echo
+  bash "$(dirname "${BASH_SOURCE[0]}")/instructions.sh"
+fi
