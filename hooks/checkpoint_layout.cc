@@ -53,9 +53,7 @@ class DeepSpeedLayout final : public CheckpointLayout {
     return PathMatch{std::string(name()), FileRole::kData, std::string(save_dir), std::string(dir)};
   }
 
-  bool MayMatchFileName(std::string_view file) const override {
-    return file == "latest" || EndsWith(file, "_states.pt");
-  }
+  FileNamePatterns FileNames() const override { return {{"latest"}, {"_states.pt"}}; }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal,
                                      std::string_view content) const override {
@@ -101,9 +99,8 @@ class MegatronLayout final : public CheckpointLayout {
                      std::string(tag_dir)};
   }
 
-  bool MayMatchFileName(std::string_view file) const override {
-    return file == "latest_checkpointed_iteration.txt" || file == "model_optim_rng.pt" ||
-           file == "distrib_optim.pt";
+  FileNamePatterns FileNames() const override {
+    return {{"latest_checkpointed_iteration.txt", "model_optim_rng.pt", "distrib_optim.pt"}, {}};
   }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal,
@@ -151,9 +148,7 @@ class DcpLayout final : public CheckpointLayout {
     return PathMatch{std::string(name()), role, std::string(save_dir), std::string(dir)};
   }
 
-  bool MayMatchFileName(std::string_view file) const override {
-    return file == ".metadata" || EndsWith(file, ".distcp");
-  }
+  FileNamePatterns FileNames() const override { return {{".metadata"}, {".distcp"}}; }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal, std::string_view) const override {
     return CommitTarget{signal.tag_dir, std::string(SplitLast(signal.tag_dir).second)};
@@ -206,6 +201,23 @@ Status LayoutRegistry::Register(std::unique_ptr<CheckpointLayout> layout) {
     return Status::InvalidArgument("layouts: \"" + std::string(layout->name()) +
                                    "\": registered twice");
   }
+  FileNamePatterns patterns = layout->FileNames();
+  for (const auto* list : {&patterns.names, &patterns.suffixes}) {
+    for (const std::string& pattern : *list) {
+      if (pattern.empty()) {
+        return Status::InvalidArgument("layouts: \"" + std::string(layout->name()) +
+                                       "\": an empty file name pattern");
+      }
+    }
+  }
+  for (std::string& name : patterns.names) {
+    last_bytes_[static_cast<unsigned char>(name.back())] = true;
+    file_names_.names.push_back(std::move(name));
+  }
+  for (std::string& suffix : patterns.suffixes) {
+    last_bytes_[static_cast<unsigned char>(suffix.back())] = true;
+    file_names_.suffixes.push_back(std::move(suffix));
+  }
   layouts_.push_back(std::move(layout));
   return Status::Ok();
 }
@@ -226,9 +238,12 @@ std::optional<PathMatch> LayoutRegistry::Recognise(std::string_view path,
   return std::nullopt;
 }
 
-bool LayoutRegistry::MayMatchFileName(std::string_view file_name) const {
-  for (const auto& layout : layouts_) {
-    if (layout->MayMatchFileName(file_name)) return true;
+bool LayoutRegistry::MatchesFileName(std::string_view file_name) const {
+  for (const std::string& name : file_names_.names) {
+    if (file_name == name) return true;
+  }
+  for (const std::string& suffix : file_names_.suffixes) {
+    if (EndsWith(file_name, suffix)) return true;
   }
   return false;
 }

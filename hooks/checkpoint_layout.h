@@ -23,6 +23,7 @@
 // LayoutRegistry is filled at start-up (Register), then only read, from any thread.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,14 @@ struct CommitTarget {
   std::string tag;  // the tag's name: the last component of tag_dir
 };
 
+// The last path components a layout recognises (CheckpointLayout::FileNames): a path whose last
+// component is none of `names` and ends in none of `suffixes` is never one of its names. Neither
+// holds an empty string.
+struct FileNamePatterns {
+  std::vector<std::string> names;     // whole components, e.g. "latest"
+  std::vector<std::string> suffixes;  // endings, e.g. "_states.pt"
+};
+
 class CheckpointLayout {
  public:
   virtual ~CheckpointLayout() = default;
@@ -68,9 +77,9 @@ class CheckpointLayout {
   // names.
   virtual std::optional<PathMatch> Recognise(std::string_view path) const = 0;
 
-  // False when no path whose last component is `file_name` can be one of this layout's names.
-  // Must be cheap: it runs on every write-open in the process.
-  virtual bool MayMatchFileName(std::string_view file_name) const = 0;
+  // Every last path component one of this layout's names can have, whole or by its ending. The
+  // registry merges them into the name filter that every open and stat in the process runs.
+  virtual FileNamePatterns FileNames() const = 0;
 
   // For a kCommitSignal match from Recognise(): the tag it commits, given the signal file's
   // content (ignored by layouts whose signal is the file's existence). InvalidArgument when the
@@ -105,7 +114,8 @@ class LayoutRegistry {
   // The registry holding every built-in layout (deepspeed, megatron, dcp). Never destroyed.
   static const LayoutRegistry& Builtin();
 
-  // Adds a layout. InvalidArgument when one with the same name is already registered.
+  // Adds a layout. InvalidArgument when one with the same name is already registered, or when
+  // one of its FileNames() is empty.
   Status Register(std::unique_ptr<CheckpointLayout> layout);
 
   // The layout registered under `name`, or nullptr.
@@ -114,11 +124,22 @@ class LayoutRegistry {
   // The first registered layout's match for `path`, if `path` lies in `roots`.
   std::optional<PathMatch> Recognise(std::string_view path, const RootSet& roots) const;
 
-  // True when some registered layout may match a path ending in `file_name`.
-  bool MayMatchFileName(std::string_view file_name) const;
+  // True when some registered layout may match a path ending in `file_name`: it is one of their
+  // FileNames() or ends in one. Most names are turned away by their last byte alone, since this
+  // runs on every open and stat of the process.
+  bool MayMatchFileName(std::string_view file_name) const {
+    return !file_name.empty() && last_bytes_[static_cast<unsigned char>(file_name.back())] &&
+           MatchesFileName(file_name);
+  }
 
  private:
+  // MayMatchFileName past the last-byte check: a whole name or a suffix of some layout.
+  bool MatchesFileName(std::string_view file_name) const;
+
   std::vector<std::unique_ptr<CheckpointLayout>> layouts_;
+  // The union of the layouts' FileNames(), and the last bytes they can end in.
+  FileNamePatterns file_names_;
+  std::array<bool, 256> last_bytes_{};
 };
 
 // The built-in layouts, for registries assembled by hand.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <vector>
 
@@ -59,8 +60,9 @@ void ForgetStale(int fd, hooks::SaveObserver* observer) {
 // The last component of `path` as the host spelled it, or nullopt when it is empty, "." or "..":
 // such a path is decided on its absolute form instead.
 std::optional<std::string_view> DecisiveFileName(const char* path) {
-  const std::string_view spelled(path);
-  const std::string_view file_name = spelled.substr(spelled.rfind('/') + 1);
+  // One vectorised pass over the path (strrchr), then the length of the last component alone.
+  const char* slash = std::strrchr(path, '/');
+  const std::string_view file_name(slash == nullptr ? path : slash + 1);
   if (file_name.empty() || file_name == "." || file_name == "..") return std::nullopt;
   return file_name;
 }

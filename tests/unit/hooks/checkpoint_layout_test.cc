@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,56 @@ TEST(CheckpointLayoutTest, RegistryRejectsDuplicateNames) {
   EXPECT_NE(registry.Find("dcp"), nullptr);
   EXPECT_EQ(registry.Find("deepspeed"), nullptr);
   EXPECT_FALSE(registry.Recognise("/c/global_step5/mp_rank_00_model_states.pt", RootSet()));
+}
+
+// A layout known only by the file names it declares.
+class NamedLayout final : public CheckpointLayout {
+ public:
+  NamedLayout(std::string name, FileNamePatterns patterns)
+      : name_(std::move(name)), patterns_(std::move(patterns)) {}
+  std::string_view name() const override { return name_; }
+  std::optional<PathMatch> Recognise(std::string_view) const override { return std::nullopt; }
+  FileNamePatterns FileNames() const override { return patterns_; }
+  Result<CommitTarget> ResolveCommit(const PathMatch&, std::string_view) const override {
+    return Status::Unsupported("no commits");
+  }
+
+ private:
+  std::string name_;
+  FileNamePatterns patterns_;
+};
+
+TEST(CheckpointLayoutTest, FileNameFilterIsTheUnionOfTheLayoutsPatterns) {
+  LayoutRegistry registry;
+  EXPECT_FALSE(registry.MayMatchFileName("latest"));  // no layout, no name
+  ASSERT_TRUE(
+      registry
+          .Register(std::make_unique<NamedLayout>("a", FileNamePatterns{{"done", "x"}, {".ckpt"}}))
+          .ok());
+  ASSERT_TRUE(
+      registry.Register(std::make_unique<NamedLayout>("b", FileNamePatterns{{}, {"_part"}})).ok());
+  for (const char* name : {"done", "x", "model.ckpt", ".ckpt", "shard_part", "_part"}) {
+    EXPECT_TRUE(registry.MayMatchFileName(name)) << name;
+  }
+  // Same last byte as a pattern but not the pattern; whole names only match whole.
+  for (const char* name :
+       {"", "e", "undone", "xx", "model.ckpt2", "model.cpt", "part", "shard_party", "done.tmp"}) {
+    EXPECT_FALSE(registry.MayMatchFileName(name)) << name;
+  }
+}
+
+TEST(CheckpointLayoutTest, RegistryRejectsAnEmptyFileNamePattern) {
+  LayoutRegistry registry;
+  const Status empty_name =
+      registry.Register(std::make_unique<NamedLayout>("a", FileNamePatterns{{""}, {}}));
+  EXPECT_EQ(empty_name.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty_name.message(), ::testing::HasSubstr("\"a\": an empty file name pattern"));
+  EXPECT_FALSE(
+      registry.Register(std::make_unique<NamedLayout>("b", FileNamePatterns{{"ok"}, {""}})).ok());
+  // Neither was registered, nor left a pattern behind.
+  EXPECT_EQ(registry.Find("a"), nullptr);
+  EXPECT_EQ(registry.Find("b"), nullptr);
+  EXPECT_FALSE(registry.MayMatchFileName("ok"));
 }
 
 }  // namespace
