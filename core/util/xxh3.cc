@@ -25,11 +25,6 @@ void Xxh3Update(XXH3_state_t& state, std::span<const std::byte> bytes) {
   }
 }
 
-uint64_t Xxh3Of(std::span<const std::byte> bytes) {
-  return UseAvx2() ? detail::Xxh3OfAvx2(bytes.data(), bytes.size())
-                   : XXH3_64bits(bytes.data(), bytes.size());
-}
-
 std::string_view Xxh3Kernel() { return UseAvx2() ? "avx2" : "sse2"; }
 
 }  // namespace ucp

@@ -4,7 +4,7 @@
 // its width: 10-35% less time per GiB here (tests/bench/run.sh hash), CPU that the hasher thread
 // takes from the trainer's other threads while torch.save writes (tests/bench/save).
 //
-// Use these for checkpoint bytes; a few bytes of a key may as well go to XXH3_64bits directly.
+// Use it for checkpoint bytes; a key or an index document may as well go to XXH3_64bits.
 //
 // Thread-safety: pure functions; the kernel is chosen once, on first use, thread-safely.
 #pragma once
@@ -25,20 +25,13 @@ inline void Xxh3Update(XXH3_state_t& state, const void* data, size_t size) {
   Xxh3Update(state, std::span(static_cast<const std::byte*>(data), size));
 }
 
-// The XXH3-64 of `bytes`, as XXH3_64bits gives.
-uint64_t Xxh3Of(std::span<const std::byte> bytes);
-inline uint64_t Xxh3Of(std::string_view bytes) {
-  return Xxh3Of(std::as_bytes(std::span(bytes.data(), bytes.size())));
-}
-
-// The kernel Xxh3Update and Xxh3Of use on this machine: "avx2" or "sse2".
+// The kernel Xxh3Update uses on this machine: "avx2" or "sse2".
 std::string_view Xxh3Kernel();
 
 namespace detail {
 // The AVX2 kernel, compiled in its own file with -mavx2. Callable only where the CPU supports
 // AVX2; exposed so that tests can check it against the baseline.
 void Xxh3UpdateAvx2(XXH3_state_t& state, const void* data, size_t size);
-uint64_t Xxh3OfAvx2(const void* data, size_t size);
 }  // namespace detail
 
 }  // namespace ucp

@@ -18,6 +18,4 @@ void Xxh3UpdateAvx2(XXH3_state_t& state, const void* data, size_t size) {
   XXH3_64bits_update(&state, data, size);
 }
 
-uint64_t Xxh3OfAvx2(const void* data, size_t size) { return XXH3_64bits(data, size); }
-
 }  // namespace ucp::detail

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace ucp {
@@ -36,12 +37,20 @@ uint64_t HashInPieces(const std::vector<std::byte>& bytes, std::mt19937_64& rand
   return XXH3_64bits_digest(&state);
 }
 
+// The XXH3-64 of `bytes` through the dispatched kernel.
+uint64_t DispatchedHash(std::span<const std::byte> bytes) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  Xxh3Update(state, bytes);
+  return XXH3_64bits_digest(&state);
+}
+
 TEST(Xxh3Test, KnownValuesMatchXxhsum) {
   // `printf '' | xxhsum -H3`, `printf ucp | xxhsum -H3`, `head -c 1000 /dev/zero | xxhsum -H3`.
-  EXPECT_EQ(Xxh3Of(std::string_view()), 0x2d06800538d394c2u);
-  EXPECT_EQ(Xxh3Of(std::string_view("ucp")), 0x43b58183de8e3e5cu);
+  EXPECT_EQ(DispatchedHash({}), 0x2d06800538d394c2u);
+  EXPECT_EQ(DispatchedHash(std::as_bytes(std::span("ucp", 3))), 0x43b58183de8e3e5cu);
   const std::vector<std::byte> zeros(1000);
-  EXPECT_EQ(Xxh3Of(zeros), 0x24c1ea6074dd588cu);
+  EXPECT_EQ(DispatchedHash(zeros), 0x24c1ea6074dd588cu);
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   Xxh3Update(state, zeros.data(), 999);
@@ -56,7 +65,7 @@ TEST(Xxh3Test, DispatchedKernelMatchesBaseline) {
   for (const size_t size : kSizes) {
     const std::vector<std::byte> bytes = RandomBytes(size, random);
     const uint64_t baseline = XXH3_64bits(bytes.data(), bytes.size());
-    EXPECT_EQ(Xxh3Of(bytes), baseline) << size;
+    EXPECT_EQ(DispatchedHash(bytes), baseline) << size;
     EXPECT_EQ(HashInPieces(bytes, random,
                            [](XXH3_state_t& state, const std::byte* data, size_t n) {
                              Xxh3Update(state, data, n);
@@ -72,7 +81,6 @@ TEST(Xxh3Test, Avx2KernelMatchesBaseline) {
   for (const size_t size : kSizes) {
     const std::vector<std::byte> bytes = RandomBytes(size, random);
     const uint64_t baseline = XXH3_64bits(bytes.data(), bytes.size());
-    EXPECT_EQ(detail::Xxh3OfAvx2(bytes.data(), bytes.size()), baseline) << size;
     EXPECT_EQ(HashInPieces(bytes, random,
                            [](XXH3_state_t& state, const std::byte* data, size_t n) {
                              detail::Xxh3UpdateAvx2(state, data, n);
