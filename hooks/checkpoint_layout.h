@@ -124,16 +124,19 @@ class LayoutRegistry {
   // The first registered layout's match for `path`, if `path` lies in `roots`.
   std::optional<PathMatch> Recognise(std::string_view path, const RootSet& roots) const;
 
-  // True when some registered layout may match a path ending in `file_name`: it is one of their
-  // FileNames() or ends in one. Most names are turned away by their last byte alone, since this
-  // runs on every open and stat of the process.
-  bool MayMatchFileName(std::string_view file_name) const {
-    return !file_name.empty() && last_bytes_[static_cast<unsigned char>(file_name.back())] &&
-           MatchesFileName(file_name);
+  // True when some registered layout may match `path` (absolute, relative, or a bare file name)
+  // by its last component: that is one of their FileNames() or ends in one. A path ending in
+  // '/', "." or ".." names a directory, which no layout's file is. Most paths are turned away by
+  // their last byte alone, before the last '/' is looked for, since this runs on every open and
+  // stat of the process.
+  bool MayMatchPath(std::string_view path) const {
+    return !path.empty() && last_bytes_[static_cast<unsigned char>(path.back())] &&
+           MatchesFileName(path.substr(path.rfind('/') + 1));
   }
 
  private:
-  // MayMatchFileName past the last-byte check: a whole name or a suffix of some layout.
+  // MayMatchPath past the last-byte check, on the last component: a whole name or a suffix of some
+  // layout.
   bool MatchesFileName(std::string_view file_name) const;
 
   std::vector<std::unique_ptr<CheckpointLayout>> layouts_;

@@ -179,7 +179,7 @@ void DurableCommit::OnCommit(const CommitEvent& event) noexcept {
 }
 
 bool DurableCommit::MayRedirectFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchFileName(file_name);
+  return options_.layouts->MayMatchPath(file_name);
 }
 
 std::optional<std::string> DurableCommit::Redirect(std::string_view path) {
@@ -210,9 +210,9 @@ std::optional<std::string> DurableCommit::PendingFor(std::string_view path) cons
   return it->second.back();
 }
 
-bool DurableCommit::MayHavePending(std::string_view file_name) const {
+bool DurableCommit::MayHavePending(std::string_view path) const {
   return pending_files_.load(std::memory_order_relaxed) != 0 &&
-         options_.layouts->MayMatchFileName(file_name);
+         options_.layouts->MayMatchPath(path);
 }
 
 void DurableCommit::ForgetPending(const std::string& signal_path, const std::string& pending) {
@@ -493,8 +493,8 @@ ServeDecision PendingSignalServe::Resolve(std::string_view path) {
   return inner_->Resolve(path);
 }
 
-bool PendingSignalServe::MayServeFileName(std::string_view file_name) {
-  return durable_->MayHavePending(file_name) || inner_->MayServeFileName(file_name);
+bool PendingSignalServe::MayServePath(std::string_view path) {
+  return durable_->MayHavePending(path) || inner_->MayServePath(path);
 }
 
 std::optional<ListingChange> PendingSignalServe::ChangeListing(std::string_view dir) {

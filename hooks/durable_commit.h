@@ -117,8 +117,9 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
 
   // The newest pending file of commit signal `path` not yet published or dropped, or nullopt.
   std::optional<std::string> PendingFor(std::string_view path) const;
-  // False promises PendingFor is nullopt for every path ending in `file_name` (cheap).
-  bool MayHavePending(std::string_view file_name) const;
+  // False promises PendingFor(path) is nullopt (cheap: `path` as the host spelled it, or a file
+  // name).
+  bool MayHavePending(std::string_view path) const;
 
   // Waits until every queued fsync and publish is done, or `deadline` passed; then the commits
   // still waiting are dropped (their pending files removed, logged): at process exit a tag that
@@ -182,7 +183,7 @@ class PendingSignalServe final : public ServePolicy {
       : durable_(durable), inner_(inner) {}
 
   ServeDecision Resolve(std::string_view path) override;
-  bool MayServeFileName(std::string_view file_name) override;
+  bool MayServePath(std::string_view path) override;
   std::optional<ListingChange> ChangeListing(std::string_view dir) override;
 
  private:

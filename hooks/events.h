@@ -118,11 +118,12 @@ class ServePolicy {
   // when this returns (it is built before returning, if it must be built).
   virtual ServeDecision Resolve(std::string_view path) = 0;
 
-  // A cheap test on the last component of a path about to be resolved, made before ucp computes
-  // the absolute path: false promises that Resolve would pass it through, so the open or stat of
-  // an ordinary relative path costs no getcwd.
-  virtual bool MayServeFileName(std::string_view file_name) {
-    static_cast<void>(file_name);
+  // A cheap test on a path about to be resolved, as the host spelled it (relative or absolute),
+  // made before ucp computes the absolute path: false promises that Resolve would pass it
+  // through, so most opens and stats of the process cost no getcwd and no allocation. A path
+  // ending in '/', "." or ".." names a directory, which is never served: it may be refused.
+  virtual bool MayServePath(std::string_view path) {
+    static_cast<void>(path);
     return true;
   }
 

@@ -175,7 +175,7 @@ std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
 }
 
 bool SaveTracker::MayTrackFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchFileName(file_name) ||
+  return options_.layouts->MayMatchPath(file_name) ||
          (options_.pending_signals && IsPendingSignalName(file_name));
 }
 

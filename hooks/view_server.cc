@@ -198,8 +198,8 @@ ServeDecision ViewServer::Resolve(std::string_view path) {
   return {};
 }
 
-bool ViewServer::MayServeFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchFileName(file_name);
+bool ViewServer::MayServePath(std::string_view path) {
+  return options_.layouts->MayMatchPath(path);
 }
 
 std::optional<ListingChange> ViewServer::ChangeListing(std::string_view dir) {

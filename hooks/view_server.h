@@ -60,7 +60,7 @@ class ViewServer final : public ServePolicy {
   ViewServer& operator=(const ViewServer&) = delete;
 
   ServeDecision Resolve(std::string_view path) override;
-  bool MayServeFileName(std::string_view file_name) override;
+  bool MayServePath(std::string_view path) override;
   std::optional<ListingChange> ChangeListing(std::string_view dir) override;
 
  private:

@@ -40,10 +40,6 @@ void Guarded(const char* what, Fn&& fn) noexcept {
   }
 }
 
-bool IsWriteOpen(int flags) {
-  return (flags & O_ACCMODE) == O_WRONLY || (flags & O_ACCMODE) == O_RDWR;
-}
-
 // The file behind a just-opened fd is empty: sequential writes start from byte 0.
 bool IsEmpty(int fd) {
   struct stat st;
@@ -76,15 +72,6 @@ bool MayTrack(hooks::SaveObserver* observer, const char* path) {
   return may;
 }
 
-// The policy's cheap verdict, as MayTrack's.
-bool MayServe(hooks::ServePolicy* policy, const char* path) {
-  const std::optional<std::string_view> file_name = DecisiveFileName(path);
-  if (!file_name) return true;
-  bool may = true;
-  Guarded("MayServeFileName", [&] { may = policy->MayServeFileName(*file_name); });
-  return may;
-}
-
 // Offers a write-open to the observer. Caller holds FdLock(fd).
 void OfferForWrite(int fd, const std::string& path, bool truncated, bool append,
                    hooks::SaveObserver* observer) {
@@ -98,8 +85,9 @@ void OfferForWrite(int fd, const std::string& path, bool truncated, bool append,
 void SetStrict(bool strict) noexcept { g_strict.store(strict, std::memory_order_relaxed); }
 bool Strict() noexcept { return g_strict.load(std::memory_order_relaxed); }
 
-void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept {
-  if (fd < 0) return;
+void internal::OnOpenSlow(int fd, int dirfd, const char* path, int flags) noexcept {
+  ReentrancyGuard guard;
+  ErrnoPreserver keep;
   hooks::SaveObserver* observer = hooks::GetSaveObserver();
   FdTable& table = FdTable::Get();
   const bool offer = observer != nullptr && IsWriteOpen(flags) && MayTrack(observer, path);
@@ -296,10 +284,19 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
 
 bool MayServe() noexcept { return hooks::GetServePolicy() != nullptr; }
 
+bool MayServePath(const char* path) noexcept {
+  hooks::ServePolicy* policy = hooks::GetServePolicy();
+  // A null path fails in the real call (EFAULT).
+  if (policy == nullptr || path == nullptr) return false;
+  ReentrancyGuard guard;
+  bool may = true;
+  Guarded("MayServePath", [&] { may = policy->MayServePath(path); });
+  return may;
+}
+
 hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept {
   hooks::ServePolicy* policy = hooks::GetServePolicy();
   if (policy == nullptr) return {};
-  if (!MayServe(policy, path)) return {};
   const int saved_errno = errno;
   hooks::ServeDecision decision;
   const std::string absolute = AbsolutePath(dirfd, path);

@@ -23,6 +23,7 @@
 
 #include "hooks/events.h"
 #include "hooks/topology_registry.h"
+#include "interpose/fd_table.h"
 
 namespace ucp::dispatch {
 
@@ -32,11 +33,24 @@ bool Strict() noexcept;
 
 // --- Save side ---------------------------------------------------------------------------
 
+// True for open flags that may write the file (what the save side may track).
+constexpr bool IsWriteOpen(int flags) noexcept {
+  return (flags & O_ACCMODE) == O_WRONLY || (flags & O_ACCMODE) == O_RDWR;
+}
+
+namespace internal {
+void OnOpenSlow(int fd, int dirfd, const char* path, int flags) noexcept;
+}  // namespace internal
+
 // `fd` was returned by an open-like call (open family, creat, fopen/freopen's fileno) of `path`
 // relative to `dirfd` with open(2) `flags`. Forgets whatever was tracked under that number
 // before (a close ucp did not see), and for a write-open asks the SaveObserver whether to track
-// it. Does nothing for fd < 0.
-void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept;
+// it. Does nothing for fd < 0. Keeps errno, and like MayServePath may be called outside a
+// ReentrancyGuard. Inline: for a read-open of an untracked number (most opens) it is a bit test.
+inline void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept {
+  if (fd < 0 || (!IsWriteOpen(flags) && !FdTable::Get().MaybeTracked(fd))) return;
+  internal::OnOpenSlow(fd, dirfd, path, flags);
+}
 
 // UCP_DURABLE: for a write-open of `path` (relative to `dirfd`) that truncates (O_TRUNC), the
 // absolute path to open instead; "" (the usual answer, and always without a WriteRedirect) for
@@ -146,8 +160,15 @@ void OnRename(int from_dirfd, const char* from, int to_dirfd, const char* to, in
 
 // --- Load side ----------------------------------------------------------------------------
 
-// True when a ServePolicy is installed (otherwise Served() is the plain call).
+// True when a ServePolicy is installed.
 bool MayServe() noexcept;
+
+// True when the installed ServePolicy may serve `path`, judged on the path as the host spelled
+// it (ServePolicy::MayServePath): no getcwd, no allocation, no libc call that ucp hooks. False
+// promises that Resolve would pass `path` through, so a wrapper makes the plain call at once:
+// most stats and read-opens end here. Unlike the rest of this file it may be
+// called outside a ReentrancyGuard (it enters one to ask the policy). Keeps errno.
+bool MayServePath(const char* path) noexcept;
 
 // The ServePolicy's decision for `path` (relative to `dirfd`): kPassThrough when there is no
 // policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
@@ -164,7 +185,8 @@ constexpr bool IsPlainReadOpen(int flags) noexcept {
   return (flags & O_ACCMODE) == O_RDONLY && (flags & (O_CREAT | O_TRUNC | O_DIRECTORY)) == 0;
 }
 
-// Runs `call(path)` as the ServePolicy decides: on `path`, on its substitute, or not at all
+// Runs `call(path)`, for a `path` that MayServePath admitted, as the ServePolicy decides: on
+// `path`, on its substitute, or not at all
 // (kAbsent: `fail_result` with ENOENT; kFail: `fail_result` with EIO). A failing substituted call
 // falls back to `path` (or fails with EIO under UCP_STRICT). `failed(ret)` says whether a result
 // is a failure.

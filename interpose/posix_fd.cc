@@ -15,18 +15,24 @@ namespace {
 
 bool IsDupCommand(int cmd) { return cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC; }
 
-}  // namespace
-
-extern "C" UCP_EXPORT int close(int fd) {
-  if (!ucp::InterceptGate() || !ucp::FdTable::Get().MaybeTracked(fd)) {
-    return ucp::real::close()(fd);
-  }
+// The close of a number ucp may track. Out of line, so that close() of any other saves no
+// registers.
+[[gnu::noinline]] int CloseTracked(int fd) {
   ucp::ReentrancyGuard guard;
   ucp::dispatch::FdRelease release(fd);
   const int ret = ucp::real::close()(fd);
   ucp::ErrnoPreserver keep;
   release.Closed();
   return ret;
+}
+
+}  // namespace
+
+extern "C" UCP_EXPORT int close(int fd) {
+  if (!ucp::InterceptGate() || !ucp::FdTable::Get().MaybeTracked(fd)) {
+    return ucp::real::close()(fd);
+  }
+  return CloseTracked(fd);
 }
 
 extern "C" UCP_EXPORT int dup(int fd) __THROW {

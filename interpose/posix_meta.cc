@@ -15,12 +15,19 @@ namespace {
 
 bool Failed(int ret) { return ret != 0; }
 
+// The call on a path the serve side may serve. Out of line, so that the common case in Meta
+// saves no registers.
+template <typename Call>
+[[gnu::noinline]] int MetaConsidered(int dirfd, const char* path, Call& call) {
+  ucp::ReentrancyGuard guard;
+  return ucp::dispatch::Served(dirfd, path, call, &Failed, -1);
+}
+
 // `call(path)` runs the real call on `path` or on its substitute.
 template <typename Call>
 int Meta(int dirfd, const char* path, Call&& call) {
-  if (!ucp::InterceptGate() || !ucp::dispatch::MayServe()) return call(path);
-  ucp::ReentrancyGuard guard;
-  return ucp::dispatch::Served(dirfd, path, call, &Failed, -1);
+  if (!ucp::InterceptGate() || !ucp::dispatch::MayServePath(path)) return call(path);
+  return MetaConsidered(dirfd, path, call);
 }
 
 // fstatat(fd, "", AT_EMPTY_PATH) describes the fd itself: nothing to substitute.

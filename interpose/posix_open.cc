@@ -19,19 +19,32 @@ mode_t ModeArg(int flags, va_list args) {
   return creates ? va_arg(args, mode_t) : 0;
 }
 
+// Open for a write-open, or a read-open the serve side may serve. Out of line, so that the
+// common case in Open saves no registers and builds no strings.
+template <typename Call>
+[[gnu::noinline]] int OpenConsidered(int dirfd, const char* path, int flags, Call& call) {
+  ucp::ReentrancyGuard guard;
+  auto failed = [](int ret) { return ret < 0; };
+  std::string opened;  // UCP_DURABLE: where a commit signal's write-open went instead
+  const int fd =
+      ucp::dispatch::IsPlainReadOpen(flags)
+          ? ucp::dispatch::Served(dirfd, path, call, failed, -1)
+          : ucp::dispatch::RedirectedOpen<int>(dirfd, path, flags, call, failed, &opened);
+  ucp::ErrnoPreserver keep;
+  ucp::dispatch::OnOpen(fd, dirfd, opened.empty() ? path : opened.c_str(), flags);
+  return fd;
+}
+
 // `call(path)` runs the real open on `path` (or on the serve side's substitute).
 template <typename Call>
 int Open(int dirfd, const char* path, int flags, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
-  ucp::ReentrancyGuard guard;
-  const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
-  auto failed = [](int ret) { return ret < 0; };
-  std::string opened;  // UCP_DURABLE: where a commit signal's write-open went instead
-  const int fd =
-      serve ? ucp::dispatch::Served(dirfd, path, call, failed, -1)
-            : ucp::dispatch::RedirectedOpen<int>(dirfd, path, flags, call, failed, &opened);
-  ucp::ErrnoPreserver keep;
-  ucp::dispatch::OnOpen(fd, dirfd, opened.empty() ? path : opened.c_str(), flags);
+  if (!ucp::dispatch::IsPlainReadOpen(flags) || ucp::dispatch::MayServePath(path)) {
+    return OpenConsidered(dirfd, path, flags, call);
+  }
+  // Most opens: a read of a name ucp never serves.
+  const int fd = call(path);
+  ucp::dispatch::OnOpen(fd, dirfd, path, flags);
   return fd;
 }
 

@@ -44,14 +44,20 @@ int FdOf(FILE* stream) { return stream == nullptr ? -1 : stream->_fileno; }
 template <typename Call>
 FILE* Fopen(const char* path, const char* mode, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
-  ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
-  const bool serve = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServe();
+  if (ucp::dispatch::IsPlainReadOpen(flags) && !ucp::dispatch::MayServePath(path)) {
+    // Most opens: a read of a name ucp never serves.
+    FILE* const stream = call(path);
+    ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, path, flags);
+    return stream;
+  }
+  ucp::ReentrancyGuard guard;
   auto failed = [](FILE* ret) { return ret == nullptr; };
   std::string opened;  // UCP_DURABLE: where a commit signal's write-open went instead
   FILE* const stream =
-      serve ? ucp::dispatch::Served(AT_FDCWD, path, call, failed, static_cast<FILE*>(nullptr))
-            : ucp::dispatch::RedirectedOpen<FILE*>(AT_FDCWD, path, flags, call, failed, &opened);
+      ucp::dispatch::IsPlainReadOpen(flags)
+          ? ucp::dispatch::Served(AT_FDCWD, path, call, failed, static_cast<FILE*>(nullptr))
+          : ucp::dispatch::RedirectedOpen<FILE*>(AT_FDCWD, path, flags, call, failed, &opened);
   ucp::ErrnoPreserver keep;
   ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, opened.empty() ? path : opened.c_str(), flags);
   return stream;
@@ -64,7 +70,7 @@ FILE* Freopen(const char* path, const char* mode, FILE* stream, Call&& call) {
   ucp::ReentrancyGuard guard;
   const int flags = FlagsOfMode(mode);
   ucp::dispatch::FdRelease release(FdOf(stream));
-  FILE* const ret = path != nullptr && ucp::dispatch::IsPlainReadOpen(flags)
+  FILE* const ret = ucp::dispatch::IsPlainReadOpen(flags) && ucp::dispatch::MayServePath(path)
                         ? ucp::dispatch::Served(
                               AT_FDCWD, path, call, [](FILE* f) { return f == nullptr; },
                               static_cast<FILE*>(nullptr))

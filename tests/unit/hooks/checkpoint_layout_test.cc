@@ -15,10 +15,11 @@ namespace fs = std::filesystem;
 
 std::optional<PathMatch> Recognise(std::string_view path, const RootSet& roots = RootSet()) {
   auto match = LayoutRegistry::Builtin().Recognise(path, roots);
-  // The write-open pre-filter must never turn away a name that the layouts recognise.
+  // The open and stat pre-filter must never turn away a path that the layouts recognise, whether
+  // it is given whole or as its file name.
   if (match.has_value()) {
-    const std::string_view file_name = path.substr(path.rfind('/') + 1);
-    EXPECT_TRUE(LayoutRegistry::Builtin().MayMatchFileName(file_name)) << path;
+    EXPECT_TRUE(LayoutRegistry::Builtin().MayMatchPath(path)) << path;
+    EXPECT_TRUE(LayoutRegistry::Builtin().MayMatchPath(path.substr(path.rfind('/') + 1))) << path;
   }
   return match;
 }
@@ -184,12 +185,25 @@ TEST(CheckpointLayoutTest, FileNamePrefilterTurnsAwayOrdinaryFiles) {
   const LayoutRegistry& layouts = LayoutRegistry::Builtin();
   for (const char* name : {"train.log", "events.out.tfevents.1", "model.safetensors", "x.pt",
                            "latest.txt", "optim_states.pt.tmp", ".metadata.tmp", "distcp"}) {
-    EXPECT_FALSE(layouts.MayMatchFileName(name)) << name;
+    EXPECT_FALSE(layouts.MayMatchPath(name)) << name;
   }
   for (const char* name :
        {"latest", "mp_rank_00_model_states.pt", "model_optim_rng.pt", "distrib_optim.pt",
         "latest_checkpointed_iteration.txt", ".metadata", "__0_0.distcp"}) {
-    EXPECT_TRUE(layouts.MayMatchFileName(name)) << name;
+    EXPECT_TRUE(layouts.MayMatchPath(name)) << name;
+  }
+}
+
+TEST(CheckpointLayoutTest, PathPrefilterDecidesOnTheLastComponent) {
+  const LayoutRegistry& layouts = LayoutRegistry::Builtin();
+  for (const char* path : {"ckpt/latest", "/ckpt/global_step5/mp_rank_00_model_states.pt",
+                           "../iter_0000010/mp_rank_00/model_optim_rng.pt", "/a/.metadata"}) {
+    EXPECT_TRUE(layouts.MayMatchPath(path)) << path;
+  }
+  // Whole names match a whole component only; directories ('/', "." and "..") never match.
+  for (const char* path : {"ckpt/notlatest", "ckpt/latest/", "ckpt/latest/.", "latest/..",
+                           "/latest/notes.txt", "/ckpt/mp_rank_00_model_states.pt/", "", "/"}) {
+    EXPECT_FALSE(layouts.MayMatchPath(path)) << path;
   }
 }
 
@@ -235,7 +249,7 @@ class NamedLayout final : public CheckpointLayout {
 
 TEST(CheckpointLayoutTest, FileNameFilterIsTheUnionOfTheLayoutsPatterns) {
   LayoutRegistry registry;
-  EXPECT_FALSE(registry.MayMatchFileName("latest"));  // no layout, no name
+  EXPECT_FALSE(registry.MayMatchPath("latest"));  // no layout, no name
   ASSERT_TRUE(
       registry
           .Register(std::make_unique<NamedLayout>("a", FileNamePatterns{{"done", "x"}, {".ckpt"}}))
@@ -243,12 +257,12 @@ TEST(CheckpointLayoutTest, FileNameFilterIsTheUnionOfTheLayoutsPatterns) {
   ASSERT_TRUE(
       registry.Register(std::make_unique<NamedLayout>("b", FileNamePatterns{{}, {"_part"}})).ok());
   for (const char* name : {"done", "x", "model.ckpt", ".ckpt", "shard_part", "_part"}) {
-    EXPECT_TRUE(registry.MayMatchFileName(name)) << name;
+    EXPECT_TRUE(registry.MayMatchPath(name)) << name;
   }
   // Same last byte as a pattern but not the pattern; whole names only match whole.
   for (const char* name :
        {"", "e", "undone", "xx", "model.ckpt2", "model.cpt", "part", "shard_party", "done.tmp"}) {
-    EXPECT_FALSE(registry.MayMatchFileName(name)) << name;
+    EXPECT_FALSE(registry.MayMatchPath(name)) << name;
   }
 }
 
@@ -263,7 +277,7 @@ TEST(CheckpointLayoutTest, RegistryRejectsAnEmptyFileNamePattern) {
   // Neither was registered, nor left a pattern behind.
   EXPECT_EQ(registry.Find("a"), nullptr);
   EXPECT_EQ(registry.Find("b"), nullptr);
-  EXPECT_FALSE(registry.MayMatchFileName("ok"));
+  EXPECT_FALSE(registry.MayMatchPath("ok"));
 }
 
 }  // namespace

@@ -255,7 +255,7 @@ class PassThrough final : public ServePolicy {
     asked.emplace_back(path);
     return {};
   }
-  bool MayServeFileName(std::string_view file_name) override { return file_name == "served"; }
+  bool MayServePath(std::string_view path) override { return path.ends_with("/served"); }
   std::optional<ListingChange> ChangeListing(std::string_view) override { return std::nullopt; }
   std::vector<std::string> asked;
 };
@@ -263,8 +263,8 @@ class PassThrough final : public ServePolicy {
 TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
   PassThrough inner;
   PendingSignalServe serve(&durable_, &inner);
-  EXPECT_FALSE(serve.MayServeFileName("latest"));
-  EXPECT_TRUE(serve.MayServeFileName("served"));
+  EXPECT_FALSE(serve.MayServePath(dir_ + "/latest"));
+  EXPECT_TRUE(serve.MayServePath(dir_ + "/served"));
   EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
 
   for (const std::string& name : names_) Close(name);
@@ -272,7 +272,7 @@ TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
   ASSERT_TRUE(LatestBecomes("global_step5"));
   durable_.Drain(std::chrono::steady_clock::now() + kPublishLimit);
   EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
-  EXPECT_FALSE(serve.MayServeFileName("latest"));
+  EXPECT_FALSE(serve.MayServePath(dir_ + "/latest"));
   EXPECT_EQ(inner.asked.back(), dir_ + "/latest");
 }
 

@@ -153,11 +153,14 @@ TEST_F(ViewServerTest, UnrelatedPathsAndOtherDirectoriesPassThrough) {
   EXPECT_EQ(server.Resolve("/usr/lib/python3/dist-packages/torch/__init__.py").kind,
             Kind::kPassThrough);
   EXPECT_EQ(server.Resolve(tag_ + "/notes.txt").kind, Kind::kPassThrough);
-  // The file-name pre-check the interposer makes before it computes an absolute path.
-  EXPECT_FALSE(server.MayServeFileName("notes.txt"));
-  EXPECT_FALSE(server.MayServeFileName("__init__.py"));
-  EXPECT_TRUE(server.MayServeFileName(Optim(1)));
-  EXPECT_TRUE(server.MayServeFileName(kModel));
+  // The pre-check the interposer makes on the path as the host spelled it, before it computes an
+  // absolute path.
+  EXPECT_FALSE(server.MayServePath("notes.txt"));
+  EXPECT_FALSE(server.MayServePath("/usr/lib/python3/dist-packages/torch/__init__.py"));
+  EXPECT_FALSE(server.MayServePath(Path(kModel) + "/."));
+  EXPECT_TRUE(server.MayServePath(Optim(1)));
+  EXPECT_TRUE(server.MayServePath(Path(kModel)));
+  EXPECT_TRUE(server.MayServePath("global_step5/" + std::string(kModel)));
   EXPECT_EQ(server.ChangeListing(scratch_.string()), std::nullopt);
   EXPECT_FALSE(fs::exists(tag_ + "/.ucp/views"));
 }
