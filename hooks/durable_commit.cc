@@ -178,8 +178,8 @@ void DurableCommit::OnCommit(const CommitEvent& event) noexcept {
   wake_.notify_all();
 }
 
-bool DurableCommit::MayRedirectFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchPath(file_name);
+bool DurableCommit::MayRedirectPath(std::string_view path) {
+  return options_.layouts->MayMatchPath(path);
 }
 
 std::optional<std::string> DurableCommit::Redirect(std::string_view path) {

@@ -111,7 +111,7 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
 
   // WriteRedirect: a commit signal named by its content, in the roots, goes to a fresh pending
   // name; everything else is nullopt.
-  bool MayRedirectFileName(std::string_view file_name) override;
+  bool MayRedirectPath(std::string_view path) override;
   std::optional<std::string> Redirect(std::string_view path) override;
   void RedirectFailed(std::string_view path, std::string_view redirected) override;
 

@@ -36,11 +36,12 @@ class SaveObserver {
   // track the fd: only tracked fds report writes, seeks, dups and closes below.
   virtual bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) = 0;
 
-  // A cheap test on the last component of a path about to be opened for writing, made before
-  // ucp computes the absolute path and stats the fd: false promises that OnOpenForWrite would
-  // decline the file, so the write-open of an ordinary file costs almost nothing.
-  virtual bool MayTrackFileName(std::string_view file_name) {
-    static_cast<void>(file_name);
+  // A cheap test on a path about to be opened for writing, as the host spelled it (relative or
+  // absolute), made before ucp computes the absolute path and stats the fd: false promises that
+  // OnOpenForWrite would decline the file, so the write-open of an ordinary file costs almost
+  // nothing. A path ending in '/', "." or ".." names a directory: it may be refused.
+  virtual bool MayTrackPath(std::string_view path) {
+    static_cast<void>(path);
     return true;
   }
 
@@ -75,9 +76,9 @@ class WriteRedirect {
  public:
   virtual ~WriteRedirect() = default;
 
-  // A cheap test on the last component of a path about to be opened for writing: false promises
-  // that Redirect would return nullopt.
-  virtual bool MayRedirectFileName(std::string_view file_name) = 0;
+  // A cheap test on a path about to be opened for writing, as the host spelled it: false
+  // promises that Redirect would return nullopt.
+  virtual bool MayRedirectPath(std::string_view path) = 0;
 
   // The host is about to open `path` for writing and truncating it (O_TRUNC, fopen "w"): the
   // absolute path the call opens instead, or nullopt for the host's own path. The caller reports

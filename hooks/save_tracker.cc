@@ -174,9 +174,9 @@ std::shared_ptr<SaveTracker::OpenFile> SaveTracker::Erase(int fd) {
   return file;
 }
 
-bool SaveTracker::MayTrackFileName(std::string_view file_name) {
-  return options_.layouts->MayMatchPath(file_name) ||
-         (options_.pending_signals && IsPendingSignalName(file_name));
+bool SaveTracker::MayTrackPath(std::string_view path) {
+  return options_.layouts->MayMatchPath(path) ||
+         (options_.pending_signals && IsPendingSignalName(path.substr(path.rfind('/') + 1)));
 }
 
 std::string SaveTracker::SignalPathOf(std::string_view path) const {

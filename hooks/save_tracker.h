@@ -110,7 +110,7 @@ class SaveTracker final : public SaveObserver {
   void AddCommitListener(CommitListener* listener);
 
   bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) override;
-  bool MayTrackFileName(std::string_view file_name) override;
+  bool MayTrackPath(std::string_view path) override;
   void OnWriteBegin(int fd, int64_t offset, const struct iovec* iov, int iovcnt,
                     size_t size) override;
   void OnWriteEnd(int fd, ssize_t ret) override;

@@ -53,22 +53,10 @@ void ForgetStale(int fd, hooks::SaveObserver* observer) {
   if (observer != nullptr) Guarded("OnClose", [&] { observer->OnClose(fd); });
 }
 
-// The last component of `path` as the host spelled it, or nullopt when it is empty, "." or "..":
-// such a path is decided on its absolute form instead.
-std::optional<std::string_view> DecisiveFileName(const char* path) {
-  // One vectorised pass over the path (strrchr), then the length of the last component alone.
-  const char* slash = std::strrchr(path, '/');
-  const std::string_view file_name(slash == nullptr ? path : slash + 1);
-  if (file_name.empty() || file_name == "." || file_name == "..") return std::nullopt;
-  return file_name;
-}
-
-// The observer's cheap verdict on the last component of `path` as the host spelled it.
+// The observer's cheap verdict on `path` as the host spelled it.
 bool MayTrack(hooks::SaveObserver* observer, const char* path) {
-  const std::optional<std::string_view> file_name = DecisiveFileName(path);
-  if (!file_name) return true;
   bool may = true;
-  Guarded("MayTrackFileName", [&] { may = observer->MayTrackFileName(*file_name); });
+  Guarded("MayTrackPath", [&] { may = observer->MayTrackPath(path); });
   return may;
 }
 
@@ -102,10 +90,12 @@ void internal::OnOpenSlow(int fd, int dirfd, const char* path, int flags) noexce
 
 std::string RedirectedWrite(int dirfd, const char* path, int flags) noexcept {
   hooks::WriteRedirect* redirect = hooks::GetWriteRedirect();
-  if (redirect == nullptr || !IsWriteOpen(flags) || (flags & O_TRUNC) == 0) return {};
-  const std::optional<std::string_view> file_name = DecisiveFileName(path);
-  bool may = file_name.has_value();
-  if (may) Guarded("MayRedirectFileName", [&] { may = redirect->MayRedirectFileName(*file_name); });
+  // A null path fails in the real call (EFAULT).
+  if (redirect == nullptr || path == nullptr || !IsWriteOpen(flags) || (flags & O_TRUNC) == 0) {
+    return {};
+  }
+  bool may = false;
+  Guarded("MayRedirectPath", [&] { may = redirect->MayRedirectPath(path); });
   if (!may) return {};
   const int saved_errno = errno;
   std::string redirected;

@@ -239,6 +239,11 @@ TEST_F(DurableCommitTest, RedirectsOnlyCommitSignalsNamedByContent) {
   EXPECT_EQ(durable_.Redirect(tag_ + "/.metadata"), std::nullopt);  // DCP renames it
   EXPECT_EQ(durable_.Redirect(dir_ + "/notes.txt"), std::nullopt);
   EXPECT_NE(durable_.Redirect(dir_ + "/latest_checkpointed_iteration.txt"), std::nullopt);
+  // The pre-check on the path as the host spelled it admits every signal Redirect takes.
+  EXPECT_TRUE(durable_.MayRedirectPath(dir_ + "/latest"));
+  EXPECT_TRUE(durable_.MayRedirectPath("latest_checkpointed_iteration.txt"));
+  EXPECT_FALSE(durable_.MayRedirectPath(dir_ + "/notes.txt"));
+  EXPECT_FALSE(durable_.MayRedirectPath(dir_ + "/latest/."));
 
   DurableCommitOptions elsewhere;
   Result<RootSet> roots = RootSet::Create({"/nonexistent/root"});

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "hooks/durable_commit.h"
 #include "hooks/journal.h"
 
 namespace ucp::hooks {
@@ -349,6 +350,23 @@ TEST_F(SaveTrackerTest, UnrecognisedAndOutOfRootFilesAreNotTracked) {
   Close(tracker, inside);
   EXPECT_FALSE(fs::exists(JournalDirectory(tag_dir_)));
   EXPECT_TRUE(fs::exists(JournalDirectory(save_dir_ + "/inside/global_step1")));
+}
+
+// The pre-check the interposer makes on the path as the host spelled it, before it computes an
+// absolute path: it admits every name the layouts know, and pending signals only under
+// UCP_DURABLE.
+TEST_F(SaveTrackerTest, PathPrecheckAdmitsLayoutNamesAndPendingSignals) {
+  SaveTracker tracker{SaveTrackerOptions{}};
+  EXPECT_TRUE(tracker.MayTrackPath(tag_dir_ + "/mp_rank_00_model_states.pt"));
+  EXPECT_TRUE(tracker.MayTrackPath("global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  EXPECT_TRUE(tracker.MayTrackPath("latest"));
+  EXPECT_FALSE(tracker.MayTrackPath(tag_dir_ + "/notes.txt"));
+  EXPECT_FALSE(tracker.MayTrackPath(tag_dir_ + "/."));
+  const std::string pending = PendingSignalPath(save_dir_ + "/latest", ::getpid(), 1);
+  EXPECT_FALSE(tracker.MayTrackPath(pending));
+  SaveTrackerOptions durable;
+  durable.pending_signals = true;
+  EXPECT_TRUE(SaveTracker(durable).MayTrackPath(pending));
 }
 
 TEST_F(SaveTrackerTest, StackModeAsksTheWriterCheckForDataFilesOnly) {
