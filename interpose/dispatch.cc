@@ -88,6 +88,29 @@ void internal::OnOpenSlow(int fd, int dirfd, const char* path, int flags) noexce
   OfferForWrite(fd, absolute, truncated, (flags & O_APPEND) != 0, observer);
 }
 
+void internal::ForgetStaleFd(int fd) noexcept {
+  ReentrancyGuard guard;
+  ErrnoPreserver keep;
+  std::lock_guard<std::mutex> lock(FdTable::Get().FdLock(fd));
+  ForgetStale(fd, hooks::GetSaveObserver());
+}
+
+bool MayWatchOpen(const char* path, int flags) noexcept {
+  if (IsPlainReadOpen(flags)) return MayServePath(path);
+  // A null path fails in the real call (EFAULT); other reads are neither served nor tracked.
+  if (path == nullptr || !IsWriteOpen(flags)) return false;
+  hooks::SaveObserver* observer = hooks::GetSaveObserver();
+  hooks::WriteRedirect* redirect = (flags & O_TRUNC) != 0 ? hooks::GetWriteRedirect() : nullptr;
+  if (observer == nullptr && redirect == nullptr) return false;
+  ReentrancyGuard guard;
+  bool may = true;
+  Guarded("MayWatchOpen", [&] {
+    may = (observer != nullptr && observer->MayTrackPath(path)) ||
+          (redirect != nullptr && redirect->MayRedirectPath(path));
+  });
+  return may;
+}
+
 std::string RedirectedWrite(int dirfd, const char* path, int flags) noexcept {
   hooks::WriteRedirect* redirect = hooks::GetWriteRedirect();
   // A null path fails in the real call (EFAULT).

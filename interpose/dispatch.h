@@ -40,13 +40,27 @@ constexpr bool IsWriteOpen(int flags) noexcept {
 
 namespace internal {
 void OnOpenSlow(int fd, int dirfd, const char* path, int flags) noexcept;
+void ForgetStaleFd(int fd) noexcept;
 }  // namespace internal
+
+// True when ucp may act on an open of `path` with open(2) `flags`: serve it (a plain read-open:
+// MayServePath), or track or redirect it (a write-open: SaveObserver::MayTrackPath,
+// WriteRedirect::MayRedirectPath), judged on the path as the host spelled it. False: the wrapper
+// makes the plain call and reports only OnOpenPassedThrough; most opens end there. May be called
+// outside a ReentrancyGuard (it enters one to ask the handlers). Keeps errno.
+bool MayWatchOpen(const char* path, int flags) noexcept;
+
+// An open that MayWatchOpen turned away returned `fd`: forgets whatever was tracked under that
+// number before (a close ucp did not see). Inline: for an untracked number, a bit test. May be
+// called outside a ReentrancyGuard. Keeps errno.
+inline void OnOpenPassedThrough(int fd) noexcept {
+  if (FdTable::Get().MaybeTracked(fd)) internal::ForgetStaleFd(fd);
+}
 
 // `fd` was returned by an open-like call (open family, creat, fopen/freopen's fileno) of `path`
 // relative to `dirfd` with open(2) `flags`. Forgets whatever was tracked under that number
 // before (a close ucp did not see), and for a write-open asks the SaveObserver whether to track
-// it. Does nothing for fd < 0. Keeps errno, and like MayServePath may be called outside a
-// ReentrancyGuard. Inline: for a read-open of an untracked number (most opens) it is a bit test.
+// it. Does nothing for fd < 0. Keeps errno, and may be called outside a ReentrancyGuard.
 inline void OnOpen(int fd, int dirfd, const char* path, int flags) noexcept {
   if (fd < 0 || (!IsWriteOpen(flags) && !FdTable::Get().MaybeTracked(fd))) return;
   internal::OnOpenSlow(fd, dirfd, path, flags);

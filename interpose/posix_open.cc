@@ -19,8 +19,8 @@ mode_t ModeArg(int flags, va_list args) {
   return creates ? va_arg(args, mode_t) : 0;
 }
 
-// Open for a write-open, or a read-open the serve side may serve. Out of line, so that the
-// common case in Open saves no registers and builds no strings.
+// Open for an open that MayWatchOpen admitted. Out of line, so that the common case in Open
+// saves no registers and builds no strings.
 template <typename Call>
 [[gnu::noinline]] int OpenConsidered(int dirfd, const char* path, int flags, Call& call) {
   ucp::ReentrancyGuard guard;
@@ -39,12 +39,9 @@ template <typename Call>
 template <typename Call>
 int Open(int dirfd, const char* path, int flags, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
-  if (!ucp::dispatch::IsPlainReadOpen(flags) || ucp::dispatch::MayServePath(path)) {
-    return OpenConsidered(dirfd, path, flags, call);
-  }
-  // Most opens: a read of a name ucp never serves.
+  if (ucp::dispatch::MayWatchOpen(path, flags)) return OpenConsidered(dirfd, path, flags, call);
   const int fd = call(path);
-  ucp::dispatch::OnOpen(fd, dirfd, path, flags);
+  ucp::dispatch::OnOpenPassedThrough(fd);
   return fd;
 }
 

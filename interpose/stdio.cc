@@ -45,10 +45,9 @@ template <typename Call>
 FILE* Fopen(const char* path, const char* mode, Call&& call) {
   if (!ucp::InterceptGate()) return call(path);
   const int flags = FlagsOfMode(mode);
-  if (ucp::dispatch::IsPlainReadOpen(flags) && !ucp::dispatch::MayServePath(path)) {
-    // Most opens: a read of a name ucp never serves.
+  if (!ucp::dispatch::MayWatchOpen(path, flags)) {
     FILE* const stream = call(path);
-    ucp::dispatch::OnOpen(FdOf(stream), AT_FDCWD, path, flags);
+    ucp::dispatch::OnOpenPassedThrough(FdOf(stream));
     return stream;
   }
   ucp::ReentrancyGuard guard;

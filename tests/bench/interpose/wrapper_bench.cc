@@ -72,6 +72,15 @@ void BM_OpenClose_Wrapped(benchmark::State& state) {
 void BM_OpenClose_Stub(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(stubs.close(stubs.open("/x", O_RDONLY)));
 }
+void BM_OpenCloseWrite_Wrapped(benchmark::State& state) {
+  for (auto _ : state)
+    benchmark::DoNotOptimize(close(open("/x", O_WRONLY | O_CREAT | O_TRUNC, 0644)));
+}
+void BM_OpenCloseWrite_Stub(benchmark::State& state) {
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(stubs.close(stubs.open("/x", O_WRONLY | O_CREAT | O_TRUNC, 0644)));
+  }
+}
 void BM_Stat_Wrapped(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(stat("/x", &st));
 }
@@ -90,6 +99,8 @@ BENCHMARK(BM_Write_Wrapped);
 BENCHMARK(BM_Write_Stub);
 BENCHMARK(BM_OpenClose_Wrapped);
 BENCHMARK(BM_OpenClose_Stub);
+BENCHMARK(BM_OpenCloseWrite_Wrapped);
+BENCHMARK(BM_OpenCloseWrite_Stub);
 BENCHMARK(BM_Stat_Wrapped);
 BENCHMARK(BM_Stat_Stub);
 BENCHMARK(BM_Fwrite_Wrapped);

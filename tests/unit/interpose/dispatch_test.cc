@@ -27,6 +27,8 @@ class Recorder : public hooks::SaveObserver {
  public:
   explicit Recorder(std::string prefix) : prefix_(std::move(prefix)) {}
 
+  // The pre-check turns away ".log" files, as the save tracker turns away names no layout knows.
+  bool MayTrackPath(std::string_view path) override { return !path.ends_with(".log"); }
   bool OnOpenForWrite(int fd, std::string_view path, bool truncated, bool append) override {
     Add("open " + std::to_string(fd) + " " + std::string(path) + (truncated ? " trunc" : "") +
         (append ? " append" : ""));
@@ -84,6 +86,7 @@ class DispatchTest : public ::testing::Test {
   void TearDown() override {
     hooks::SetSaveObserver(nullptr);
     hooks::SetServePolicy(nullptr);
+    hooks::SetWriteRedirect(nullptr);
     FdTable::Get().Clear();
     SetStrict(false);
     std::system(("rm -rf " + dir_).c_str());
@@ -248,6 +251,51 @@ TEST_F(DispatchTest, AReusedNumberForgetsItsStaleState) {
                                       "close " + N(fd)}));
   EXPECT_FALSE(FdTable::Get().MaybeTracked(again));
   Write(again, -1, "x", 1);
+  EXPECT_TRUE(recorder_->Take().empty());
+  ::close(again);
+}
+
+// Redirects nothing, but its pre-check admits names ending in "latest".
+class LatestRedirect : public hooks::WriteRedirect {
+ public:
+  bool MayRedirectPath(std::string_view path) override { return path.ends_with("latest"); }
+  std::optional<std::string> Redirect(std::string_view) override { return std::nullopt; }
+  void RedirectFailed(std::string_view, std::string_view) override {}
+};
+
+TEST_F(DispatchTest, OpensNoHandlerMayWantPassThrough) {
+  const int write = O_WRONLY | O_CREAT | O_TRUNC;
+  EXPECT_TRUE(MayWatchOpen("ckpt/a.pt", write));
+  EXPECT_TRUE(MayWatchOpen("ckpt/a.pt", O_RDWR));
+  EXPECT_FALSE(MayWatchOpen("ckpt/train.log", write));
+  EXPECT_FALSE(MayWatchOpen(nullptr, write));
+  // Reads are the serve policy's: none is installed.
+  EXPECT_FALSE(MayWatchOpen("ckpt/a.pt", O_RDONLY));
+  // Reads that are not plain are neither served nor tracked.
+  EXPECT_FALSE(MayWatchOpen("ckpt/a.pt", O_RDONLY | O_CREAT));
+
+  // Without a save observer only a truncating open the redirect may want is watched.
+  hooks::SetSaveObserver(nullptr);
+  EXPECT_FALSE(MayWatchOpen("ckpt/a.pt", write));
+  LatestRedirect redirect;
+  hooks::SetWriteRedirect(&redirect);
+  EXPECT_TRUE(MayWatchOpen("ckpt/latest", write));
+  EXPECT_FALSE(MayWatchOpen("ckpt/latest", O_WRONLY | O_APPEND));
+  EXPECT_FALSE(MayWatchOpen("ckpt/a.pt", write));
+}
+
+TEST_F(DispatchTest, AnOpenPassedThroughForgetsTheStaleStateOfItsNumber) {
+  const int fd = OpenForWrite("stale.pt");
+  ::close(fd);  // a close ucp does not see
+  const int again = ::open((dir_ + "/train.log").c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_EQ(again, fd);
+  OnOpenPassedThrough(again);
+  EXPECT_EQ(recorder_->Take(),
+            (std::vector<std::string>{"open " + N(fd) + " " + dir_ + "/stale.pt trunc",
+                                      "close " + N(fd)}));
+  EXPECT_FALSE(FdTable::Get().MaybeTracked(again));
+  OnOpenPassedThrough(again);  // an untracked number: nothing to say
+  OnOpenPassedThrough(-1);
   EXPECT_TRUE(recorder_->Take().empty());
   ::close(again);
 }
