@@ -88,6 +88,12 @@ int main(int argc, char** argv) {
   Report("access missing", access(P("missing").c_str(), F_OK));
   Report("rename missing", rename(P("missing").c_str(), P("other").c_str()));
   Report("unlink missing", unlink(P("missing").c_str()));
+  // A null path is the kernel's to refuse (EFAULT); volatile keeps the compiler from seeing it.
+  const char* volatile null_path = nullptr;
+  Report("open null", open(null_path, O_RDONLY));
+  Report("open null for write", open(null_path, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  Report("stat null", stat(null_path, &st));
+  Report("access null", access(null_path, F_OK));
   errno = 0;
   FILE* missing = fopen(P("missing/x").c_str(), "r");
   Report("fopen missing", missing == nullptr ? -1 : 0);
