@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <vector>
 

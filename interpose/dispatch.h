@@ -3,9 +3,9 @@
 // Call order and context: wrappers call these only after InterceptGate() said yes, inside a
 // ReentrancyGuard, and (for the On* notifications) after the real call, with an ErrnoPreserver
 // alive; the few that say they may be called outside a guard (the cheap pre-checks every open
-// and stat makes) enter one themselves and keep errno. Every function is noexcept: a handler that throws is caught here, logged, and the
-// whole layer switches to pass-through (DESIGN.md §6.2). Nothing here changes what the host's
-// call returned.
+// and stat makes) enter one themselves and keep errno. Every function is noexcept: a handler
+// that throws is caught here, logged, and the whole layer switches to pass-through (DESIGN.md
+// §6.2). Nothing here changes what the host's call returned.
 //
 // Thread-safety: all functions may be called concurrently. Lifecycle events of one fd number
 // (open, dup onto it, close) are serialised by FdTable::FdLock (see fd_table.h).
