@@ -204,9 +204,10 @@ Status LayoutRegistry::Register(std::unique_ptr<CheckpointLayout> layout) {
   FileNamePatterns patterns = layout->FileNames();
   for (const auto* list : {&patterns.names, &patterns.suffixes}) {
     for (const std::string& pattern : *list) {
-      if (pattern.empty()) {
+      if (pattern.empty() || pattern.find('/') != std::string::npos) {
         return Status::InvalidArgument("layouts: \"" + std::string(layout->name()) +
-                                       "\": an empty file name pattern");
+                                       "\": file name pattern \"" + pattern +
+                                       "\" is empty or holds a '/'");
       }
     }
   }

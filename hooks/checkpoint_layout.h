@@ -60,7 +60,7 @@ struct CommitTarget {
 
 // The last path components a layout recognises (CheckpointLayout::FileNames): a path whose last
 // component is none of `names` and ends in none of `suffixes` is never one of its names. Neither
-// holds an empty string.
+// holds an empty string or a '/' (the filter compares them with a path's last component only).
 struct FileNamePatterns {
   std::vector<std::string> names;     // whole components, e.g. "latest"
   std::vector<std::string> suffixes;  // endings, e.g. "_states.pt"
@@ -115,7 +115,7 @@ class LayoutRegistry {
   static const LayoutRegistry& Builtin();
 
   // Adds a layout. InvalidArgument when one with the same name is already registered, or when
-  // one of its FileNames() is empty.
+  // one of its FileNames() is empty or holds a '/'.
   Status Register(std::unique_ptr<CheckpointLayout> layout);
 
   // The layout registered under `name`, or nullptr.

@@ -266,17 +266,25 @@ TEST(CheckpointLayoutTest, FileNameFilterIsTheUnionOfTheLayoutsPatterns) {
   }
 }
 
-TEST(CheckpointLayoutTest, RegistryRejectsAnEmptyFileNamePattern) {
+// The filter compares patterns with a path's last component: an empty one, or one holding a '/',
+// could never match, and the filter would turn away that layout's files.
+TEST(CheckpointLayoutTest, RegistryRejectsAPatternThatNoLastComponentCanMatch) {
   LayoutRegistry registry;
   const Status empty_name =
       registry.Register(std::make_unique<NamedLayout>("a", FileNamePatterns{{""}, {}}));
   EXPECT_EQ(empty_name.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(empty_name.message(), ::testing::HasSubstr("\"a\": an empty file name pattern"));
+  EXPECT_THAT(empty_name.message(),
+              ::testing::HasSubstr("\"a\": file name pattern \"\" is empty or holds a '/'"));
   EXPECT_FALSE(
       registry.Register(std::make_unique<NamedLayout>("b", FileNamePatterns{{"ok"}, {""}})).ok());
-  // Neither was registered, nor left a pattern behind.
+  const Status slash =
+      registry.Register(std::make_unique<NamedLayout>("c", FileNamePatterns{{"ok"}, {"/x.pt"}}));
+  EXPECT_EQ(slash.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(slash.message(), ::testing::HasSubstr("\"/x.pt\" is empty or holds a '/'"));
+  // None was registered, nor left a pattern behind.
   EXPECT_EQ(registry.Find("a"), nullptr);
   EXPECT_EQ(registry.Find("b"), nullptr);
+  EXPECT_EQ(registry.Find("c"), nullptr);
   EXPECT_FALSE(registry.MayMatchPath("ok"));
 }
 
