@@ -8,6 +8,7 @@
 #   UCP_PYTHON     python3 with torch
 #   EXPORTS_MAP    interpose/exports.map
 #   PRELOAD_FIRST  what must precede ucp in LD_PRELOAD (the ASan runtime in ASan builds), or ""
+#   BUILD_ROOT     the build folder (`cmake --install` of it)
 set -euo pipefail
 
 case_name=$1
@@ -277,6 +278,20 @@ case "$case_name" in
     same_output "$work/plain" "$work/tracked"
     grep -q "^close $work/tracked/model_states.pt " "$work/events" || fail "torch.save not tracked"
     check_events "$work/events" "$work/tracked"
+    ;;
+
+  installed)
+    # `cmake --install` puts libucp.so in lib/ and ucp in bin/; the installed library is the
+    # same pass-through preload from there.
+    cmake --install "$BUILD_ROOT" --prefix "$work/prefix" >"$work/install.log" ||
+      fail "cmake --install failed: $(tail -3 "$work/install.log")"
+    [[ -f $work/prefix/lib/libucp.so ]] || fail "no lib/libucp.so: $(cat "$work/install.log")"
+    "$work/prefix/bin/ucp" --help | grep -q "universal checkpoints" || fail "bin/ucp does not run"
+    mkdir "$work/plain" "$work/ucp"
+    run "$work/plain" "" "$HOSTS/file_ops_host" "$work/plain"
+    run "$work/ucp" "$work/prefix/lib/libucp.so" "$HOSTS/file_ops_host" "$work/ucp"
+    same_output "$work/plain" "$work/ucp"
+    no_stderr "$work/ucp"
     ;;
 
   *)
