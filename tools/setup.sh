@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The one set-up of the project, used by demo/run.sh, tests/run.sh and .ci/run: installs what is
+# missing and says what it installs; costs a second or two when everything is present.
+#   1. the Debian packages in tools/debian-packages.txt (apt-get; sudo when not root);
+#   2. the project's virtual environment (UCP_VENV, default .venv) with the Python packages pinned
+#      in tools/requirements.txt, torch first so that nothing else can pull in a CUDA build.
+# Offline or without permission it names what is missing and the command that installs it, and
+# exits 1. Usage: tools/setup.sh [--no-venv]   (--no-venv: the Debian packages only)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+packages_file=$root/tools/debian-packages.txt
+requirements_file=$root/tools/requirements.txt
+venv=${UCP_VENV:-$root/.venv}
+# Python 3.11 (pyenv's python3 here): the interpreter the pinned torch wheel is built for.
+base_python=${UCP_SETUP_PYTHON:-python3}
+
+with_venv=1
+case "${1:-}" in
+  --no-venv) with_venv=0 ;;
+  "") ;;
+  *) echo "usage: tools/setup.sh [--no-venv]" >&2; exit 2 ;;
+esac
+
+say() { echo "setup: $*" >&2; }
+# fail MESSAGE... COMMAND: says what is missing and the command that installs it; exits 1.
+fail() {
+  say "${*:1:$#-1}"
+  say "run this, then try again:"
+  echo "    ${!#}" >&2
+  exit 1
+}
+
+# --- 1. Debian packages ------------------------------------------------------------------------
+mapfile -t packages < <(grep -v '^[[:space:]]*\(#\|$\)' "$packages_file")
+declare -A installed=()
+while read -r package status; do
+  [[ $status == installed ]] && installed[$package]=1
+done < <(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${packages[@]}" 2>/dev/null || true)
+missing=()
+for package in "${packages[@]}"; do
+  [[ -n ${installed[$package]:-} ]] || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  install_command="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+  if ((EUID == 0)); then
+    sudo=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    sudo=(sudo -n)
+  else
+    fail "missing Debian packages: ${missing[*]} (installing them needs root, and sudo is not" \
+      "available without a password)" "sudo sh -c '$install_command'"
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! "${sudo[@]}" apt-get update -qq >&2 ||
+    ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; then
+    fail "apt-get could not install ${missing[*]} (offline, or no Debian mirror reachable?)" \
+      "${sudo[*]:+sudo }sh -c '$install_command'"
+  fi
+fi
+((with_venv)) || exit 0
+
+# --- 2. The virtual environment ----------------------------------------------------------------
+# The stamp holds the requirements file's hash: when it matches, the environment is up to date.
+stamp=$venv/.ucp-requirements.sha256
+wanted=$(sha256sum "$requirements_file" | cut -d' ' -f1)
+if [[ -x $venv/bin/python && -f $stamp && $(cat "$stamp") == "$wanted" ]]; then
+  exit 0
+fi
+pip_command="$venv/bin/python -m pip install -r $requirements_file"
+if [[ ! -x $venv/bin/python ]]; then
+  command -v "$base_python" >/dev/null ||
+    fail "no '$base_python' to create $venv with" "UCP_SETUP_PYTHON=/path/to/python3.11 $0"
+  say "creating the virtual environment $venv ($("$base_python" --version 2>&1))"
+  "$base_python" -m venv "$venv" ||
+    fail "'$base_python -m venv $venv' failed" "apt-get install -y python3-venv"
+fi
+torch_pin=$(grep -m1 '^torch==' "$requirements_file")
+say "installing into $venv the $(grep -c '==' "$requirements_file") packages pinned in" \
+  "$requirements_file (torch, DeepSpeed, transformers, accelerate and what they need)"
+# pip's own notes on this machine's configuration (find-links folders that do not exist) are noise.
+quiet_pip() { "$venv/bin/python" -m pip "$@" 2> >(grep -v '^WARNING: Location' >&2); }
+# torch alone first, pinned; then the rest with the torch pin as a constraint. DeepSpeed ships
+# only a source archive whose setup.py imports torch: built without isolation, it sees this one.
+if ! quiet_pip install -q --disable-pip-version-check "$torch_pin" >&2 ||
+  ! quiet_pip install -q --disable-pip-version-check --no-build-isolation \
+    -c <(echo "$torch_pin") -r "$requirements_file" >&2; then
+  fail "pip could not install the packages of $requirements_file (offline, or PyPI not" \
+    "reachable?)" "$pip_command"
+fi
+echo "$wanted" >"$stamp"
+say "the virtual environment $venv is ready"
