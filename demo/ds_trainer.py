@@ -3,11 +3,13 @@
 
 Same model, data, options and output as zero_trainer.py (its stand-in), but the engine, the
 checkpoints and the refusal to resume at another data-parallel size are DeepSpeed's own. It knows
-nothing about ucp. DeepSpeed must be importable (e.g. DeepSpeed v0.14.5's source on PYTHONPATH
-with DS_ACCELERATOR=cpu). On CPU it works around torch 1.13's gloo at run time, without touching
-DeepSpeed: the optional shared-memory comm op (it would compile C++) is marked incompatible,
-DeepSpeed's *_into_tensor collectives are replaced by its list-based fallbacks, and gloo's missing
-reduce_scatter is emulated with one all_reduce. The optimizer is torch.optim.Adam.
+nothing about ucp. DeepSpeed must be importable: demo/run.sh runs it with the project's virtual
+environment (the release pinned in tools/requirements.txt on torch 2.x, DS_ACCELERATOR=cpu). On
+CPU the optional shared-memory comm op (it would compile C++) is marked incompatible and the
+optimizer is torch.optim.Adam. torch 2.x's gloo has every collective DeepSpeed uses; under torch
+1.x (DeepSpeed v0.14.5 on Debian's torch 1.13) it also works around that gloo at run time, without
+touching DeepSpeed: DeepSpeed's *_into_tensor collectives are replaced by its list-based
+fallbacks, and the missing reduce_scatter is emulated with one all_reduce.
 
 Launch one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (launch.py).
 """
@@ -48,10 +50,13 @@ def emulate_reduce_scatter():
 def main():
     args = argument_parser(__doc__.split("\n")[0]).parse_args()
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    emulate_reduce_scatter()
+    old_gloo = int(torch.__version__.split(".", 1)[0]) < 2
+    if old_gloo:
+        emulate_reduce_scatter()
     deepspeed.init_distributed(dist_backend="gloo")
-    dscomm.cdb.all_gather_function = None
-    dscomm.cdb.reduce_scatter_function = None
+    if old_gloo:
+        dscomm.cdb.all_gather_function = None
+        dscomm.cdb.reduce_scatter_function = None
     rank, world = dist.get_rank(), dist.get_world_size()
     assert args.global_bs % world == 0, f"--global_bs {args.global_bs} is not divisible by {world}"
     micro = args.global_bs // world

@@ -4,15 +4,19 @@
 # without ucp (the framework refuses it). Prints a loss table, draws demo/out/loss.png.
 #
 # Usage: demo/run.sh [--deepspeed | --stand-in]
-#   default: real DeepSpeed when `python3 -c "import deepspeed"` works, else the stand-in
-#   (demo/zero_trainer.py, plain PyTorch writing DeepSpeed's ZeRO-2 checkpoint layout).
-# Environment: UCP_PYTHON (default /usr/bin/python3, needs torch), DEMO_PORT (first TCP port,
-# default 29700), UCP_BUILD_JOBS (ninja -j when libucp.so must be built).
+#   default: real DeepSpeed, the release pinned in tools/requirements.txt, from the project's
+#   virtual environment; the stand-in (demo/zero_trainer.py, plain PyTorch writing DeepSpeed's
+#   ZeRO-2 checkpoint layout, run by Debian's /usr/bin/python3) only when DeepSpeed cannot be
+#   installed here or --stand-in is given.
+# It first runs tools/setup.sh (installs what is missing, says what) and builds libucp.so with
+# tools/build.sh (shows the failing compiler lines and stops when the build fails).
+# Environment: UCP_PYTHON (the interpreter for the trainer; default .venv/bin/python, or
+# /usr/bin/python3 for the stand-in), DEMO_PORT (first TCP port, default 29700), BUILD_DIR,
+# UCP_BUILD_JOBS (tools/build.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
-py=${UCP_PYTHON:-/usr/bin/python3}
 out=$here/out
 steps=10
 save_step=5
@@ -26,30 +30,50 @@ case "${1:-}" in
   *) echo "usage: demo/run.sh [--deepspeed | --stand-in]" >&2; exit 2 ;;
 esac
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1
-if [[ $mode == auto ]]; then
-  if "$py" -c "import deepspeed" >/dev/null 2>&1; then mode=deepspeed; else mode=stand-in; fi
-fi
-if [[ $mode == deepspeed ]]; then
-  if ! "$py" -c "import deepspeed" >/dev/null 2>&1; then
-    echo "demo: --deepspeed, but '$py -c \"import deepspeed\"' fails" >&2
+
+# The Debian packages are needed in every mode (the build, the stand-in's torch); the virtual
+# environment only for DeepSpeed, and its failure is what sends the default mode to the stand-in.
+"$root/tools/setup.sh" --no-venv
+if [[ $mode != stand-in && -z ${UCP_PYTHON:-} ]]; then
+  if "$root/tools/setup.sh"; then
+    mode=deepspeed
+  elif [[ $mode == deepspeed ]]; then
+    echo "demo: --deepspeed, but DeepSpeed could not be installed (tools/setup.sh says why above)" >&2
     exit 2
+  else
+    echo "demo: DeepSpeed could not be installed (tools/setup.sh says why above): falling back" \
+      "to the stand-in" >&2
+    mode=stand-in
   fi
-  trainer=$here/ds_trainer.py
-  version=$("$py" -c "import deepspeed; print(deepspeed.__version__)" 2>/dev/null | tail -1)
-  echo "trainer: real DeepSpeed $version (demo/ds_trainer.py)"
+fi
+if [[ $mode == stand-in ]]; then
+  py=${UCP_PYTHON:-/usr/bin/python3}
 else
+  py=${UCP_PYTHON:-$root/.venv/bin/python}
+  if ! "$py" -c "import deepspeed" >/dev/null 2>&1; then
+    if [[ $mode == deepspeed ]]; then
+      echo "demo: '$py -c \"import deepspeed\"' fails" >&2
+      exit 2
+    fi
+    mode=stand-in
+  fi
+fi
+if [[ $mode == stand-in ]]; then
   trainer=$here/zero_trainer.py
   echo "trainer: the stand-in, demo/zero_trainer.py (plain PyTorch in DeepSpeed v0.14.5's ZeRO-2" \
-    "checkpoint layout; DeepSpeed is not importable here or --stand-in was given)"
+    "checkpoint layout; DeepSpeed could not be installed here, or --stand-in was given)"
+else
+  trainer=$here/ds_trainer.py
+  versions=$("$py" -c "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)" \
+    2>/dev/null | tail -1)
+  echo "trainer: real DeepSpeed ${versions% *} on torch ${versions#* }, CPU with gloo" \
+    "(demo/ds_trainer.py)"
 fi
 
-# libucp.so, built once (Release) into build/.
-if [[ ! -f $root/build/build.ninja ]]; then
-  cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-# (the ninja target of the preload library is its file: `ucp` names the CLI executable)
-ninja -C "$root/build" ${UCP_BUILD_JOBS:+-j "$UCP_BUILD_JOBS"} libucp.so >/dev/null
-preload=(env LD_PRELOAD="$root/build/libucp.so" UCP_LOG_DIR="$out/ucp-logs")
+# libucp.so (the ninja target of the preload library is its file: `ucp` names the CLI).
+build_dir=${BUILD_DIR:-$root/build}
+BUILD_DIR=$build_dir "$root/tools/build.sh" libucp.so
+preload=(env LD_PRELOAD="$build_dir/libucp.so" UCP_LOG_DIR="$out/ucp-logs")
 
 rm -rf "$out"
 mkdir -p "$out/ucp-logs"
