@@ -53,8 +53,13 @@ if ((${#missing[@]})); then
   fi
   say "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  if ! "${sudo[@]}" apt-get update -qq >&2 ||
-    ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; then
+  # apt-get's and dpkg's progress goes to a log, shown only when they fail.
+  apt_log=$(mktemp "${TMPDIR:-/tmp}/ucp-setup-apt.XXXXXX")
+  trap 'rm -f "$apt_log"' EXIT
+  if ! "${sudo[@]}" apt-get update -qq >"$apt_log" 2>&1 ||
+    ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+      >>"$apt_log" 2>&1; then
+    grep -E '^(E|W): ' "$apt_log" >&2 || tail -20 "$apt_log" >&2
     fail "apt-get could not install ${missing[*]} (offline, or no Debian mirror reachable?)" \
       "${sudo[*]:+sudo }sh -c '$install_command'"
   fi
