@@ -2,7 +2,7 @@
 # Builds the project as the two commands need it: configures BUILD_DIR (default build/) with the
 # flags named here (RelWithDebInfo, warnings as errors, then any -D... arguments given), so that
 # nothing cached by an earlier or failed configure decides them, then builds the ninja targets
-# given (all when none). Prints one line when it succeeds; when it fails, CMake's errors or the
+# given (all when none). Prints what it builds and, when that fails, CMake's errors or the
 # failing compiler commands with their diagnostics, and exits 1.
 # Usage: tools/build.sh [-DVAR=VALUE ...] [NINJA_TARGET ...]
 # Environment: BUILD_DIR, UCP_BUILD_JOBS (ninja -j), CC and CXX (the compilers, at the first
@@ -26,6 +26,7 @@ if ! cmake -S "$root" -B "$build_dir" -G Ninja "${cmake_args[@]}" >"$log" 2>&1; 
   exit 1
 fi
 
+echo "build: ${*:-everything} in $build_dir (from scratch: minutes on 2 cores)" >&2
 if ! ninja -C "$build_dir" -j "${UCP_BUILD_JOBS:-$(nproc)}" "$@" >"$log" 2>&1; then
   echo "build: building ${*:-everything} in $build_dir failed:" >&2
   # ninja prints "FAILED: <output>", the command, then the compiler's own lines, until its next
@@ -35,4 +36,4 @@ if ! ninja -C "$build_dir" -j "${UCP_BUILD_JOBS:-$(nproc)}" "$@" >"$log" 2>&1; t
   grep -q '^FAILED: ' "$log" || tail -40 "$log" >&2
   exit 1
 fi
-echo "build: ${*:-everything} in $build_dir up to date ($((SECONDS - start)) s)" >&2
+echo "build: done ($((SECONDS - start)) s)" >&2
