@@ -11,6 +11,10 @@ using pickle::Kind;
 using pickle::Value;
 
 constexpr std::string_view kUtils = "torch._utils";
+// torch 2.x pickles a plain tensor that carries Python attributes (DeepSpeed's ds_id on ZeRO-3
+// flat groups) as _rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor, (args...), {attrs}).
+constexpr std::string_view kTensorModule = "torch._tensor";
+constexpr std::string_view kFromType = "_rebuild_from_type_v2";
 
 Status Corrupt(std::string_view path, std::string_view what) {
   return Status::Corrupt("torch archive " + std::string(path) + ": " + std::string(what));
@@ -130,10 +134,9 @@ Result<const TorchStorage*> TorchArchiveReader::StorageOf(const Value* pid_node)
   return &storages_.emplace(key, std::move(storage)).first->second;
 }
 
-Status TorchArchiveReader::AddTensor(const Value* node, const Value* rebuild, bool parameter,
-                                     bool requires_grad, const Limits& limits) {
-  const Value* args = rebuild->args();
-  const bool v2 = rebuild->IsCallOf(kUtils, "_rebuild_tensor_v2");
+Status TorchArchiveReader::AddTensor(const Value* node, const Value* rebuild, const Value* args,
+                                     bool v2, bool parameter, bool requires_grad,
+                                     const Limits& limits) {
   if (args->items().size() < (v2 ? 6u : 4u) || args->Item(0)->kind() != Kind::kPersistentId) {
     return Corrupt(path(), "tensor reduction has malformed arguments");
   }
@@ -178,12 +181,35 @@ Status TorchArchiveReader::Locate(const Limits& limits) {
   return pickle::ForEachReachable(graph_.root(), [&](Value* node) -> Status {
     if (node->kind() == Kind::kPersistentId) return StorageOf(node).status();
     if (node->kind() != Kind::kObject || node->callable()->kind() != Kind::kGlobal ||
-        node->callable()->module() != kUtils || tensor_by_node_.count(node) != 0) {
+        tensor_by_node_.count(node) != 0) {
       return Status::Ok();
     }
+    if (node->IsCallOf(kTensorModule, kFromType)) {
+      // Only a plain torch.Tensor rebuilt by _rebuild_tensor(_v2) is a tensor here; its
+      // attribute dict (args[3]) stays in the graph and is written back unchanged.
+      const Value* args = node->args();
+      const Value* function = args->Item(0);
+      const Value* type = args->Item(1);
+      const Value* rebuild_args = args->Item(2);
+      const bool plain_tensor =
+          args->items().size() == 4 && function != nullptr && function->kind() == Kind::kGlobal &&
+          function->module() == kUtils &&
+          (function->name() == "_rebuild_tensor_v2" || function->name() == "_rebuild_tensor") &&
+          type != nullptr && type->kind() == Kind::kGlobal && type->module() == "torch" &&
+          type->name() == "Tensor" && rebuild_args != nullptr &&
+          rebuild_args->kind() == Kind::kTuple;
+      if (!plain_tensor) {
+        unsupported_.push_back(node);
+        return Status::Ok();
+      }
+      return AddTensor(node, node, rebuild_args, function->name() == "_rebuild_tensor_v2", false,
+                       false, limits);
+    }
+    if (node->callable()->module() != kUtils) return Status::Ok();
     const std::string& name = node->callable()->name();
     if (name == "_rebuild_tensor_v2" || name == "_rebuild_tensor") {
-      return AddTensor(node, node, false, false, limits);
+      return AddTensor(node, node, node->args(), name == "_rebuild_tensor_v2", false, false,
+                       limits);
     }
     if (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state") {
       const Value* args = node->args();
@@ -193,7 +219,8 @@ Status TorchArchiveReader::Locate(const Limits& limits) {
         unsupported_.push_back(node);
         return Status::Ok();
       }
-      return AddTensor(node, inner, true, args->Item(1)->bool_value(), limits);
+      return AddTensor(node, inner, inner->args(), IsUtilsCall(inner, "_rebuild_tensor_v2"), true,
+                       args->Item(1)->bool_value(), limits);
     }
     if (name.rfind("_rebuild_", 0) == 0) unsupported_.push_back(node);
     return Status::Ok();
@@ -247,7 +274,10 @@ std::vector<std::pair<std::string, const Value*>> NamedChildren(const Value* nod
       break;
     case Kind::kObject: {
       const Value* callable = node->callable();
-      if (callable->kind() == Kind::kGlobal && callable->module() == kUtils) break;
+      if (callable->kind() == Kind::kGlobal &&
+          (callable->module() == kUtils || node->IsCallOf(kTensorModule, kFromType))) {
+        break;  // a tensor is a leaf
+      }
       size_t index = 0;
       for (const pickle::Mutation& mutation : node->mutations()) {
         if (mutation.op == pickle::Mutation::Op::kSetItem) {

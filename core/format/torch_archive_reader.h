@@ -16,6 +16,9 @@
 //   torch._utils._rebuild_tensor(storage, storage_offset, size, stride)
 //   torch._utils._rebuild_parameter(tensor, requires_grad, backward_hooks)
 //   torch._utils._rebuild_parameter_with_state(tensor, requires_grad, backward_hooks, state)
+//   torch._tensor._rebuild_from_type_v2(torch._utils._rebuild_tensor_v2, torch.Tensor,
+//                                       (rebuild args...), attributes)   (torch 2.x: a plain
+//                                       tensor with Python attributes; they are carried)
 // All other torch._utils._rebuild_* forms (quantized, sparse, meta, ...) are carried as opaque
 // objects: they are listed in unsupported_tensors() and written back unchanged.
 //
@@ -128,8 +131,11 @@ class TorchArchiveReader {
   explicit TorchArchiveReader(ZipReader zip) : zip_(std::move(zip)) {}
   Status Locate(const Limits& limits);
   Result<const TorchStorage*> StorageOf(const pickle::Value* pid);
-  Status AddTensor(const pickle::Value* node, const pickle::Value* rebuild, bool parameter,
-                   bool requires_grad, const Limits& limits);
+  // `node` is what TensorAt answers for, `rebuild` its _rebuild_tensor* reduction (the same
+  // node, or the one a parameter wraps), `args` the rebuild's arguments.
+  Status AddTensor(const pickle::Value* node, const pickle::Value* rebuild,
+                   const pickle::Value* args, bool v2, bool parameter, bool requires_grad,
+                   const Limits& limits);
 
   ZipReader zip_;
   pickle::Graph graph_;

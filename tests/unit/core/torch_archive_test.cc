@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string RunPython(const std::string& code) {
-  const std::string command = std::string(UCP_PYTHON) + " -c '" + code + "'";
+// Runs `code` with Debian's torch 1.13 (UCP_PYTHON) or another interpreter.
+std::string RunPython(const std::string& code, const std::string& python = UCP_PYTHON) {
+  const std::string command = python + " -c '" + code + "'";
   FILE* pipe = ::popen(command.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -304,6 +306,61 @@ TEST_F(TorchArchiveTest, CarriesQuantizedTensorsItDoesNotInterpret) {
                       "a[\"q\"].q_zero_point() == b[\"q\"].q_zero_point(), "
                       "torch.equal(a[\"t\"], b[\"t\"]))"),
             "True True True True\n");
+}
+
+TEST_F(TorchArchiveTest, ReadsTorch2TensorsThatCarryAttributesAndKeepsTheAttributes) {
+  // torch 2.x pickles a plain tensor with Python attributes (DeepSpeed's ds_id on a ZeRO-3 flat
+  // group) as _rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor, (args), {attributes}).
+  RunPython(
+      "import torch; flat = torch.arange(6.0)[1:5]; flat.ds_id = \"0_28\"; "
+      "torch.save({\"groups\": [flat], \"plain\": torch.ones(3)}, \"" +
+          Path("attributes.pt") + "\")",
+      UCP_VENV_PYTHON);
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(Path("attributes.pt"));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const pickle::Value* node = *reader->Find("groups/0");
+  ASSERT_TRUE(node->IsCallOf("torch._tensor", "_rebuild_from_type_v2"));
+  const TorchTensor* flat = reader->TensorAt(node);
+  ASSERT_NE(flat, nullptr);
+  EXPECT_EQ(flat->shape, std::vector<uint64_t>{4});
+  EXPECT_EQ(flat->storage_offset, 1u);
+  EXPECT_EQ(flat->dtype, DType::kFloat32);
+  EXPECT_FALSE(flat->parameter);
+  EXPECT_TRUE(reader->unsupported_tensors().empty());
+  EXPECT_NE(reader->TensorAt(*reader->Find("plain")), nullptr);
+
+  TorchArchiveWriter::Options options;
+  options.sync = false;
+  ASSERT_TRUE(RewriteArchive(*reader, Path("copy.pt"), options).ok());
+  EXPECT_EQ(RunPython("import torch; b = torch.load(\"" + Path("copy.pt") +
+                          "\", weights_only=False); g = b[\"groups\"][0]; "
+                          "print(g.tolist(), g.ds_id, type(g).__name__, b[\"plain\"].tolist())",
+                      UCP_VENV_PYTHON),
+            "[1.0, 2.0, 3.0, 4.0] 0_28 Tensor [1.0, 1.0, 1.0]\n");
+}
+
+TEST_F(TorchArchiveTest, CarriesTensorSubclassesItDoesNotInterpret) {
+  // A subclass rebuilt by _rebuild_from_type_v2 is not a plain tensor: carried, not located.
+  std::ofstream(Path("ucp_test_subclass.py"))
+      << "import torch\nclass Sub(torch.Tensor):\n    pass\n";
+  const std::string import = "import sys; sys.path.insert(0, \"" + dir_.string() +
+                             "\"); import torch, ucp_test_subclass; ";
+  RunPython(import + "torch.save({\"sub\": torch.ones(2).as_subclass(ucp_test_subclass.Sub)}, \"" +
+                Path("subclass.pt") + "\")",
+            UCP_VENV_PYTHON);
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(Path("subclass.pt"));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_EQ(reader->unsupported_tensors().size(), 1u);
+  EXPECT_TRUE(reader->unsupported_tensors()[0]->IsCallOf("torch._tensor", "_rebuild_from_type_v2"));
+  EXPECT_EQ(reader->TensorAt(*reader->Find("sub")), nullptr);
+
+  TorchArchiveWriter::Options options;
+  options.sync = false;
+  ASSERT_TRUE(RewriteArchive(*reader, Path("copy.pt"), options).ok());
+  EXPECT_EQ(RunPython(import + "b = torch.load(\"" + Path("copy.pt") +
+                          "\", weights_only=False)[\"sub\"]; print(type(b).__name__, b.tolist())",
+                      UCP_VENV_PYTHON),
+            "Sub [1.0, 1.0]\n");
 }
 
 }  // namespace
