@@ -341,8 +341,18 @@ Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::s
 
 Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*> fp32_partitions,
                           const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
-                          std::vector<Value*> mappings, const std::string& where) {
+                          std::vector<Value*> mappings, const std::vector<size_t>& params_per_group,
+                          const std::string& where) {
   const size_t groups = group_paddings.size();
+  if (dict != nullptr && dict->kind() == Kind::kDict &&
+      dict->Get(kParamAlignmentPaddings) != nullptr) {
+    std::vector<Value*> per_group;
+    for (const size_t params : params_per_group) {
+      per_group.push_back(IntList(graph, std::vector<uint64_t>(params, 0)));
+    }
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(dict, kParamAlignmentPaddings, graph.List(std::move(per_group)), where));
+  }
   UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
                                   graph.List(std::move(fp32_partitions)), where));
   UCP_RETURN_IF_ERROR(SetDictItem(dict, "group_paddings", IntList(graph, group_paddings), where));
@@ -350,6 +360,47 @@ Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*>
                                   IntList(graph, std::vector<uint64_t>(groups, partition_count)),
                                   where));
   return SetDictItem(dict, "param_slice_mappings", graph.List(std::move(mappings)), where);
+}
+
+std::vector<std::string> RewrittenPartitionFields(const TorchArchiveReader& r) {
+  std::vector<std::string> fields;
+  for (const std::string_view field :
+       {std::string_view("single_partition_of_fp32_groups"), std::string_view("group_paddings"),
+        std::string_view("partition_count"), std::string_view("param_slice_mappings"),
+        kParamAlignmentPaddings}) {
+    std::string path = std::string(kOsd) + "/" + std::string(field);
+    if (field != kParamAlignmentPaddings || OptionalField(r, path) != nullptr) {
+      fields.push_back(std::move(path));
+    }
+  }
+  return fields;
+}
+
+Status CheckNoParameterAlignment(const TorchArchiveReader& r, size_t groups) {
+  const std::string field = std::string(kOsd) + "/" + std::string(kParamAlignmentPaddings);
+  const Value* paddings = OptionalField(r, field);
+  if (paddings == nullptr) return Status::Ok();
+  if (paddings->kind() != Kind::kList || paddings->items().size() != groups) {
+    return FieldError(r, field, "not a list of " + std::to_string(groups) + " groups' paddings");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const Value* group = paddings->Item(g);
+    if (group->kind() != Kind::kList) {
+      return FieldError(r, field + "/" + std::to_string(g), "not a list of ints");
+    }
+    for (const Value* padding : group->items()) {
+      const std::optional<int64_t> value =
+          padding->kind() == Kind::kInt ? padding->AsInt64() : std::nullopt;
+      if (!value) return FieldError(r, field + "/" + std::to_string(g), "not a list of ints");
+      if (*value != 0) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + "/" + std::to_string(g) +
+            ": parameters padded apart in the flat group (zero_optimization.parameter_alignment) "
+            "are not supported yet");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
@@ -617,6 +668,7 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
   UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
   UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
   UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
+  UCP_RETURN_IF_ERROR(CheckNoParameterAlignment(r, groups));
   const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
   if (state == nullptr || state->kind() != Kind::kDict) {
     return Status::Unsupported(Prefix(r.path()) + osd +

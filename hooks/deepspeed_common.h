@@ -31,6 +31,8 @@ inline constexpr std::string_view kOptimRole = "optim_states";
 inline constexpr std::string_view kUniversalRole = "universal_optimizer_state";
 // The optimizer files' top-level entry.
 inline constexpr std::string_view kOsd = "optimizer_state_dict";
+// Under kOsd since DeepSpeed 0.19 (ZeRO-1/2): per group, the padding after each parameter.
+inline constexpr std::string_view kParamAlignmentPaddings = "param_alignment_paddings";
 
 // "deepspeed: <where>: ", the start of every message.
 std::string Prefix(const std::string& where);
@@ -128,12 +130,24 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
 // Writes a ZeRO-1/2 rank's partition fields into its optimizer_state_dict `dict`, one entry per
 // group: single_partition_of_fp32_groups (`fp32_partitions`), group_paddings, partition_count
-// (`partition_count` for every group) and param_slice_mappings (`mappings`). kCorrupt naming
-// `where` when `dict` lacks one of them.
+// (`partition_count` for every group) and param_slice_mappings (`mappings`), and, where the
+// file has it (DeepSpeed >= 0.19), param_alignment_paddings: a zero after each of the
+// `params_per_group` parameters (CheckNoParameterAlignment admitted only such files). kCorrupt
+// naming `where` when `dict` lacks one of the first four.
 Status SetPartitionFields(pickle::Graph& graph, pickle::Value* dict,
                           std::vector<pickle::Value*> fp32_partitions,
                           const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
-                          std::vector<pickle::Value*> mappings, const std::string& where);
+                          std::vector<pickle::Value*> mappings,
+                          const std::vector<size_t>& params_per_group, const std::string& where);
+// The fields of a ZeRO-1/2 optimizer file that SetPartitionFields rewrites, as paths under the
+// root (kOsd/...): param_alignment_paddings only where `r` has it.
+std::vector<std::string> RewrittenPartitionFields(const TorchArchiveReader& r);
+// DeepSpeed >= 0.19 records in optimizer_state_dict/param_alignment_paddings, per group, the
+// padding it put after each parameter in the flat buffer (zero_optimization.
+// parameter_alignment; all zeros when it is off, the default). The flat groups ucp reads have no
+// gaps: kUnsupported when any padding is not zero, kCorrupt when the field is malformed; Ok when
+// it is absent (older releases).
+Status CheckNoParameterAlignment(const TorchArchiveReader& r, size_t groups);
 // A tensor node like template `tensor` (dtype, location, requires_grad, parameter-ness) of
 // `shape`, viewing element 0 on of a storage of `storage_numel` elements under `key`.
 Result<pickle::Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,

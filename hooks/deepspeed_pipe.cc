@@ -20,6 +20,7 @@ namespace {
 
 using deepspeed::AddPartitionFragments;
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckNoParameterAlignment;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
@@ -51,6 +52,7 @@ using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
+using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
@@ -262,6 +264,7 @@ Result<StageOptim> ReadStageOptim(const std::string& tag_dir, const RankFile& en
   UCP_ASSIGN_OR_RETURN(so.ds_version, StrField(r, osd + "/ds_version"));
   UCP_ASSIGN_OR_RETURN(so.partition_count, IntListField(r, osd + "/partition_count"));
   UCP_ASSIGN_OR_RETURN(so.group_paddings, IntListField(r, osd + "/group_paddings"));
+  UCP_RETURN_IF_ERROR(CheckNoParameterAlignment(r, 1));
   UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/0"));
   for (const auto& [key, value] : NamedChildren(states)) {
     if (const TorchTensor* tensor = r.TensorAt(value)) so.states.push_back({key, tensor});
@@ -565,7 +568,7 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
   UCP_RETURN_IF_ERROR(SetPartitionFields(
       out.graph, dict, {node}, {padding}, dp,
       {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))},
-      reader.path()));
+      {layout.names.size()}, reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, reader, template_file, std::move(replaced)));
   return out;
@@ -840,9 +843,8 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/0/" + st.key);
     }
   }
-  for (const char* field : {"single_partition_of_fp32_groups", "group_paddings", "partition_count",
-                            "param_slice_mappings"}) {
-    rewritten_optim.push_back(std::string(kOsd) + "/" + field);
+  for (std::string& field : RewrittenPartitionFields(optims.front().reader)) {
+    rewritten_optim.push_back(std::move(field));
   }
   for (uint32_t s = 0; s < pp; ++s) {
     c.carried.push_back(

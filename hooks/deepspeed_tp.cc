@@ -55,6 +55,7 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
@@ -1332,9 +1333,8 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
       }
     }
   }
-  for (const char* field : {"single_partition_of_fp32_groups", "group_paddings", "partition_count",
-                            "param_slice_mappings"}) {
-    rewritten_optim.push_back(std::string(kOsd) + "/" + field);
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
   }
   std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
                                               "mp_world_size"};
@@ -1490,8 +1490,10 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
       std::vector<uint64_t> paddings;
       std::vector<Value*> fp32_items;
       std::vector<Value*> mapping_items;
+      std::vector<size_t> params_per_group;
       for (size_t g = 0; g < groups.size(); ++g) {
         const GroupLayout& layout = groups[g].layout;
+        params_per_group.push_back(layout.names.size());
         const Partitioning& p = groups[g].partition;
         const uint64_t begin = p.begin(r);
         const uint64_t padding = p.padding_of(r);
@@ -1542,7 +1544,8 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
             MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
       }
       UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
-                                             std::move(mapping_items), reader.path()));
+                                             std::move(mapping_items), params_per_group,
+                                             reader.path()));
       UCP_ASSIGN_OR_RETURN(out.storages,
                            CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
       plan.archives.push_back(std::move(out));

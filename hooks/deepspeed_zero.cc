@@ -57,6 +57,7 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -409,9 +410,8 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
       }
     }
   }
-  for (const char* field : {"single_partition_of_fp32_groups", "group_paddings", "partition_count",
-                            "param_slice_mappings"}) {
-    rewritten_optim.push_back(std::string(kOsd) + "/" + field);
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
   }
   std::vector<std::string> rewritten_model = {"dp_world_size"};
   if (ms.round_robin) rewritten_model.push_back("param_shapes");
@@ -559,8 +559,10 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
     std::vector<uint64_t> paddings;
     std::vector<Value*> fp32_items;
     std::vector<Value*> mapping_items;
+    std::vector<size_t> params_per_group;
     for (size_t g = 0; g < layouts.size(); ++g) {
       const GroupLayout& layout = layouts[g];
+      params_per_group.push_back(layout.names.size());
       const Partitioning& p = partitions[g];
       const uint64_t begin = p.begin(r);
       const uint64_t padding = p.padding_of(r);
@@ -621,7 +623,8 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
       return FieldError(reader, osd, "missing");
     }
     UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
-                                           std::move(mapping_items), reader.path()));
+                                           std::move(mapping_items), params_per_group,
+                                           reader.path()));
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));

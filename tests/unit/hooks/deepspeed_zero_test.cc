@@ -515,5 +515,65 @@ TEST_F(DeepSpeedBadInputTest, MismatchingParamShapesNamesFileAndField) {
   EXPECT_THAT(status.message(), HasSubstr("single_partition_of_fp32_groups"));
 }
 
+// DeepSpeed >= 0.19 writes optimizer_state_dict/param_alignment_paddings: per group, the padding
+// after each parameter (zero_optimization.parameter_alignment). Adds it to every rank's file of
+// the copy: zeros, but `padding` after the second parameter in rank `rank`'s file.
+void AddAlignmentPaddings(const std::string& tag, uint32_t rank, int64_t padding) {
+  Result<TorchArchiveReader> model = TorchArchiveReader::Open(tag + "/mp_rank_00_model_states.pt");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  size_t params = 0;
+  for (const pickle::Mutation& mutation : (*model->Find("param_shapes/0"))->mutations()) {
+    params += mutation.op == pickle::Mutation::Op::kSetItem ? 1 : 0;
+  }
+  ASSERT_GT(params, 2u);
+  for (uint32_t r = 0; r < 4; ++r) {
+    const std::string path =
+        tag + "/zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
+    Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    pickle::Graph& graph = reader->mutable_graph();
+    std::vector<pickle::Value*> zeros;
+    for (size_t k = 0; k < params; ++k)
+      zeros.push_back(graph.Int(r == rank && k == 1 ? padding : 0));
+    graph.root()
+        ->Get("optimizer_state_dict")
+        ->mutable_entries()
+        .emplace_back(graph.Str("param_alignment_paddings"),
+                      graph.List({graph.List(std::move(zeros))}));
+    ASSERT_TRUE(RewriteArchive(*reader, path + ".new").ok());
+    fs::rename(path + ".new", path);
+  }
+}
+
+TEST_F(DeepSpeedBadInputTest, ZeroAlignmentPaddingsAreWrittenForTheTargetsParameters) {
+  AddAlignmentPaddings(tag_, 0, 0);
+  const TempDir dir;
+  Reshard(tag_, 2, dir.path() + "/global_step5");
+  Result<TorchArchiveReader> model = TorchArchiveReader::Open(tag_ + "/mp_rank_00_model_states.pt");
+  ASSERT_TRUE(model.ok());
+  const size_t params = (*model->Find("param_shapes/0"))->mutations().size();
+  for (uint32_t r = 0; r < 2; ++r) {
+    Result<TorchArchiveReader> out =
+        TorchArchiveReader::Open(dir.path() + "/global_step5/zero_pp_rank_" + std::to_string(r) +
+                                 "_mp_rank_00_optim_states.pt");
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    Result<const pickle::Value*> paddings =
+        out->Find("optimizer_state_dict/param_alignment_paddings");
+    ASSERT_TRUE(paddings.ok()) << paddings.status().ToString();
+    ASSERT_EQ((*paddings)->items().size(), 1u);
+    const pickle::Value* group = (*paddings)->Item(0);
+    ASSERT_EQ(group->items().size(), params);
+    for (const pickle::Value* padding : group->items()) EXPECT_EQ(padding->AsInt64(), 0);
+  }
+}
+
+TEST_F(DeepSpeedBadInputTest, ParametersPaddedApartAreRefusedNamingFileAndField) {
+  AddAlignmentPaddings(tag_, 1, 3);
+  const Status status = Build();
+  EXPECT_EQ(status.code(), StatusCode::kUnsupported);
+  EXPECT_THAT(status.message(), HasSubstr("zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+  EXPECT_THAT(status.message(), HasSubstr("param_alignment_paddings/0"));
+}
+
 }  // namespace
 }  // namespace ucp::hooks
