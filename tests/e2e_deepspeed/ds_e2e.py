@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real DeepSpeed v0.14.5 end to end under LD_PRELOAD=libucp.so (CPU, gloo, 127.0.0.1).
+"""Real DeepSpeed end to end under LD_PRELOAD=libucp.so (CPU, gloo, 127.0.0.1).
 
 The trainer is ../shared/tools/deepspeed-cpu/train.py, run in place with its launch.py and env.sh
 (tiny GPT, fixed global batch per step, loss = mean over the global batch, so losses compare
@@ -23,9 +23,12 @@ across DP sizes). One CTest test per step, sharing WORK/<config>:
               same float32 bits as the universal run's.
 
 Usage: ds_e2e.py STEP --config NAME --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
-Exit status 77 (CTest SKIP_RETURN_CODE) with the reason when DeepSpeed v0.14.5 is not importable
-under this interpreter: DS_SRC names its source folder (as env.sh uses it), else an installed
-`deepspeed` package is used. Env: PRELOAD_FIRST (a sanitizer runtime preloaded before libucp.so).
+                 --deepspeed VERSION [--required]
+The DeepSpeed release is the one this interpreter imports: DS_SRC names a source folder (as
+env.sh uses it), else the installed `deepspeed` package; it must be VERSION. When it is not
+importable or another version, the exit status is 77 (CTest SKIP_RETURN_CODE) with the reason,
+or 1 with --required (the release the project's set-up installs must never be skipped).
+Env: PRELOAD_FIRST (a sanitizer runtime preloaded before libucp.so).
 """
 import argparse
 import json
@@ -38,7 +41,6 @@ import sys
 import time
 
 SKIP = 77
-WANTED_VERSION = '0.14.5'
 # train.py arguments per configuration: ZeRO stage and dtype; the model is train.py's default.
 CONFIGS = {
     'z2_fp32': ['--stage', '2', '--dtype', 'fp32'],
@@ -64,17 +66,27 @@ def fail(message):
     sys.exit(1)
 
 
-def trainer_environment(tools):
+def add_release_arguments(parser):
+    """The options every DeepSpeed e2e script takes to name its release."""
+    parser.add_argument('--deepspeed', required=True, metavar='VERSION',
+                        help='the DeepSpeed version these tests must run')
+    parser.add_argument('--required', action='store_true',
+                        help='fail rather than skip when that version is not importable')
+
+
+def trainer_environment(args):
     """The environment of tools/env.sh (PYTHONPATH with DS_SRC and the hjson stand-in, CPU
-    accelerator, ...), without any UCP_* variable of the caller; skips when DeepSpeed v0.14.5
-    cannot be imported."""
+    accelerator, ...), without any UCP_* variable of the caller; skips (or fails, with
+    args.required) when DeepSpeed args.deepspeed cannot be imported. Prints the versions."""
+    tools = args.tools
+    unavailable = fail if args.required else skip
     base = {k: v for k, v in os.environ.items() if not k.startswith('UCP_') and k != 'LD_PRELOAD'}
     ds_src = base.get('DS_SRC', '')
     if not os.path.isfile(os.path.join(tools, 'train.py')):
-        skip(f'no DeepSpeed trainer at {tools}')
+        unavailable(f'no DeepSpeed trainer at {tools}')
     if ds_src:
         if not os.path.isdir(os.path.join(ds_src, 'deepspeed')):
-            skip(f'DS_SRC={ds_src} holds no deepspeed/ package')
+            unavailable(f'DS_SRC={ds_src} holds no deepspeed/ package')
         env_sh = os.path.join(tools, 'env.sh')
         dump = subprocess.run(['bash', '-c', f'. "{env_sh}" && env -0'], env=base,
                               capture_output=True, check=True).stdout
@@ -89,16 +101,18 @@ def trainer_environment(tools):
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or ['(no message)']
         how = f'with DS_SRC={ds_src}' if ds_src else 'and DS_SRC is not set'
-        skip(f'`import deepspeed` fails under {sys.executable} {how}: {lines[-1]}')
+        unavailable(f'`import deepspeed` fails under {sys.executable} {how}: {lines[-1]}')
     package = os.path.dirname(probe.stdout.strip().splitlines()[-1])
     version_file = os.path.join(os.path.dirname(package), 'version.txt')
-    if os.path.isfile(version_file):
-        version = open(version_file).read().strip()
-    else:
-        version = subprocess.run([sys.executable, '-c', 'import deepspeed; print(deepspeed.__version__)'],
-                                 env=env, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    if version != WANTED_VERSION:
-        skip(f'DeepSpeed at {package} is version {version}; these tests need v{WANTED_VERSION}')
+    versions = subprocess.run(
+        [sys.executable, '-c', 'import deepspeed, torch; print(deepspeed.__version__, torch.__version__)'],
+        env=env, capture_output=True, text=True).stdout.strip().splitlines()[-1].split()
+    # A source folder's version is its version.txt (DS_SRC without the generated version file
+    # reports 0.0.0).
+    version = open(version_file).read().strip() if os.path.isfile(version_file) else versions[0]
+    if version != args.deepspeed:
+        unavailable(f'DeepSpeed at {package} is version {version}; these tests need v{args.deepspeed}')
+    print(f'DeepSpeed {version} ({package}) on torch {versions[1]}, {sys.executable}', flush=True)
     env['DS_PACKAGE'] = package
     return env
 
@@ -336,11 +350,12 @@ def main():
     parser.add_argument('--tools', required=True)
     parser.add_argument('--lib', required=True)
     parser.add_argument('--ucp', required=True)
+    add_release_arguments(parser)
     args = parser.parse_args()
     # The trainer runs in the tools folder: every path it is given must be absolute.
     for name in ('work', 'tools', 'lib', 'ucp'):
         setattr(args, name, os.path.abspath(getattr(args, name)))
-    env = trainer_environment(args.tools)
+    env = trainer_environment(args)
     work = os.path.join(args.work, args.config)
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real DeepSpeed v0.14.5 pipeline parallelism end to end under LD_PRELOAD=libucp.so (CPU, gloo).
+"""Real DeepSpeed pipeline parallelism end to end under LD_PRELOAD=libucp.so (CPU, gloo).
 
 The trainer is ../shared/tools/deepspeed-cpu/train_pipe.py (PipelineModule of 4 layers,
 partition_method 'uniform', ZeRO-1, fp32; the global batch of every step is fixed, so losses
@@ -16,7 +16,8 @@ compare across (pp, dp)). One CTest test per step, sharing WORK/pipe:
               be the bytes `ucp reshard --to pp=1,dp=2` writes.
 
 Usage: ds_pipe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
-Exit status 77 with the reason when DeepSpeed v0.14.5 is not importable (ds_e2e.py's rule).
+                      --deepspeed VERSION [--required]
+Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
 import os
@@ -162,12 +163,13 @@ def main():
     parser.add_argument('--tools', required=True)
     parser.add_argument('--lib', required=True)
     parser.add_argument('--ucp', required=True)
+    ds_e2e.add_release_arguments(parser)
     args = parser.parse_args()
     for name in ('work', 'tools', 'lib', 'ucp'):
         setattr(args, name, os.path.abspath(getattr(args, name)))
     if not os.path.isfile(os.path.join(args.tools, 'train_pipe.py')):
         ds_e2e.skip(f'no DeepSpeed pipeline trainer at {args.tools}')
-    env = ds_e2e.trainer_environment(args.tools)
+    env = ds_e2e.trainer_environment(args)
     work = os.path.join(args.work, 'pipe')
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')

@@ -37,6 +37,7 @@ def main():
     parser.add_argument('--direction', required=True, choices=sorted(DIRECTIONS))
     for option in ('--fixtures', '--work', '--tools', '--lib', '--ucp'):
         parser.add_argument(option, required=True)
+    ds_e2e.add_release_arguments(parser)
     args = parser.parse_args()
     # The trainer runs in the tools folder.
     args.lib, args.ucp = os.path.abspath(args.lib), os.path.abspath(args.ucp)
@@ -45,7 +46,7 @@ def main():
     source = os.path.join(fixture, folder)
     if not os.path.isdir(source):
         ds_e2e.skip(f'no tensor-parallel fixture tag at {source}')
-    env = ds_e2e.trainer_environment(args.tools)
+    env = ds_e2e.trainer_environment(args)
     work = os.path.join(args.work, 'tp_' + args.direction)
     shutil.rmtree(work, ignore_errors=True)
     ckpt = os.path.join(work, 'ckpt')
