@@ -7,6 +7,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/setup.sh
+# What the Python tests run on (package metadata only: importing torch takes seconds).
+versions='import importlib.util as u, importlib.metadata as m
+print(", ".join(f"{p} {m.version(p)}" for p in ("deepspeed", "torch") if u.find_spec(p)))'
+echo "tests: venv (${UCP_VENV:-.venv}: $("${UCP_VENV:-.venv}/bin/python" -c "$versions"));" \
+  "/usr/bin/python3 ($(/usr/bin/python3 -c "$versions"))"
 build_dir=${BUILD_DIR:-build}
 BUILD_DIR=$build_dir tools/build.sh
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
