@@ -46,10 +46,10 @@ class Comparer:
             if (a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad) != \
                     (b.dtype, b.shape, b.stride(), b.storage_offset(), b.requires_grad):
                 raise Different(f"{path}: tensor metadata differs")
-            sa, sb = a.storage(), b.storage()
+            sa, sb = check_archive.untyped_storage(a), check_archive.untyped_storage(b)
             if _raw(sa) != _raw(sb):
                 raise Different(f"{path}: storage bytes differ")
-            key_a, key_b = sa._storage._cdata, sb._storage._cdata
+            key_a, key_b = sa._cdata, sb._cdata
             if self.storages.setdefault(key_a, key_b) != key_b:
                 raise Different(f"{path}: storage sharing differs")
             return
@@ -97,9 +97,9 @@ class Comparer:
             self.compare(vars(a), vars(b), f"{path}.__dict__")
 
 
-def _raw(typed_storage):
+def _raw(untyped):
     """The storage's bytes (a uint8 tensor set onto the untyped storage)."""
-    return torch.empty(0, dtype=torch.uint8).set_(typed_storage._storage).numpy().tobytes()
+    return torch.empty(0, dtype=torch.uint8).set_(untyped).numpy().tobytes()
 
 
 def check_layout(path):
