@@ -3,7 +3,9 @@
 # missing and says what it installs; costs a second or two when everything is present.
 #   1. the Debian packages in tools/debian-packages.txt (apt-get; sudo when not root);
 #   2. the project's virtual environment (UCP_VENV, default .venv) with the Python packages pinned
-#      in tools/requirements.txt, torch first so that nothing else can pull in a CUDA build.
+#      in tools/requirements.txt, torch first so that nothing else can pull in a CUDA build; and
+#      .venv-deepspeed-0.14.5: DeepSpeed v0.14.5 (tools/requirements-deepspeed-0.14.5.txt) over
+#      Debian's torch 1.13, for the tests of the release the fixtures were written with.
 # Offline or without permission it names what is missing and the command that installs it, and
 # exits 1. Usage: tools/setup.sh [--no-venv]   (--no-venv: the Debian packages only)
 set -euo pipefail
@@ -11,7 +13,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages_file=$root/tools/debian-packages.txt
 requirements_file=$root/tools/requirements.txt
+requirements_deepspeed_0145=$root/tools/requirements-deepspeed-0.14.5.txt
 venv=${UCP_VENV:-$root/.venv}
+venv_deepspeed_0145=$root/.venv-deepspeed-0.14.5
 # Python 3.11 (pyenv's python3 here): the interpreter the pinned torch wheel is built for.
 base_python=${UCP_SETUP_PYTHON:-python3}
 
@@ -66,33 +70,51 @@ if ((${#missing[@]})); then
 fi
 ((with_venv)) || exit 0
 
-# --- 2. The virtual environment ----------------------------------------------------------------
-# The stamp holds the requirements file's hash: when it matches, the environment is up to date.
-stamp=$venv/.ucp-requirements.sha256
-wanted=$(sha256sum "$requirements_file" | cut -d' ' -f1)
-if [[ -x $venv/bin/python && -f $stamp && $(cat "$stamp") == "$wanted" ]]; then
-  exit 0
-fi
-pip_command="$venv/bin/python -m pip install -r $requirements_file"
-if [[ ! -x $venv/bin/python ]]; then
-  command -v "$base_python" >/dev/null ||
-    fail "no '$base_python' to create $venv with" "UCP_SETUP_PYTHON=/path/to/python3.11 $0"
-  say "creating the virtual environment $venv ($("$base_python" --version 2>&1))"
-  "$base_python" -m venv "$venv" ||
-    fail "'$base_python -m venv $venv' failed" "apt-get install -y python3-venv"
-fi
-torch_pin=$(grep -m1 '^torch==' "$requirements_file")
-say "installing into $venv the $(grep -c '==' "$requirements_file") packages pinned in" \
-  "$requirements_file (torch, DeepSpeed, transformers, accelerate and what they need)"
+# --- 2. The virtual environments ---------------------------------------------------------------
 # pip's own notes on this machine's configuration (find-links folders that do not exist) are noise.
-quiet_pip() { "$venv/bin/python" -m pip "$@" 2> >(grep -v '^WARNING: Location' >&2); }
-# torch alone first, pinned; then the rest with the torch pin as a constraint. DeepSpeed ships
-# only a source archive whose setup.py imports torch: built without isolation, it sees this one.
-if ! quiet_pip install -q --disable-pip-version-check "$torch_pin" >&2 ||
-  ! quiet_pip install -q --disable-pip-version-check --no-build-isolation \
-    -c <(echo "$torch_pin") -r "$requirements_file" >&2; then
-  fail "pip could not install the packages of $requirements_file (offline, or PyPI not" \
-    "reachable?)" "$pip_command"
-fi
-echo "$wanted" >"$stamp"
-say "the virtual environment $venv is ready"
+quiet_pip() { "$1/bin/python" -m pip "${@:2}" 2> >(grep -v '^WARNING: Location' >&2); }
+
+# make_venv DIR PYTHON REQUIREMENTS WHAT [VENV_OPTION...]: DIR made by `PYTHON -m venv` and
+# filled with REQUIREMENTS, unless a stamp in it holds that file's hash already. A torch pin in
+# REQUIREMENTS is installed alone first; the rest then has it as a constraint. DeepSpeed ships
+# only a source archive whose setup.py imports torch: built without isolation, it sees that torch.
+make_venv() {
+  local dir=$1 python=$2 requirements=$3 what=$4
+  shift 4
+  local stamp=$dir/.ucp-requirements.sha256 wanted
+  wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [[ -x $dir/bin/python && -f $stamp && $(cat "$stamp") == "$wanted" ]]; then
+    return 0
+  fi
+  if [[ ! -x $dir/bin/python ]]; then
+    command -v "$python" >/dev/null ||
+      fail "no '$python' to create $dir with" "UCP_SETUP_PYTHON=/path/to/python3.11 $0"
+    say "creating the virtual environment $dir ($("$python" --version 2>&1))"
+    "$python" -m venv "$@" "$dir" ||
+      fail "'$python -m venv $* $dir' failed" "apt-get install -y python3-venv"
+  fi
+  say "installing into $dir the $(grep -c '==' "$requirements") packages pinned in" \
+    "$requirements ($what)"
+  local torch_pin constraint=()
+  torch_pin=$(grep -m1 '^torch==' "$requirements" || true)
+  if [[ -n $torch_pin ]]; then
+    echo "$torch_pin" >"$dir/.ucp-torch-constraint.txt"
+    constraint=(-c "$dir/.ucp-torch-constraint.txt")
+  fi
+  if { [[ -n $torch_pin ]] && ! quiet_pip "$dir" install -q --disable-pip-version-check \
+    "$torch_pin" >&2; } ||
+    ! quiet_pip "$dir" install -q --disable-pip-version-check --no-build-isolation \
+      "${constraint[@]}" -r "$requirements" >&2; then
+    fail "pip could not install the packages of $requirements (offline, or PyPI not" \
+      "reachable?)" "$dir/bin/python -m pip install --no-build-isolation -r $requirements"
+  fi
+  echo "$wanted" >"$stamp"
+  say "the virtual environment $dir is ready"
+}
+
+make_venv "$venv" "$base_python" "$requirements_file" \
+  "torch, DeepSpeed, transformers, accelerate and what they need"
+# DeepSpeed v0.14.5, the release the fixtures in ../shared were written with, over Debian's torch
+# 1.13 (/usr/bin/python3's, seen through --system-site-packages): its live tests run too.
+make_venv "$venv_deepspeed_0145" /usr/bin/python3 "$requirements_deepspeed_0145" \
+  "DeepSpeed v0.14.5 on Debian's torch 1.13" --system-site-packages
