@@ -4,8 +4,10 @@ A tag of the tensor-parallel fixture (../shared/fixtures/deepspeed/tp2_z1_fp32; 
 and the views are written into the tag) is indexed with `ucp index`, then train_tp.py resumes it
 at another TP degree with a plain engine.load_checkpoint (load_universal off) under the preload,
 UCP_TOPOLOGY telling ucp the new TP degree. Its losses at steps 6..10 must be bit-identical to
-DeepSpeed's own universal load at that topology. Two directions:
-  merge  the TP=2 x DP=2 save resumed at TP=1 x DP=2 (oracle losses/D_uc_tp2dp2_to_tp1dp2.json)
+DeepSpeed's own universal load at that topology, run here from the fixture's ds_to_universal
+output of the TP=2 x DP=2 save (tp2dp2/global_step5_universal): the fixture's recorded losses
+came from another machine's CPU kernels, which may round differently. Two directions:
+  merge  the TP=2 x DP=2 save resumed at TP=1 x DP=2 (recorded: D_uc_tp2dp2_to_tp1dp2.json)
   split  DeepSpeed's TP=1 x DP=2 resave (resaved/tp1dp2_from_tp2dp2, whose model states carry
          universal_checkpoint_info) resumed at TP=2 x DP=2. The resave holds exactly the state of
          the TP=2 x DP=2 save (RESAVED.txt: every partition bit-identical), so the oracle is
@@ -52,6 +54,11 @@ def main():
     ckpt = os.path.join(work, 'ckpt')
     shutil.copytree(os.path.join(source, 'global_step5'), os.path.join(ckpt, 'global_step5'))
     shutil.copy(os.path.join(source, 'latest'), ckpt)
+    # The oracle's source: the fixture's ds_to_universal output of the TP=2 x DP=2 save.
+    universal = os.path.join(work, 'universal')
+    shutil.copytree(os.path.join(fixture, 'tp2dp2', 'global_step5_universal'),
+                    os.path.join(universal, 'global_step5_universal'))
+    shutil.copy(os.path.join(fixture, 'tp2dp2', 'latest_universal'), universal)
     for root, dirs, files in os.walk(work):
         for name in dirs + files:
             os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
@@ -59,28 +66,35 @@ def main():
                    stdout=subprocess.DEVNULL)
 
     topology = f'TP={tp} x DP={ranks // tp}'
+
+    def resume(name, load_dir, run_env, extra):
+        """train_tp.py at the target from `load_dir`, steps 6..10; returns its losses."""
+        out = os.path.join(work, name + '.json')
+        command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port()), 'train_tp.py',
+                   '--tp', str(tp), '--steps', '10', '--load_dir', load_dir, '--out', out] + extra
+        log = os.path.join(work, name + '.log')
+        with open(log, 'w') as output:
+            status = subprocess.run(command, cwd=args.tools, env=run_env, stdout=output,
+                                    stderr=subprocess.STDOUT).returncode
+        if status != 0:
+            ds_e2e.fail(f'{name} at {topology} exited {status}:\n'
+                        f'{open(log, errors="replace").read()[-3000:]}\nucp logs:\n'
+                        f'{ds_e2e.log_tail(logs)}')
+        return ds_e2e.losses(out)
+
     logs = os.path.join(work, 'logs')
-    out = os.path.join(work, 'preload.json')
-    command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port()), 'train_tp.py',
-               '--tp', str(tp), '--steps', '10', '--load_dir', ckpt, '--out', out]
-    log = os.path.join(work, 'preload.log')
-    with open(log, 'w') as output:
-        status = subprocess.run(command, cwd=args.tools,
-                                env=dict(ds_e2e.preload_env(env, args.lib, logs),
-                                         UCP_TOPOLOGY=f'tp={tp}'),
-                                stdout=output, stderr=subprocess.STDOUT).returncode
-    if status != 0:
-        ds_e2e.fail(f'plain load_checkpoint at {topology} under the preload exited {status}:\n'
-                    f'{open(log, errors="replace").read()[-3000:]}\nucp logs:\n'
-                    f'{ds_e2e.log_tail(logs)}')
-    got = ds_e2e.losses(out)
-    oracle = ds_e2e.losses(os.path.join(fixture, 'losses', oracle_log))
+    # The oracle: DeepSpeed's universal load at the target, on this machine.
+    oracle = resume('universal', universal, env, ['--universal'])
+    recorded = ds_e2e.losses(os.path.join(fixture, 'losses', oracle_log))
+    got = resume('preload', ckpt, dict(ds_e2e.preload_env(env, args.lib, logs),
+                                       UCP_TOPOLOGY=f'tp={tp}'), [])
     steps = list(range(6, 11))
     if sorted(got) != steps or sorted(oracle) != steps:
         ds_e2e.fail(f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}, '
                     f'expected {steps}')
     ds_e2e.print_losses(f'losses {topology} preload from {folder}', got)
-    ds_e2e.print_losses(f'losses {topology} universal', oracle)
+    ds_e2e.print_losses(f'losses {topology} universal, here', oracle)
+    ds_e2e.print_losses(f'losses {topology} universal, recorded in the fixture', recorded)
     mismatched = [s for s in steps
                   if ds_e2e.float32_bits(got[s]) != ds_e2e.float32_bits(oracle[s])]
     if mismatched:
