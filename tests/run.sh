@@ -10,8 +10,9 @@ tools/setup.sh
 # What the Python tests run on (package metadata only: importing torch takes seconds).
 versions='import importlib.util as u, importlib.metadata as m
 print(", ".join(f"{p} {m.version(p)}" for p in ("deepspeed", "torch") if u.find_spec(p)))'
-echo "tests: venv (${UCP_VENV:-.venv}: $("${UCP_VENV:-.venv}/bin/python" -c "$versions"));" \
-  "/usr/bin/python3 ($(/usr/bin/python3 -c "$versions"))"
+for python in "${UCP_VENV:-.venv}/bin/python" .venv-deepspeed-0.14.5/bin/python /usr/bin/python3; do
+  echo "tests: $python: $("$python" -c "$versions")"
+done
 build_dir=${BUILD_DIR:-build}
 BUILD_DIR=$build_dir tools/build.sh
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
