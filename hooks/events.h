@@ -71,7 +71,7 @@ class SaveObserver {
 };
 
 // Save side, UCP_DURABLE only: a write-open that lands under another name, so that a commit
-// signal becomes visible only once its tag is complete and durable (hooks/durable_commit.h).
+// signal becomes visible only once its tag is complete and durable (hooks/save/durable_commit.h).
 class WriteRedirect {
  public:
   virtual ~WriteRedirect() = default;

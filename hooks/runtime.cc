@@ -3,16 +3,16 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "core/frameworks/checkpoint_layout.h"
 #include "core/util/log.h"
-#include "hooks/atoms_store.h"
-#include "hooks/checkpoint_layout.h"
-#include "hooks/durable_commit.h"
 #include "hooks/events.h"
-#include "hooks/index_builder.h"
-#include "hooks/save_tracker.h"
-#include "hooks/stack_detect.h"
-#include "hooks/topology_registry.h"
-#include "hooks/view_server.h"
+#include "hooks/save/atoms_materializer.h"
+#include "hooks/save/durable_commit.h"
+#include "hooks/save/index_builder.h"
+#include "hooks/save/save_tracker.h"
+#include "hooks/save/stack_detect.h"
+#include "hooks/serve/view_server.h"
+#include "hooks/topology/topology_registry.h"
 
 namespace ucp::hooks {
 namespace {

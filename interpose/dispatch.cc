@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/util/log.h"
-#include "hooks/cuda_device.h"
 #include "hooks/events.h"
-#include "hooks/topology_registry.h"
+#include "hooks/topology/cuda_device.h"
+#include "hooks/topology/topology_registry.h"
 #include "interpose/fd_table.h"
 #include "interpose/gate.h"
 #include "interpose/paths.h"

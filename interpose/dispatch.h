@@ -23,7 +23,7 @@
 #include <string>
 
 #include "hooks/events.h"
-#include "hooks/topology_registry.h"
+#include "hooks/topology/topology_registry.h"
 #include "interpose/fd_table.h"
 
 namespace ucp::dispatch {
@@ -233,7 +233,7 @@ Ret Served(int dirfd, const char* path, Call&& call, Failed&& failed, Ret fail_r
 
 // Communicators are their ncclComm_t values as integers, unique ids their raw bytes. Each call
 // updates hooks::TopologyRegistry::Global(); creations also record the calling thread's CUDA
-// device (hooks/cuda_device.h), which is the device NCCL uses for them.
+// device (hooks/topology/cuda_device.h), which is the device NCCL uses for them.
 
 // ncclGetUniqueId wrote `size` bytes of a new unique id at `id`.
 void OnNcclUniqueId(const void* id, size_t size) noexcept;

@@ -10,7 +10,7 @@
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
 #include "core/cli/topology_spec.h"
-#include "hooks/atoms_store.h"
+#include "core/tag/atoms_store.h"
 
 namespace ucp::cli {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "core/cli/terminal.h"
 #include "core/io/file.h"
-#include "hooks/source_check.h"
+#include "core/tag/source_check.h"
 
 namespace ucp::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <cerrno>
 
 #include "core/cli/staging.h"
-#include "hooks/atoms_store.h"
+#include "core/tag/atoms_store.h"
 
 namespace ucp::cli {
 namespace {

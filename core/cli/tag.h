@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/format/atom_index.h"
-#include "hooks/framework_adapter.h"
+#include "core/frameworks/framework_adapter.h"
 
 namespace ucp::cli {
 

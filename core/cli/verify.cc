@@ -13,8 +13,8 @@
 #include "core/cli/staging.h"
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
-#include "hooks/journal.h"
-#include "hooks/source_check.h"
+#include "core/tag/journal.h"
+#include "core/tag/source_check.h"
 
 namespace ucp::cli {
 namespace {

@@ -16,7 +16,7 @@ build_dir=${BUILD_DIR:-build-tsan}
 jobs=${JOBS:-$(nproc)}
 CC=gcc CXX=g++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DUCP_TSAN=ON -DUCP_WERROR=ON >/dev/null
-unit_tests=(interpose_fd_table_test hooks_save_tracker_test hooks_index_builder_test)
+unit_tests=(interpose_fd_table_test hooks_save_save_tracker_test hooks_save_index_builder_test)
 # libucp.so by file name: in the build folder, `ucp` is also the CLI's file.
 cmake --build "$build_dir" -j "$jobs" --target libucp.so ucp_cli tests/preload/all \
   tests/nccl/all tests/faults/all "${unit_tests[@]}"

@@ -1,0 +1,815 @@
+#include "core/frameworks/deepspeed/common.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include "core/format/torch_archive_writer.h"
+#include "core/util/checked.h"
+
+namespace ucp::hooks::deepspeed {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
+
+std::string Prefix(const std::string& where) { return "deepspeed: " + where + ": "; }
+
+std::string ModelStatesName(uint32_t mp) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "mp_rank_%02u_model_states.pt", mp);
+  return name;
+}
+
+std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp) {
+  char name[96];
+  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_optim_states.pt", dp, mp);
+  return std::string(prefix) + name;
+}
+std::optional<uint32_t> ParseIndex(const std::string& digits) {
+  if (digits.empty() || digits.size() > 9) return std::nullopt;
+  return static_cast<uint32_t>(std::stoul(digits));
+}
+
+// The statics an adapter uses are never destroyed: inside the preload, the index builder's
+// thread may run while the process exits, after function-local statics were destroyed.
+Result<TagListing> ListTag(const std::string& tag_dir) {
+  static const std::regex& kModel = *new std::regex(R"(mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex& kOptim =
+      *new std::regex(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex& kZero3Model =
+      *new std::regex(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex& kLayer = *new std::regex(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
+  std::error_code error;
+  fs::directory_iterator it(tag_dir, error);
+  if (error) return PosixError(Prefix(tag_dir) + "list", error.value());
+  TagListing listing;
+  for (const fs::directory_entry& entry : it) {
+    if (!entry.is_regular_file(error)) continue;
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kModel)) {
+      const std::optional<uint32_t> mp = ParseIndex(m[1].str());
+      if (mp) listing.model_states[*mp] = name;
+    } else if (std::regex_match(name, m, kOptim)) {
+      const std::optional<uint32_t> dp = ParseIndex(m[2].str());
+      const std::optional<uint32_t> mp = ParseIndex(m[3].str());
+      if (dp && mp) listing.optim.push_back({name, m[1].str(), *dp, *mp});
+    } else if (std::regex_match(name, m, kZero3Model)) {
+      const std::optional<uint32_t> dp = ParseIndex(m[1].str());
+      const std::optional<uint32_t> mp = ParseIndex(m[2].str());
+      if (dp && mp) listing.zero3_model_states.push_back({name, "", *dp, *mp});
+    } else if (std::regex_match(name, kLayer)) {
+      listing.layer_files.push_back(name);
+    }
+  }
+  return listing;
+}
+Status FieldError(const TorchArchiveReader& reader, std::string_view field, std::string what) {
+  return Status::Corrupt(Prefix(reader.path()) + std::string(field) + ": " + what);
+}
+
+Result<const Value*> Field(const TorchArchiveReader& reader, std::string_view field) {
+  Result<const Value*> node = reader.Find(field);
+  if (!node.ok()) return FieldError(reader, field, "missing");
+  return *node;
+}
+
+const Value* OptionalField(const TorchArchiveReader& reader, std::string_view field) {
+  Result<const Value*> node = reader.Find(field);
+  return node.ok() ? *node : nullptr;
+}
+
+Result<int64_t> IntField(const TorchArchiveReader& reader, std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  std::optional<int64_t> value;
+  if (node->kind() == Kind::kInt) value = node->AsInt64();
+  if (!value) return FieldError(reader, field, "not an int");
+  return *value;
+}
+
+Result<std::string> StrField(const TorchArchiveReader& reader, std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  if (node->kind() != Kind::kStr) return FieldError(reader, field, "not a str");
+  return node->data();
+}
+
+Result<std::vector<int64_t>> IntListField(const TorchArchiveReader& reader,
+                                          std::string_view field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  if (node->kind() != Kind::kList && node->kind() != Kind::kTuple) {
+    return FieldError(reader, field, "not a list");
+  }
+  std::vector<int64_t> out;
+  for (const Value* item : node->items()) {
+    std::optional<int64_t> value;
+    if (item->kind() == Kind::kInt) value = item->AsInt64();
+    if (!value) return FieldError(reader, field, "an element is not an int");
+    out.push_back(*value);
+  }
+  return out;
+}
+
+std::string ListText(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+std::string ShapeText(const Shape& shape) {
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  return ListText(dims);
+}
+
+std::optional<Shape> ShapeOf(const Value* node) {
+  if (node->kind() == Kind::kObject && node->IsCallOf("torch", "Size") &&
+      node->args()->items().size() == 1) {
+    node = node->args()->Item(0);
+  }
+  if (node->kind() != Kind::kTuple && node->kind() != Kind::kList) return std::nullopt;
+  Shape shape;
+  for (const Value* dim : node->items()) {
+    std::optional<int64_t> value;
+    if (dim->kind() == Kind::kInt) value = dim->AsInt64();
+    if (!value || *value < 0) return std::nullopt;
+    shape.push_back(static_cast<uint64_t>(*value));
+  }
+  return shape;
+}
+
+std::optional<int64_t> ZeroStageOf(const Value* node) {
+  if (node->kind() == Kind::kInt) return node->AsInt64();
+  if (node->kind() != Kind::kObject) return std::nullopt;
+  const Value* args = node->args();
+  if (node->IsCallOf("__builtin__", "getattr") || node->IsCallOf("builtins", "getattr")) {
+    if (args->items().size() != 2 || args->Item(1)->kind() != Kind::kStr) return std::nullopt;
+    static const auto& kStages =
+        *new std::map<std::string, int64_t, std::less<>>{{"disabled", 0},
+                                                         {"optimizer_states", 1},
+                                                         {"gradients", 2},
+                                                         {"weights", 3},
+                                                         {"max_stage", 3}};
+    const auto it = kStages.find(args->Item(1)->data());
+    if (it == kStages.end()) return std::nullopt;
+    return it->second;
+  }
+  if (args->items().size() == 1 && args->Item(0)->kind() == Kind::kInt) {
+    return args->Item(0)->AsInt64();
+  }
+  return std::nullopt;
+}
+
+nlohmann::json JsonOf(const Value* node) {
+  switch (node->kind()) {
+    case Kind::kNone:
+      return nullptr;
+    case Kind::kBool:
+      return node->bool_value();
+    case Kind::kInt: {
+      const std::optional<int64_t> value = node->AsInt64();
+      if (value) return *value;
+      return node->IntDecimal();
+    }
+    case Kind::kFloat:
+      return node->float_value();
+    case Kind::kStr:
+      return node->data();
+    case Kind::kTuple:
+    case Kind::kList: {
+      nlohmann::json array = nlohmann::json::array();
+      for (const Value* item : node->items()) array.push_back(JsonOf(item));
+      return array;
+    }
+    case Kind::kDict: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& [key, value] : node->entries()) object[KeyText(key)] = JsonOf(value);
+      return object;
+    }
+    default: {
+      Result<std::string> text = pickle::Render(node);
+      return text.ok() ? *text : std::string(pickle::KindName(node->kind()));
+    }
+  }
+}
+Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
+                                                  const std::string& name, bool present) {
+  if (!present) return Status::FailedPrecondition(Prefix(tag_dir + "/" + name) + "not written yet");
+  Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + name);
+  if (!opened.ok()) {
+    return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
+  }
+  return opened;
+}
+
+Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states) {
+  UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(model_states, "dp_world_size"));
+  if (dp <= 0 || dp > kMaxDpWorldSize) {
+    return FieldError(model_states, "dp_world_size", std::to_string(dp) + ": out of range");
+  }
+  return static_cast<uint32_t>(dp);
+}
+
+bool Bf16Prefix(const TagListing& listing, const TorchArchiveReader& model_states) {
+  bool bf16 = std::any_of(listing.optim.begin(), listing.optim.end(),
+                          [](const RankFile& entry) { return !entry.prefix.empty(); });
+  for (const char* key : {"ds_config/bf16/enabled", "ds_config/bfloat16/enabled"}) {
+    const Value* enabled = OptionalField(model_states, key);
+    bf16 = bf16 || (enabled != nullptr && enabled->kind() == Kind::kBool && enabled->bool_value());
+  }
+  return bf16;
+}
+
+Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes) {
+  GroupLayout layout;
+  layout.names = std::move(names);
+  layout.shapes = std::move(shapes);
+  for (const Shape& shape : layout.shapes) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(shape));
+    layout.offsets.push_back(layout.total);
+    layout.numels.push_back(numel);
+    const std::optional<uint64_t> total = CheckedAdd(layout.total, numel);
+    if (!total) return Status::OutOfRange("deepspeed: parameter group: more than 2^64 elements");
+    layout.total = *total;
+  }
+  return layout;
+}
+std::optional<nlohmann::json> ScalarValue(const TorchArchiveReader& reader,
+                                          const TorchTensor& tensor) {
+  std::byte bytes[8] = {};
+  const uint64_t size = ItemSize(tensor.dtype);
+  if (size > sizeof(bytes) ||
+      !reader.ReadStorage(*tensor.storage, tensor.storage_offset * size, {bytes, size}).ok()) {
+    return std::nullopt;
+  }
+  switch (tensor.dtype) {
+    case DType::kFloat32: {
+      float value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return static_cast<double>(value);
+    }
+    case DType::kFloat64: {
+      double value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return value;
+    }
+    case DType::kInt64: {
+      int64_t value;
+      std::memcpy(&value, bytes, sizeof(value));
+      return value;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string TagName(const std::string& tag_dir) {
+  fs::path path = fs::path(tag_dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  return path.filename().string();
+}
+Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,
+                                      uint32_t file) {
+  const IndexedFile& indexed = index.files().at(file);
+  UCP_ASSIGN_OR_RETURN(File source, File::OpenBeneath(tag_dir, indexed.path));
+  UCP_ASSIGN_OR_RETURN(const uint64_t size, source.Size());
+  if (size != indexed.size) {
+    return Status::Corrupt(Prefix(source.path()) + std::to_string(size) +
+                           " bytes, the index says " + std::to_string(indexed.size) +
+                           " (changed since it was indexed)");
+  }
+  return TorchArchiveReader::Open(std::move(source), {});
+}
+
+const Value* PidTuple(const Value* node) {
+  if (node->kind() != Kind::kPersistentId) return nullptr;
+  const Value* pid = node->pid();
+  if (pid->kind() != Kind::kTuple || pid->items().size() < 5 ||
+      pid->Item(2)->kind() != Kind::kStr) {
+    return nullptr;
+  }
+  return pid;
+}
+
+Result<std::vector<OutputStorage>> CollectStorages(
+    Value* root, const TorchArchiveReader& template_reader, uint32_t file,
+    std::map<std::string, std::vector<Segment>> replaced) {
+  std::map<std::string, std::string> numel_by_key;
+  UCP_RETURN_IF_ERROR(pickle::ForEachReachable(root, [&](Value* node) -> Status {
+    const Value* pid = PidTuple(node);
+    if (pid == nullptr) return Status::Ok();
+    const std::string numel = KeyText(pid->Item(4));
+    const auto [it, inserted] = numel_by_key.emplace(pid->Item(2)->data(), numel);
+    if (!inserted && it->second != numel) {
+      return Status::Internal(Prefix(template_reader.path()) + "storage " + it->first +
+                              ": referenced with " + it->second + " and " + numel + " elements");
+    }
+    return Status::Ok();
+  }));
+  std::vector<OutputStorage> storages;
+  for (const auto& [key, numel] : numel_by_key) {
+    auto it = replaced.find(key);
+    if (it != replaced.end()) {
+      storages.push_back({key, std::move(it->second)});
+      continue;
+    }
+    const auto record = template_reader.storages().find(key);
+    if (record == template_reader.storages().end()) {
+      return Status::Corrupt(Prefix(template_reader.path()) + "storage " + key + ": no record");
+    }
+    storages.push_back({key, {Segment{file, record->second.offset, record->second.size}}});
+  }
+  return storages;
+}
+Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::string& where) {
+  if (dict == nullptr || dict->kind() != Kind::kDict) {
+    return Status::Corrupt(Prefix(where) + "not a dict where " + std::string(key) + " belongs");
+  }
+  for (auto it = dict->mutable_entries().rbegin(); it != dict->mutable_entries().rend(); ++it) {
+    if (it->first->kind() == Kind::kStr && it->first->data() == key) {
+      it->second = value;
+      return Status::Ok();
+    }
+  }
+  return Status::Corrupt(Prefix(where) + std::string(key) + ": missing");
+}
+
+Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*> fp32_partitions,
+                          const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
+                          std::vector<Value*> mappings, const std::vector<size_t>& params_per_group,
+                          const std::string& where) {
+  const size_t groups = group_paddings.size();
+  if (dict != nullptr && dict->kind() == Kind::kDict &&
+      dict->Get(kParamAlignmentPaddings) != nullptr) {
+    std::vector<Value*> per_group;
+    for (const size_t params : params_per_group) {
+      per_group.push_back(IntList(graph, std::vector<uint64_t>(params, 0)));
+    }
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(dict, kParamAlignmentPaddings, graph.List(std::move(per_group)), where));
+  }
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
+                                  graph.List(std::move(fp32_partitions)), where));
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "group_paddings", IntList(graph, group_paddings), where));
+  UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count",
+                                  IntList(graph, std::vector<uint64_t>(groups, partition_count)),
+                                  where));
+  return SetDictItem(dict, "param_slice_mappings", graph.List(std::move(mappings)), where);
+}
+
+std::vector<std::string> RewrittenPartitionFields(const TorchArchiveReader& r) {
+  std::vector<std::string> fields;
+  for (const std::string_view field :
+       {std::string_view("single_partition_of_fp32_groups"), std::string_view("group_paddings"),
+        std::string_view("partition_count"), std::string_view("param_slice_mappings"),
+        kParamAlignmentPaddings}) {
+    std::string path = std::string(kOsd) + "/" + std::string(field);
+    if (field != kParamAlignmentPaddings || OptionalField(r, path) != nullptr) {
+      fields.push_back(std::move(path));
+    }
+  }
+  return fields;
+}
+
+Status CheckNoParameterAlignment(const TorchArchiveReader& r, size_t groups) {
+  const std::string field = std::string(kOsd) + "/" + std::string(kParamAlignmentPaddings);
+  const Value* paddings = OptionalField(r, field);
+  if (paddings == nullptr) return Status::Ok();
+  if (paddings->kind() != Kind::kList || paddings->items().size() != groups) {
+    return FieldError(r, field, "not a list of " + std::to_string(groups) + " groups' paddings");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const Value* group = paddings->Item(g);
+    if (group->kind() != Kind::kList) {
+      return FieldError(r, field + "/" + std::to_string(g), "not a list of ints");
+    }
+    for (const Value* padding : group->items()) {
+      const std::optional<int64_t> value =
+          padding->kind() == Kind::kInt ? padding->AsInt64() : std::nullopt;
+      if (!value) return FieldError(r, field + "/" + std::to_string(g), "not a list of ints");
+      if (*value != 0) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + "/" + std::to_string(g) +
+            ": parameters padded apart in the flat group (zero_optimization.parameter_alignment) "
+            "are not supported yet");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
+  std::vector<Value*> items;
+  for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
+  return graph.List(std::move(items));
+}
+Result<Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,
+                          Shape shape, uint64_t storage_numel) {
+  TensorNodeSpec spec;
+  spec.storage_key = std::move(key);
+  spec.dtype = tensor.dtype;
+  spec.location = tensor.storage->location;
+  spec.storage_numel = storage_numel;
+  spec.shape = std::move(shape);
+  spec.requires_grad = tensor.requires_grad;
+  spec.parameter = tensor.parameter;
+  return MakeTensorNode(graph, spec);
+}
+
+Result<Value*> PartitionTensor(pickle::Graph& graph, const TorchTensor& tensor, uint64_t numel,
+                               uint64_t storage_numel) {
+  return TensorLike(graph, tensor, tensor.storage->key, {numel}, storage_numel);
+}
+
+Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& atom,
+                                           const Shape& shape, bool requires_grad, bool wrapped) {
+  ArchiveOutput out;
+  out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+  UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = atom.dtype;
+  spec.storage_numel = numel;
+  spec.shape = shape;
+  spec.requires_grad = requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+  if (wrapped) {
+    out.graph.set_root(out.graph.Dict(
+        {{out.graph.Str("cat_dim"), out.graph.Int(0)}, {out.graph.Str("param"), tensor}}));
+  } else {
+    out.graph.set_root(tensor);
+  }
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  out.storages.push_back({"0", std::move(segments)});
+  return out;
+}
+
+Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
+                           const std::string& states_field, const std::vector<std::string>& names,
+                           std::map<std::string, bool>& out) {
+  std::vector<std::pair<std::string, const TorchTensor*>> tensors;
+  UCP_ASSIGN_OR_RETURN(const Value* fp32, Field(reader, fp32_field));
+  tensors.emplace_back("fp32", reader.TensorAt(fp32));
+  UCP_ASSIGN_OR_RETURN(const Value* states, Field(reader, states_field));
+  for (const auto& [key, value] : NamedChildren(states)) {
+    tensors.emplace_back(key, reader.TensorAt(value));
+  }
+  for (const std::string& name : names) {
+    for (const auto& [state, tensor] : tensors) {
+      if (tensor != nullptr) out[name + "/" + state] = tensor->requires_grad;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckTarget(const Topology& target) {
+  if (target.tp != 1) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
+                               ": tensor-parallel resharding is not supported yet");
+  }
+  if (target.pp != 1) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
+                               ": pipeline-parallel resharding is not supported yet");
+  }
+  if (target.dp == 0) return Status::InvalidArgument("deepspeed: dp=0: no ranks to reshard to");
+  if (target.world != 0 && target.world % target.dp != 0) {
+    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
+                                   " does not divide world=" + std::to_string(target.world));
+  }
+  if (target.world != 0 && target.world != target.dp) {
+    return Status::Unsupported("deepspeed: world=" + std::to_string(target.world) +
+                               " with dp=" + std::to_string(target.dp) +
+                               ": only pure data parallelism (world = dp) is supported");
+  }
+  return Status::Ok();
+}
+
+Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
+  Partitioning p;
+  p.ranks = dp;
+  const uint64_t alignment = kAlignmentFactor * dp;
+  const uint64_t remainder = total % alignment;
+  p.padding = remainder == 0 ? 0 : alignment - remainder;
+  const std::optional<uint64_t> padded = CheckedAdd(total, p.padding);
+  if (!padded) {
+    return Status::OutOfRange("deepspeed: flat buffer of " + std::to_string(total) +
+                              " elements: too large");
+  }
+  p.padded = *padded;
+  p.partition = p.padded / dp;
+  return p;
+}
+
+std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts) {
+  std::vector<size_t> order;
+  order.reserve(n);
+  for (size_t j = 0; j < std::min<size_t>(parts, n); ++j) {
+    for (size_t i = j; i < n; i += parts) order.push_back(i);
+  }
+  return order;
+}
+
+std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp) {
+  std::vector<size_t> original(n);
+  if (!round_robin) {
+    for (size_t i = 0; i < n; ++i) original[i] = i;
+    return original;
+  }
+  const std::vector<size_t> order = RoundRobinOrder(n, dp);
+  for (size_t position = 0; position < n; ++position) original[order[position]] = position;
+  return original;
+}
+
+std::vector<SliceMapping> ExpectedMappings(const GroupLayout& layout, const Partitioning& p,
+                                           uint32_t r, bool round_robin) {
+  std::vector<SliceMapping> out;
+  const uint64_t begin = p.begin(r);
+  const uint64_t end = begin + p.partition;
+  uint64_t offset = 0;
+  for (const size_t k : OptimizerOrder(layout.names.size(), round_robin, p.ranks)) {
+    const uint64_t lo = std::max(offset, begin);
+    const uint64_t hi = std::min(offset + layout.numels[k], end);
+    if (lo < hi) out.push_back({layout.names[k], hi - lo, lo - begin});
+    offset += layout.numels[k];
+  }
+  return out;
+}
+
+Result<std::vector<SliceMapping>> ReadMappings(const TorchArchiveReader& reader,
+                                               const std::string& field) {
+  UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, field));
+  std::vector<SliceMapping> out;
+  for (const auto& [name, address] : NamedChildren(node)) {
+    int64_t numel = -1;
+    int64_t start = -1;
+    for (const auto& [attr, value] : NamedChildren(address)) {
+      if (value->kind() != Kind::kInt) continue;
+      if (attr == "numel") numel = value->AsInt64().value_or(-1);
+      if (attr == "start") start = value->AsInt64().value_or(-1);
+    }
+    if (numel < 0 || start < 0) {
+      return FieldError(reader, field + "/" + name, "not a fragment_address(numel, start)");
+    }
+    out.push_back({name, static_cast<uint64_t>(numel), static_cast<uint64_t>(start)});
+  }
+  return out;
+}
+
+Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping>& mappings) {
+  Value* dict = graph.Object(pickle::Construction::kReduce,
+                             graph.Global("collections", "OrderedDict"), graph.Tuple({}));
+  Value* cls = graph.Global("deepspeed.utils.tensor_fragment", "fragment_address");
+  for (const SliceMapping& m : mappings) {
+    Value* address = graph.Object(pickle::Construction::kNewObj, cls, graph.Tuple({}));
+    Value* state = graph.Dict({{graph.Str("numel"), graph.Int(static_cast<int64_t>(m.numel))},
+                               {graph.Str("start"), graph.Int(static_cast<int64_t>(m.start))}});
+    address->mutable_mutations().push_back({pickle::Mutation::Op::kBuild, state, nullptr});
+    dict->mutable_mutations().push_back(
+        {pickle::Mutation::Op::kSetItem, graph.Str(m.name), address});
+  }
+  return dict;
+}
+
+Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
+                                          std::string_view state, uint64_t begin, uint64_t end) {
+  std::vector<Segment> segments;
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const uint64_t off = layout.offsets[k];
+    const uint64_t lo = std::max(off, begin);
+    const uint64_t hi = std::min(off + layout.numels[k], end);
+    if (lo >= hi) continue;
+    const Atom* atom = index.Find(layout.names[k], state);
+    if (atom == nullptr) {
+      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
+                             std::string(state));
+    }
+    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo - off, hi - off, atom->shape));
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, region));
+    AppendSegments(segments, more);
+  }
+  return segments;
+}
+
+Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
+                             const std::vector<const TorchTensor*>& per_rank, uint32_t first_file) {
+  const uint64_t off = layout.offsets[k];
+  const uint64_t end = off + layout.numels[k];
+  for (uint32_t r = 0; r < p.ranks; ++r) {
+    const uint64_t lo = std::max(off, p.begin(r));
+    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
+    if (lo >= hi) continue;
+    const TorchTensor* tensor = per_rank[r];
+    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
+    const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
+    const std::optional<uint64_t> offset =
+        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
+    if (!offset) {
+      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
+                                ": offset overflow");
+    }
+    atom.fragments.push_back({first_file + r, *offset, tensor->dtype, std::move(region)});
+  }
+  return Status::Ok();
+}
+
+Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
+  ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};
+  const TorchArchiveReader& r = ms.reader;
+  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
+  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
+  if (shapes->kind() != Kind::kList || shapes->items().empty()) {
+    return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
+  }
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    std::vector<std::string> names;
+    std::vector<Shape> dims;
+    const std::string field = "param_shapes/" + std::to_string(g);
+    for (const auto& [key, value] : NamedChildren(shapes->items()[g])) {
+      std::optional<Shape> shape = ShapeOf(value);
+      if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
+      names.push_back(key);
+      dims.push_back(std::move(*shape));
+    }
+    if (names.empty()) return FieldError(r, field, "no parameters");
+    Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
+    if (!layout.ok()) return FieldError(r, field, layout.status().message());
+    ms.groups.push_back(std::move(*layout));
+  }
+  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
+  }
+  if (const Value* rr = OptionalField(r, "ds_config/zero_optimization/round_robin_gradients")) {
+    ms.round_robin = rr->kind() == Kind::kBool && rr->bool_value();
+  }
+  return ms;
+}
+
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
+                                    size_t groups, std::string_view zero3) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
+  OptimStates os{entry, std::move(reader), false, std::nullopt, {}, {}, {}, {}};
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  if (const Value* stage = OptionalField(r, osd + "/zero_stage")) {
+    os.zero_stage = ZeroStageOf(stage);
+    if (!os.zero_stage) return FieldError(r, osd + "/zero_stage", "not a ZeroStageEnum");
+    if (*os.zero_stage >= 3) return Status::Unsupported(Prefix(r.path()) + std::string(zero3));
+  }
+  os.bf16_optimizer = OptionalField(r, osd + "/loss_scaler") == nullptr;
+  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, osd + "/ds_version"));
+  UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
+  UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
+  UCP_RETURN_IF_ERROR(CheckNoParameterAlignment(r, groups));
+  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
+  if (state == nullptr || state->kind() != Kind::kDict) {
+    return Status::Unsupported(Prefix(r.path()) + osd +
+                               "/base_optimizer_state: not a torch optimizer state_dict "
+                               "(elastic checkpoints are not supported)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    OptimGroup group;
+    const std::string gs = std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
+    for (const auto& [key, value] : NamedChildren(states)) {
+      const TorchTensor* tensor = r.TensorAt(value);
+      if (tensor != nullptr) group.states.push_back({key, tensor});
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* fp32,
+                         Field(r, osd + "/single_partition_of_fp32_groups/" + gs));
+    group.fp32 = r.TensorAt(fp32);
+    if (group.fp32 == nullptr) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
+    }
+    UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
+    UCP_ASSIGN_OR_RETURN(group.param_group,
+                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
+    os.groups.push_back(std::move(group));
+  }
+  return os;
+}
+
+Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  const size_t groups = ms.groups.size();
+  if (os.ds_version != ms.ds_version) {
+    return FieldError(r, osd + "/ds_version",
+                      "\"" + os.ds_version + "\", but " + ms.name + " has \"" + ms.ds_version +
+                          "\" (a file of another save)");
+  }
+  if (os.partition_count != std::vector<int64_t>(groups, ms.dp)) {
+    return FieldError(r, osd + "/partition_count",
+                      ListText(os.partition_count) + ", but " + ms.name + " has dp_world_size " +
+                          std::to_string(ms.dp) + " and " + std::to_string(groups) +
+                          " parameter group(s) (a file of another save)");
+  }
+  if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
+    return FieldError(r, osd + "/zero_stage",
+                      "differs from " + first.entry.name + " (a file of another save)");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const std::string gs = std::to_string(g);
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    const uint64_t padding = p.padding_of(os.entry.dp);
+    if (os.group_paddings.size() != groups ||
+        static_cast<uint64_t>(os.group_paddings[g]) != padding) {
+      return FieldError(r, osd + "/group_paddings",
+                        ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
+                            " for group " + gs + " from param_shapes in " + ms.name);
+    }
+    const OptimGroup& group = os.groups[g];
+    const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
+    if (group.fp32->shape.size() != 1 || group.fp32->numel() != fp32_numel ||
+        !group.fp32->contiguous()) {
+      return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
+                        "shape " + ShapeText(group.fp32->shape) + ", expected [" +
+                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
+    }
+    if (group.states.size() != first.groups[g].states.size()) {
+      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
+                        "other state keys than " + first.entry.name);
+    }
+    for (size_t k = 0; k < group.states.size(); ++k) {
+      const StateTensor& st = group.states[k];
+      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
+      const StateTensor& reference = first.groups[g].states[k];
+      if (st.key != reference.key || st.tensor->shape != reference.tensor->shape ||
+          st.tensor->dtype != reference.tensor->dtype) {
+        return FieldError(r, field, "differs in name, shape or dtype from " + first.entry.name);
+      }
+      if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
+      const bool scalar = st.tensor->shape.empty();
+      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
+      if (!scalar && !partition) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
+            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
+      }
+    }
+    const std::vector<SliceMapping> expected =
+        ExpectedMappings(layout, p, os.entry.dp, ms.round_robin);
+    const std::string field = osd + "/param_slice_mappings/" + gs;
+    for (size_t i = 0; i < std::max(expected.size(), group.mappings.size()); ++i) {
+      if (i < expected.size() && i < group.mappings.size() && expected[i] == group.mappings[i]) {
+        continue;
+      }
+      if (i >= group.mappings.size()) {
+        return FieldError(r, field,
+                          "no entry for " + expected[i].name + ", which param_shapes in " +
+                              ms.name + " places in this partition");
+      }
+      const SliceMapping& got = group.mappings[i];
+      std::string want = "nothing";
+      if (i < expected.size()) {
+        want = expected[i].name + " numel " + std::to_string(expected[i].numel) + " start " +
+               std::to_string(expected[i].start);
+      }
+      return FieldError(r, field + "/" + got.name,
+                        "numel " + std::to_string(got.numel) + " start " +
+                            std::to_string(got.start) + ", but param_shapes in " + ms.name +
+                            " gives " + want);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file) {
+  const std::string osd(kOsd);
+  ArchiveOutput out;
+  out.path = "zero/optimizer_state.pt";
+  const Value* template_dict = reader.root()->Get(kOsd);
+  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
+    return FieldError(reader, kOsd, "missing");
+  }
+  Value* dict = out.graph.Import(template_dict);
+  Value* base = dict->Get("base_optimizer_state");
+  Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
+  if (param_groups == nullptr) {
+    return FieldError(reader, osd + "/base_optimizer_state/param_groups", "missing");
+  }
+  std::vector<std::pair<Value*, Value*>> entries;
+  for (const auto& [key, value] : dict->entries()) {
+    const std::string name = KeyText(key);
+    if (name == "base_optimizer_state" || name == "single_partition_of_fp32_groups" ||
+        name == "param_slice_mappings") {
+      continue;
+    }
+    entries.emplace_back(key, value);
+  }
+  entries.emplace_back(out.graph.Str("param_groups"), param_groups);
+  out.graph.set_root(out.graph.Dict(std::move(entries)));
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(out.graph.root(), reader, file, {}));
+  return out;
+}
+
+}  // namespace ucp::hooks::deepspeed

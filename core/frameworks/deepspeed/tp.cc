@@ -1,0 +1,1670 @@
+#include "core/frameworks/deepspeed/tp.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <utility>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/common.h"
+#include "core/io/file.h"
+#include "core/plan/copy_plan.h"
+#include "core/tag/file_hashing.h"
+#include "core/util/checked.h"
+
+namespace ucp::hooks {
+namespace {
+
+using deepspeed::Bf16Prefix;
+using deepspeed::CheckOptimStates;
+using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
+using deepspeed::Field;
+using deepspeed::FieldError;
+using deepspeed::GroupLayout;
+using deepspeed::IntField;
+using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
+using deepspeed::ListTag;
+using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
+using deepspeed::ModelStates;
+using deepspeed::ModelStatesName;
+using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimGroup;
+using deepspeed::OptimName;
+using deepspeed::OptimStates;
+using deepspeed::OptionalField;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
+using deepspeed::PartitionTensor;
+using deepspeed::Prefix;
+using deepspeed::RankFile;
+using deepspeed::ReadModelStates;
+using deepspeed::ReadOptimStates;
+using deepspeed::RewrittenPartitionFields;
+using deepspeed::ScalarValue;
+using deepspeed::SetDictItem;
+using deepspeed::SetPartitionFields;
+using deepspeed::ShapeText;
+using deepspeed::StateTensor;
+using deepspeed::TagListing;
+using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
+using deepspeed::UniversalOptimizerState;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
+constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
+constexpr std::string_view kInfo = "universal_checkpoint_info";
+constexpr char kZero3Refusal[] = "zero_stage=3: ZeRO-3 with tensor parallelism is not supported";
+// The model states of TP ranks > 0: copied unchanged by the universal export.
+constexpr std::string_view kCopiedModelRole = "model_states_copy";
+// Megatron's default --make-vocab-size-divisible-by.
+constexpr uint64_t kMegatronVocabDivisibleBy = 128;
+// Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
+constexpr int64_t kMaxTpWorldSize = int64_t{1} << 16;
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed's ZeRO-1/2 partitions of one TP rank's flat buffer (deepspeed_common.h states the
+// rule; tensor-parallel runs have no round-robin order).
+
+// torch.Size((a, b, ...)) as torch pickles it.
+Value* SizeNode(pickle::Graph& graph, const Shape& shape) {
+  std::vector<Value*> dims;
+  for (const uint64_t d : shape) dims.push_back(graph.Int(static_cast<int64_t>(d)));
+  return graph.Object(pickle::Construction::kReduce, graph.Global("torch", "Size"),
+                      graph.Tuple({graph.Tuple(std::move(dims))}));
+}
+
+// The elements of parameter k of `layout` that DP rank r's partition holds: local elements
+// [begin, end) of the parameter at element `at` of the rank's partition tensor.
+struct Piece {
+  uint32_t rank = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t at = 0;
+};
+
+std::vector<Piece> Pieces(const GroupLayout& layout, size_t k, const Partitioning& p) {
+  std::vector<Piece> out;
+  const uint64_t off = layout.offsets[k];
+  const uint64_t end = off + layout.numels[k];
+  for (uint32_t r = 0; r < p.ranks; ++r) {
+    const uint64_t lo = std::max(off, p.begin(r));
+    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
+    if (lo < hi) out.push_back({r, lo - off, hi - off, lo - p.begin(r)});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shard maps: how a parameter's TP slices make its atom.
+
+// kUnnamed: no pattern names the parameter and the tag has one TP rank, so nothing tells whether
+// it is split or replicated; whole at tp = 1, refused at tp > 1.
+enum class Rule { kReplicated, kAveraged, kSplit, kUnnamed };
+// Which keys ds_to_universal writes beside 'param'.
+enum class UniversalForm { kNone, kCatDim, kNSubParams, kSubParamShape };
+
+struct ShardMap {
+  Rule rule = Rule::kReplicated;
+  uint32_t dim = 0;
+  std::vector<uint64_t> sub_params;  // kSplit: global extents along dim
+  bool vocab = false;
+  UniversalForm universal = UniversalForm::kNone;
+  uint32_t sub_param_shape = 0;  // kSubParamShape: entry of parameter_with_sub_params
+};
+
+struct Vocab {
+  uint64_t original = 0;
+  uint64_t padded = 0;
+  uint64_t divisible_by = 1;
+};
+
+// Megatron's _vocab_size_with_padding: `original` rounded up to a multiple of divisible_by · tp.
+Result<uint64_t> PaddedVocab(const Vocab& vocab, uint32_t tp) {
+  const std::optional<uint64_t> multiple = CheckedMul(vocab.divisible_by, uint64_t{tp});
+  if (!multiple || *multiple == 0) {
+    return Status::OutOfRange("deepspeed: vocabulary padding multiple overflows");
+  }
+  const std::optional<uint64_t> sum = CheckedAdd(vocab.original, *multiple - 1);
+  if (!sum) return Status::OutOfRange("deepspeed: padded vocabulary size overflows");
+  return *sum / *multiple * *multiple;
+}
+
+constexpr const char* RuleName(Rule rule) {
+  switch (rule) {
+    case Rule::kReplicated:
+      return "replicated";
+    case Rule::kAveraged:
+      return "averaged";
+    case Rule::kSplit:
+      return "split";
+    case Rule::kUnnamed:
+      return "unnamed";
+  }
+  return "";
+}
+
+constexpr const char* FormName(UniversalForm form) {
+  switch (form) {
+    case UniversalForm::kNone:
+      return "none";
+    case UniversalForm::kCatDim:
+      return "cat_dim";
+    case UniversalForm::kNSubParams:
+      return "n_sub_params";
+    case UniversalForm::kSubParamShape:
+      return "sub_param_shape";
+  }
+  return "";
+}
+
+nlohmann::json MapJson(const ShardMap& map) {
+  nlohmann::json out = {{"rule", RuleName(map.rule)}};
+  if (map.rule != Rule::kSplit) return out;
+  out["dim"] = map.dim;
+  out["sub_params"] = map.sub_params;
+  out["vocab"] = map.vocab;
+  out["universal"] = FormName(map.universal);
+  if (map.universal == UniversalForm::kSubParamShape) out["sub_param_shape"] = map.sub_param_shape;
+  return out;
+}
+
+Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json) {
+  const Status bad = Status::Corrupt("deepspeed: index adapter_state.tp.params[\"" + name +
+                                     "\"]: malformed shard map");
+  if (!json.is_object() || !json.contains("rule") || !json["rule"].is_string()) return bad;
+  ShardMap map;
+  const std::string rule = json["rule"].get<std::string>();
+  if (rule == "replicated") return map;
+  if (rule == "averaged") {
+    map.rule = Rule::kAveraged;
+    return map;
+  }
+  if (rule == "unnamed") {
+    map.rule = Rule::kUnnamed;
+    return map;
+  }
+  if (rule != "split") return bad;
+  map.rule = Rule::kSplit;
+  if (!json.contains("dim") || !json["dim"].is_number_unsigned() || !json.contains("sub_params") ||
+      !json["sub_params"].is_array() || json["sub_params"].empty() || !json.contains("vocab") ||
+      !json["vocab"].is_boolean() || !json.contains("universal") ||
+      !json["universal"].is_string()) {
+    return bad;
+  }
+  map.dim = json["dim"].get<uint32_t>();
+  for (const nlohmann::json& size : json["sub_params"]) {
+    if (!size.is_number_unsigned()) return bad;
+    map.sub_params.push_back(size.get<uint64_t>());
+  }
+  map.vocab = json["vocab"].get<bool>();
+  const std::string form = json["universal"].get<std::string>();
+  if (form == "cat_dim") {
+    map.universal = UniversalForm::kCatDim;
+  } else if (form == "n_sub_params") {
+    map.universal = UniversalForm::kNSubParams;
+  } else if (form == "sub_param_shape") {
+    map.universal = UniversalForm::kSubParamShape;
+    if (!json.contains("sub_param_shape") || !json["sub_param_shape"].is_number_unsigned()) {
+      return bad;
+    }
+    map.sub_param_shape = json["sub_param_shape"].get<uint32_t>();
+  } else {
+    return bad;
+  }
+  if (map.vocab && (map.dim != 0 || map.sub_params.size() != 1)) return bad;
+  return map;
+}
+
+// A parameter's slices at TP degree `tp`: each rank's local shape, the atom's shape and the
+// global extents of the sub-parameters along the split dimension (vocabulary: padded for tp).
+struct Geometry {
+  uint32_t tp = 1;
+  Shape local;
+  Shape atom;
+  std::vector<uint64_t> sub_params;
+};
+
+Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
+                            uint32_t tp, const std::optional<Vocab>& vocab) {
+  Geometry g{tp, atom, atom, {}};
+  if (map.rule == Rule::kUnnamed && tp > 1) {
+    return Status::Unsupported(
+        "deepspeed: tp=" + std::to_string(tp) + ": " + name + ": no rule of " + std::string(kInfo) +
+        " names this parameter and the tag has one TP rank, so nothing says whether it is split "
+        "(and on which dimension) or replicated; ucp does not guess: name it in the client's "
+        "universal_checkpoint_info patterns");
+  }
+  if (map.rule != Rule::kSplit) return g;
+  if (map.dim >= atom.size()) {
+    return Status::Corrupt("deepspeed: " + name + ": split dimension " + std::to_string(map.dim) +
+                           " of a " + std::to_string(atom.size()) + "-d parameter");
+  }
+  g.sub_params = map.sub_params;
+  if (map.vocab) {
+    if (!vocab) return Status::Corrupt("deepspeed: " + name + ": a vocabulary without its sizes");
+    UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, tp));
+    g.sub_params = {padded};
+    if (atom[0] != vocab->original) {
+      return Status::Corrupt("deepspeed: " + name + ": " + std::to_string(atom[0]) +
+                             " rows, but the vocabulary has " + std::to_string(vocab->original));
+    }
+  }
+  uint64_t local = 0;
+  uint64_t total = 0;
+  for (const uint64_t size : g.sub_params) {
+    if (size % tp != 0) {
+      return Status::Unsupported("deepspeed: tp=" + std::to_string(tp) + ": " + name +
+                                 ": a sub-parameter of " + std::to_string(size) + " along dim " +
+                                 std::to_string(map.dim) + " does not split evenly");
+    }
+    local += size / tp;
+    total += size;
+  }
+  if (!map.vocab && total != atom[map.dim]) {
+    return Status::Corrupt("deepspeed: " + name + ": sub-parameters of " + std::to_string(total) +
+                           " along dim " + std::to_string(map.dim) + ", but the atom has " +
+                           std::to_string(atom[map.dim]));
+  }
+  g.local[map.dim] = local;
+  return g;
+}
+
+// Positions [p, q) of the row-major order of box (offsets, extents), from dimension d on, as
+// boxes in that order; `prefix_*` fix the dimensions before d.
+void DecomposeRun(const Shape& offsets, const Shape& extents, size_t d, uint64_t p, uint64_t q,
+                  Shape prefix_offsets, Shape prefix_extents,
+                  std::vector<std::pair<Shape, Shape>>& out) {
+  if (p >= q) return;
+  if (d == extents.size()) {
+    out.emplace_back(std::move(prefix_offsets), std::move(prefix_extents));
+    return;
+  }
+  uint64_t inner = 1;
+  for (size_t i = d + 1; i < extents.size(); ++i) inner *= extents[i];
+  const auto box = [&](uint64_t row, uint64_t rows) {
+    Shape o = prefix_offsets;
+    Shape e = prefix_extents;
+    o.push_back(offsets[d] + row);
+    e.push_back(rows);
+    for (size_t i = d + 1; i < extents.size(); ++i) {
+      o.push_back(offsets[i]);
+      e.push_back(extents[i]);
+    }
+    out.emplace_back(std::move(o), std::move(e));
+  };
+  const auto partial = [&](uint64_t row, uint64_t from, uint64_t to) {
+    Shape o = prefix_offsets;
+    Shape e = prefix_extents;
+    o.push_back(offsets[d] + row);
+    e.push_back(1);
+    DecomposeRun(offsets, extents, d + 1, from, to, std::move(o), std::move(e), out);
+  };
+  uint64_t row = p / inner;
+  if (p % inner != 0) {
+    const uint64_t end = std::min(q, (row + 1) * inner);
+    partial(row, p - row * inner, end - row * inner);
+    p = end;
+    ++row;
+  }
+  if (p >= q) return;
+  const uint64_t last = q / inner;
+  if (last > row) {
+    box(row, last - row);
+    p = last * inner;
+  }
+  if (p < q) partial(last, 0, q - last * inner);
+}
+
+// A run of `count` elements of a TP slice, in the slice's order: where they are in the atom
+// (nullopt: vocabulary padding rows, in no atom).
+struct GlobalRun {
+  std::optional<Region> region;
+  uint64_t count = 0;
+};
+
+void AppendRun(std::vector<GlobalRun>& runs, std::optional<Region> region, uint64_t count) {
+  if (count == 0) return;
+  if (!region && !runs.empty() && !runs.back().region) {
+    runs.back().count += count;
+    return;
+  }
+  runs.push_back({std::move(region), count});
+}
+
+// Local elements [begin, end) of TP rank t's slice (geometry `g` of `map`) as runs of the atom.
+Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry& g, uint32_t t,
+                                             uint64_t begin, uint64_t end) {
+  std::vector<GlobalRun> runs;
+  if (map.rule != Rule::kSplit) {
+    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(begin, end, g.atom));
+    AppendRun(runs, std::move(region), end - begin);
+    return runs;
+  }
+  UCP_ASSIGN_OR_RETURN(const Region range, Region::Flat(begin, end, g.local));
+  // Sub-parameter i is the box of the slice at [local_lo, + part) along dim, and of the padded
+  // global tensor at [global_lo + t·part, + part).
+  struct Hit {
+    uint64_t position;  // in the range's order
+    uint64_t length;
+    uint64_t box_position;
+    size_t block;
+  };
+  std::vector<Hit> hits;
+  std::vector<Shape> global_offsets;
+  std::vector<Shape> block_extents;
+  uint64_t local_lo = 0;
+  uint64_t global_lo = 0;
+  for (size_t i = 0; i < g.sub_params.size(); ++i) {
+    const uint64_t part = g.sub_params[i] / g.tp;
+    Shape local_offsets(g.local.size(), 0);
+    local_offsets[map.dim] = local_lo;
+    Shape extents = g.local;
+    extents[map.dim] = part;
+    UCP_ASSIGN_OR_RETURN(const Region box, Region::Box(local_offsets, extents, g.local));
+    UCP_ASSIGN_OR_RETURN(const std::vector<OverlapPiece> pieces, Overlap(range, box));
+    for (const OverlapPiece& piece : pieces) {
+      hits.push_back({piece.a_position, piece.length, piece.b_position, i});
+    }
+    Shape offsets(g.local.size(), 0);
+    offsets[map.dim] = global_lo + uint64_t{t} * part;
+    global_offsets.push_back(std::move(offsets));
+    block_extents.push_back(std::move(extents));
+    local_lo += part;
+    global_lo += g.sub_params[i];
+  }
+  std::sort(hits.begin(), hits.end(),
+            [](const Hit& a, const Hit& b) { return a.position < b.position; });
+  for (const Hit& hit : hits) {
+    std::vector<std::pair<Shape, Shape>> boxes;
+    DecomposeRun(global_offsets[hit.block], block_extents[hit.block], 0, hit.box_position,
+                 hit.box_position + hit.length, {}, {}, boxes);
+    for (const auto& [offsets, extents] : boxes) {
+      uint64_t row = 1;  // elements per step of dimension 0
+      for (size_t d = 1; d < extents.size(); ++d) row *= extents[d];
+      // Vocabulary padding: rows at or past the atom's (the split dimension is 0).
+      uint64_t real_rows = extents[0];
+      if (map.vocab) {
+        real_rows = offsets[0] >= g.atom[0] ? 0 : std::min(extents[0], g.atom[0] - offsets[0]);
+      }
+      if (real_rows > 0) {
+        Shape real_extents = extents;
+        real_extents[0] = real_rows;
+        UCP_ASSIGN_OR_RETURN(Region region, Region::Box(offsets, real_extents, g.atom));
+        const std::vector<FlatRange> flat = region.Runs();
+        if (flat.size() == 1) {
+          UCP_ASSIGN_OR_RETURN(region, Region::Flat(flat[0].begin, flat[0].end, g.atom));
+        }
+        AppendRun(runs, std::move(region), row * real_rows);
+      }
+      AppendRun(runs, std::nullopt, row * (extents[0] - real_rows));
+    }
+  }
+  return runs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The files of a tag, read.
+
+// One TP rank's model states: its mp_world_size and module tensors besides the ZeRO-1/2 facts.
+struct TpModelStates : ModelStates {
+  uint32_t mp = 0;
+  std::map<std::string, const TorchTensor*> module;
+};
+
+Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(ModelStates base, ReadModelStates(tag_dir, name));
+  TpModelStates ms{std::move(base), 0, {}};
+  const TorchArchiveReader& r = ms.reader;
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
+  if (mp < 1 || mp > kMaxTpWorldSize) {
+    return FieldError(r, "mp_world_size", std::to_string(mp) + " is not in [1, 65536]");
+  }
+  ms.mp = static_cast<uint32_t>(mp);
+  if (ms.round_robin) {
+    return Status::Unsupported(Prefix(r.path()) +
+                               "ds_config: round_robin_gradients with tensor parallelism is "
+                               "not supported");
+  }
+  if (const Value* node = OptionalField(r, "module")) {
+    for (const auto& [key, value] : NamedChildren(node)) ms.module[key] = r.TensorAt(value);
+  }
+  return ms;
+}
+
+// ---------------------------------------------------------------------------------------------
+// universal_checkpoint_info → shard maps.
+
+struct Patterns {
+  std::vector<std::regex> replicated;
+  std::vector<std::regex> averaged;
+  std::vector<std::regex> row_parallel;
+  std::vector<std::regex> vocabulary;
+  std::vector<std::regex> two_sub_params;
+  std::vector<std::vector<std::regex>> sub_params;  // per parameter_with_sub_params entry
+  std::optional<int64_t> original_vocab;
+  std::optional<int64_t> padded_vocab;
+};
+
+// A Python regex as ECMAScript (the patterns Megatron-DeepSpeed writes use the common subset).
+Result<std::regex> Compile(const TorchArchiveReader& r, const std::string& field,
+                           const Value* node) {
+  if (node->kind() != Kind::kStr) return FieldError(r, field, "not a str");
+  try {
+    return std::regex(node->data(), std::regex::ECMAScript);
+  } catch (const std::regex_error&) {
+    return Status::Unsupported(Prefix(r.path()) + field + ": pattern \"" + node->data() +
+                               "\" is not a regular expression ucp can use");
+  }
+}
+
+Result<std::vector<std::regex>> PatternList(const TorchArchiveReader& r, const std::string& key) {
+  std::vector<std::regex> out;
+  const std::string field = std::string(kInfo) + "/" + key;
+  const Value* node = OptionalField(r, field);
+  if (node == nullptr) return out;
+  if (node->kind() != Kind::kList && node->kind() != Kind::kTuple) {
+    return FieldError(r, field, "not a list of patterns");
+  }
+  for (size_t i = 0; i < node->items().size(); ++i) {
+    UCP_ASSIGN_OR_RETURN(std::regex re,
+                         Compile(r, field + "/" + std::to_string(i), node->items()[i]));
+    out.push_back(std::move(re));
+  }
+  return out;
+}
+
+Result<Patterns> ReadPatterns(const TorchArchiveReader& r) {
+  Patterns p;
+  UCP_ASSIGN_OR_RETURN(p.replicated, PatternList(r, "tp_replicated_parameter_patterns"));
+  UCP_ASSIGN_OR_RETURN(p.averaged, PatternList(r, "parameter_to_average_patterns"));
+  UCP_ASSIGN_OR_RETURN(p.row_parallel, PatternList(r, "parameter_with_row_parallelism_patterns"));
+  UCP_ASSIGN_OR_RETURN(p.vocabulary, PatternList(r, "vocabulary_parameter_patterns"));
+  UCP_ASSIGN_OR_RETURN(p.two_sub_params, PatternList(r, "parameter_with_2_sub_params_cat_dim_0"));
+  const std::string sub_field = std::string(kInfo) + "/parameter_with_sub_params";
+  if (const Value* list = OptionalField(r, sub_field)) {
+    if (list->kind() != Kind::kList && list->kind() != Kind::kTuple) {
+      return FieldError(r, sub_field, "not a list");
+    }
+    for (size_t i = 0; i < list->items().size(); ++i) {
+      const std::string field = sub_field + "/" + std::to_string(i) + "/patterns";
+      UCP_ASSIGN_OR_RETURN(const Value* patterns, Field(r, field));
+      if (patterns->kind() != Kind::kList && patterns->kind() != Kind::kTuple) {
+        return FieldError(r, field, "not a list of patterns");
+      }
+      std::vector<std::regex> res;
+      for (size_t j = 0; j < patterns->items().size(); ++j) {
+        UCP_ASSIGN_OR_RETURN(std::regex re,
+                             Compile(r, field + "/" + std::to_string(j), patterns->items()[j]));
+        res.push_back(std::move(re));
+      }
+      p.sub_params.push_back(std::move(res));
+    }
+  }
+  if (OptionalField(r, std::string(kInfo) + "/original_vocab_size") != nullptr) {
+    UCP_ASSIGN_OR_RETURN(p.original_vocab,
+                         IntField(r, std::string(kInfo) + "/original_vocab_size"));
+  }
+  if (OptionalField(r, std::string(kInfo) + "/padded_vocab_size") != nullptr) {
+    UCP_ASSIGN_OR_RETURN(p.padded_vocab, IntField(r, std::string(kInfo) + "/padded_vocab_size"));
+  }
+  return p;
+}
+
+// re.match: the pattern matches at the start of the name.
+bool AnyMatch(const std::vector<std::regex>& patterns, const std::string& name) {
+  for (const std::regex& re : patterns) {
+    if (std::regex_search(name, re, std::regex_constants::match_continuous)) return true;
+  }
+  return false;
+}
+
+bool Contains(const std::string& name, std::initializer_list<std::string_view> parts) {
+  for (const std::string_view part : parts) {
+    if (name.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The shard map of a parameter from its name and TP rank 0's local shape; the atom's shape.
+// nullopt map: no rule names it (its slices decide).
+struct Resolved {
+  std::optional<ShardMap> map;
+  Shape atom;
+  bool check_slices = false;  // replicated and averaged ones: compare the slices' bytes
+};
+
+Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
+                         const std::string& name, const Shape& local, uint32_t tp) {
+  Resolved out;
+  out.atom = local;
+  const auto unsupported = [&](const std::string& what) {
+    return Status::Unsupported(Prefix(r.path()) + name + ": " + what);
+  };
+  // Every dimension times tp fits: the full tensor's element count is checked by the index.
+  for (const uint64_t dim : local) {
+    if (!CheckedMul(dim, uint64_t{tp})) {
+      return Status::OutOfRange(Prefix(r.path()) + name + ": " + ShapeText(local) +
+                                " × tp=" + std::to_string(tp) + " overflows");
+    }
+  }
+  const bool vocab = AnyMatch(patterns.vocabulary, name);
+  ShardMap map;
+  if (AnyMatch(patterns.replicated, name) || AnyMatch(patterns.averaged, name)) {
+    if (vocab) return unsupported("a vocabulary parameter that is also replicated or averaged");
+    map.rule = AnyMatch(patterns.replicated, name) ? Rule::kReplicated : Rule::kAveraged;
+    out.map = map;
+    out.check_slices = true;
+    return out;
+  }
+  map.rule = Rule::kSplit;
+  if (local.empty()) return unsupported("a 0-d parameter cannot be split over TP ranks");
+  std::optional<size_t> sub_entry;
+  for (size_t i = 0; i < patterns.sub_params.size() && !sub_entry; ++i) {
+    if (AnyMatch(patterns.sub_params[i], name)) sub_entry = i;
+  }
+  if (AnyMatch(patterns.two_sub_params, name)) {
+    if (local[0] % 2 != 0) {
+      return unsupported("parameter_with_2_sub_params_cat_dim_0 with an odd slice of " +
+                         std::to_string(local[0]) + " rows");
+    }
+    map.universal = UniversalForm::kNSubParams;
+    map.sub_params = {local[0] / 2 * tp, local[0] / 2 * tp};
+  } else if (sub_entry) {
+    const std::string field =
+        std::string(kInfo) + "/parameter_with_sub_params/" + std::to_string(*sub_entry);
+    UCP_ASSIGN_OR_RETURN(const int64_t partition_dim, IntField(r, field + "/partition_dim"));
+    UCP_ASSIGN_OR_RETURN(const Value* shape, Field(r, field + "/shape"));
+    if ((shape->kind() != Kind::kList && shape->kind() != Kind::kTuple) ||
+        shape->items().size() != local.size() || partition_dim < 0 ||
+        static_cast<size_t>(partition_dim) >= local.size()) {
+      return unsupported("parameter_with_sub_params shape of another rank than the parameter's " +
+                         ShapeText(local));
+    }
+    map.dim = static_cast<uint32_t>(partition_dim);
+    for (size_t d = 0; d < local.size(); ++d) {
+      const Value* dim = shape->items()[d];
+      std::vector<uint64_t> sizes;
+      if (dim->kind() == Kind::kInt) {
+        sizes.push_back(static_cast<uint64_t>(dim->AsInt64().value_or(-1)));
+      } else if (dim->kind() == Kind::kTuple || dim->kind() == Kind::kList) {
+        for (const Value* size : dim->items()) {
+          if (size->kind() != Kind::kInt || size->AsInt64().value_or(-1) < 0) {
+            return FieldError(r, field + "/shape", "not a shape of ints and tuples of ints");
+          }
+          sizes.push_back(static_cast<uint64_t>(*size->AsInt64()));
+        }
+      } else {
+        return FieldError(r, field + "/shape", "not a shape of ints and tuples of ints");
+      }
+      std::optional<uint64_t> sum = 0;
+      for (const uint64_t s : sizes) sum = sum ? CheckedAdd(*sum, s) : std::nullopt;
+      if (!sum) return FieldError(r, field + "/shape", "sizes overflow");
+      const uint64_t total = *sum;
+      if (d == map.dim) {
+        map.sub_params = sizes;
+        if (total != local[d] * tp) {
+          return unsupported("parameter_with_sub_params shape " + ShapeText(sizes) + " along dim " +
+                             std::to_string(d) + ", but " + std::to_string(tp) + " slices of " +
+                             ShapeText(local));
+        }
+      } else if (total != local[d]) {
+        return unsupported("parameter_with_sub_params shape does not match the slice " +
+                           ShapeText(local));
+      }
+    }
+    map.universal = UniversalForm::kSubParamShape;
+    map.sub_param_shape = static_cast<uint32_t>(*sub_entry);
+  } else if (AnyMatch(patterns.row_parallel, name)) {
+    if (local.size() < 2) return unsupported("row-parallel, but 1-d");
+    map.dim = 1;
+    map.universal = UniversalForm::kCatDim;
+    map.sub_params = {local[1] * tp};
+  } else if (vocab || Contains(name, {"attention.query_key_value", "mlp.dense_h_to_4h.weight",
+                                      "mlp.dense_h_to_4h.bias", "word_embeddings.weight",
+                                      "final_linear.weight"})) {
+    // Named by a vocabulary pattern, or column-parallel by Megatron's naming as DeepSpeed's
+    // MegatronSDLoader splits it (on dim 0, as ds_to_universal's default does).
+    map.universal = UniversalForm::kCatDim;
+    map.sub_params = {local[0] * tp};
+  } else {
+    out.check_slices = true;
+    return out;
+  }
+  if (vocab) {
+    if (map.universal != UniversalForm::kCatDim || map.dim != 0) {
+      return unsupported("a vocabulary parameter must be split on dim 0 alone");
+    }
+    if (!patterns.original_vocab || !patterns.padded_vocab) {
+      return FieldError(r, kInfo,
+                        "original_vocab_size or padded_vocab_size missing for vocabulary "
+                        "parameter " +
+                            name);
+    }
+    if (static_cast<uint64_t>(*patterns.padded_vocab) != local[0] * tp ||
+        *patterns.original_vocab < 1 || *patterns.original_vocab > *patterns.padded_vocab) {
+      return FieldError(r, std::string(kInfo) + "/padded_vocab_size",
+                        std::to_string(*patterns.padded_vocab) + ", but " + name + " has " +
+                            std::to_string(tp) + " slices of " + std::to_string(local[0]) +
+                            " rows (original_vocab_size " +
+                            std::to_string(*patterns.original_vocab) + ")");
+    }
+    map.vocab = true;
+  }
+  out.atom[map.dim] = 0;
+  for (const uint64_t size : map.sub_params) out.atom[map.dim] += size;
+  if (map.vocab) out.atom[0] = static_cast<uint64_t>(*patterns.original_vocab);
+  out.map = map;
+  return out;
+}
+
+// The make_vocab_size_divisible_by that pads `original` to `padded` at degree tp: Megatron's
+// default when it does, else the largest power of two that does, else the smallest integer; 0
+// when none does. Several values may fit (67 rows padded to 68 at tp=1 fit 2 and 4, which pad to
+// 68 and 72 at tp=2): the default is the likeliest, and a run that chose another took a smaller
+// multiple. A wrong guess gives the target a vocabulary of another size than its model's, which
+// the load refuses rather than misreads.
+uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp) {
+  const auto pads = [&](uint64_t m) {
+    const Result<uint64_t> got = PaddedVocab({original, padded, m}, tp);
+    return got.ok() && *got == padded;
+  };
+  if (pads(kMegatronVocabDivisibleBy)) return kMegatronVocabDivisibleBy;
+  uint64_t largest = 0;
+  for (uint64_t m = 1; m <= padded / tp; m *= 2) {
+    if (pads(m)) largest = m;
+  }
+  if (largest != 0) return largest;
+  for (uint64_t m = 1; m <= padded / tp; ++m) {
+    if (pads(m)) return m;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A whole tag.
+
+struct TpTag {
+  std::vector<TpModelStates> models;            // by TP rank
+  std::vector<std::vector<OptimStates>> optim;  // [tp][dp]
+};
+
+Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t length) {
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
+  std::string bytes(length, '\0');
+  UCP_RETURN_IF_ERROR(
+      file.ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
+  return bytes;
+}
+
+// Which tensor of a parameter: the fp32 master, optimizer state s, or the module's.
+constexpr int kFp32 = -1;
+constexpr int kBit16 = -2;
+
+// The bytes of TP rank t's slice of parameter k of group g, in its own order.
+Result<std::string> SliceBytes(const TpTag& tag, size_t t, size_t g, size_t k, int which) {
+  const TpModelStates& ms = tag.models[t];
+  const GroupLayout& layout = ms.groups[g];
+  if (which == kBit16) {
+    const TorchTensor& tensor = *ms.module.at(layout.names[k]);
+    return ReadRange(ms.reader.path(), tensor.file_offset(), tensor.byte_size());
+  }
+  UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+  std::string out;
+  for (const Piece& piece : Pieces(layout, k, p)) {
+    const OptimStates& os = tag.optim[t][piece.rank];
+    const TorchTensor* tensor =
+        which == kFp32 ? os.groups[g].fp32 : os.groups[g].states[static_cast<size_t>(which)].tensor;
+    const uint64_t item = ItemSize(tensor->dtype);
+    UCP_ASSIGN_OR_RETURN(std::string bytes,
+                         ReadRange(os.reader.path(), tensor->file_offset() + piece.at * item,
+                                   (piece.end - piece.begin) * item));
+    out += bytes;
+  }
+  return out;
+}
+
+// ds_to_universal's average of identical float32 slices (sum(slices) / len(slices): 0 + s0 +
+// s1 + ..., then one division) reproduces the slice bit for bit.
+bool MeanIsSlice(const std::string& slice, uint32_t tp) {
+  for (size_t i = 0; i + 4 <= slice.size(); i += 4) {
+    float x;
+    std::memcpy(&x, slice.data() + i, 4);
+    float sum = 0.0f + x;
+    for (uint32_t t = 1; t < tp; ++t) sum += x;
+    const float mean = sum / static_cast<float>(tp);
+    if (std::bit_cast<uint32_t>(mean) != std::bit_cast<uint32_t>(x)) return false;
+  }
+  return true;
+}
+
+// Compares every TP rank's slices of a parameter no split covers with rank 0's; the state whose
+// slices differ, or nullopt.
+Result<std::optional<std::string>> DifferingState(const TpTag& tag, size_t g, size_t k,
+                                                  bool averaged) {
+  const OptimStates& first = tag.optim[0][0];
+  std::vector<std::pair<int, std::string>> which = {{kFp32, "fp32"}, {kBit16, "bit16"}};
+  for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
+    if (!first.groups[g].states[s].tensor->shape.empty()) {
+      which.emplace_back(static_cast<int>(s), first.groups[g].states[s].key);
+    }
+  }
+  for (const auto& [w, state] : which) {
+    UCP_ASSIGN_OR_RETURN(const std::string reference, SliceBytes(tag, 0, g, k, w));
+    for (size_t t = 1; t < tag.models.size(); ++t) {
+      UCP_ASSIGN_OR_RETURN(const std::string other, SliceBytes(tag, t, g, k, w));
+      if (other != reference) return std::optional<std::string>(state);
+    }
+    if (averaged && w != kBit16) {
+      const TorchTensor* tensor =
+          w == kFp32 ? first.groups[g].fp32 : first.groups[g].states[static_cast<size_t>(w)].tensor;
+      if (tensor->dtype != DType::kFloat32 ||
+          !MeanIsSlice(reference, static_cast<uint32_t>(tag.models.size()))) {
+        return std::optional<std::string>(state + " (its mean is not the slice itself)");
+      }
+    }
+  }
+  return std::optional<std::string>();
+}
+
+// Fragments of `atom` (of `map`, source geometry `geometry`) from TP rank t's local elements
+// [begin, end) stored from byte `byte` of index file `file`.
+Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geometry, uint32_t t,
+                         uint64_t begin, uint64_t end, uint32_t file, uint64_t byte, DType dtype) {
+  UCP_ASSIGN_OR_RETURN(std::vector<GlobalRun> runs, MapLocalRange(map, geometry, t, begin, end));
+  const uint64_t item = ItemSize(dtype);
+  uint64_t position = 0;
+  for (GlobalRun& run : runs) {
+    if (run.region) {
+      const std::optional<uint64_t> at = CheckedMul(position, item);
+      const std::optional<uint64_t> offset = at ? CheckedAdd(byte, *at) : std::nullopt;
+      if (!offset) {
+        return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
+                                  ": offset overflow");
+      }
+      atom.fragments.push_back({file, *offset, dtype, std::move(*run.region)});
+    }
+    position += run.count;
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// What an index says.
+
+struct IndexFacts {
+  uint32_t dp = 0;
+  uint32_t tp = 0;
+  bool bf16_optimizer = false;
+  std::string prefix;
+  uint32_t model_file = 0;
+  uint32_t optim_file = 0;
+  std::optional<Vocab> vocab;
+  std::map<std::string, ShardMap> maps;
+  std::vector<std::vector<std::string>> groups;  // parameter names, flat-buffer order
+};
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  if (c.adapter != DeepSpeedTpAdapter::kName) {
+    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
+                                   std::string(DeepSpeedTpAdapter::kName));
+  }
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  facts.tp = c.topology.tp;
+  const nlohmann::json& state = c.adapter_state;
+  const Status bad = Status::Corrupt(
+      "deepspeed: index adapter_state: optimizer, file_prefix or tp missing or mistyped");
+  if (!state.is_object() || !state.contains("optimizer") || !state["optimizer"].is_string() ||
+      !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
+      !state.contains("tp") || !state["tp"].is_object()) {
+    return bad;
+  }
+  facts.bf16_optimizer = state["optimizer"].get<std::string>() == kBf16Optimizer;
+  facts.prefix = state["file_prefix"].get<std::string>();
+  if (facts.prefix != "" && facts.prefix != "bf16_") {
+    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + facts.prefix +
+                           "\" is neither \"\" nor \"bf16_\"");
+  }
+  const nlohmann::json& tp = state["tp"];
+  if (!tp.contains("degree") || !tp["degree"].is_number_unsigned() ||
+      tp["degree"].get<uint64_t>() != facts.tp || !tp.contains("params") ||
+      !tp["params"].is_object()) {
+    return Status::Corrupt(
+        "deepspeed: index adapter_state.tp: degree or params missing, or a "
+        "degree other than the topology's");
+  }
+  if (tp.contains("vocab")) {
+    const nlohmann::json& v = tp["vocab"];
+    if (!v.is_object() || !v.contains("original") || !v["original"].is_number_unsigned() ||
+        !v.contains("padded") || !v["padded"].is_number_unsigned() || !v.contains("divisible_by") ||
+        !v["divisible_by"].is_number_unsigned() || v["divisible_by"].get<uint64_t>() == 0) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp.vocab: malformed");
+    }
+    facts.vocab = Vocab{v["original"].get<uint64_t>(), v["padded"].get<uint64_t>(),
+                        v["divisible_by"].get<uint64_t>()};
+  }
+  for (const auto& [name, json] : tp["params"].items()) {
+    UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
+    if (map.vocab && !facts.vocab) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp: vocabulary parameter " + name +
+                             " without tp.vocab");
+    }
+    facts.maps.emplace(name, std::move(map));
+  }
+  bool have_model = false;
+  bool have_optim = false;
+  for (const CarriedObject& carried : c.carried) {
+    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
+    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_model || !have_optim) {
+    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
+  }
+  for (const ParamGroup& group : c.groups) {
+    for (const std::string& name : group.params) {
+      if (!facts.maps.contains(name)) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " + name);
+      }
+      if (index.Find(name, "fp32") == nullptr || index.Find(name, "bit16") == nullptr) {
+        return Status::Corrupt("deepspeed: index: no fp32 or bit16 atom of " + name);
+      }
+    }
+    facts.groups.push_back(group.params);
+  }
+  return facts;
+}
+
+// A parameter group laid out for one target TP rank: local shapes, geometries, flat layout.
+struct TargetGroup {
+  GroupLayout layout;
+  std::vector<Geometry> geometry;
+  Partitioning partition;
+};
+
+Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const IndexFacts& facts,
+                                              const Topology& target) {
+  std::vector<TargetGroup> out;
+  for (const std::vector<std::string>& names : facts.groups) {
+    TargetGroup group;
+    std::vector<Shape> shapes;
+    for (const std::string& name : names) {
+      const Atom* atom = index.Find(name, "fp32");
+      UCP_ASSIGN_OR_RETURN(
+          Geometry g, GeometryAt(name, facts.maps.at(name), atom->shape, target.tp, facts.vocab));
+      shapes.push_back(g.local);
+      group.geometry.push_back(std::move(g));
+    }
+    UCP_ASSIGN_OR_RETURN(group.layout, MakeLayout(names, std::move(shapes)));
+    UCP_ASSIGN_OR_RETURN(group.partition, Partition(group.layout.total, target.dp));
+    if (group.partition.padding > group.partition.partition) {
+      return Status::Unsupported("deepspeed: dp=" + std::to_string(target.dp) + ": a group of " +
+                                 std::to_string(group.layout.total) +
+                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
+    }
+    out.push_back(std::move(group));
+  }
+  return out;
+}
+
+// Bytes of elements [begin, end) (end <= total) of state `state`'s flat buffer of TP rank t.
+Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFacts& facts,
+                                          const TargetGroup& group, uint32_t t,
+                                          std::string_view state, uint64_t begin, uint64_t end) {
+  std::vector<Segment> segments;
+  const GroupLayout& layout = group.layout;
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const uint64_t off = layout.offsets[k];
+    const uint64_t lo = std::max(off, begin);
+    const uint64_t hi = std::min(off + layout.numels[k], end);
+    if (lo >= hi) continue;
+    const Atom* atom = index.Find(layout.names[k], state);
+    if (atom == nullptr) {
+      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
+                             std::string(state));
+    }
+    UCP_ASSIGN_OR_RETURN(
+        const std::vector<GlobalRun> runs,
+        MapLocalRange(facts.maps.at(layout.names[k]), group.geometry[k], t, lo - off, hi - off));
+    for (const GlobalRun& run : runs) {
+      if (!run.region) {
+        AppendZeros(segments, run.count * ItemSize(atom->dtype));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
+      AppendSegments(segments, more);
+    }
+  }
+  return segments;
+}
+
+// Whether a model-states file holds the client's universal_checkpoint_info.
+bool CarriesRules(const TorchArchiveReader& model_states) {
+  const Value* info = OptionalField(model_states, kInfo);
+  return info != nullptr && info->kind() == Kind::kDict;
+}
+
+// ZeRO-3 and pipeline tags are not this adapter's.
+Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
+  if (!listing.zero3_model_states.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  if (!listing.layer_files.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "pipeline layer files: a pipeline-parallel tag, not this "
+                               "adapter's");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty()) {
+    return false;
+  }
+  if (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) return true;
+  for (const RankFile& entry : listing->optim) {
+    if (entry.mp > 0) return true;
+  }
+  // One TP rank: this adapter's when its model states carry the rules to split it by.
+  const auto model = listing->model_states.find(0);
+  if (model == listing->model_states.end()) return false;
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(tag_dir + "/" + model->second);
+  if (!reader.ok() || !CarriesRules(*reader)) return false;
+  const Value* round_robin =
+      OptionalField(*reader, "ds_config/zero_optimization/round_robin_gradients");
+  return round_robin == nullptr || round_robin->kind() != Kind::kBool || !round_robin->bool_value();
+}
+
+Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
+  UCP_ASSIGN_OR_RETURN(
+      const TorchArchiveReader reader,
+      OpenWrittenModelStates(tag_dir, ModelStatesName(0), listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
+  if (mp < 1 || mp > kMaxTpWorldSize) {
+    return FieldError(reader, "mp_world_size", std::to_string(mp) + " is not in [1, 65536]");
+  }
+  const bool bf16 = Bf16Prefix(listing, reader);
+  int64_t stage = 0;
+  if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+    if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
+  }
+  if (stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  if (stage == 0 && !bf16) {
+    return Status::Unsupported(Prefix(reader.path()) +
+                               "ds_config: no ZeRO optimizer (zero_optimization.stage 0 without "
+                               "bf16 keeps the optimizer in the model states); not supported");
+  }
+  std::vector<std::string> files;
+  for (uint32_t t = 0; t < mp; ++t) files.push_back(ModelStatesName(t));
+  const std::string prefix = bf16 ? "bf16_" : "";
+  for (uint32_t t = 0; t < mp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
+  }
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
+                                                 const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  if (!listing.model_states.contains(0)) {
+    return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
+  }
+  TpTag tag;
+  {
+    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
+    tag.models.reserve(ms.mp);  // ms0 stays valid while the other ranks are added
+    tag.models.push_back(std::move(ms));
+  }
+  const TpModelStates& ms0 = tag.models.front();
+  const uint32_t tp = ms0.mp;
+  const uint32_t dp = ms0.dp;
+  if (tp == 1 && !CarriesRules(ms0.reader)) {
+    return Status::Unsupported(Prefix(ms0.reader.path()) +
+                               "mp_world_size 1 without universal_checkpoint_info: no rules to "
+                               "split it over TP ranks by (the deepspeed-zero12 adapter reads it)");
+  }
+  if (ms0.config_stage && *ms0.config_stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  for (const auto& [mp, name] : listing.model_states) {
+    if (mp >= tp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "TP rank " + std::to_string(mp) +
+                             " >= mp_world_size " + std::to_string(tp) + " of " + ms0.name +
+                             " (a file of another save)");
+    }
+  }
+  for (uint32_t t = 1; t < tp; ++t) {
+    if (!listing.model_states.contains(t)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(t)) +
+                              "not found (mp_world_size " + std::to_string(tp) + " in " + ms0.name +
+                              ")");
+    }
+    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(t)));
+    const TpModelStates& first = tag.models.front();
+    if (ms.dp != first.dp || ms.mp != first.mp || ms.ds_version != first.ds_version) {
+      return FieldError(ms.reader, "dp_world_size",
+                        "dp_world_size, mp_world_size or ds_version differ from " + first.name +
+                            " (a file of another save)");
+    }
+    if (ms.groups.size() != first.groups.size()) {
+      return FieldError(ms.reader, "param_shapes", "other parameter groups than " + first.name);
+    }
+    for (size_t g = 0; g < ms.groups.size(); ++g) {
+      if (ms.groups[g].names != first.groups[g].names ||
+          ms.groups[g].shapes != first.groups[g].shapes) {
+        return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
+                          "other parameters or slice shapes than " + first.name);
+      }
+    }
+    tag.models.push_back(std::move(ms));
+  }
+
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  const std::string prefix = listing.optim.front().prefix;
+  std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;  // (tp, dp)
+  for (const RankFile& entry : listing.optim) {
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= dp || entry.mp >= tp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (dp " +
+                             std::to_string(entry.dp) + ", tp " + std::to_string(entry.mp) +
+                             ") outside dp_world_size " + std::to_string(dp) + " × mp_world_size " +
+                             std::to_string(tp) + " of " + ms0.name + " (a file of another save)");
+    }
+    by_rank[{entry.mp, entry.dp}] = &entry;
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    tag.optim.emplace_back();
+    for (uint32_t r = 0; r < dp; ++r) {
+      const auto it = by_rank.find({t, r});
+      if (it == by_rank.end()) {
+        return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, t)) +
+                                "not found (dp_world_size " + std::to_string(dp) +
+                                ", mp_world_size " + std::to_string(tp) + " in " + ms0.name + ")");
+      }
+      UCP_ASSIGN_OR_RETURN(OptimStates os,
+                           ReadOptimStates(tag_dir, *it->second, ms0.groups.size(), kZero3Refusal));
+      tag.optim.back().push_back(std::move(os));
+    }
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (const OptimStates& os : tag.optim[t]) {
+      UCP_RETURN_IF_ERROR(CheckOptimStates(os, tag.models[t], tag.optim[0][0]));
+    }
+  }
+  const OptimStates& first = tag.optim[0][0];
+  const int64_t zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
+
+  // The shard map of every parameter.
+  UCP_ASSIGN_OR_RETURN(const Patterns patterns, ReadPatterns(ms0.reader));
+  std::map<std::string, ShardMap> maps;
+  std::map<std::string, Shape> atom_shapes;
+  bool any_vocab = false;
+  for (size_t g = 0; g < ms0.groups.size(); ++g) {
+    const GroupLayout& layout = ms0.groups[g];
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      const std::string& name = layout.names[k];
+      if (maps.contains(name)) {
+        return FieldError(ms0.reader, "param_shapes/" + std::to_string(g) + "/" + name,
+                          "listed twice");
+      }
+      UCP_ASSIGN_OR_RETURN(Resolved resolved,
+                           Resolve(ms0.reader, patterns, name, layout.shapes[k], tp));
+      for (const TpModelStates& ms : tag.models) {
+        const auto it = ms.module.find(name);
+        if (it == ms.module.end() || it->second == nullptr) {
+          return FieldError(ms.reader, "module/" + name,
+                            "missing (param_shapes/" + std::to_string(g) + " names it)");
+        }
+        if (it->second->shape != layout.shapes[k] || !it->second->contiguous()) {
+          return FieldError(ms.reader, "module/" + name,
+                            "shape " + ShapeText(it->second->shape) +
+                                " or strides disagree with "
+                                "param_shapes " +
+                                ShapeText(layout.shapes[k]));
+        }
+      }
+      const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
+      if (resolved.check_slices && !resolved.map && tp == 1) {
+        // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
+        resolved.map = ShardMap{};
+        resolved.map->rule = Rule::kUnnamed;
+      } else if (resolved.check_slices && (tp > 1 || averaged)) {
+        UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
+                             DifferingState(tag, g, k, averaged));
+        if (differing && !resolved.map) {
+          return Status::Unsupported(
+              Prefix(tag_dir) + name + ": no rule of " + std::string(kInfo) +
+              " covers this parameter and its TP slices differ (" + *differing +
+              "); ds_to_universal would concatenate them on dim 0, ucp does not guess: name it "
+              "in the client's universal_checkpoint_info patterns");
+        }
+        if (differing && resolved.map->rule == Rule::kReplicated) {
+          return Status::Corrupt(Prefix(tag_dir) + name +
+                                 ": tp_replicated_parameter_patterns names it, but its TP slices "
+                                 "differ (" +
+                                 *differing + ")");
+        }
+        if (differing) {
+          return Status::Unsupported(Prefix(tag_dir) + name +
+                                     ": averaged over TP ranks whose slices differ (" + *differing +
+                                     "): their mean is in no file; not supported");
+        }
+        if (!resolved.map) resolved.map = ShardMap{};
+      }
+      any_vocab = any_vocab || resolved.map->vocab;
+      maps.emplace(name, *resolved.map);
+      atom_shapes.emplace(name, std::move(resolved.atom));
+    }
+  }
+  std::optional<Vocab> vocab;
+  if (any_vocab) {
+    vocab = Vocab{static_cast<uint64_t>(*patterns.original_vocab),
+                  static_cast<uint64_t>(*patterns.padded_vocab), 0};
+    if (const Value* divisor = OptionalField(ms0.reader, "args/make_vocab_size_divisible_by")) {
+      const std::optional<int64_t> value =
+          divisor->kind() == Kind::kInt ? divisor->AsInt64() : std::nullopt;
+      if (!value || *value < 1) {
+        return FieldError(ms0.reader, "args/make_vocab_size_divisible_by", "not a positive int");
+      }
+      vocab->divisible_by = static_cast<uint64_t>(*value);
+      UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, tp));
+      if (padded != vocab->padded) {
+        return FieldError(ms0.reader, std::string(kInfo) + "/padded_vocab_size",
+                          std::to_string(vocab->padded) + ", but Megatron pads " +
+                              std::to_string(vocab->original) + " to " + std::to_string(padded) +
+                              " at tp=" + std::to_string(tp));
+      }
+    } else {
+      vocab->divisible_by = InferDivisibleBy(vocab->original, vocab->padded, tp);
+      if (vocab->divisible_by == 0) {
+        return FieldError(ms0.reader, std::string(kInfo) + "/padded_vocab_size",
+                          std::to_string(vocab->padded) + " is no Megatron padding of " +
+                              std::to_string(vocab->original) + " at tp=" + std::to_string(tp));
+      }
+    }
+  }
+
+  AtomIndexContents c;
+  c.framework = "deepspeed";
+  c.framework_version = ms0.ds_version;
+  c.adapter = std::string(kName);
+  c.adapter_schema = kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {dp, tp, 1, dp * tp, static_cast<uint32_t>(zero_stage)};
+
+  std::vector<std::string> paths;
+  for (const TpModelStates& ms : tag.models) paths.push_back(ms.name);
+  for (const std::vector<OptimStates>& row : tag.optim) {
+    for (const OptimStates& os : row) paths.push_back(os.entry.name);
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const bool model = i < tp;
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
+                     std::string(model ? kModelRole : kOptimRole), std::nullopt};
+    if (model) {
+      file.rank = RankCoordinates{0, static_cast<uint32_t>(i), 0};
+    } else {
+      const uint32_t j = static_cast<uint32_t>(i - tp);
+      file.rank = RankCoordinates{j % dp, j / dp, 0};
+    }
+    c.files.push_back(std::move(file));
+  }
+  const auto optim_file = [&](uint32_t t, uint32_t r) { return tp + t * dp + r; };
+
+  nlohmann::json params = nlohmann::json::object();
+  for (size_t g = 0; g < ms0.groups.size(); ++g) {
+    const GroupLayout& layout = ms0.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
+    ParamGroup group;
+    group.params = layout.names;
+    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) continue;
+      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+        group.scalars[st.key] = *value;
+      }
+    }
+    c.groups.push_back(std::move(group));
+
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      const std::string& name = layout.names[k];
+      const ShardMap& map = maps.at(name);
+      params[name] = MapJson(map);
+      const Shape& shape = atom_shapes.at(name);
+      UCP_ASSIGN_OR_RETURN(const Geometry geometry, GeometryAt(name, map, shape, tp, vocab));
+      if (geometry.local != layout.shapes[k]) {
+        return Status::Internal(Prefix(tag_dir) + name + ": shard map gives slices of " +
+                                ShapeText(geometry.local) + ", param_shapes " +
+                                ShapeText(layout.shapes[k]));
+      }
+      const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
+      const auto add_partitioned = [&](Atom& atom, int which) -> Status {
+        for (uint32_t t = 0; t < ranks; ++t) {
+          for (const Piece& piece : Pieces(layout, k, p)) {
+            const OptimGroup& og = tag.optim[t][piece.rank].groups[g];
+            const TorchTensor* tensor =
+                which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
+            UCP_RETURN_IF_ERROR(AddSliceFragments(
+                atom, map, geometry, t, piece.begin, piece.end, optim_file(t, piece.rank),
+                tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
+          }
+        }
+        return Status::Ok();
+      };
+      Atom fp32{name, "fp32", first.groups[g].fp32->dtype, shape, {}};
+      UCP_RETURN_IF_ERROR(add_partitioned(fp32, kFp32));
+      c.atoms.push_back(std::move(fp32));
+      for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
+        const StateTensor& st = first.groups[g].states[s];
+        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+        if (st.tensor->shape.empty()) {
+          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+          const uint32_t r =
+              std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
+          const TorchTensor* tensor = tag.optim[0][r].groups[g].states[s].tensor;
+          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+          atom.fragments.push_back(
+              {optim_file(0, r), tensor->file_offset(), tensor->dtype, std::move(whole)});
+        } else {
+          atom.shape = shape;
+          UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(s)));
+        }
+        c.atoms.push_back(std::move(atom));
+      }
+      Atom bit16{name, "bit16", ms0.module.at(name)->dtype, shape, {}};
+      for (uint32_t t = 0; t < ranks; ++t) {
+        const TorchTensor& tensor = *tag.models[t].module.at(name);
+        if (tensor.dtype != bit16.dtype) {
+          return FieldError(tag.models[t].reader, "module/" + name,
+                            "dtype differs from " + ms0.name);
+        }
+        UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, tensor.numel(), t,
+                                              tensor.file_offset(), tensor.dtype));
+      }
+      c.atoms.push_back(std::move(bit16));
+    }
+  }
+
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < ms0.groups.size(); ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
+                                              "mp_world_size"};
+  if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
+  c.carried = {
+      {std::string(kModelRole), 0, rewritten_model},
+      {std::string(kOptimRole), tp, rewritten_optim},
+      {std::string(kUniversalRole),
+       tp,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+  // The universal export copies every TP rank's model states.
+  for (uint32_t t = 1; t < tp; ++t) c.carried.push_back({std::string(kCopiedModelRole), t, {}});
+  nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
+  if (vocab) {
+    tp_state["vocab"] = {{"original", vocab->original},
+                         {"padded", vocab->padded},
+                         {"divisible_by", vocab->divisible_by}};
+  }
+  c.adapter_state = {
+      {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
+      {"file_prefix", prefix},
+      {"alignment_factor", kAlignmentFactor},
+      {"fp32_padding_stripped", !first.bf16_optimizer},
+      {"zero_stage", zero_stage},
+      {"tp", std::move(tp_state)},
+  };
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
+                                                   const std::string& tag_dir,
+                                                   const Topology& target) const {
+  if (target.pp != 1) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
+                               ": pipeline-parallel resharding is not supported yet");
+  }
+  if (target.dp == 0 || target.tp == 0) {
+    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
+                                   " tp=" + std::to_string(target.tp) + ": no ranks to reshard to");
+  }
+  const std::optional<uint64_t> world = CheckedMul(uint64_t{target.dp}, uint64_t{target.tp});
+  if (target.tp > kMaxTpWorldSize || !world || (target.world != 0 && target.world != *world)) {
+    return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
+                                   " is not dp=" + std::to_string(target.dp) +
+                                   " × tp=" + std::to_string(target.tp));
+  }
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const std::vector<TargetGroup> groups, TargetGroups(index, facts, target));
+  const uint32_t m = target.dp;
+  OutputPlan plan;
+
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       OpenSource(index, tag_dir, facts.model_file));
+  std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, index)
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
+      position[groups[g].layout.names[k]] = {g, k};
+    }
+  }
+  // Every group's module tensors are views of one flat buffer: its storage key.
+  std::vector<const TorchTensor*> buffer_of(groups.size(), nullptr);
+  for (const auto& [name, at] : position) {
+    Result<const Value*> node = model.Find("module/" + name);
+    const TorchTensor* tensor = node.ok() ? model.TensorAt(*node) : nullptr;
+    if (tensor == nullptr) return FieldError(model, "module/" + name, "not a tensor");
+    const TorchTensor*& buffer = buffer_of[at.first];
+    if (buffer != nullptr && buffer->storage->key != tensor->storage->key) {
+      return Status::Unsupported(Prefix(model.path()) + "module/" + name +
+                                 ": not a view of its group's flat buffer");
+    }
+    buffer = tensor;
+  }
+  for (uint32_t t = 0; t < target.tp; ++t) {
+    ArchiveOutput out;
+    out.path = ModelStatesName(t);
+    Value* root = out.graph.Import(model.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), model.path()));
+    UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", out.graph.Int(target.tp), model.path()));
+    if (facts.vocab) {
+      Value* info = root->Get(kInfo);
+      if (info != nullptr && info->kind() == Kind::kDict &&
+          info->Get("padded_vocab_size") != nullptr) {
+        UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
+        UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
+                                        out.graph.Int(static_cast<int64_t>(padded)), model.path()));
+      }
+    }
+    Value* shapes = root->Get("param_shapes");
+    for (size_t g = 0; g < groups.size(); ++g) {
+      Value* group = shapes == nullptr ? nullptr : shapes->Item(g);
+      if (group == nullptr || group->kind() != Kind::kObject) {
+        return FieldError(model, "param_shapes/" + std::to_string(g), "not an OrderedDict");
+      }
+      for (pickle::Mutation& mutation : group->mutable_mutations()) {
+        if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+        const auto it = position.find(KeyText(mutation.first));
+        if (it == position.end() || it->second.first != g) {
+          return FieldError(model, "param_shapes/" + std::to_string(g),
+                            KeyText(mutation.first) + ": not in this group of the index");
+        }
+        mutation.second = SizeNode(out.graph, groups[g].geometry[it->second.second].local);
+      }
+    }
+    Value* module = root->Get("module");
+    if (module == nullptr || module->kind() != Kind::kObject) {
+      return FieldError(model, "module", "not an OrderedDict");
+    }
+    for (pickle::Mutation& mutation : module->mutable_mutations()) {
+      if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+      const auto it = position.find(KeyText(mutation.first));
+      if (it == position.end()) continue;  // a buffer: carried
+      const auto [g, k] = it->second;
+      const TorchTensor& buffer = *buffer_of[g];
+      TensorNodeSpec spec;
+      spec.storage_key = buffer.storage->key;
+      spec.dtype = buffer.dtype;
+      spec.location = buffer.storage->location;
+      spec.storage_numel = groups[g].partition.padded;
+      spec.storage_offset = groups[g].layout.offsets[k];
+      spec.shape = groups[g].geometry[k].local;
+      spec.requires_grad = buffer.requires_grad;
+      spec.parameter = buffer.parameter;
+      UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(out.graph, spec));
+    }
+    std::map<std::string, std::vector<Segment>> replaced;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const TargetGroup& group = groups[g];
+      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                           FlatSegments(index, facts, group, t, "bit16", 0, group.layout.total));
+      AppendZeros(segments,
+                  (group.partition.padded - group.layout.total) * ItemSize(buffer_of[g]->dtype));
+      replaced[buffer_of[g]->storage->key] = std::move(segments);
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, model, facts.model_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+  for (uint32_t t = 0; t < target.tp; ++t) {
+    for (uint32_t r = 0; r < m; ++r) {
+      ArchiveOutput out;
+      out.path = OptimName(facts.prefix, r, t);
+      Value* root = out.graph.Import(reader.root());
+      out.graph.set_root(root);
+      Value* dict = root->Get(kOsd);
+      if (dict == nullptr) return FieldError(reader, osd, "missing");
+      std::map<std::string, std::vector<Segment>> replaced;
+      std::vector<uint64_t> paddings;
+      std::vector<Value*> fp32_items;
+      std::vector<Value*> mapping_items;
+      std::vector<size_t> params_per_group;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const GroupLayout& layout = groups[g].layout;
+        params_per_group.push_back(layout.names.size());
+        const Partitioning& p = groups[g].partition;
+        const uint64_t begin = p.begin(r);
+        const uint64_t padding = p.padding_of(r);
+        const uint64_t real_end = std::min(begin + p.partition, layout.total);
+        const uint64_t tail = begin + p.partition - std::max(begin, real_end);
+        const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
+        UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
+        Value* states = nullptr;
+        if (Value* base = dict->Get("base_optimizer_state")) {
+          if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
+            for (auto& [key, value] : all->mutable_entries()) {
+              if (KeyText(key) == std::to_string(g)) states = value;
+            }
+          }
+        }
+        if (states == nullptr || states->kind() != Kind::kDict ||
+            states->entries().size() != template_states->entries().size()) {
+          return FieldError(reader, field, "not a dict of states");
+        }
+        for (size_t s = 0; s < states->entries().size(); ++s) {
+          const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
+          if (tensor == nullptr || tensor->shape.size() != 1) continue;
+          const std::string state = KeyText(states->entries()[s].first);
+          UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                               FlatSegments(index, facts, groups[g], t, state, begin, real_end));
+          AppendZeros(segments, tail * ItemSize(tensor->dtype));
+          UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
+                               PartitionTensor(out.graph, *tensor, p.partition, p.partition));
+          replaced[tensor->storage->key] = std::move(segments);
+        }
+        // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
+        // tensor but keeps the P-element storage it is a view of.
+        const std::string fp32_field =
+            osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
+        UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
+        const TorchTensor* fp32 = reader.TensorAt(fp32_node);
+        if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
+        const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+        UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                             FlatSegments(index, facts, groups[g], t, "fp32", begin, real_end));
+        AppendZeros(segments, tail * ItemSize(fp32->dtype));
+        UCP_ASSIGN_OR_RETURN(Value * node,
+                             PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
+        fp32_items.push_back(node);
+        replaced[fp32->storage->key] = std::move(segments);
+        paddings.push_back(padding);
+        mapping_items.push_back(
+            MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
+      }
+      UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+                                             std::move(mapping_items), params_per_group,
+                                             reader.path()));
+      UCP_ASSIGN_OR_RETURN(out.storages,
+                           CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+  return plan;
+}
+
+Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& index,
+                                                           const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       OpenSource(index, tag_dir, facts.model_file));
+  const std::string osd(kOsd);
+
+  std::map<std::string, bool> requires_grad;  // "<param>/<state>"
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
+                                            osd + "/base_optimizer_state/state/" + gs,
+                                            facts.groups[g], requires_grad));
+  }
+
+  OutputPlan plan;
+  for (const Atom& atom : index.atoms()) {
+    if (atom.state == "bit16") continue;
+    const bool grad = requires_grad[atom.param + "/" + atom.state];
+    if (atom.shape.empty()) {  // step.pt: the bare 0-d tensor
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           UniversalAtomArchive(index, atom, atom.shape, grad, false));
+      plan.archives.push_back(std::move(out));
+      continue;
+    }
+    const auto found = facts.maps.find(atom.param);
+    if (found == facts.maps.end()) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                             atom.param);
+    }
+    const ShardMap& map = found->second;
+    ArchiveOutput out;
+    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+    uint64_t storage_numel = numel;
+    if (map.vocab) {
+      // ds_to_universal keeps the merged tensor's storage, padding rows included.
+      const std::optional<uint64_t> padded =
+          atom.shape[0] == 0 ? std::nullopt
+                             : CheckedMul(numel / atom.shape[0], facts.vocab->padded);
+      if (!padded) {
+        return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
+      }
+      storage_numel = *padded;
+    }
+    TensorNodeSpec spec;
+    spec.storage_key = "0";
+    spec.dtype = atom.dtype;
+    spec.storage_numel = storage_numel;
+    spec.shape = atom.shape;
+    spec.requires_grad = grad;
+    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+    pickle::Graph& graph = out.graph;
+    std::vector<std::pair<Value*, Value*>> entries;
+    // ds_to_universal concatenates a parameter no pattern names on dim 0.
+    if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
+    switch (map.universal) {
+      case UniversalForm::kNone:
+        break;
+      case UniversalForm::kCatDim:
+        entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+        break;
+      case UniversalForm::kNSubParams:
+        entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+        entries.emplace_back(graph.Str("param_n_sub_params"),
+                             graph.Int(static_cast<int64_t>(map.sub_params.size())));
+        break;
+      case UniversalForm::kSubParamShape: {
+        // The SubparamShape dataclass ds_to_universal pickles, from the client's entry.
+        const std::string field = std::string(kInfo) + "/parameter_with_sub_params/" +
+                                  std::to_string(map.sub_param_shape);
+        std::vector<std::pair<Value*, Value*>> fields;
+        for (const char* key : {"patterns", "shape", "partition_dim"}) {
+          UCP_ASSIGN_OR_RETURN(const Value* value, Field(model, field + "/" + key));
+          fields.emplace_back(graph.Str(key), graph.Import(value));
+        }
+        Value* object =
+            graph.Object(pickle::Construction::kNewObj,
+                         graph.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
+                         graph.Tuple({}));
+        object->mutable_mutations().push_back(
+            {pickle::Mutation::Op::kBuild, graph.Dict(std::move(fields)), nullptr});
+        entries.emplace_back(graph.Str("sub_param_shape"), object);
+        break;
+      }
+    }
+    if (map.vocab) entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+    entries.emplace_back(graph.Str("param"), tensor);
+    graph.set_root(graph.Dict(std::move(entries)));
+    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+    AppendZeros(segments, (storage_numel - numel) * ItemSize(atom.dtype));
+    out.storages.push_back({"0", std::move(segments)});
+    plan.archives.push_back(std::move(out));
+  }
+
+  // zero/optimizer_state.pt from rank (0, 0)'s optimizer_state_dict.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
+  plan.archives.push_back(std::move(out));
+
+  // Named, not taken from the index: over an atoms store the files are read from their copies.
+  plan.copies.push_back({ModelStatesName(0), facts.model_file});
+  for (const CarriedObject& carried : index.contents().carried) {
+    if (carried.role != kCopiedModelRole) continue;
+    const std::optional<RankCoordinates>& rank = index.files()[carried.file].rank;
+    if (!rank) return Status::Corrupt("deepspeed: index: model states copy without a rank");
+    plan.copies.push_back({ModelStatesName(rank->tp), carried.file});
+  }
+  return plan;
+}
+
+}  // namespace ucp::hooks

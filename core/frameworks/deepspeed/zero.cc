@@ -1,0 +1,670 @@
+#include "core/frameworks/deepspeed/zero.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <utility>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/common.h"
+#include "core/plan/copy_plan.h"
+#include "core/tag/file_hashing.h"
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+using deepspeed::AddPartitionFragments;
+using deepspeed::Bf16Prefix;
+using deepspeed::CheckOptimStates;
+using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
+using deepspeed::Field;
+using deepspeed::FieldError;
+using deepspeed::FlatSegments;
+using deepspeed::GroupLayout;
+using deepspeed::IntField;
+using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
+using deepspeed::ListTag;
+using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
+using deepspeed::ModelStates;
+using deepspeed::ModelStatesName;
+using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimizerOrder;
+using deepspeed::OptimName;
+using deepspeed::OptimStates;
+using deepspeed::OptionalField;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
+using deepspeed::PartitionTensor;
+using deepspeed::PidTuple;
+using deepspeed::Prefix;
+using deepspeed::RankFile;
+using deepspeed::ReadModelStates;
+using deepspeed::ReadOptimStates;
+using deepspeed::RewrittenPartitionFields;
+using deepspeed::RoundRobinOrder;
+using deepspeed::ScalarValue;
+using deepspeed::SetDictItem;
+using deepspeed::SetPartitionFields;
+using deepspeed::ShapeText;
+using deepspeed::StateTensor;
+using deepspeed::TagListing;
+using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
+using deepspeed::UniversalOptimizerState;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
+constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
+constexpr char kZero3Refusal[] =
+    "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)";
+
+// ---------------------------------------------------------------------------------------------
+// Plans.
+
+// A layout's parameters in the flat order DeepSpeed uses at `dp` ranks.
+Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32_t source_dp,
+                             uint32_t dp) {
+  if (!round_robin) return MakeLayout(source.names, source.shapes);
+  const std::vector<size_t> original = OptimizerOrder(source.names.size(), true, source_dp);
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (const size_t i : RoundRobinOrder(source.names.size(), dp)) {
+    names.push_back(source.names[original[i]]);
+    shapes.push_back(source.shapes[original[i]]);
+  }
+  return MakeLayout(std::move(names), std::move(shapes));
+}
+
+// The index's layout of every group (source flat order) and the facts PlanReshard needs.
+struct IndexFacts {
+  std::vector<GroupLayout> groups;
+  uint32_t dp = 0;
+  bool round_robin = false;
+  bool bf16_optimizer = false;
+  std::string prefix;
+  uint32_t model_file = 0;
+  uint32_t optim_file = 0;
+};
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  if (c.adapter != DeepSpeedZeroAdapter::kName) {
+    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
+                                   std::string(DeepSpeedZeroAdapter::kName));
+  }
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  const nlohmann::json& state = c.adapter_state;
+  if (!state.is_object() || !state.contains("optimizer") || !state["optimizer"].is_string() ||
+      !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
+      !state.contains("round_robin_gradients") || !state["round_robin_gradients"].is_boolean()) {
+    return Status::Corrupt(
+        "deepspeed: index adapter_state: optimizer, file_prefix or "
+        "round_robin_gradients missing or mistyped");
+  }
+  facts.bf16_optimizer = state["optimizer"].get<std::string>() == kBf16Optimizer;
+  facts.prefix = state["file_prefix"].get<std::string>();
+  if (facts.prefix != "" && facts.prefix != "bf16_") {
+    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + facts.prefix +
+                           "\" is neither \"\" nor \"bf16_\"");
+  }
+  facts.round_robin = state["round_robin_gradients"].get<bool>();
+  bool have_model = false;
+  bool have_optim = false;
+  for (const CarriedObject& carried : c.carried) {
+    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
+    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_model || !have_optim) {
+    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
+  }
+  for (const ParamGroup& group : c.groups) {
+    std::vector<Shape> shapes;
+    for (const std::string& name : group.params) {
+      const Atom* atom = index.Find(name, "fp32");
+      if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
+      shapes.push_back(atom->shape);
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.params, std::move(shapes)));
+    facts.groups.push_back(std::move(layout));
+  }
+  return facts;
+}
+
+// ZeRO-3, pipeline and tensor-parallel tags, told apart by their file names.
+Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
+  if (!listing.zero3_model_states.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  if (!listing.layer_files.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "a pipeline tag (the deepspeed-pipe adapter reads it)");
+  }
+  if (listing.model_states.size() > 1) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "tp=" + std::to_string(listing.model_states.size()) +
+                               ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
+  }
+  return Status::Ok();
+}
+
+// Why a TP=1 tag of this adapter cannot be split over `tp` ranks: the client's
+// universal_checkpoint_info (Megatron-DeepSpeed's) says which parameters are split on which
+// dimension, and the deepspeed-tp adapter reads tags that carry it.
+Status RefuseTensorParallel(const AtomIndex& index, const std::string& tag_dir, uint32_t model_file,
+                            uint32_t tp) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model, OpenSource(index, tag_dir, model_file));
+  const std::string what = "deepspeed: tp=" + std::to_string(tp) + ": " + model.path() + ": ";
+  const Value* info = OptionalField(model, "universal_checkpoint_info");
+  if (info == nullptr || info->kind() != Kind::kDict) {
+    return Status::Unsupported(
+        what +
+        "no universal_checkpoint_info in the model states: no rules say which parameters are "
+        "split over TP ranks, on which dimension, or replicated, so a TP=1 tag without it cannot "
+        "be split (Megatron-DeepSpeed saves it in the client state)");
+  }
+  if (const Value* rr = OptionalField(model, "ds_config/zero_optimization/round_robin_gradients");
+      rr != nullptr && rr->kind() == Kind::kBool && rr->bool_value()) {
+    return Status::Unsupported(what +
+                               "round_robin_gradients with tensor parallelism is not supported");
+  }
+  return Status::FailedPrecondition(
+      what +
+      "the tag carries universal_checkpoint_info, but this index was built by the "
+      "deepspeed-zero12 adapter, which keeps no shard maps: rebuild it (`ucp index` on the tag) "
+      "so that the deepspeed-tp adapter reads it");
+}
+
+}  // namespace
+
+bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty()) {
+    return false;
+  }
+  // Tensor-parallel tags (mp ranks > 0 without pipeline layer files) are DeepSpeedTpAdapter's.
+  const bool tensor_parallel =
+      (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) ||
+      std::any_of(listing->optim.begin(), listing->optim.end(),
+                  [](const RankFile& entry) { return entry.mp > 0; });
+  return !tensor_parallel && (!listing->model_states.empty() || !listing->optim.empty());
+}
+
+Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  const std::string model = ModelStatesName(0);
+  // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
+  if (mp != 1) {
+    return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
+                               ": tp=" + std::to_string(mp) +
+                               ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
+  }
+  const bool bf16 = Bf16Prefix(listing, reader);
+  const Value* config = OptionalField(reader, "ds_config");
+  if (config != nullptr && config->kind() == Kind::kDict) {
+    int64_t stage = 0;  // DeepSpeedZeroConfig's default, also without a zero_optimization entry
+    if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+      if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
+    }
+    if (stage >= 3) {
+      return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+    }
+    if (stage == 0 && !bf16) {
+      return Status::Unsupported(Prefix(reader.path()) +
+                                 "ds_config: no ZeRO optimizer (zero_optimization.stage 0 "
+                                 "without bf16 keeps the optimizer in the model states); "
+                                 "not supported");
+    }
+  }
+  std::vector<std::string> files = {model};
+  const std::string prefix = bf16 ? "bf16_" : "";
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
+                                                   const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
+    return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
+  }
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  UCP_ASSIGN_OR_RETURN(ModelStates ms,
+                       ReadModelStates(tag_dir, listing.model_states.begin()->second));
+  if (ms.config_stage && *ms.config_stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+
+  // One optimizer file per DP rank, all with one prefix and mp rank 00.
+  const std::string prefix = listing.optim.front().prefix;
+  std::map<uint32_t, const RankFile*> by_rank;
+  for (const RankFile& entry : listing.optim) {
+    if (entry.mp != 0) {
+      return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
+                                 ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
+    }
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= ms.dp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "dp rank " +
+                             std::to_string(entry.dp) + " >= dp_world_size " +
+                             std::to_string(ms.dp) + " of " + ms.name +
+                             " (a file of another save)");
+    }
+    by_rank[entry.dp] = &entry;
+  }
+  for (uint32_t r = 0; r < ms.dp; ++r) {
+    if (!by_rank.contains(r)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, 0)) +
+                              "not found (dp_world_size " + std::to_string(ms.dp) + " in " +
+                              ms.name + ")");
+    }
+  }
+  std::vector<OptimStates> ranks;
+  for (uint32_t r = 0; r < ms.dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(OptimStates os,
+                         ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size(), kZero3Refusal));
+    ranks.push_back(std::move(os));
+  }
+  // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
+  if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
+  for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
+  const OptimStates& first = ranks.front();
+  const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
+
+  AtomIndexContents c;
+  c.framework = "deepspeed";
+  c.framework_version = ms.ds_version;
+  c.adapter = std::string(kName);
+  c.adapter_schema = kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {ms.dp, 1, 1, ms.dp, static_cast<uint32_t>(zero_stage)};
+
+  std::vector<std::string> paths = {ms.name};
+  for (const OptimStates& os : ranks) paths.push_back(os.entry.name);
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
+                     std::string(i == 0 ? kModelRole : kOptimRole), std::nullopt};
+    if (i > 0) file.rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
+    c.files.push_back(std::move(file));
+  }
+
+  std::map<std::string, const TorchTensor*> module;
+  if (const Value* node = OptionalField(ms.reader, "module")) {
+    for (const auto& [name, value] : NamedChildren(node)) module[name] = ms.reader.TensorAt(value);
+  }
+  std::set<std::string> seen;
+  for (size_t g = 0; g < ms.groups.size(); ++g) {
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    const std::string gs = std::to_string(g);
+    ParamGroup group;
+    group.params = layout.names;
+    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) continue;
+      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+        group.scalars[st.key] = *value;
+      }
+    }
+    c.groups.push_back(std::move(group));
+
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      const std::string& name = layout.names[k];
+      if (!seen.insert(name).second) {
+        return FieldError(ms.reader, "param_shapes/" + gs + "/" + name, "listed twice");
+      }
+      Atom fp32{name, "fp32", first.groups[g].fp32->dtype, layout.shapes[k], {}};
+      std::vector<const TorchTensor*> per_rank;
+      for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].fp32);
+      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, 1));
+      c.atoms.push_back(std::move(fp32));
+
+      for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
+        const StateTensor& st = first.groups[g].states[s];
+        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+        if (st.tensor->shape.empty()) {
+          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+          const uint32_t r = static_cast<uint32_t>(layout.offsets[k] / p.partition);
+          const TorchTensor* tensor = ranks[std::min(r, ms.dp - 1)].groups[g].states[s].tensor;
+          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+          atom.fragments.push_back(
+              {1 + std::min(r, ms.dp - 1), tensor->file_offset(), tensor->dtype, std::move(whole)});
+        } else {
+          atom.shape = layout.shapes[k];
+          per_rank.clear();
+          for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].states[s].tensor);
+          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, 1));
+        }
+        c.atoms.push_back(std::move(atom));
+      }
+
+      const auto it = module.find(name);
+      if (it == module.end() || it->second == nullptr) {
+        return FieldError(ms.reader, "module/" + name,
+                          "missing (param_shapes/" + gs + " names it)");
+      }
+      const TorchTensor& bit16 = *it->second;
+      if (bit16.shape != layout.shapes[k]) {
+        return FieldError(
+            ms.reader, "param_shapes/" + gs + "/" + name,
+            ShapeText(layout.shapes[k]) + ", but module/" + name + " is " + ShapeText(bit16.shape));
+      }
+      if (!bit16.contiguous()) return FieldError(ms.reader, "module/" + name, "not contiguous");
+      // Module tensors saved as views of the flat buffer show where the data really is.
+      if (bit16.storage->numel == p.padded && bit16.storage_offset != layout.offsets[k]) {
+        return FieldError(ms.reader, "module/" + name,
+                          "a view at element " + std::to_string(bit16.storage_offset) +
+                              " of the flat buffer, but param_shapes/" + gs + " places it at " +
+                              std::to_string(layout.offsets[k]));
+      }
+      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16.shape));
+      c.atoms.push_back({name,
+                         "bit16",
+                         bit16.dtype,
+                         bit16.shape,
+                         {{0, bit16.file_offset(), bit16.dtype, whole}}});
+    }
+  }
+
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < ms.groups.size(); ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  std::vector<std::string> rewritten_model = {"dp_world_size"};
+  if (ms.round_robin) rewritten_model.push_back("param_shapes");
+  c.carried = {
+      {std::string(kModelRole), 0, rewritten_model},
+      {std::string(kOptimRole), 1, rewritten_optim},
+      {std::string(kUniversalRole),
+       1,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+  c.adapter_state = {
+      {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
+      {"file_prefix", prefix},
+      {"mp_rank", 0},
+      {"alignment_factor", kAlignmentFactor},
+      {"round_robin_gradients", ms.round_robin},
+      {"fp32_padding_stripped", !first.bf16_optimizer},
+      {"zero_stage", zero_stage},
+  };
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+// DeepSpeed's module tensors are views of each group's flat bit16 buffer, which is padded at the
+// end to a multiple of 2·DP: at another DP only that padding changes, so the storage is resized to
+// what DeepSpeed allocates there (zeros past the real elements) and every persistent id naming it
+// gets the new element count. Storages that are not such a buffer (no module view of the group,
+// another element count, a round-robin order that moves the views) are carried unchanged.
+Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reader, uint32_t file,
+                           const std::vector<GroupLayout>& source_layouts, uint32_t source_dp,
+                           uint32_t target_dp,
+                           std::map<std::string, std::vector<Segment>>& replaced) {
+  std::map<std::string, uint64_t> new_numel;
+  for (const GroupLayout& layout : source_layouts) {
+    if (layout.names.empty()) continue;
+    auto found = reader.Find("module/" + layout.names.front());
+    if (!found.ok()) continue;
+    const TorchTensor* view = reader.TensorAt(*found);
+    if (view == nullptr) continue;
+    const TorchStorage& storage = *view->storage;
+    UCP_ASSIGN_OR_RETURN(const Partitioning source, Partition(layout.total, source_dp));
+    UCP_ASSIGN_OR_RETURN(const Partitioning target, Partition(layout.total, target_dp));
+    if (storage.numel != source.padded || target.padded == source.padded) continue;
+    const uint64_t item = ItemSize(storage.dtype);
+    std::vector<Segment> segments = {
+        Segment{file, storage.offset, std::min(source.padded, target.padded) * item}};
+    if (target.padded > source.padded)
+      AppendZeros(segments, (target.padded - source.padded) * item);
+    replaced[storage.key] = std::move(segments);
+    new_numel[storage.key] = target.padded;
+  }
+  if (new_numel.empty()) return Status::Ok();
+  return pickle::ForEachReachable(graph.root(), [&](Value* node) -> Status {
+    const Value* pid = PidTuple(node);
+    if (pid == nullptr) return Status::Ok();
+    const auto it = new_numel.find(pid->Item(2)->data());
+    if (it != new_numel.end()) {
+      node->pid()->mutable_items()[4] = graph.Int(static_cast<int64_t>(it->second));
+    }
+    return Status::Ok();
+  });
+}
+
+Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
+                                                     const std::string& tag_dir,
+                                                     const Topology& target) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (target.tp > 1 && target.pp == 1) {
+    return RefuseTensorParallel(index, tag_dir, facts.model_file, target.tp);
+  }
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  const uint32_t m = target.dp;
+  OutputPlan plan;
+
+  std::vector<GroupLayout> layouts;
+  std::vector<Partitioning> partitions;
+  for (const GroupLayout& source : facts.groups) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, Relayout(source, facts.round_robin, facts.dp, m));
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, m));
+    if (p.padding > p.partition) {
+      return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
+                                 std::to_string(layout.total) +
+                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
+    }
+    layouts.push_back(std::move(layout));
+    partitions.push_back(p);
+  }
+
+  // Model states: dp_world_size (and a round-robin flat order) rewritten, the rest carried.
+  {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                         OpenSource(index, tag_dir, facts.model_file));
+    ArchiveOutput out;
+    // Named, not taken from the index: over an atoms store the file is read from its copy.
+    out.path = ModelStatesName(0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
+    if (facts.round_robin) {
+      Value* shapes = root->Get("param_shapes");
+      for (size_t g = 0; g < layouts.size() && shapes != nullptr; ++g) {
+        Value* group = shapes->Item(g);
+        if (group == nullptr || group->kind() != Kind::kObject) {
+          return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
+                                 ": not an OrderedDict");
+        }
+        std::map<std::string, pickle::Mutation> by_name;
+        for (const pickle::Mutation& mutation : group->mutations()) {
+          if (mutation.op == pickle::Mutation::Op::kSetItem) {
+            by_name.emplace(KeyText(mutation.first), mutation);
+          }
+        }
+        std::vector<pickle::Mutation> reordered;
+        for (const std::string& name : layouts[g].names) {
+          const auto it = by_name.find(name);
+          if (it == by_name.end()) {
+            return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
+                                   "/" + name + ": missing");
+          }
+          reordered.push_back(it->second);
+        }
+        group->mutable_mutations() = std::move(reordered);
+      }
+    }
+    std::map<std::string, std::vector<Segment>> resized;
+    if (!facts.round_robin) {
+      UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, facts.groups,
+                                              facts.dp, m, resized));
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.model_file, std::move(resized)));
+    plan.archives.push_back(std::move(out));
+  }
+
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+  for (uint32_t r = 0; r < m; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    const Value* template_dict = reader.root()->Get(kOsd);
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<uint64_t> paddings;
+    std::vector<Value*> fp32_items;
+    std::vector<Value*> mapping_items;
+    std::vector<size_t> params_per_group;
+    for (size_t g = 0; g < layouts.size(); ++g) {
+      const GroupLayout& layout = layouts[g];
+      params_per_group.push_back(layout.names.size());
+      const Partitioning& p = partitions[g];
+      const uint64_t begin = p.begin(r);
+      const uint64_t padding = p.padding_of(r);
+      const uint64_t real_end = std::min(begin + p.partition, layout.total);
+      UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
+      const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
+      UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
+      Value* states = nullptr;
+      if (Value* base = dict->Get("base_optimizer_state")) {
+        if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
+          for (auto& [key, value] : all->mutable_entries()) {
+            if (KeyText(key) == std::to_string(g)) states = value;
+          }
+        }
+      }
+      if (states == nullptr || states->kind() != Kind::kDict ||
+          states->entries().size() != template_states->entries().size()) {
+        return FieldError(reader, field, "not a dict of states");
+      }
+      for (size_t s = 0; s < states->entries().size(); ++s) {
+        const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
+        if (tensor == nullptr || tensor->shape.size() != 1) continue;
+        if (tensor->numel() != source_p.partition) {
+          return FieldError(reader, field + "/" + KeyText(template_states->entries()[s].first),
+                            "not a partition of " + std::to_string(source_p.partition));
+        }
+        const std::string state = KeyText(states->entries()[s].first);
+        UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                             FlatSegments(index, layout, state, begin, real_end));
+        AppendZeros(segments,
+                    (begin + p.partition - std::max(begin, real_end)) * ItemSize(tensor->dtype));
+        UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
+                             PartitionTensor(out.graph, *tensor, p.partition, p.partition));
+        replaced[tensor->storage->key] = std::move(segments);
+      }
+
+      // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
+      // tensor but keeps the P-element storage it is a view of.
+      const std::string fp32_field = osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
+      UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
+      const TorchTensor* fp32 = reader.TensorAt(fp32_node);
+      if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
+      const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                           FlatSegments(index, layout, "fp32", begin, real_end));
+      AppendZeros(segments,
+                  (begin + p.partition - std::max(begin, real_end)) * ItemSize(fp32->dtype));
+      UCP_ASSIGN_OR_RETURN(Value * node,
+                           PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
+      fp32_items.push_back(node);
+      replaced[fp32->storage->key] = std::move(segments);
+
+      paddings.push_back(padding);
+      mapping_items.push_back(
+          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
+    }
+    if (template_dict == nullptr || dict == nullptr) {
+      return FieldError(reader, osd, "missing");
+    }
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+                                           std::move(mapping_items), params_per_group,
+                                           reader.path()));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return plan;
+}
+
+Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& index,
+                                                             const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+
+  std::map<std::string, bool> requires_grad;  // "<param>/<state>"
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
+                                            osd + "/base_optimizer_state/state/" + gs,
+                                            facts.groups[g].names, requires_grad));
+  }
+
+  OutputPlan plan;
+  for (const Atom& atom : index.atoms()) {
+    if (atom.state == "bit16") continue;
+    // step.pt is the bare 0-d tensor.
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        UniversalAtomArchive(index, atom, atom.shape, requires_grad[atom.param + "/" + atom.state],
+                             !atom.shape.empty()));
+    plan.archives.push_back(std::move(out));
+  }
+
+  // zero/optimizer_state.pt from rank 0's optimizer_state_dict.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
+  plan.archives.push_back(std::move(out));
+
+  // Named, not taken from the index: over an atoms store the file is read from its copy.
+  plan.copies.push_back({ModelStatesName(0), facts.model_file});
+  return plan;
+}
+
+}  // namespace ucp::hooks

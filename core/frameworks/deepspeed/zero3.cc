@@ -1,0 +1,1056 @@
+#include "core/frameworks/deepspeed/zero3.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/common.h"
+#include "core/plan/copy_plan.h"
+#include "core/tag/file_hashing.h"
+#include "core/util/checked.h"
+
+namespace ucp::hooks {
+namespace {
+
+using deepspeed::Bf16Prefix;
+using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
+using deepspeed::Field;
+using deepspeed::FieldError;
+using deepspeed::GroupLayout;
+using deepspeed::IntField;
+using deepspeed::IntList;
+using deepspeed::JsonOf;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
+using deepspeed::ListTag;
+using deepspeed::MakeLayout;
+using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimName;
+using deepspeed::OptionalField;
+using deepspeed::PartitionTensor;
+using deepspeed::Prefix;
+using deepspeed::RankFile;
+using deepspeed::ScalarValue;
+using deepspeed::SetDictItem;
+using deepspeed::ShapeOf;
+using deepspeed::ShapeText;
+using deepspeed::StrField;
+using deepspeed::TagListing;
+using deepspeed::TagName;
+using deepspeed::TensorLike;
+using deepspeed::UniversalAtomArchive;
+using deepspeed::ZeroStageOf;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr std::string_view kOptimizer = "DeepSpeedZeroOptimizer_Stage3";
+// DeepSpeedZeroConfig.sub_group_size's default (pp_int(1e9)).
+constexpr uint64_t kDefaultSubGroupSize = 1000000000;
+constexpr std::string_view kFrozenState = "bit16";
+
+std::string Zero3ModelName(uint32_t dp, uint32_t mp) {
+  char name[96];
+  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_model_states.pt", dp, mp);
+  return name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeepSpeed's ZeRO-3 partitioning rules.
+
+// Elements per rank of a parameter of `numel` elements at DP size `dp` (ceil(numel / dp)).
+uint64_t PieceOf(uint64_t numel, uint32_t dp) { return numel / dp + (numel % dp != 0 ? 1 : 0); }
+
+// One flat group at one DP size: where each parameter's piece sits in a rank's partition.
+struct FlatLayout {
+  GroupLayout params;
+  std::vector<uint64_t> pieces;  // c_k
+  std::vector<uint64_t> starts;  // element offset of piece k in the partition
+  uint64_t partition = 0;        // P: Σ c_k
+  uint32_t dp = 1;
+};
+
+Result<FlatLayout> LayoutAt(const GroupLayout& params, uint32_t dp) {
+  FlatLayout out;
+  out.params = params;
+  out.dp = dp;
+  for (const uint64_t numel : params.numels) {
+    const uint64_t piece = PieceOf(numel, dp);
+    out.starts.push_back(out.partition);
+    out.pieces.push_back(piece);
+    const std::optional<uint64_t> total = CheckedAdd(out.partition, piece);
+    if (!total) return Status::OutOfRange("deepspeed: flat group: more than 2^64 elements");
+    out.partition = *total;
+  }
+  return out;
+}
+
+// DeepSpeed's _create_fp16_sub_groups: the parameters of one optimizer group (their partition
+// elements at `dp`), split where a sub group's elements reach `sub_group_size`. Returns the
+// number of parameters of each sub group.
+std::vector<size_t> SubGroupSizes(const std::vector<uint64_t>& numels, uint32_t dp,
+                                  uint64_t sub_group_size) {
+  uint64_t total = 0;
+  for (const uint64_t numel : numels) total += PieceOf(numel, dp);
+  if (sub_group_size >= total) return {numels.size()};
+  std::vector<size_t> sizes;
+  size_t count = 0;
+  uint64_t elements = 0;
+  for (size_t k = 0; k < numels.size(); ++k) {
+    ++count;
+    elements += PieceOf(numels[k], dp);
+    if (elements >= sub_group_size || k + 1 == numels.size()) {
+      sizes.push_back(count);
+      count = 0;
+      elements = 0;
+    }
+  }
+  return sizes;
+}
+
+// The bytes of rank r's piece of state `state` of a parameter (c elements of `item` bytes at
+// DP size `dp`): its real elements from the atom, zeros for the padding.
+Result<std::vector<Segment>> PieceSegments(const AtomIndex& index, const std::string& name,
+                                           std::string_view state, uint64_t numel, uint32_t dp,
+                                           uint32_t r, uint64_t item) {
+  const Atom* atom = index.Find(name, state);
+  if (atom == nullptr) {
+    return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
+  }
+  const uint64_t piece = PieceOf(numel, dp);
+  const uint64_t lo = std::min(uint64_t{r} * piece, numel);
+  const uint64_t hi = std::min(lo + piece, numel);
+  std::vector<Segment> segments;
+  if (lo < hi) {
+    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo, hi, atom->shape));
+    UCP_ASSIGN_OR_RETURN(segments, PlanRegion(index, *atom, region));
+  }
+  AppendZeros(segments, (piece - (hi - lo)) * item);
+  return segments;
+}
+
+// Rank r's flat partition of state `state` of a flat group.
+Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const FlatLayout& layout,
+                                               std::string_view state, uint32_t r, uint64_t item) {
+  std::vector<Segment> segments;
+  for (size_t k = 0; k < layout.params.names.size(); ++k) {
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> piece,
+                         PieceSegments(index, layout.params.names[k], state,
+                                       layout.params.numels[k], layout.dp, r, item));
+    AppendSegments(segments, piece);
+  }
+  return segments;
+}
+
+// Fragments of param k of a flat group: each rank's real elements, at the byte of that rank's
+// tensor where its piece starts.
+Status AddPieceFragments(Atom& atom, const FlatLayout& layout, size_t k,
+                         const std::vector<std::pair<uint32_t, const TorchTensor*>>& per_rank) {
+  const uint64_t numel = layout.params.numels[k];
+  const uint64_t piece = layout.pieces[k];
+  for (uint32_t r = 0; r < per_rank.size(); ++r) {
+    const uint64_t lo = std::min(uint64_t{r} * piece, numel);
+    const uint64_t hi = std::min(lo + piece, numel);
+    if (lo >= hi) continue;
+    const auto& [file, tensor] = per_rank[r];
+    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo, hi, atom.shape));
+    const std::optional<uint64_t> byte = CheckedMul(layout.starts[k], ItemSize(tensor->dtype));
+    const std::optional<uint64_t> offset =
+        byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
+    if (!offset) {
+      return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
+                                ": offset overflow");
+    }
+    atom.fragments.push_back({file, *offset, tensor->dtype, std::move(region)});
+  }
+  return Status::Ok();
+}
+
+// The value of entry `key` (by KeyText: str keys by text, int keys in decimal) of a dict, or of
+// an OrderedDict's items; nullptr when absent.
+Value** MutableEntry(Value* node, std::string_view key) {
+  if (node == nullptr) return nullptr;
+  if (node->kind() == Kind::kDict) {
+    for (auto& [k, value] : node->mutable_entries()) {
+      if (KeyText(k) == key) return &value;
+    }
+  } else if (node->kind() == Kind::kObject) {
+    for (pickle::Mutation& mutation : node->mutable_mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem && KeyText(mutation.first) == key) {
+        return &mutation.second;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The files of a tag, read.
+
+struct ModelStates {
+  RankFile entry;
+  TorchArchiveReader reader;
+  std::string ds_version;
+  uint32_t dp = 0;
+  std::vector<GroupLayout> flat_groups;  // param_shapes
+  GroupLayout frozen;                    // frozen_param_shapes
+  std::vector<const TorchTensor*> frozen_fragments;
+  std::optional<int64_t> config_stage;
+  uint64_t sub_group_size = kDefaultSubGroupSize;
+};
+
+// One state tensor of a flat group: partitioned (1-d, P elements) or 0-d.
+struct StateTensor {
+  std::string key;
+  const TorchTensor* tensor = nullptr;
+};
+
+struct OptimStates {
+  RankFile entry;
+  TorchArchiveReader reader;
+  std::string ds_version;
+  std::vector<std::vector<StateTensor>> states;  // per flat group, in the pickle's order
+  std::vector<const TorchTensor*> fp32;          // fp32_flat_groups
+  std::vector<const Value*> param_groups;
+  std::vector<std::vector<int64_t>> group_members;  // param_groups[pg]['params']
+};
+
+Result<GroupLayout> ReadShapes(const TorchArchiveReader& r, const Value* node,
+                               const std::string& field) {
+  std::vector<std::string> names;
+  std::vector<Shape> dims;
+  for (const auto& [key, value] : NamedChildren(node)) {
+    std::optional<Shape> shape = ShapeOf(value);
+    if (!shape) return FieldError(r, field + "/" + key, "not a torch.Size");
+    names.push_back(key);
+    dims.push_back(std::move(*shape));
+  }
+  Result<GroupLayout> layout = MakeLayout(std::move(names), std::move(dims));
+  if (!layout.ok()) return FieldError(r, field, layout.status().message());
+  return layout;
+}
+
+Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& entry) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
+  ModelStates ms{entry, std::move(reader), {}, 0, {}, {}, {}, std::nullopt, kDefaultSubGroupSize};
+  const TorchArchiveReader& r = ms.reader;
+  UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
+  UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
+  if (mp != 1) {
+    return Status::Unsupported(Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
+                               ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
+  if (shapes->kind() != Kind::kList) {
+    return FieldError(r, "param_shapes", "not a list of flat groups");
+  }
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout,
+                         ReadShapes(r, shapes->items()[g], "param_shapes/" + std::to_string(g)));
+    ms.flat_groups.push_back(std::move(layout));
+  }
+  if (const Value* frozen = OptionalField(r, "frozen_param_shapes");
+      frozen != nullptr && frozen->kind() != Kind::kNone) {
+    UCP_ASSIGN_OR_RETURN(ms.frozen, ReadShapes(r, frozen, "frozen_param_shapes"));
+  }
+  for (size_t k = 0; k < ms.frozen.names.size(); ++k) {
+    const std::string field = "frozen_param_fragments/" + ms.frozen.names[k];
+    UCP_ASSIGN_OR_RETURN(const Value* node, Field(r, field));
+    const TorchTensor* tensor = r.TensorAt(node);
+    const uint64_t piece = PieceOf(ms.frozen.numels[k], ms.dp);
+    if (tensor == nullptr || tensor->shape != Shape{piece} || !tensor->contiguous()) {
+      return FieldError(r, field,
+                        "not a contiguous tensor of shape [" + std::to_string(piece) +
+                            "] (frozen_param_shapes at dp_world_size " + std::to_string(ms.dp) +
+                            ")");
+    }
+    ms.frozen_fragments.push_back(tensor);
+  }
+  if (const Value* stage = OptionalField(r, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt) ms.config_stage = stage->AsInt64();
+  }
+  if (const Value* size = OptionalField(r, "ds_config/zero_optimization/sub_group_size")) {
+    if (size->kind() == Kind::kInt && size->AsInt64().value_or(-1) >= 0) {
+      ms.sub_group_size = static_cast<uint64_t>(*size->AsInt64());
+    } else if (size->kind() == Kind::kFloat && size->float_value() >= 0 &&
+               size->float_value() < 1.8e19) {
+      ms.sub_group_size = static_cast<uint64_t>(size->float_value());
+    }
+  }
+  return ms;
+}
+
+Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
+                                    const ModelStates& ms) {
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                       TorchArchiveReader::Open(tag_dir + "/" + entry.name));
+  OptimStates os{entry, std::move(reader), {}, {}, {}, {}, {}};
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
+  UCP_ASSIGN_OR_RETURN(const Value* stage_node, Field(r, osd + "/zero_stage"));
+  const std::optional<int64_t> stage = ZeroStageOf(stage_node);
+  if (!stage || *stage != 3) {
+    return FieldError(r, osd + "/zero_stage", "not ZeroStageEnum.weights (3)");
+  }
+  UCP_ASSIGN_OR_RETURN(os.ds_version, StrField(r, "ds_version"));
+  if (os.ds_version != ms.ds_version) {
+    return FieldError(r, "ds_version",
+                      "\"" + os.ds_version + "\", but " + ms.entry.name + " has \"" +
+                          ms.ds_version + "\" (a file of another save)");
+  }
+  UCP_ASSIGN_OR_RETURN(const int64_t partitions, IntField(r, osd + "/partition_count"));
+  if (partitions != ms.dp) {
+    return FieldError(r, osd + "/partition_count",
+                      std::to_string(partitions) + ", but " + ms.entry.name +
+                          " has dp_world_size " + std::to_string(ms.dp) +
+                          " (a file of another save)");
+  }
+  const size_t groups = ms.flat_groups.size();
+  UCP_ASSIGN_OR_RETURN(const Value* fp32, Field(r, osd + "/fp32_flat_groups"));
+  if (fp32->kind() != Kind::kList || fp32->items().size() != groups) {
+    return FieldError(r, osd + "/fp32_flat_groups",
+                      "not a list of " + std::to_string(groups) + " tensors (param_shapes in " +
+                          ms.entry.name + ")");
+  }
+  const std::string inner = osd + "/" + osd;
+  const Value* state = OptionalField(r, inner + "/state");
+  if (state == nullptr || state->kind() != Kind::kDict || state->entries().size() != groups) {
+    return FieldError(r, inner + "/state",
+                      "not a dict of " + std::to_string(groups) + " flat groups' states");
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    const std::string gs = std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const FlatLayout layout, LayoutAt(ms.flat_groups[g], ms.dp));
+    const TorchTensor* flat = r.TensorAt(fp32->items()[g]);
+    if (flat == nullptr || flat->shape != Shape{layout.partition} || !flat->contiguous()) {
+      return FieldError(r, osd + "/fp32_flat_groups/" + gs,
+                        "not a contiguous tensor of shape [" + std::to_string(layout.partition) +
+                            "] (param_shapes/" + gs + " in " + ms.entry.name + ")");
+    }
+    os.fp32.push_back(flat);
+    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, inner + "/state/" + gs));
+    std::vector<StateTensor> tensors;
+    for (const auto& [key, value] : NamedChildren(states)) {
+      const TorchTensor* tensor = r.TensorAt(value);
+      if (tensor == nullptr) continue;
+      const std::string field = inner + "/state/" + gs + "/" + key;
+      if (!tensor->contiguous()) return FieldError(r, field, "not contiguous");
+      if (!tensor->shape.empty() && tensor->shape != Shape{layout.partition}) {
+        return Status::Unsupported(
+            Prefix(r.path()) + field + ": shape " + ShapeText(tensor->shape) +
+            " is neither 0-d nor the partition [" + std::to_string(layout.partition) + "]");
+      }
+      tensors.push_back({key, tensor});
+    }
+    os.states.push_back(std::move(tensors));
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* param_groups, Field(r, inner + "/param_groups"));
+  if (param_groups->kind() != Kind::kList) {
+    return FieldError(r, inner + "/param_groups", "not a list");
+  }
+  int64_t next = 0;
+  for (size_t pg = 0; pg < param_groups->items().size(); ++pg) {
+    const std::string field = inner + "/param_groups/" + std::to_string(pg) + "/params";
+    UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> members, deepspeed::IntListField(r, field));
+    for (const int64_t member : members) {
+      if (member != next++) {
+        return FieldError(r, field, "not the next flat groups in order");
+      }
+    }
+    os.param_groups.push_back(param_groups->items()[pg]);
+    os.group_members.push_back(members);
+  }
+  if (next != static_cast<int64_t>(groups)) {
+    return FieldError(r, inner + "/param_groups",
+                      "cover " + std::to_string(next) + " flat groups, param_shapes in " +
+                          ms.entry.name + " has " + std::to_string(groups));
+  }
+  return os;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index's facts.
+
+struct IndexFacts {
+  uint32_t dp = 0;
+  std::string prefix;
+  uint64_t sub_group_size = kDefaultSubGroupSize;
+  std::vector<GroupLayout> flat_groups;
+  std::vector<size_t> flat_group_of;                   // param group of each flat group
+  std::vector<std::vector<std::string>> param_groups;  // params of each param group
+  GroupLayout frozen;
+  uint32_t model_file = 0;            // rank 0's model states
+  uint32_t optim_file = 0;            // rank 0's optimizer states
+  std::vector<uint32_t> model_files;  // every rank's, in rank order
+};
+
+Result<Shape> AtomShape(const AtomIndex& index, const std::string& name, std::string_view state) {
+  const Atom* atom = index.Find(name, state);
+  if (atom == nullptr) {
+    return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
+  }
+  return atom->shape;
+}
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  if (c.adapter != DeepSpeedZero3Adapter::kName) {
+    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
+                                   std::string(DeepSpeedZero3Adapter::kName));
+  }
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  const nlohmann::json& state = c.adapter_state;
+  const auto bad = [] {
+    return Status::Corrupt(
+        "deepspeed: index adapter_state: file_prefix, sub_group_size, flat_groups or "
+        "frozen_params missing or mistyped");
+  };
+  if (!state.is_object() || !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
+      !state.contains("sub_group_size") || !state["sub_group_size"].is_number_unsigned() ||
+      !state.contains("flat_groups") || !state["flat_groups"].is_array() ||
+      !state.contains("frozen_params") || !state["frozen_params"].is_array()) {
+    return bad();
+  }
+  facts.prefix = state["file_prefix"].get<std::string>();
+  if (facts.prefix != "" && facts.prefix != "bf16_") return bad();
+  facts.sub_group_size = state["sub_group_size"].get<uint64_t>();
+
+  for (const ParamGroup& group : c.groups) facts.param_groups.push_back(group.params);
+  std::vector<size_t> taken(c.groups.size(), 0);
+  for (const nlohmann::json& flat : state["flat_groups"]) {
+    if (!flat.is_object() || !flat.contains("param_group") ||
+        !flat["param_group"].is_number_unsigned() || !flat.contains("params") ||
+        !flat["params"].is_number_unsigned()) {
+      return bad();
+    }
+    const size_t pg = flat["param_group"].get<size_t>();
+    const size_t count = flat["params"].get<size_t>();
+    // Flat groups come in parameter-group order, each group's parameters in order.
+    if (pg >= c.groups.size() || count > c.groups[pg].params.size() - taken[pg] ||
+        (!facts.flat_group_of.empty() && pg < facts.flat_group_of.back())) {
+      return bad();
+    }
+    std::vector<std::string> names(c.groups[pg].params.begin() + taken[pg],
+                                   c.groups[pg].params.begin() + taken[pg] + count);
+    taken[pg] += count;
+    std::vector<Shape> shapes;
+    for (const std::string& name : names) {
+      UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, name, "fp32"));
+      shapes.push_back(std::move(shape));
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
+    facts.flat_groups.push_back(std::move(layout));
+    facts.flat_group_of.push_back(pg);
+  }
+  for (size_t pg = 0; pg < c.groups.size(); ++pg) {
+    if (taken[pg] != c.groups[pg].params.size()) return bad();
+  }
+  std::vector<std::string> frozen_names;
+  std::vector<Shape> frozen_shapes;
+  for (const nlohmann::json& name : state["frozen_params"]) {
+    if (!name.is_string()) return bad();
+    frozen_names.push_back(name.get<std::string>());
+    UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, frozen_names.back(), kFrozenState));
+    frozen_shapes.push_back(std::move(shape));
+  }
+  UCP_ASSIGN_OR_RETURN(facts.frozen, MakeLayout(std::move(frozen_names), std::move(frozen_shapes)));
+
+  std::map<uint32_t, uint32_t> model_by_rank;
+  bool have_optim = false;
+  for (const CarriedObject& carried : c.carried) {
+    const std::optional<RankCoordinates>& rank = c.files.at(carried.file).rank;
+    if (carried.role == kModelRole && rank) model_by_rank[rank->dp] = carried.file;
+    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_optim || model_by_rank.size() != facts.dp || !model_by_rank.contains(0) ||
+      model_by_rank.rbegin()->first + 1 != facts.dp) {
+    return Status::Corrupt(
+        "deepspeed: index carried: no optim_states template or not one model_states file per DP "
+        "rank");
+  }
+  for (const auto& [rank, file] : model_by_rank) facts.model_files.push_back(file);
+  facts.model_file = model_by_rank[0];
+  return facts;
+}
+
+// The flat groups DeepSpeed makes at `dp`: each parameter group's parameters split into sub
+// groups by the partition elements at that size.
+Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp,
+                                              std::vector<std::vector<uint64_t>>& members) {
+  std::vector<GroupLayout> out;
+  members.assign(facts.param_groups.size(), {});
+  size_t flat = 0;
+  for (size_t pg = 0; pg < facts.param_groups.size(); ++pg) {
+    std::vector<std::string> names;
+    std::vector<Shape> shapes;
+    std::vector<uint64_t> numels;
+    for (; flat < facts.flat_groups.size() && facts.flat_group_of[flat] == pg; ++flat) {
+      const GroupLayout& group = facts.flat_groups[flat];
+      names.insert(names.end(), group.names.begin(), group.names.end());
+      shapes.insert(shapes.end(), group.shapes.begin(), group.shapes.end());
+      numels.insert(numels.end(), group.numels.begin(), group.numels.end());
+    }
+    if (names.empty()) continue;
+    size_t next = 0;
+    for (const size_t count : SubGroupSizes(numels, dp, facts.sub_group_size)) {
+      members[pg].push_back(out.size());
+      UCP_ASSIGN_OR_RETURN(
+          GroupLayout layout,
+          MakeLayout(std::vector<std::string>(names.begin() + next, names.begin() + next + count),
+                     std::vector<Shape>(shapes.begin() + next, shapes.begin() + next + count)));
+      out.push_back(std::move(layout));
+      next += count;
+    }
+  }
+  return out;
+}
+
+// param_shapes for other flat groups: one OrderedDict per group, holding the source's
+// name → torch.Size items regrouped.
+Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupLayout>& groups,
+                     const TorchArchiveReader& reader) {
+  Value* shapes = root->Get("param_shapes");
+  if (shapes == nullptr || shapes->kind() != Kind::kList || shapes->items().empty()) {
+    return FieldError(reader, "param_shapes", "not a list of flat groups");
+  }
+  std::map<std::string, pickle::Mutation> items;
+  for (const Value* group : shapes->items()) {
+    if (group->kind() != Kind::kObject) {
+      return FieldError(reader, "param_shapes", "not a list of OrderedDicts");
+    }
+    for (const pickle::Mutation& mutation : group->mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem) {
+        items.emplace(KeyText(mutation.first), mutation);
+      }
+    }
+  }
+  const Value* model = shapes->items().front();
+  std::vector<Value*> regrouped;
+  for (const GroupLayout& group : groups) {
+    Value* dict = graph.Object(model->construction(), model->callable(), graph.Tuple({}));
+    for (const std::string& name : group.names) {
+      const auto it = items.find(name);
+      if (it == items.end()) return FieldError(reader, "param_shapes/" + name, "missing");
+      dict->mutable_mutations().push_back(it->second);
+    }
+    regrouped.push_back(dict);
+  }
+  shapes->mutable_items() = std::move(regrouped);
+  return Status::Ok();
+}
+
+// Storage keys not used by `reader`'s archive, as torch numbers them.
+class FreshKeys {
+ public:
+  explicit FreshKeys(const TorchArchiveReader& reader) {
+    for (const auto& [key, storage] : reader.storages()) {
+      if (!key.empty() && key.size() < 18 && key.find_first_not_of("0123456789") == key.npos) {
+        next_ = std::max<uint64_t>(next_, std::stoull(key) + 1);
+      }
+    }
+  }
+  std::string Next() { return std::to_string(next_++); }
+
+ private:
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && !listing->zero3_model_states.empty();
+}
+
+Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  const std::string model = Zero3ModelName(0, 0);
+  const bool have_model =
+      std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
+                  [&](const RankFile& file) { return file.name == model; });
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, have_model));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
+  if (mp != 1) {
+    return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
+                               ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
+  }
+  if (const Value* stage = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt && stage->AsInt64() != 3) {
+      return FieldError(reader, "ds_config/zero_optimization/stage",
+                        "not 3, but the file is named as ZeRO-3's");
+    }
+  }
+  const bool bf16 = Bf16Prefix(listing, reader);
+  std::vector<std::string> files;
+  const std::string prefix = bf16 ? "bf16_" : "";
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelName(r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
+                                                    const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  if (!listing.model_states.empty() || !listing.layer_files.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "mp_rank_XX_model_states.pt or layer files beside ZeRO-3 model "
+                               "states: pipeline or mixed tags are not supported");
+  }
+  std::map<uint32_t, const RankFile*> models;
+  for (const RankFile& entry : listing.zero3_model_states) {
+    if (entry.mp != 0) {
+      return Status::Unsupported(Prefix(tag_dir + "/" + entry.name) + "mp rank " +
+                                 std::to_string(entry.mp) +
+                                 ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
+    }
+    models[entry.dp] = &entry;
+  }
+  if (!models.contains(0)) {
+    return Status::NotFound(Prefix(tag_dir) + Zero3ModelName(0, 0) + ": not found");
+  }
+  UCP_ASSIGN_OR_RETURN(ModelStates first_model, ReadModelStates(tag_dir, *models[0]));
+  const uint32_t dp = first_model.dp;
+  if (first_model.config_stage && *first_model.config_stage != 3) {
+    return FieldError(first_model.reader, "ds_config/zero_optimization/stage",
+                      "not 3, but the file is named as ZeRO-3's");
+  }
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  const std::string prefix = listing.optim.front().prefix;
+  std::map<uint32_t, const RankFile*> optims;
+  for (const RankFile& entry : listing.optim) {
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.mp != 0 || entry.dp >= dp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank beyond dp_world_size " +
+                             std::to_string(dp) + " of " + first_model.entry.name +
+                             " (a file of another save)");
+    }
+    optims[entry.dp] = &entry;
+  }
+  for (const auto& [rank, entry] : models) {
+    if (rank >= dp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry->name) + "rank beyond dp_world_size " +
+                             std::to_string(dp) + " of " + first_model.entry.name +
+                             " (a file of another save)");
+    }
+  }
+  for (uint32_t r = 0; r < dp; ++r) {
+    for (const auto& [found, name] : {std::pair{models.contains(r), Zero3ModelName(r, 0)},
+                                      std::pair{optims.contains(r), OptimName(prefix, r, 0)}}) {
+      if (!found) {
+        return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (dp_world_size " +
+                                std::to_string(dp) + " in " + first_model.entry.name + ")");
+      }
+    }
+  }
+
+  std::vector<ModelStates> model_ranks;
+  model_ranks.push_back(std::move(first_model));
+  for (uint32_t r = 1; r < dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, *models[r]));
+    const ModelStates& head = model_ranks.front();
+    if (ms.dp != dp || ms.ds_version != head.ds_version || ms.frozen.names != head.frozen.names ||
+        ms.frozen.shapes != head.frozen.shapes) {
+      return FieldError(ms.reader, "dp_world_size",
+                        "dp_world_size, ds_version or frozen_param_shapes differ from " +
+                            head.entry.name + " (a file of another save)");
+    }
+    model_ranks.push_back(std::move(ms));
+  }
+  const ModelStates& ms = model_ranks.front();
+  std::vector<OptimStates> optim_ranks;
+  for (uint32_t r = 0; r < dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *optims[r], ms));
+    if (r > 0) {
+      const OptimStates& head = optim_ranks.front();
+      for (size_t g = 0; g < os.states.size(); ++g) {
+        bool same = os.states[g].size() == head.states[g].size();
+        for (size_t s = 0; same && s < os.states[g].size(); ++s) {
+          same = os.states[g][s].key == head.states[g][s].key &&
+                 os.states[g][s].tensor->shape == head.states[g][s].tensor->shape &&
+                 os.states[g][s].tensor->dtype == head.states[g][s].tensor->dtype;
+        }
+        same = same && os.fp32[g]->dtype == head.fp32[g]->dtype;
+        if (!same || os.group_members != head.group_members) {
+          return FieldError(
+              os.reader,
+              std::string(kOsd) + "/" + std::string(kOsd) + "/state/" + std::to_string(g),
+              "other state keys, shapes or dtypes than " + head.entry.name);
+        }
+      }
+    }
+    optim_ranks.push_back(std::move(os));
+  }
+  const OptimStates& first = optim_ranks.front();
+
+  // The flat groups must be the sub groups DeepSpeed makes of each parameter group.
+  std::vector<size_t> flat_group_of;
+  for (size_t pg = 0; pg < first.group_members.size(); ++pg) {
+    std::vector<uint64_t> numels;
+    std::vector<size_t> sizes;
+    for (const int64_t g : first.group_members[pg]) {
+      const GroupLayout& layout = ms.flat_groups[static_cast<size_t>(g)];
+      numels.insert(numels.end(), layout.numels.begin(), layout.numels.end());
+      sizes.push_back(layout.names.size());
+      flat_group_of.push_back(pg);
+    }
+    if (!numels.empty() && SubGroupSizes(numels, dp, ms.sub_group_size) != sizes) {
+      return Status::Unsupported(
+          Prefix(ms.reader.path()) + "param_shapes: the flat groups of parameter group " +
+          std::to_string(pg) + " are not DeepSpeed's sub groups at sub_group_size " +
+          std::to_string(ms.sub_group_size) + " (ds_config not readable as a dict?)");
+    }
+  }
+
+  AtomIndexContents c;
+  c.framework = "deepspeed";
+  c.framework_version = ms.ds_version;
+  c.adapter = std::string(kName);
+  c.adapter_schema = kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {dp, 1, 1, dp, 3};
+
+  std::vector<std::string> paths;
+  for (const ModelStates& m : model_ranks) paths.push_back(m.entry.name);
+  for (const OptimStates& os : optim_ranks) paths.push_back(os.entry.name);
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const bool model = i < dp;
+    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3,
+                       std::string(model ? kModelRole : kOptimRole),
+                       RankCoordinates{static_cast<uint32_t>(model ? i : i - dp), 0, 0}});
+  }
+
+  std::set<std::string> seen;
+  const auto once = [&](const std::string& name, const std::string& field) -> Status {
+    if (!seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
+    return Status::Ok();
+  };
+  nlohmann::json flat_groups = nlohmann::json::array();
+  for (const std::vector<int64_t>& members : first.group_members) {
+    ParamGroup group;
+    const Value* param_group = first.param_groups[c.groups.size()];
+    for (const auto& [key, value] : NamedChildren(param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const int64_t member : members) {
+      const size_t g = static_cast<size_t>(member);
+      const std::string gs = std::to_string(g);
+      UCP_ASSIGN_OR_RETURN(const FlatLayout layout, LayoutAt(ms.flat_groups[g], dp));
+      flat_groups.push_back(
+          {{"param_group", c.groups.size()}, {"params", layout.params.names.size()}});
+      if (group.scalars.empty()) {
+        for (const StateTensor& st : first.states[g]) {
+          if (!st.tensor->shape.empty()) continue;
+          if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+            group.scalars[st.key] = *value;
+          }
+        }
+      }
+      for (size_t k = 0; k < layout.params.names.size(); ++k) {
+        const std::string& name = layout.params.names[k];
+        UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
+        group.params.push_back(name);
+        std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
+        for (uint32_t r = 0; r < dp; ++r) per_rank.emplace_back(dp + r, optim_ranks[r].fp32[g]);
+        Atom fp32{name, "fp32", first.fp32[g]->dtype, layout.params.shapes[k], {}};
+        UCP_RETURN_IF_ERROR(AddPieceFragments(fp32, layout, k, per_rank));
+        c.atoms.push_back(std::move(fp32));
+        for (size_t s = 0; s < first.states[g].size(); ++s) {
+          const StateTensor& st = first.states[g][s];
+          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+          if (st.tensor->shape.empty()) {
+            // ds_to_universal's ZeRO-1/2 step.pt: the flat group's 0-d state, here rank 0's.
+            UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+            atom.fragments.push_back({dp, st.tensor->file_offset(), st.tensor->dtype, whole});
+          } else {
+            atom.shape = layout.params.shapes[k];
+            per_rank.clear();
+            for (uint32_t r = 0; r < dp; ++r) {
+              per_rank.emplace_back(dp + r, optim_ranks[r].states[g][s].tensor);
+            }
+            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layout, k, per_rank));
+          }
+          c.atoms.push_back(std::move(atom));
+        }
+      }
+    }
+    c.groups.push_back(std::move(group));
+  }
+
+  nlohmann::json frozen_params = nlohmann::json::array();
+  if (!ms.frozen.names.empty()) {
+    UCP_ASSIGN_OR_RETURN(const FlatLayout frozen, LayoutAt(ms.frozen, dp));
+    for (size_t k = 0; k < frozen.params.names.size(); ++k) {
+      const std::string& name = frozen.params.names[k];
+      UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
+      frozen_params.push_back(name);
+      std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
+      for (uint32_t r = 0; r < dp; ++r) {
+        const TorchTensor* tensor = model_ranks[r].frozen_fragments[k];
+        if (tensor->dtype != ms.frozen_fragments[k]->dtype) {
+          return FieldError(model_ranks[r].reader, "frozen_param_fragments/" + name,
+                            "another dtype than in " + ms.entry.name);
+        }
+        per_rank.emplace_back(r, tensor);
+      }
+      // Each fragment is a tensor of its own: its piece starts at its element 0.
+      FlatLayout own = frozen;
+      own.starts.assign(own.starts.size(), 0);
+      Atom atom{name,
+                std::string(kFrozenState),
+                ms.frozen_fragments[k]->dtype,
+                frozen.params.shapes[k],
+                {}};
+      UCP_RETURN_IF_ERROR(AddPieceFragments(atom, own, k, per_rank));
+      c.atoms.push_back(std::move(atom));
+    }
+  }
+
+  std::vector<std::string> rewritten_optim = {std::string(kOsd) + "/partition_count",
+                                              std::string(kOsd) + "/fp32_flat_groups"};
+  for (size_t g = 0; g < first.states.size(); ++g) {
+    for (const StateTensor& st : first.states[g]) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/" + std::string(kOsd) + "/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (uint32_t r = 0; r < dp; ++r) {
+    c.carried.push_back({std::string(kModelRole), r, {"dp_world_size", "frozen_param_fragments"}});
+  }
+  c.carried.push_back({std::string(kOptimRole), dp, rewritten_optim});
+  c.carried.push_back({std::string(kUniversalRole), dp, {"param_groups"}});
+  c.adapter_state = {
+      {"optimizer", std::string(kOptimizer)},
+      {"file_prefix", prefix},
+      {"mp_rank", 0},
+      {"zero_stage", 3},
+      {"sub_group_size", ms.sub_group_size},
+      {"flat_groups", std::move(flat_groups)},
+      {"frozen_params", std::move(frozen_params)},
+  };
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
+                                                      const std::string& tag_dir,
+                                                      const Topology& target) const {
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  const uint32_t m = target.dp;
+  std::vector<std::vector<uint64_t>> members;
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(facts, m, members));
+  bool regrouped = flat_groups.size() != facts.flat_groups.size();
+  for (size_t g = 0; !regrouped && g < flat_groups.size(); ++g) {
+    regrouped = flat_groups[g].names != facts.flat_groups[g].names;
+  }
+  OutputPlan plan;
+
+  // Model states: rank 0's, with dp_world_size and each rank's frozen fragments.
+  {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                         OpenSource(index, tag_dir, facts.model_file));
+    std::vector<const TorchTensor*> frozen_templates;
+    for (const std::string& name : facts.frozen.names) {
+      UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, "frozen_param_fragments/" + name));
+      const TorchTensor* tensor = reader.TensorAt(node);
+      if (tensor == nullptr) {
+        return FieldError(reader, "frozen_param_fragments/" + name, "not a tensor");
+      }
+      frozen_templates.push_back(tensor);
+    }
+    for (uint32_t r = 0; r < m; ++r) {
+      ArchiveOutput out;
+      out.path = Zero3ModelName(r, 0);
+      Value* root = out.graph.Import(reader.root());
+      out.graph.set_root(root);
+      UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
+      if (regrouped) UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader));
+      // engine._get_shared_params fills the map on global rank 0 only.
+      if (r > 0) {
+        if (Value** shared = MutableEntry(root, "shared_params");
+            shared != nullptr && (*shared)->kind() == Kind::kDict) {
+          *shared = out.graph.Dict({});
+        }
+      }
+      std::map<std::string, std::vector<Segment>> replaced;
+      Value* fragments = root->Get("frozen_param_fragments");
+      for (size_t k = 0; k < facts.frozen.names.size(); ++k) {
+        const std::string& name = facts.frozen.names[k];
+        const TorchTensor& tensor = *frozen_templates[k];
+        Value** slot = MutableEntry(fragments, name);
+        if (slot == nullptr) return FieldError(reader, "frozen_param_fragments/" + name, "missing");
+        const uint64_t piece = PieceOf(facts.frozen.numels[k], m);
+        UCP_ASSIGN_OR_RETURN(*slot, PartitionTensor(out.graph, tensor, piece, piece));
+        UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
+                             PieceSegments(index, name, kFrozenState, facts.frozen.numels[k], m, r,
+                                           ItemSize(tensor.dtype)));
+      }
+      UCP_ASSIGN_OR_RETURN(out.storages,
+                           CollectStorages(root, reader, facts.model_file, std::move(replaced)));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+
+  // Optimizer states: rank 0's, with partition_count and each rank's partitions of each flat
+  // group; where the sub groups change, the flat groups' lists are rebuilt, new groups' tensors
+  // like group 0's.
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+  std::vector<FlatLayout> layouts;
+  for (const GroupLayout& group : flat_groups) {
+    UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
+    layouts.push_back(std::move(layout));
+  }
+  for (uint32_t r = 0; r < m; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count", out.graph.Int(m), reader.path()));
+    Value* inner = dict->Get(kOsd);
+    Value* states = inner == nullptr ? nullptr : inner->Get("state");
+    Value* fp32 = dict->Get("fp32_flat_groups");
+    Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
+    if (states == nullptr || states->kind() != Kind::kDict || fp32 == nullptr ||
+        fp32->kind() != Kind::kList || param_groups == nullptr ||
+        param_groups->kind() != Kind::kList || fp32->items().size() != facts.flat_groups.size() ||
+        param_groups->items().size() != members.size()) {
+      return FieldError(reader, osd, "not the flat groups the index describes");
+    }
+    FreshKeys keys(reader);
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<std::pair<Value*, Value*>> new_states;
+    std::vector<Value*> new_fp32;
+    for (size_t g = 0; g < layouts.size(); ++g) {
+      const FlatLayout& layout = layouts[g];
+      // The source's flat group g, or group 0 as the model of one DeepSpeed adds here.
+      const size_t model = g < facts.flat_groups.size() ? g : 0;
+      const std::string ms = std::to_string(model);
+      Value** model_states = MutableEntry(states, ms);
+      if (model_states == nullptr || (*model_states)->kind() != Kind::kDict) {
+        return FieldError(reader, osd + "/" + osd + "/state/" + ms, "missing");
+      }
+      Value* group_states = g == model ? *model_states : out.graph.Dict((*model_states)->entries());
+      std::vector<std::pair<std::string, Value**>> tensors;
+      new_fp32.push_back(fp32->items()[model]);
+      tensors.emplace_back("fp32", &new_fp32.back());
+      for (auto& [key, value] : group_states->mutable_entries()) {
+        tensors.emplace_back(KeyText(key), &value);
+      }
+      for (auto& [state, slot] : tensors) {
+        const std::string field = state == "fp32" ? osd + "/fp32_flat_groups/" + ms
+                                                  : osd + "/" + osd + "/state/" + ms + "/" + state;
+        UCP_ASSIGN_OR_RETURN(const Value* template_node, Field(reader, field));
+        const TorchTensor* tensor = reader.TensorAt(template_node);
+        if (tensor == nullptr) continue;
+        if (tensor->shape.empty()) {
+          if (g == model) continue;
+          // A 0-d state (Adam's step) of a new group: a copy of group 0's.
+          const std::string key = keys.Next();
+          UCP_ASSIGN_OR_RETURN(*slot, TensorLike(out.graph, *tensor, key, {}, 1));
+          replaced[key] = {
+              Segment{facts.optim_file, tensor->file_offset(), ItemSize(tensor->dtype)}};
+          continue;
+        }
+        const std::string key = g == model ? tensor->storage->key : keys.Next();
+        UCP_ASSIGN_OR_RETURN(replaced[key],
+                             PartitionSegments(index, layout, state, r, ItemSize(tensor->dtype)));
+        UCP_ASSIGN_OR_RETURN(
+            *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
+      }
+      new_states.emplace_back(out.graph.Int(static_cast<int64_t>(g)), group_states);
+    }
+    if (regrouped) {
+      states->mutable_entries() = std::move(new_states);
+      fp32->mutable_items() = std::move(new_fp32);
+      for (size_t pg = 0; pg < members.size(); ++pg) {
+        UCP_RETURN_IF_ERROR(SetDictItem(param_groups->items()[pg], "params",
+                                        IntList(out.graph, members[pg]), reader.path()));
+      }
+    } else {
+      fp32->mutable_items() = std::move(new_fp32);
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return plan;
+}
+
+Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& index,
+                                                              const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const std::string osd(kOsd);
+
+  std::map<std::string, bool> requires_grad;  // "<param>/<state>"
+  for (size_t g = 0; g < facts.flat_groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/fp32_flat_groups/" + gs,
+                                            osd + "/" + osd + "/state/" + gs,
+                                            facts.flat_groups[g].names, requires_grad));
+  }
+
+  OutputPlan plan;
+  for (const Atom& atom : index.atoms()) {
+    if (atom.shape.empty() || atom.state == kFrozenState) continue;
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                         UniversalAtomArchive(index, atom, {numel},
+                                              requires_grad[atom.param + "/" + atom.state], false));
+    plan.archives.push_back(std::move(out));
+  }
+
+  // zero/optimizer_state.pt: rank 0's whole optimizer_state_dict, plus its inner state_dict's
+  // param_groups (the same list object, pickled once).
+  ArchiveOutput out;
+  out.path = "zero/optimizer_state.pt";
+  const Value* template_dict = reader.root()->Get(kOsd);
+  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
+    return FieldError(reader, kOsd, "missing");
+  }
+  Value* dict = out.graph.Import(template_dict);
+  Value* inner = dict->Get(kOsd);
+  Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
+  if (param_groups == nullptr)
+    return FieldError(reader, osd + "/" + osd + "/param_groups", "missing");
+  dict->mutable_entries().emplace_back(out.graph.Str("param_groups"), param_groups);
+  out.graph.set_root(dict);
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(dict, reader, facts.optim_file, {}));
+  plan.archives.push_back(std::move(out));
+
+  for (uint32_t r = 0; r < facts.model_files.size(); ++r) {
+    plan.copies.push_back({Zero3ModelName(r, 0), facts.model_files[r]});
+  }
+  return plan;
+}
+
+}  // namespace ucp::hooks

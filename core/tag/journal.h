@@ -1,0 +1,107 @@
+// The save journal: one line per checkpoint file closed by the trainer, kept inside the tag.
+//
+// Layout (normative; README "Save journal"):
+//   <tag>/.ucp/                          directory, created 0755 when missing
+//   <tag>/.ucp/journal.<host>.<pid>.jsonl one file per writing process; <host> is gethostname(),
+//                                         so processes on different nodes sharing a file system
+//                                         never append to the same file
+// Each file is a sequence of records, each one line: a JSON object (UTF-8, no embedded newline)
+// followed by "\n". Only the file's own process appends to it, under a process-wide lock, on an
+// O_APPEND descriptor, retrying EINTR and short writes until the line is whole; an append that
+// fails part-way (a full disk) truncates the file back to where its line began, so a torn line
+// can only be the last, left by a crash. Members (all required; readers ignore unknown ones):
+//   "v"          1, the record version
+//   "path"       the file's path relative to <tag> (e.g. "mp_rank_00_model_states.pt",
+//                "mp_rank_00/model_optim_rng.pt"; a commit signal outside the tag, such as
+//                DeepSpeed's <save>/latest, is "../latest"); never absolute
+//   "size"       the file's size in bytes when it was closed
+//   "xxh3"       XXH3-64 (seed 0) of the file's bytes as 16 lowercase hex digits: the digits that
+//                `xxhsum -H3` prints
+//   "rank"       the launcher's global rank (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID,
+//                first one set), or -1
+//   "pid"        the writing process
+//   "time_ns"    wall-clock time of the close, nanoseconds since the Unix epoch
+//   "framework"  the layout that recognised the file ("deepspeed", "megatron", "dcp")
+//   "role"       "data" (a checkpoint file) or "commit" (the framework's commit signal)
+// Optional member (readers that do not know it ignore it, as the rule above says):
+//   "durable"    true: under UCP_DURABLE, the writing process fsynced the file and its
+//                directories after the close that the record's other members describe; the
+//                record repeats that close's record member for member (same "time_ns"), so a
+//                reader that ignores "durable" sees the same close twice. Absent means false.
+// A crash can leave the last line of a file without its "\n": readers skip such a torn last line
+// with a warning. Any other malformed line makes the whole file unreadable (kCorrupt).
+//
+// Thread-safety: free functions; AppendJournalRecord may be called concurrently from any thread
+// and process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/frameworks/checkpoint_layout.h"
+#include "core/io/file.h"
+#include "core/util/status.h"
+
+namespace ucp::hooks {
+
+struct JournalRecord {
+  std::string path;  // relative to the tag directory
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;
+  int64_t rank = -1;
+  int64_t pid = 0;
+  int64_t time_ns = 0;
+  std::string framework;
+  FileRole role = FileRole::kData;
+  bool durable = false;  // "durable": true; written only when true
+};
+
+// "<tag_dir>/.ucp".
+std::string JournalDirectory(std::string_view tag_dir);
+
+// 16 lowercase hex digits, as `xxhsum -H3` prints them.
+std::string FormatXxh3(uint64_t hash);
+// The hash FormatXxh3 printed; kCorrupt for anything else.
+Result<uint64_t> ParseXxh3(std::string_view text);
+
+// The launcher's global rank from the environment, or -1.
+int64_t LauncherRank();
+
+// The record as one JSON line, "\n" included. InvalidArgument for an absolute or empty path, or
+// text that is not valid UTF-8.
+Result<std::string> EncodeJournalRecord(const JournalRecord& record);
+
+// Appends `record` to this process's journal of `tag_dir` (creating `.ucp/` and the file),
+// retrying EINTR and short writes: the line lands whole, or on a crash torn at the end of the
+// file; a failed append (a full disk) truncates the file back to where the line began.
+Status AppendJournalRecord(std::string_view tag_dir, const JournalRecord& record);
+
+struct JournalContents {
+  std::vector<JournalRecord> records;
+  std::vector<std::string> warnings;  // e.g. a torn last line that was skipped
+};
+
+// Parses one journal file's bytes; `name` only labels messages. kCorrupt names the line.
+Result<JournalContents> ParseJournal(std::string_view name, std::string_view bytes);
+
+// A file's size and XXH3-64, read from disk.
+struct FileDigest {
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;
+};
+
+// Reads `file` from its start to its end and hashes it.
+Result<FileDigest> HashFile(const File& file);
+// Opens `path` and hashes it.
+Result<FileDigest> HashFile(const std::string& path);
+
+// Reads and parses one journal file.
+Result<JournalContents> ReadJournal(const std::string& path);
+
+// Reads every journal.*.jsonl under `<tag_dir>/.ucp/`, in file-name order. NotFound when the
+// directory does not exist.
+Result<JournalContents> ReadTagJournals(std::string_view tag_dir);
+
+}  // namespace ucp::hooks

@@ -1,0 +1,236 @@
+#include "hooks/serve/view_cache.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "core/io/file.h"
+#include "core/io/file_lock.h"
+#include "core/tag/journal.h"
+#include "core/tag/source_check.h"
+#include "core/util/log.h"
+
+namespace ucp::hooks {
+namespace {
+
+constexpr int kViewVersion = 1;
+constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
+
+std::string LastComponent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+// The file name without its last extension: what torch.save calls the archive inside it.
+std::string Stem(const std::string& name) {
+  std::string last = LastComponent(name);
+  const size_t dot = last.rfind('.');
+  return dot == std::string::npos ? last : last.substr(0, dot);
+}
+
+// One output of `plan` per name (the path the framework asks for), moved out of it and retargeted
+// at its stored name. An archive keeps the record prefix its own name gives it, so its bytes are
+// those `ucp reshard` writes under that name.
+std::map<std::string, OutputPlan> SplitPlan(OutputPlan plan) {
+  std::map<std::string, OutputPlan> plans;
+  for (ArchiveOutput& output : plan.archives) {
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    if (output.archive_name.empty()) output.archive_name = Stem(name);
+    plans[name].archives.push_back(std::move(output));
+  }
+  for (SafetensorsOutput& output : plan.safetensors) {
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].safetensors.push_back(std::move(output));
+  }
+  for (CopyOutput& output : plan.copies) {
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].copies.push_back(output);
+  }
+  for (TextOutput& output : plan.texts) {
+    std::string name = std::exchange(output.path, StoredName(output.path));
+    plans[name].texts.push_back(std::move(output));
+  }
+  return plans;
+}
+
+nlohmann::json TargetJson(const Topology& target) {
+  return {{"dp", target.dp}, {"tp", target.tp}, {"pp", target.pp}, {"world", target.world}};
+}
+
+// view.json's verdict for the index, or nullopt when it is absent, unreadable or about another
+// index or target (the view is then re-created).
+struct Recorded {
+  bool verified = false;
+  std::string error;
+};
+
+std::optional<Recorded> ReadViewJson(const std::string& path, const std::string& index_hex,
+                                     const Topology& target) {
+  Result<File> file = File::Open(path, File::Mode::kRead);
+  if (!file.ok()) return std::nullopt;
+  Result<uint64_t> size = file->Size();
+  if (!size.ok() || *size > kMaxViewJsonBytes) return std::nullopt;
+  std::string bytes(*size, '\0');
+  if (!file->ReadAt(0, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}).ok()) {
+    return std::nullopt;
+  }
+  const nlohmann::json json = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return std::nullopt;
+  const auto field = [&](const char* key) { return json.find(key); };
+  if (field("version") == json.end() || *field("version") != kViewVersion ||
+      field("index_xxh3") == json.end() || *field("index_xxh3") != index_hex ||
+      field("target") == json.end() || *field("target") != TargetJson(target) ||
+      field("verified") == json.end() || !field("verified")->is_boolean()) {
+    return std::nullopt;
+  }
+  Recorded recorded;
+  recorded.verified = field("verified")->get<bool>();
+  if (const auto error = field("error"); error != json.end() && error->is_string()) {
+    recorded.error = error->get<std::string>();
+  }
+  return recorded;
+}
+
+// Removes everything in `directory` but the lock files: the files of a view of another index.
+// Build locks stay, so that a process still building under one keeps excluding the others.
+Status EmptyView(const std::string& directory) {
+  std::error_code error;
+  std::vector<std::filesystem::path> doomed;
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with('.') && name.ends_with(".lock")) continue;
+    doomed.push_back(it->path());
+  }
+  if (error) return PosixError("view: list " + directory, error.value());
+  for (const std::filesystem::path& path : doomed) {
+    std::filesystem::remove_all(path, error);
+    if (error) return PosixError("view: remove " + path.string(), error.value());
+  }
+  return Status::Ok();
+}
+
+// Under the view's .lock: reuses view.json's verdict for this index, or empties the view,
+// verifies the sources and records the verdict.
+Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_t index_xxh3,
+                         const std::string& tag_dir, const std::string& directory,
+                         const Topology& target) {
+  const std::string index_hex = FormatXxh3(index_xxh3);
+  const std::string json_path = directory + "/view.json";
+  if (const std::optional<Recorded> recorded = ReadViewJson(json_path, index_hex, target)) {
+    if (recorded->verified) return Status::Ok();
+    return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
+  }
+  UCP_RETURN_IF_ERROR(EmptyView(directory));
+  const Status verified = VerifySources(index, FilesRead(index, plan), tag_dir, "view");
+  // Only a verdict on the bytes is recorded: a read that failed (EIO, a file missing for now)
+  // says nothing about them, and recording it would refuse the view to every later process.
+  if (!verified.ok() && verified.code() != StatusCode::kCorrupt) return verified;
+  nlohmann::json json = {{"version", kViewVersion},
+                         {"index_xxh3", index_hex},
+                         {"target", TargetJson(target)},
+                         {"verified", verified.ok()},
+                         {"error", verified.ok() ? "" : verified.message()}};
+  UCP_RETURN_IF_ERROR(WriteFileAtomically(json_path, json.dump(2) + "\n"));
+  UCP_LOG_INFO("view: created {} for index {} ({})", directory, index_hex,
+               verified.ok() ? "sources verified" : verified.message());
+  return verified;
+}
+
+}  // namespace
+
+std::string StoredName(std::string_view name) {
+  const size_t slash = name.rfind('/');
+  const size_t start = slash == std::string_view::npos ? 0 : slash + 1;
+  return std::string(name.substr(0, start)) + std::string(kStoredPrefix) +
+         std::string(name.substr(start));
+}
+
+std::string ViewName(const Topology& topology) {
+  return "tp" + std::to_string(topology.tp) + "-pp" + std::to_string(topology.pp) + "-dp" +
+         std::to_string(topology.dp);
+}
+
+std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,
+                          const Topology& target) {
+  if (cache_dir.empty()) return tag_dir + "/.ucp/views/" + ViewName(target);
+  const uint64_t tag_hash = XXH3_64bits(tag_dir.data(), tag_dir.size());
+  return cache_dir + "/" + LastComponent(tag_dir) + "-" + FormatXxh3(tag_hash) + "/" +
+         ViewName(target);
+}
+
+Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
+                                         std::shared_ptr<const AtomIndex> index,
+                                         uint64_t index_xxh3, std::string tag_dir,
+                                         const std::string& cache_dir, const Topology& target) {
+  if (index == nullptr) return Status::InvalidArgument("view: no index for " + tag_dir);
+  UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
+  std::string directory = ViewDirectory(tag_dir, cache_dir, target);
+  UCP_RETURN_IF_ERROR(CreateDirectories(directory));
+  {
+    UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory + "/.lock"));
+    UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
+  }
+  return std::unique_ptr<View>(new View(std::move(index), std::move(tag_dir), std::move(directory),
+                                        SplitPlan(std::move(plan))));
+}
+
+View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
+           std::map<std::string, OutputPlan> plans)
+    : index_(std::move(index)),
+      tag_dir_(std::move(tag_dir)),
+      directory_(std::move(directory)),
+      plans_(std::move(plans)) {
+  for (const auto& [name, plan] : plans_) names_.insert(name);
+}
+
+Result<std::string> View::Materialize(const std::string& name) {
+  const auto plan = plans_.find(name);
+  if (plan == plans_.end()) {
+    return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
+  }
+  std::string path = directory_ + "/" + StoredName(name);
+  {
+    std::lock_guard lock(mutex_);
+    if (ready_.contains(name)) return path;
+  }
+  if (!IsRegularFile(path)) {
+    // Names may have directories: the lock sits beside the view's top-level files.
+    std::string lock_name = name;
+    for (char& c : lock_name) c = c == '/' ? '#' : c;
+    UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory_ + "/." + lock_name + ".lock"));
+    // Whoever held the lock before may have built it.
+    if (!IsRegularFile(path)) {
+      ExecuteOptions options;
+      options.threads = 1;
+      UCP_RETURN_IF_ERROR(ExecutePlan(plan->second, *index_, tag_dir_, directory_, options)
+                              .WithContext("view: build " + path));
+      UCP_LOG_INFO("view: built {}", path);
+      std::lock_guard guard(mutex_);
+      ++built_;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  ready_.insert(name);
+  return path;
+}
+
+uint64_t View::built() const {
+  std::lock_guard lock(mutex_);
+  return built_;
+}
+
+}  // namespace ucp::hooks

@@ -1,0 +1,100 @@
+// ViewCache: the files a tag's framework expects at another topology, built on demand from the
+// tag's committed index, once, and shared by every process of the job.
+//
+// Layout of one view (normative; README "View cache"):
+//   <view>/                 <cache root>/<topology name>, the cache root being <tag>/.ucp/views
+//                           (or, with UCP_CACHE_DIR=D, D/<tag name>-<16 hex of XXH3 of the tag's
+//                           absolute path>); topology name "tp<T>-pp<P>-dp<D>"
+//   <view>/.lock            flock(2)ed exclusively while view.json is checked or written
+//   <view>/view.json        {"version": 1, "index_xxh3": "<16 hex of index.json's bytes>",
+//                            "target": {"dp":, "tp":, "pp":, "world":},
+//                            "verified": true|false, "error": "<why not>"}
+//                           written once per index (temporary, fsync, rename): "verified" says
+//                           whether every source file the view reads (those its files take
+//                           bytes from, and the carried files) had its size and XXH3 when the
+//                           view was created; a verification that could not read a source
+//                           (EIO, a missing file) records nothing and fails this open only
+//   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built ('/' becomes '#')
+//   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
+//                           component), exactly the bytes `ucp reshard` writes for <name>;
+//                           written under a temporary name and renamed. The prefix keeps tools
+//                           that collect a tag's files by name prefix through the whole tree
+//                           (DeepSpeed's ds_to_universal walks it with os.walk) from taking a
+//                           served file for one of the tag's own
+// A view whose view.json names another index (the tag was saved again) is emptied and
+// re-created under .lock. A crash leaves at worst a temporary file, never a partial <name>.
+//
+// Concurrency: any number of processes and threads may ask for the same view and file at once;
+// the first to take a file's lock builds it, the others block on the lock and then find it
+// built: each file is built once. Memory: the executor's bounded chunks (ExecuteOptions).
+//
+// Thread-safety: every method may be called from any thread. The callers (ViewServer) hold a
+// ReentrancyGuard: nothing here may be seen by the hooks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "core/format/atom_index.h"
+#include "core/frameworks/framework_adapter.h"
+#include "core/plan/executor.h"
+#include "core/util/status.h"
+
+namespace ucp::hooks {
+
+// What a view stores the file `name` as: "served." before its last component.
+inline constexpr std::string_view kStoredPrefix = "served.";
+std::string StoredName(std::string_view name);
+
+// "tp<T>-pp<P>-dp<D>".
+std::string ViewName(const Topology& topology);
+
+// The directory of the view of `tag_dir` at `target`; `cache_dir` empty = inside the tag.
+std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,
+                          const Topology& target);
+
+class View {
+ public:
+  // Opens (creating it if needed) the view of the tag at `target`: plans it with `adapter`,
+  // and creates or checks view.json, verifying the source files it reads against the index
+  // when it creates it. kCorrupt naming the file when a source file's size or hash differs from the
+  // index (also when an earlier process recorded that); the adapter's errors as they are.
+  static Result<std::unique_ptr<View>> Open(const FrameworkAdapter& adapter,
+                                            std::shared_ptr<const AtomIndex> index,
+                                            uint64_t index_xxh3, std::string tag_dir,
+                                            const std::string& cache_dir, const Topology& target);
+
+  View(const View&) = delete;
+  View& operator=(const View&) = delete;
+
+  const std::string& directory() const { return directory_; }
+  // Every file name (relative to the tag) the target topology has.
+  const std::set<std::string>& names() const { return names_; }
+
+  // The absolute path of `name` in the view, built first if no process has built it yet.
+  // kNotFound when `name` is not one of names().
+  Result<std::string> Materialize(const std::string& name);
+
+  // How many files this process built (not found built), for tests and logs.
+  uint64_t built() const;
+
+ private:
+  View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
+       std::map<std::string, OutputPlan> plans);
+
+  std::shared_ptr<const AtomIndex> index_;
+  std::string tag_dir_;
+  std::string directory_;
+  std::map<std::string, OutputPlan> plans_;  // the adapter's plan, one output per name
+  std::set<std::string> names_;
+  mutable std::mutex mutex_;
+  std::set<std::string> ready_;  // names known built, to skip the lock on repeated opens
+  uint64_t built_ = 0;
+};
+
+}  // namespace ucp::hooks

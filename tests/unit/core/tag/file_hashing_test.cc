@@ -1,0 +1,116 @@
+#include "core/tag/file_hashing.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `xxhsum -H3 FILE` (an independent implementation): "XXH3 (FILE) = <16 hex digits>".
+std::string Xxhsum(const std::string& path) {
+  FILE* pipe = ::popen(("xxhsum -H3 '" + path + "'").c_str(), "r");
+  if (pipe == nullptr) return "";
+  char line[4096] = {};
+  const bool read = std::fgets(line, sizeof(line), pipe) != nullptr;
+  ::pclose(pipe);
+  const std::string text = read ? line : "";
+  const size_t equals = text.rfind("= ");
+  return equals == std::string::npos ? "" : text.substr(equals + 2, 16);
+}
+
+class FileHashingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/ucp_file_hashing_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    tag_ = pattern;
+    Write("empty.pt", "");
+    std::string big(3 * (1 << 20) + 12345, '\0');  // several of HashFile's 1 MiB reads
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 13);
+    Write("big.pt", big);
+    Write("small.pt", "zero_pp_rank_0");
+  }
+  void TearDown() override { fs::remove_all(tag_); }
+
+  void Write(const std::string& name, const std::string& bytes) {
+    std::ofstream(tag_ + "/" + name, std::ios::binary) << bytes;
+    names_.push_back(name);
+  }
+
+  JournalRecord Record(const std::string& name, uint64_t size, uint64_t xxh3,
+                       int64_t time_ns) const {
+    JournalRecord record;
+    record.path = name;
+    record.size = size;
+    record.xxh3 = xxh3;
+    record.time_ns = time_ns;
+    record.pid = ::getpid();
+    record.framework = "deepspeed";
+    return record;
+  }
+
+  static int64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  std::string tag_;
+  std::vector<std::string> names_;
+};
+
+TEST_F(FileHashingTest, HashesEveryFileInParallelAsXxhsumDoes) {
+  for (const unsigned threads : {1u, 2u, 8u}) {
+    Result<std::vector<FileDigest>> digests = HashTagFiles(tag_, names_, {threads, false});
+    ASSERT_TRUE(digests.ok()) << digests.status().ToString();
+    ASSERT_EQ(digests->size(), names_.size());
+    for (size_t i = 0; i < names_.size(); ++i) {
+      EXPECT_EQ((*digests)[i].size, fs::file_size(tag_ + "/" + names_[i]));
+      EXPECT_EQ(FormatXxh3((*digests)[i].xxh3), Xxhsum(tag_ + "/" + names_[i])) << names_[i];
+    }
+  }
+}
+
+TEST_F(FileHashingTest, ReusesAJournalRecordOnlyWhileItDescribesTheFile) {
+  const uint64_t small_size = fs::file_size(tag_ + "/small.pt");
+  const uint64_t big_size = fs::file_size(tag_ + "/big.pt");
+  // A recorded hash no file has: seeing it back proves the file was not read.
+  const uint64_t recorded = 0x0123456789abcdefull;
+  ASSERT_TRUE(AppendJournalRecord(tag_, Record("small.pt", small_size, recorded, Now())).ok());
+  ASSERT_TRUE(AppendJournalRecord(tag_, Record("big.pt", big_size + 1, recorded, Now())).ok());
+  ASSERT_TRUE(
+      AppendJournalRecord(tag_, Record("empty.pt", 0, recorded, Now() - 3'600'000'000'000)).ok());
+
+  Result<std::vector<FileDigest>> trusted = HashTagFiles(tag_, names_, {2, true});
+  ASSERT_TRUE(trusted.ok()) << trusted.status().ToString();
+  EXPECT_NE((*trusted)[0].xxh3, recorded);  // empty.pt: modified after the record
+  EXPECT_NE((*trusted)[1].xxh3, recorded);  // big.pt: another size
+  EXPECT_EQ((*trusted)[2].xxh3, recorded);  // small.pt: size and time match
+  EXPECT_EQ(FormatXxh3((*trusted)[1].xxh3), Xxhsum(tag_ + "/big.pt"));
+
+  Result<std::vector<FileDigest>> fresh = HashTagFiles(tag_, names_, {2, false});
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(FormatXxh3((*fresh)[2].xxh3), Xxhsum(tag_ + "/small.pt"));
+}
+
+TEST_F(FileHashingTest, MissingFileIsNamed) {
+  names_.push_back("zero_pp_rank_7_mp_rank_00_optim_states.pt");
+  Result<std::vector<FileDigest>> digests = HashTagFiles(tag_, names_, {2, true});
+  ASSERT_FALSE(digests.ok());
+  EXPECT_EQ(digests.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(digests.status().message(),
+              ::testing::HasSubstr("zero_pp_rank_7_mp_rank_00_optim_states.pt"));
+}
+
+}  // namespace
+}  // namespace ucp::hooks

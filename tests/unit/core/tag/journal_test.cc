@@ -1,0 +1,175 @@
+#include "core/tag/journal.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/ucp_journal_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    tag_dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(tag_dir_); }
+
+  static JournalRecord Record(std::string path, uint64_t size) {
+    JournalRecord record;
+    record.path = std::move(path);
+    record.size = size;
+    record.xxh3 = 0x0123456789abcdefull ^ size;
+    record.rank = 3;
+    record.pid = ::getpid();
+    record.time_ns = 1763757000123456789;
+    record.framework = "deepspeed";
+    record.role = FileRole::kData;
+    return record;
+  }
+
+  std::string tag_dir_;
+};
+
+void ExpectSameRecord(const JournalRecord& a, const JournalRecord& b) {
+  EXPECT_EQ(a.path, b.path);
+  EXPECT_EQ(a.size, b.size);
+  EXPECT_EQ(a.xxh3, b.xxh3);
+  EXPECT_EQ(a.rank, b.rank);
+  EXPECT_EQ(a.pid, b.pid);
+  EXPECT_EQ(a.time_ns, b.time_ns);
+  EXPECT_EQ(a.framework, b.framework);
+  EXPECT_EQ(a.role, b.role);
+}
+
+TEST_F(JournalTest, AppendsOneLinePerRecordAndReadsThemBack) {
+  const JournalRecord first = Record("mp_rank_00_model_states.pt", 1234);
+  JournalRecord second = Record("../latest", 12);
+  second.role = FileRole::kCommitSignal;
+  second.rank = -1;
+  ASSERT_TRUE(AppendJournalRecord(tag_dir_, first).ok());
+  ASSERT_TRUE(AppendJournalRecord(tag_dir_, second).ok());
+
+  EXPECT_EQ(fs::status(JournalDirectory(tag_dir_)).permissions() & fs::perms::all, fs::perms(0755));
+  const auto contents = ReadTagJournals(tag_dir_);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  EXPECT_TRUE(contents->warnings.empty());
+  ASSERT_EQ(contents->records.size(), 2u);
+  ExpectSameRecord(contents->records[0], first);
+  ExpectSameRecord(contents->records[1], second);
+
+  // The exact line, member order included, as README documents it.
+  const auto line = EncodeJournalRecord(first);
+  ASSERT_TRUE(line.ok());
+  EXPECT_EQ(*line,
+            "{\"v\":1,\"path\":\"mp_rank_00_model_states.pt\",\"size\":1234,"
+            "\"xxh3\":\"0123456789abc93d\",\"rank\":3,\"pid\":" +
+                std::to_string(::getpid()) +
+                ",\"time_ns\":1763757000123456789,\"framework\":\"deepspeed\","
+                "\"role\":\"data\"}\n");
+}
+
+TEST_F(JournalTest, ConcurrentAppendsNeverInterleave) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        // Long paths make each line several hundred bytes.
+        const std::string path = "dir_" + std::string(300, 'a' + t) + "/" + std::to_string(i);
+        ASSERT_TRUE(AppendJournalRecord(tag_dir_, Record(path, i)).ok());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  const auto contents = ReadTagJournals(tag_dir_);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  EXPECT_EQ(contents->records.size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+TEST_F(JournalTest, TornLastLineIsSkippedWithAWarning) {
+  const std::string good = *EncodeJournalRecord(Record("a.pt", 1));
+  const std::string torn = EncodeJournalRecord(Record("b.pt", 2))->substr(0, 30);
+  const auto contents = ParseJournal("j", good + torn);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  ASSERT_EQ(contents->records.size(), 1u);
+  EXPECT_EQ(contents->records[0].path, "a.pt");
+  ASSERT_EQ(contents->warnings.size(), 1u);
+  EXPECT_NE(contents->warnings[0].find("line 2"), std::string::npos) << contents->warnings[0];
+}
+
+TEST_F(JournalTest, MalformedLinesAreErrorsNamingTheLine) {
+  const std::string good = *EncodeJournalRecord(Record("a.pt", 1));
+  auto replaced = [&good](std::string_view from, std::string_view to) {
+    std::string line = good;
+    line.replace(line.find(from), from.size(), to);
+    return line;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"v\":1,\n", "not JSON"},
+      {"[1,2]\n", "not a JSON object"},
+      {replaced("\"v\":1", "\"v\":2"), "\"v\" is not 1"},
+      {replaced("\"path\":\"a.pt\"", "\"path\":\"/abs/a.pt\""), "\"path\""},
+      {replaced("\"size\":1", "\"size\":-1"), "\"size\""},
+      {replaced("\"xxh3\":\"", "\"xxh3\":\"A"), "xxh3"},
+      {replaced("\"role\":\"data\"", "\"role\":\"other\""), "\"role\""},
+      {replaced("\"rank\":3,", ""), "\"rank\""},
+  };
+  for (const auto& [line, expected] : cases) {
+    const auto contents = ParseJournal("j", good + line + good);
+    ASSERT_FALSE(contents.ok()) << line;
+    EXPECT_EQ(contents.status().code(), StatusCode::kCorrupt);
+    EXPECT_NE(contents.status().message().find("j: line 2: "), std::string::npos)
+        << contents.status().message();
+    EXPECT_NE(contents.status().message().find(expected), std::string::npos)
+        << contents.status().message();
+  }
+}
+
+TEST_F(JournalTest, UnknownMembersAreIgnored) {
+  std::string line = *EncodeJournalRecord(Record("a.pt", 1));
+  line.insert(1, "\"future\":{\"x\":[1]},");
+  const auto contents = ParseJournal("j", line);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  ASSERT_EQ(contents->records.size(), 1u);
+}
+
+TEST_F(JournalTest, RejectsAbsolutePathsAndInvalidUtf8) {
+  EXPECT_FALSE(EncodeJournalRecord(Record("/abs", 1)).ok());
+  EXPECT_FALSE(EncodeJournalRecord(Record("", 1)).ok());
+  EXPECT_FALSE(EncodeJournalRecord(Record("bad\xff.pt", 1)).ok());
+  EXPECT_FALSE(ReadTagJournals(tag_dir_ + "/missing").ok());
+}
+
+TEST(JournalFormatTest, Xxh3IsSixteenLowercaseHexDigits) {
+  EXPECT_EQ(FormatXxh3(0), "0000000000000000");
+  EXPECT_EQ(FormatXxh3(0x9555E8555C62DCFDull), "9555e8555c62dcfd");
+}
+
+TEST(JournalFormatTest, LauncherRankTakesTheFirstVariableSet) {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    ::unsetenv(name);
+  }
+  EXPECT_EQ(LauncherRank(), -1);
+  ::setenv("SLURM_PROCID", "7", 1);
+  EXPECT_EQ(LauncherRank(), 7);
+  ::setenv("RANK", "2", 1);
+  EXPECT_EQ(LauncherRank(), 2);
+  ::setenv("RANK", "x", 1);
+  EXPECT_EQ(LauncherRank(), 7);
+  ::unsetenv("RANK");
+  ::unsetenv("SLURM_PROCID");
+}
+
+}  // namespace
+}  // namespace ucp::hooks

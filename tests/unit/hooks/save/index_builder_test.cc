@@ -1,0 +1,342 @@
+#include "hooks/save/index_builder.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "core/format/atom_index.h"
+#include "core/frameworks/framework_adapter.h"
+#include "core/tag/journal.h"
+#include "core/util/log.h"
+#include "tests/unit/core/test_bytes.h"
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+using ::testing::HasSubstr;
+
+const std::string kFixtures = std::string(UCP_SHARED_DIR) + "/fixtures/deepspeed";
+// Long enough for a build of a fixture on a loaded machine; a hang shows as this, not forever.
+constexpr auto kDrainLimit = std::chrono::seconds(60);
+// Between the closes of two ranks' files: several of the builder's polls.
+constexpr milliseconds kRankDelay{150};
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A save directory <dir>/ with tag global_step5/, written file by file as DeepSpeed does: each
+// rank's files, then a journal record per file (what the tracker appends at close), rank 0's
+// `latest` and its commit record.
+class IndexBuilderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::ScratchDirectory("ucp_index_builder").string();
+    tag_ = dir_ + "/global_step5";
+    fs::create_directories(tag_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Copies the .pt files of fixture config/run into the tag; returns their names, rank 0's (the
+  // model states and zero_pp_rank_0) first.
+  std::vector<std::string> Save(const std::string& config, const std::string& run) {
+    const std::string source = kFixtures + "/" + config + "/" + run + "/global_step5";
+    std::vector<std::string> names;
+    for (const fs::directory_entry& entry : fs::directory_iterator(source)) {
+      if (entry.path().extension() != ".pt") continue;
+      const std::string name = entry.path().filename().string();
+      const std::string target = tag_ + "/" + name;
+      fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing);
+      fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
+      names.push_back(name);
+    }
+    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      return std::make_tuple(!IsRankZero(a), a) < std::make_tuple(!IsRankZero(b), b);
+    });
+    return names;
+  }
+
+  static bool IsRankZero(const std::string& name) {
+    return name.find("model_states") != std::string::npos ||
+           name.find("zero_pp_rank_0_") != std::string::npos;
+  }
+
+  void Journal(const std::string& name) {
+    Result<FileDigest> digest = HashFile(tag_ + "/" + name);
+    ASSERT_TRUE(digest.ok()) << digest.status().ToString();
+    JournalRecord record;
+    record.path = name;
+    record.size = digest->size;
+    record.xxh3 = digest->xxh3;
+    record.pid = ::getpid();
+    record.time_ns = NowNs();
+    record.framework = "deepspeed";
+    record.role = FileRole::kData;
+    const Status status = AppendJournalRecord(tag_, record);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+
+  // Rank 0 writes `latest`; the tracker journals it and tells the builder.
+  void Commit(IndexBuilder& builder) {
+    std::ofstream(dir_ + "/latest") << "global_step5";
+    JournalRecord record;
+    record.path = "../latest";
+    record.size = fs::file_size(dir_ + "/latest");
+    record.pid = ::getpid();
+    record.time_ns = NowNs();
+    record.framework = "deepspeed";
+    record.role = FileRole::kCommitSignal;
+    const Status status = AppendJournalRecord(tag_, record);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    builder.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", dir_ + "/latest"});
+  }
+
+  // Journals the files of the other ranks from another thread, kRankDelay apart; before the last
+  // one, notes whether an index was there already.
+  std::thread JournalLater(std::vector<std::string> names, bool* index_before_last) {
+    return std::thread([this, names = std::move(names), index_before_last] {
+      for (size_t i = 0; i < names.size(); ++i) {
+        std::this_thread::sleep_for(kRankDelay);
+        if (i + 1 == names.size()) *index_before_last = fs::exists(IndexPath());
+        Journal(names[i]);
+      }
+    });
+  }
+
+  static std::vector<std::string> OtherRanks(const std::vector<std::string>& names) {
+    std::vector<std::string> others;
+    for (const std::string& name : names) {
+      if (!IsRankZero(name)) others.push_back(name);
+    }
+    return others;
+  }
+
+  std::string IndexPath() const { return AtomIndexPath(tag_); }
+
+  // What the adapter itself makes of the tag now, as `ucp index` would write it.
+  std::string AdapterIndex() const {
+    Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_);
+    EXPECT_TRUE(adapter.ok()) << adapter.status().ToString();
+    if (!adapter.ok()) return "";
+    Result<AtomIndex> index = (*adapter)->BuildIndex(tag_, {});
+    EXPECT_TRUE(index.ok()) << index.status().ToString();
+    return index.ok() ? index->ToJson() : "";
+  }
+
+  // Every name in the tag's .ucp/ other than the journals.
+  std::set<std::string> UcpEntriesBesideJournals() const {
+    std::set<std::string> names;
+    for (const fs::directory_entry& entry : fs::directory_iterator(tag_ + "/.ucp")) {
+      const std::string name = entry.path().filename().string();
+      if (!name.starts_with("journal.")) names.insert(name);
+    }
+    return names;
+  }
+
+  std::string dir_;
+  std::string tag_;
+};
+
+class IndexBuilderFixtureTest : public IndexBuilderTest,
+                                public ::testing::WithParamInterface<std::string> {};
+
+// Rank 0's files and the commit first, the other ranks' later: no index until the last of them
+// is journaled, then exactly the adapter's index of the complete tag.
+TEST_P(IndexBuilderFixtureTest, WaitsForEveryRankThenCommitsTheAdaptersIndex) {
+  const std::string config = GetParam().substr(0, GetParam().rfind('/'));
+  const std::string run = GetParam().substr(GetParam().rfind('/') + 1);
+  IndexBuilder builder(IndexBuilderOptions{});
+  const std::vector<std::string> names = Save(config, run);
+  for (const std::string& name : names) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  bool index_before_last = true;
+  std::thread others = JournalLater(OtherRanks(names), &index_before_last);
+  others.join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 1u);
+  const std::string index = testing::ReadAll(IndexPath());
+  EXPECT_FALSE(index.empty());
+  EXPECT_TRUE(index == AdapterIndex());
+  EXPECT_EQ(UcpEntriesBesideJournals(), (std::set<std::string>{"index.json", "index.lock"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, IndexBuilderFixtureTest,
+                         ::testing::Values("z2_fp32/dp4", "z2_bf16/dp4", "z1_bf16_bf16opt/dp2"),
+                         [](const auto& test_param) {
+                           std::string name = test_param.param;
+                           std::replace(name.begin(), name.end(), '/', '_');
+                           return name;
+                         });
+
+TEST_F(IndexBuilderTest, GivesUpAfterTheWaitLogged) {
+  log::Configure(log::Level::kInfo, dir_);
+  IndexBuilderOptions options;
+  options.wait = milliseconds(300);
+  IndexBuilder builder(options);
+  const std::vector<std::string> names = Save("z2_fp32", "dp4");
+  for (const std::string& name : names) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  log::Flush();
+  log::Configure(log::Level::kOff, "");
+
+  EXPECT_FALSE(fs::exists(IndexPath()));
+  EXPECT_EQ(builder.committed(), 0u);
+  const std::string log_text =
+      testing::ReadAll(dir_ + "/ucp." + std::to_string(::getpid()) + ".log");
+  EXPECT_THAT(log_text, HasSubstr("gave up after 300 ms"));
+  EXPECT_THAT(log_text, HasSubstr("zero_pp_rank_3_mp_rank_00_optim_states.pt"));
+}
+
+// Saving again to the tag: the records of the earlier save, even of files with the size they
+// still have, are not this save's; the new index replaces the old one.
+TEST_F(IndexBuilderTest, RecommitWaitsForThisSavesRecordsAndReplacesTheIndex) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  const std::vector<std::string> first = Save("z2_fp32_odd", "dp4");
+  for (const std::string& name : first) Journal(name);
+  Commit(builder);
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  ASSERT_EQ(builder.committed(), 1u);
+  const std::string first_index = testing::ReadAll(IndexPath());
+  ASSERT_TRUE(first_index == AdapterIndex());
+
+  // The same bytes again (every size matches the earlier records).
+  const std::vector<std::string> again = Save("z2_fp32_odd", "dp4");
+  for (const std::string& name : again) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  bool index_before_last = true;
+  JournalLater(OtherRanks(again), &index_before_last).join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 2u);
+  EXPECT_TRUE(testing::ReadAll(IndexPath()) == AdapterIndex());
+
+  // Other bytes: the index follows them.
+  const std::vector<std::string> other = Save("z2_fp32", "dp4");
+  for (const std::string& name : other) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  JournalLater(OtherRanks(other), &index_before_last).join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 3u);
+  const std::string replaced = testing::ReadAll(IndexPath());
+  EXPECT_TRUE(replaced == AdapterIndex());
+  EXPECT_FALSE(replaced == first_index);
+}
+
+// A second save to the tag while the first build still waits for its other ranks: only the
+// newer one builds.
+TEST_F(IndexBuilderTest, NewerCommitSupersedesAWaitingBuild) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  std::vector<std::string> names = Save("z2_bf16", "dp4");
+  for (const std::string& name : names) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  std::this_thread::sleep_for(3 * IndexBuilder::kPollInterval);
+  names = Save("z2_bf16", "dp4");
+  for (const std::string& name : names) {
+    if (IsRankZero(name)) Journal(name);
+  }
+  Commit(builder);
+  bool index_before_last = true;
+  JournalLater(OtherRanks(names), &index_before_last).join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 1u);
+  EXPECT_TRUE(testing::ReadAll(IndexPath()) == AdapterIndex());
+}
+
+// A save the adapter rejects (rank 1's file from a save at another DP size): no index, not even
+// the earlier save's, and the tag's files as written.
+TEST_F(IndexBuilderTest, FailingBuildRemovesTheEarlierIndexAndTouchesNothingElse) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  std::vector<std::string> names = Save("z2_fp32", "dp4");
+  for (const std::string& name : names) Journal(name);
+  Commit(builder);
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  ASSERT_TRUE(fs::exists(IndexPath()));
+
+  const std::string rank1 = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  fs::copy_file(kFixtures + "/z2_fp32/dp2/global_step5/" + rank1, tag_ + "/" + rank1,
+                fs::copy_options::overwrite_existing);
+  std::map<std::string, std::string> written;
+  for (const std::string& name : names) {
+    Journal(name);
+    written[name] = testing::ReadAll(tag_ + "/" + name);
+  }
+  Commit(builder);
+  builder.Drain(steady_clock::now() + kDrainLimit);
+
+  EXPECT_EQ(builder.committed(), 1u);
+  EXPECT_FALSE(fs::exists(IndexPath()));
+  EXPECT_EQ(UcpEntriesBesideJournals(), std::set<std::string>{"index.lock"});
+  std::set<std::string> listed;
+  for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
+    listed.insert(entry.path().filename().string());
+  }
+  std::set<std::string> expected(names.begin(), names.end());
+  expected.insert(".ucp");
+  EXPECT_EQ(listed, expected);
+  for (const auto& [name, bytes] : written) {
+    EXPECT_TRUE(testing::ReadAll(tag_ + "/" + name) == bytes) << name;
+  }
+}
+
+// Teardown cannot wait for ranks that never finish: a past deadline abandons the build at once
+// (the failure would be a hang of the 10-minute default wait).
+TEST_F(IndexBuilderTest, DrainWithAPastDeadlineAbandonsTheWaitingBuild) {
+  const auto start = steady_clock::now();
+  {
+    IndexBuilder builder(IndexBuilderOptions{});
+    const std::vector<std::string> names = Save("z2_fp32", "dp4");
+    for (const std::string& name : names) {
+      if (IsRankZero(name)) Journal(name);
+    }
+    Commit(builder);
+    std::this_thread::sleep_for(3 * IndexBuilder::kPollInterval);
+    builder.Drain(steady_clock::now() - std::chrono::seconds(1));
+    EXPECT_EQ(builder.committed(), 0u);
+  }
+  EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_FALSE(fs::exists(IndexPath()));
+}
+
+// A commit of a tag no adapter reads is ignored.
+TEST_F(IndexBuilderTest, IgnoresTagsWithoutAnAdapter) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  std::ofstream(tag_ + "/model_optim_rng.pt") << "not a deepspeed file";
+  Commit(builder);
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  EXPECT_EQ(builder.committed(), 0u);
+  EXPECT_FALSE(fs::exists(IndexPath()));
+}
+
+}  // namespace
+}  // namespace ucp::hooks

@@ -1,0 +1,219 @@
+#include "hooks/serve/view_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/frameworks/deepspeed/zero.h"
+#include "core/io/file.h"
+#include "tests/unit/core/test_bytes.h"
+#include "tests/unit/hooks/serve/served_tag.h"
+
+namespace ucp::hooks {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Dp;
+using testing::FilesIn;
+using testing::FixtureTag;
+using ::testing::HasSubstr;
+using testing::PrepareTag;
+using testing::ReadIndex;
+using testing::Reshard;
+using ucp::testing::ReadAll;
+using ucp::testing::ScratchDirectory;
+
+const DeepSpeedZeroAdapter kAdapter;
+
+// Every file of `view` (materialized first) has the bytes of the same file in `expected_dir`, and
+// the view has exactly the files of expected_dir.
+void ExpectViewEquals(View& view, const std::string& expected_dir) {
+  EXPECT_EQ(view.names(), FilesIn(expected_dir));
+  for (const std::string& name : view.names()) {
+    Result<std::string> path = view.Materialize(name);
+    ASSERT_TRUE(path.ok()) << path.status().ToString();
+    EXPECT_EQ(*path, view.directory() + "/served." + name);
+    const std::string bytes = ReadAll(*path);
+    EXPECT_FALSE(bytes.empty()) << *path;
+    EXPECT_TRUE(bytes == ReadAll(expected_dir + "/" + name)) << name << " differs";
+  }
+}
+
+class ViewCacheEquivalenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ViewCacheEquivalenceTest, ViewsEqualUcpReshardAtEveryDp) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "ckpt" / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag(GetParam(), "dp4"), tag);
+  const std::shared_ptr<const AtomIndex> index = ReadIndex(tag);
+  ASSERT_NE(index, nullptr);
+  for (const uint32_t dp : {1u, 2u, 8u}) {
+    SCOPED_TRACE("dp=" + std::to_string(dp));
+    Result<std::unique_ptr<View>> view = View::Open(kAdapter, index, index_xxh3, tag, "", Dp(dp));
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    EXPECT_EQ((*view)->directory(), tag + "/.ucp/views/tp1-pp1-dp" + std::to_string(dp));
+    const std::string expected =
+        Reshard(tag, dp, (scratch / ("out" + std::to_string(dp))).string());
+    ExpectViewEquals(**view, expected);
+    EXPECT_EQ((*view)->built(), (*view)->names().size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ViewCacheEquivalenceTest,
+                         ::testing::Values("z2_fp32", "z1_bf16_bf16opt"));
+
+TEST(ViewCacheTest, CacheDirectoryNamesTheTagAndItsPathHash) {
+  const std::string a = ViewDirectory("/ckpt/a/global_step5", "/cache", Dp(2));
+  const std::string b = ViewDirectory("/ckpt/b/global_step5", "/cache", Dp(2));
+  EXPECT_THAT(a, ::testing::MatchesRegex("/cache/global_step5-[0-9a-f]{16}/tp1-pp1-dp2"));
+  EXPECT_NE(a, b);
+  EXPECT_EQ(ViewDirectory("/ckpt/a/global_step5", "", Dp(8)),
+            "/ckpt/a/global_step5/.ucp/views/tp1-pp1-dp8");
+}
+
+TEST(ViewCacheTest, UnknownNameIsNotFound) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  Result<std::string> missing = (*view)->Materialize("zero_pp_rank_3_mp_rank_00_optim_states.pt");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Builds every file of the view at `target`, starting at a different name per caller, and returns
+// how many it built.
+Result<uint64_t> BuildAll(const std::string& tag, uint64_t index_xxh3, const Topology& target,
+                          size_t start) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<View> view,
+                       View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", target));
+  const std::vector<std::string> names(view->names().begin(), view->names().end());
+  for (size_t i = 0; i < names.size(); ++i) {
+    UCP_RETURN_IF_ERROR(view->Materialize(names[(start + i) % names.size()]).status());
+  }
+  return view->built();
+}
+
+TEST(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  constexpr int kThreads = 8;
+  constexpr int kChildren = 4;
+  int go[2];
+  int results[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(results), 0);
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      char byte;
+      if (::read(go[0], &byte, 1) != 1) ::_exit(2);
+      Result<uint64_t> built = BuildAll(tag, index_xxh3, Dp(8), static_cast<size_t>(c));
+      if (!built.ok()) ::_exit(1);
+      const uint64_t count = *built;
+      ::_exit(::write(results[1], &count, sizeof(count)) == sizeof(count) ? 0 : 3);
+    }
+    children.push_back(pid);
+  }
+  std::atomic<bool> start{false};
+  std::atomic<uint64_t> built_by_threads{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      while (!start.load()) std::this_thread::yield();
+      Result<uint64_t> built = BuildAll(tag, index_xxh3, Dp(8), static_cast<size_t>(t));
+      if (built.ok()) {
+        built_by_threads += *built;
+      } else {
+        ++failures;
+        ADD_FAILURE() << built.status().ToString();
+      }
+    });
+  }
+  const std::string release(kChildren, 'x');
+  ASSERT_EQ(::write(go[1], release.data(), release.size()), kChildren);
+  start = true;
+  for (std::thread& thread : threads) thread.join();
+  uint64_t built_by_children = 0;
+  for (const pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    uint64_t count = 0;
+    ASSERT_EQ(::read(results[0], &count, sizeof(count)), static_cast<ssize_t>(sizeof(count)));
+    built_by_children += count;
+  }
+  for (const int fd : {go[0], go[1], results[0], results[1]}) ::close(fd);
+  EXPECT_EQ(failures.load(), 0);
+
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(8));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(built_by_threads + built_by_children, (*view)->names().size());
+  ExpectViewEquals(**view, Reshard(tag, 8, (scratch / "out").string()));
+  EXPECT_EQ((*view)->built(), 0u);
+}
+
+TEST(ViewCacheTest, ResavedTagRebuildsTheView) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t first = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  Result<std::unique_ptr<View>> old_view =
+      View::Open(kAdapter, ReadIndex(tag), first, tag, "", Dp(1));
+  ASSERT_TRUE(old_view.ok()) << old_view.status().ToString();
+  ExpectViewEquals(**old_view, Reshard(tag, 1, (scratch / "out_first").string()));
+
+  // The same tag saved again by another run (at dp2).
+  const uint64_t second = PrepareTag(FixtureTag("z2_fp32", "dp2"), tag);
+  ASSERT_NE(first, second);
+  Result<std::unique_ptr<View>> view = View::Open(kAdapter, ReadIndex(tag), second, tag, "", Dp(1));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const std::string expected = Reshard(tag, 1, (scratch / "out_second").string());
+  ExpectViewEquals(**view, expected);
+  EXPECT_EQ((*view)->built(), (*view)->names().size());
+  EXPECT_FALSE(ReadAll((scratch / "out_first/global_step5/mp_rank_00_model_states.pt").string()) ==
+               ReadAll(expected + "/mp_rank_00_model_states.pt"));
+}
+
+TEST(ViewCacheTest, CorruptedSourceIsCorruptNamingTheFile) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  const std::string victim = tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  {
+    Result<File> file = File::Open(victim, File::Mode::kReadWrite);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    Result<uint64_t> size = file->Size();
+    ASSERT_TRUE(size.ok());
+    std::byte byte{};
+    ASSERT_TRUE(file->ReadAt(*size / 2, {&byte, 1}).ok());
+    byte ^= std::byte{0x40};
+    ASSERT_TRUE(file->WriteAt(*size / 2, {&byte, 1}).ok());
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the second finds the verdict in view.json
+    Result<std::unique_ptr<View>> view =
+        View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+    ASSERT_FALSE(view.ok());
+    EXPECT_EQ(view.status().code(), StatusCode::kCorrupt);
+    EXPECT_THAT(view.status().message(), HasSubstr(victim));
+  }
+  EXPECT_THAT(ReadAll(tag + "/.ucp/views/tp1-pp1-dp2/view.json"), HasSubstr("\"verified\": false"));
+}
+
+}  // namespace
+}  // namespace ucp::hooks
