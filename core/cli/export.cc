@@ -54,7 +54,7 @@ int RunExport(const ExportOptions& options) {
   if (Status free = CheckOutputFree(out, options.force); !free.ok()) {
     return PrintError(kCommand, free, kExitUsage);
   }
-  hooks::IndexOptions index_options;
+  IndexOptions index_options;
   index_options.threads = options.threads;
   Result<Tag> tag = OpenTag(options.tag_dir, index_options, /*use_saved_index=*/true);
   if (!tag.ok()) return PrintError(kCommand, tag.status(), kExitInput);

@@ -17,7 +17,7 @@ struct IndexCommandOptions {
 };
 
 int RunIndex(const IndexCommandOptions& options) {
-  hooks::IndexOptions index_options;
+  IndexOptions index_options;
   index_options.threads = options.threads;
   index_options.trust_journal = !options.no_journal;
   Result<Tag> tag = OpenTag(options.tag_dir, index_options, /*use_saved_index=*/false);

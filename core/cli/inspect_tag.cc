@@ -33,11 +33,11 @@ std::string ShapeText(const Shape& shape) { return Json(shape).dump(); }
 }  // namespace
 
 int InspectTag(const std::string& dir, bool json) {
-  Result<Tag> tag = OpenTag(dir, hooks::IndexOptions{}, /*use_saved_index=*/true);
+  Result<Tag> tag = OpenTag(dir, IndexOptions{}, /*use_saved_index=*/true);
   if (!tag.ok()) return PrintError("inspect", tag.status(), kExitInput);
   const AtomIndexContents& contents = tag->index.contents();
   // Over an atoms store, the framework files the index still lists are gone: count the store's.
-  const std::string store_prefix = std::string(hooks::kStoreDirectory) + "/";
+  const std::string store_prefix = std::string(kStoreDirectory) + "/";
   uint64_t file_count = 0;
   uint64_t file_bytes = 0;
   for (const IndexedFile& file : contents.files) {

@@ -26,7 +26,7 @@ int RunReshard(const ReshardOptions& options) {
   constexpr std::string_view kCommand = "reshard";
   Result<TopologySpec> spec = ParseTopologySpec(options.to);
   if (!spec.ok()) return PrintError(kCommand, spec.status(), kExitUsage);
-  hooks::IndexOptions index_options;
+  IndexOptions index_options;
   index_options.threads = options.threads;
   Result<Tag> tag = OpenTag(options.tag_dir, index_options, /*use_saved_index=*/true);
   if (!tag.ok()) return PrintError(kCommand, tag.status(), kExitInput);

@@ -133,8 +133,7 @@ Status StagedDirectory::Commit(bool replace) {
 Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
                      const std::string& final_path, unsigned threads, bool force,
                      std::string_view command) {
-  UCP_RETURN_IF_ERROR(
-      hooks::VerifySources(index, hooks::FilesRead(index, plan), tag_dir, "source check"));
+  UCP_RETURN_IF_ERROR(VerifySources(index, FilesRead(index, plan), tag_dir, "source check"));
   UCP_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::Create(final_path));
   Progress progress{std::string(command)};
   ExecuteOptions execute;

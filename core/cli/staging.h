@@ -57,7 +57,7 @@ class StagedDirectory {
   bool committed_ = false;
 };
 
-// Checks every file `plan` reads against the sizes and XXH3s of `index` (hooks::VerifySources: a
+// Checks every file `plan` reads against the sizes and XXH3s of `index` (VerifySources: a
 // damaged source is kCorrupt naming the file and, where its CRC-32s tell, the tensors), then
 // writes `plan` (over the files of `index` in `tag_dir`) into a StagedDirectory for `final_path`,
 // with a progress line for `command` on a terminal, and commits it (an existing `final_path` is

@@ -14,13 +14,12 @@ namespace {
 // gone (sizes; hashes are `ucp verify`'s).
 Result<Tag> SavedIndex(const std::string& dir) {
   UCP_ASSIGN_OR_RETURN(AtomIndex index, AtomIndex::Read(IndexPath(dir)));
-  UCP_ASSIGN_OR_RETURN(const hooks::FrameworkAdapter* adapter,
-                       hooks::FindAdapter(index.contents().adapter));
+  UCP_ASSIGN_OR_RETURN(const FrameworkAdapter* adapter, FindAdapter(index.contents().adapter));
   if (index.contents().adapter_schema != adapter->schema()) {
     return Status::FailedPrecondition("saved index: another adapter schema");
   }
   // The framework's files, or the atoms store once they are gone.
-  UCP_ASSIGN_OR_RETURN(std::optional<AtomIndex> over_store, hooks::ReadableSources(index, dir));
+  UCP_ASSIGN_OR_RETURN(std::optional<AtomIndex> over_store, ReadableSources(index, dir));
   Tag tag{.dir = dir,
           .name = SplitPath(dir).second,
           .adapter = adapter,
@@ -34,8 +33,7 @@ Result<Tag> SavedIndex(const std::string& dir) {
 
 std::string IndexPath(const std::string& tag_dir) { return AtomIndexPath(tag_dir); }
 
-Result<Tag> OpenTag(const std::string& given, const hooks::IndexOptions& options,
-                    bool use_saved_index) {
+Result<Tag> OpenTag(const std::string& given, const IndexOptions& options, bool use_saved_index) {
   const std::string dir = TrimTrailingSlashes(given);
   struct stat info;
   if (::stat(dir.c_str(), &info) != 0) return PosixError("tag " + dir, errno);
@@ -44,7 +42,7 @@ Result<Tag> OpenTag(const std::string& given, const hooks::IndexOptions& options
     Result<Tag> saved = SavedIndex(dir);
     if (saved.ok()) return saved;
   }
-  UCP_ASSIGN_OR_RETURN(const hooks::FrameworkAdapter* adapter, hooks::DetectAdapter(dir));
+  UCP_ASSIGN_OR_RETURN(const FrameworkAdapter* adapter, DetectAdapter(dir));
   UCP_ASSIGN_OR_RETURN(AtomIndex index, adapter->BuildIndex(dir, options));
   Tag tag{.dir = dir,
           .name = SplitPath(dir).second,

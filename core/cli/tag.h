@@ -14,7 +14,7 @@ namespace ucp::cli {
 struct Tag {
   std::string dir;   // as given, trailing slashes removed
   std::string name;  // the directory's last component ("global_step5")
-  const hooks::FrameworkAdapter* adapter = nullptr;
+  const FrameworkAdapter* adapter = nullptr;
   AtomIndex index;
   bool saved_index = false;  // index read from <dir>/.ucp/index.json
   bool from_store = false;   // the framework's files are gone: `index` reads the atoms store
@@ -29,7 +29,7 @@ std::string IndexPath(const std::string& tag_dir);
 // the store (AtomIndex::OverStore). Anything else (no index, a stale or damaged one) means the
 // tag's adapter is detected and the index built, never trusted.
 // kNotFound when `dir` is not a directory or no adapter recognises it.
-[[nodiscard]] Result<Tag> OpenTag(const std::string& dir, const hooks::IndexOptions& options,
+[[nodiscard]] Result<Tag> OpenTag(const std::string& dir, const IndexOptions& options,
                                   bool use_saved_index);
 
 }  // namespace ucp::cli

@@ -35,8 +35,7 @@ std::string Hex64(uint64_t value) {
 std::string Check(const std::string& dir, const AtomIndex& index, uint32_t f) {
   const IndexedFile& file = index.files()[f];
   Result<File> opened = File::OpenBeneath(dir, file.path);
-  Result<hooks::FileDigest> digest =
-      opened.ok() ? hooks::HashFile(*opened) : Result<hooks::FileDigest>(opened.status());
+  Result<FileDigest> digest = opened.ok() ? HashFile(*opened) : Result<FileDigest>(opened.status());
   if (!digest.ok()) {
     if (digest.status().code() == StatusCode::kNotFound) return "missing";
     return "unreadable: " + digest.status().message();
@@ -49,7 +48,7 @@ std::string Check(const std::string& dir, const AtomIndex& index, uint32_t f) {
   } else {
     return "";
   }
-  const std::string where = hooks::LocateDamage(index, f, dir);
+  const std::string where = LocateDamage(index, f, dir);
   return where.empty() ? differs : differs + ": " + where;
 }
 

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <regex>
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 // "/a/b/c" → {"/a/b", "c"}; the root's parent is "" (no save directory above it).
@@ -257,4 +257,4 @@ std::unique_ptr<CheckpointLayout> MakeMegatronLayout() {
 }
 std::unique_ptr<CheckpointLayout> MakeDcpLayout() { return std::make_unique<DcpLayout>(); }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -32,7 +32,7 @@
 
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 enum class FileRole {
   kData,          // a file of the checkpoint's contents, journaled when closed
@@ -150,4 +150,4 @@ std::unique_ptr<CheckpointLayout> MakeDeepSpeedLayout();
 std::unique_ptr<CheckpointLayout> MakeMegatronLayout();
 std::unique_ptr<CheckpointLayout> MakeDcpLayout();
 
-}  // namespace ucp::hooks
+}  // namespace ucp

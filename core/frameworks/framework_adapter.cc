@@ -5,7 +5,7 @@
 #include "core/frameworks/deepspeed/zero.h"
 #include "core/frameworks/deepspeed/zero3.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 const std::vector<const FrameworkAdapter*>& Adapters() {
   static const DeepSpeedPipeAdapter* const kDeepSpeedPipe = new DeepSpeedPipeAdapter();
@@ -35,4 +35,4 @@ Result<const FrameworkAdapter*> DetectAdapter(const std::string& tag_dir) {
   return Status::NotFound("framework adapter: no adapter recognises the files in " + tag_dir);
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -22,7 +22,7 @@
 #include "core/plan/executor.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 struct IndexOptions {
   // Worker threads for hashing files (0: min(hardware threads, 8)).
@@ -77,4 +77,4 @@ Result<const FrameworkAdapter*> FindAdapter(std::string_view name);
 // The first adapter that recognises `tag_dir`, or kNotFound naming the directory.
 Result<const FrameworkAdapter*> DetectAdapter(const std::string& tag_dir);
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -18,7 +18,7 @@
 #include "core/util/log.h"
 #include "core/util/path.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 constexpr uint64_t kMinShardBytes = uint64_t{16} << 20;
@@ -266,4 +266,4 @@ Result<std::optional<AtomIndex>> ReadableSources(const AtomIndex& index,
   return std::optional<AtomIndex>(std::move(over));
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -35,7 +35,7 @@
 #include "core/plan/executor.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 // Where the store lives, relative to the tag directory.
 inline constexpr std::string_view kStoreDirectory = ".ucp/atoms";
@@ -77,4 +77,4 @@ struct StorePlan {
 [[nodiscard]] Result<std::optional<AtomIndex>> ReadableSources(const AtomIndex& index,
                                                                const std::string& tag_dir);
 
-}  // namespace ucp::hooks
+}  // namespace ucp

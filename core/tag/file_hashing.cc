@@ -12,7 +12,7 @@
 #include "core/io/fault_injection.h"
 #include "core/util/reentrancy_guard.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 // The newest journal record of every path (records are appended in close order within a file;
@@ -95,4 +95,4 @@ Result<std::vector<FileDigest>> HashTagFiles(const std::string& tag_dir,
   return digests;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

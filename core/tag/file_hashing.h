@@ -9,7 +9,7 @@
 #include "core/tag/journal.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 struct HashOptions {
   // Worker threads (0: min(hardware threads, 8)); never more than there are files.
@@ -27,4 +27,4 @@ struct HashOptions {
     const std::string& tag_dir, const std::vector<std::string>& relative_paths,
     const HashOptions& options);
 
-}  // namespace ucp::hooks
+}  // namespace ucp

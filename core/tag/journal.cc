@@ -20,7 +20,7 @@
 #include "core/io/fault_injection.h"
 #include "core/util/xxh3.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 constexpr int kRecordVersion = 1;
@@ -287,4 +287,4 @@ Result<JournalContents> ReadTagJournals(std::string_view tag_dir) {
   return all;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -44,7 +44,7 @@
 #include "core/io/file.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 struct JournalRecord {
   std::string path;  // relative to the tag directory
@@ -104,4 +104,4 @@ Result<JournalContents> ReadJournal(const std::string& path);
 // directory does not exist.
 Result<JournalContents> ReadTagJournals(std::string_view tag_dir);
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -9,7 +9,7 @@
 #include "core/tag/file_hashing.h"
 #include "core/tag/journal.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 // Enough names to find the damage; the rest are counted.
@@ -104,4 +104,4 @@ Status VerifySources(const AtomIndex& index, const std::vector<uint32_t>& files,
   return Status::Ok();
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

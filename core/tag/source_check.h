@@ -16,7 +16,7 @@
 #include "core/plan/executor.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 // The files of `index` that planning and executing `plan` read: those its outputs take bytes
 // from, and the carried files whose objects the adapter planned from. Sorted, unique.
@@ -40,4 +40,4 @@ std::string LocateDamage(const AtomIndex& index, uint32_t file, const std::strin
 Status VerifySources(const AtomIndex& index, const std::vector<uint32_t>& files,
                      const std::string& tag_dir, std::string_view who);
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -9,7 +9,7 @@
 #include "core/format/torch_archive_writer.h"
 #include "core/util/checked.h"
 
-namespace ucp::hooks::deepspeed {
+namespace ucp::deepspeed {
 
 namespace fs = std::filesystem;
 using pickle::Kind;
@@ -812,4 +812,4 @@ Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, 
   return out;
 }
 
-}  // namespace ucp::hooks::deepspeed
+}  // namespace ucp::deepspeed

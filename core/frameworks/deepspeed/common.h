@@ -23,7 +23,7 @@
 #include "core/plan/executor.h"
 #include "core/util/status.h"
 
-namespace ucp::hooks::deepspeed {
+namespace ucp::deepspeed {
 
 // Roles of the index's files and carried objects.
 inline constexpr std::string_view kModelRole = "model_states";
@@ -289,4 +289,4 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
 // param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
 
-}  // namespace ucp::hooks::deepspeed
+}  // namespace ucp::deepspeed

@@ -15,7 +15,7 @@
 #include "core/tag/file_hashing.h"
 #include "core/util/checked.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 using deepspeed::AddPartitionFragments;
@@ -994,4 +994,4 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanUniversalExport(const AtomIndex& in
   return plan;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -44,7 +44,7 @@
 
 #include "core/frameworks/framework_adapter.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 class DeepSpeedPipeAdapter final : public FrameworkAdapter {
  public:
@@ -89,4 +89,4 @@ class DeepSpeedPipeAdapter final : public FrameworkAdapter {
                                          const std::string& tag_dir) const override;
 };
 
-}  // namespace ucp::hooks
+}  // namespace ucp

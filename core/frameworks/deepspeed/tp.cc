@@ -18,7 +18,7 @@
 #include "core/tag/file_hashing.h"
 #include "core/util/checked.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 using deepspeed::Bf16Prefix;
@@ -1667,4 +1667,4 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
   return plan;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

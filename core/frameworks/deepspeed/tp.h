@@ -70,7 +70,7 @@
 
 #include "core/frameworks/framework_adapter.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 class DeepSpeedTpAdapter final : public FrameworkAdapter {
  public:
@@ -119,4 +119,4 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
                                          const std::string& tag_dir) const override;
 };
 
-}  // namespace ucp::hooks
+}  // namespace ucp

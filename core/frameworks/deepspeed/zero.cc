@@ -15,7 +15,7 @@
 #include "core/plan/copy_plan.h"
 #include "core/tag/file_hashing.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -667,4 +667,4 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
   return plan;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -36,7 +36,7 @@
 
 #include "core/frameworks/framework_adapter.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 class DeepSpeedZeroAdapter final : public FrameworkAdapter {
  public:
@@ -88,4 +88,4 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
                                          const std::string& tag_dir) const override;
 };
 
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -14,7 +14,7 @@
 #include "core/tag/file_hashing.h"
 #include "core/util/checked.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 using deepspeed::Bf16Prefix;
@@ -1053,4 +1053,4 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   return plan;
 }
 
-}  // namespace ucp::hooks
+}  // namespace ucp

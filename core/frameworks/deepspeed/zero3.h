@@ -39,7 +39,7 @@
 
 #include "core/frameworks/framework_adapter.h"
 
-namespace ucp::hooks {
+namespace ucp {
 
 class DeepSpeedZero3Adapter final : public FrameworkAdapter {
  public:
@@ -88,4 +88,4 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
                                          const std::string& tag_dir) const override;
 };
 
-}  // namespace ucp::hooks
+}  // namespace ucp

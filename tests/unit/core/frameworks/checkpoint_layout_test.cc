@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -289,4 +289,4 @@ TEST(CheckpointLayoutTest, RegistryRejectsAPatternThatNoLastComponentCanMatch) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

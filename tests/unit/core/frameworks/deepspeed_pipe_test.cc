@@ -18,7 +18,7 @@
 #include "core/tag/journal.h"
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -456,4 +456,4 @@ TEST_F(DeepSpeedPipeBadInputTest, LayerFileOfAnotherLayerNamesFileAndTensor) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -20,7 +20,7 @@
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
 
-namespace ucp::hooks::deepspeed_testing {
+namespace ucp::deepspeed_testing {
 
 // `length` bytes at `offset` of the file at `path` (a failure fails the test).
 inline std::string ReadBytes(const std::string& path, uint64_t offset, uint64_t length) {
@@ -157,4 +157,4 @@ inline void ExpectExportPlanLikeDsToUniversal(const FrameworkAdapter& adapter,
   EXPECT_EQ(planned, oracle_files);
 }
 
-}  // namespace ucp::hooks::deepspeed_testing
+}  // namespace ucp::deepspeed_testing

@@ -23,7 +23,7 @@
 #include "core/plan/executor.h"
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -290,4 +290,4 @@ TEST_F(DeepSpeedTpGeneratedTest, RefusesAveragedSlicesThatDiffer) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

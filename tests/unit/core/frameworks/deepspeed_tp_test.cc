@@ -18,7 +18,7 @@
 #include "core/plan/executor.h"
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -317,4 +317,4 @@ TEST(DeepSpeedTpRefusalTest, RefusesTargetsItCannotProduce) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

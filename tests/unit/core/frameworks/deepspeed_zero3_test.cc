@@ -20,7 +20,7 @@
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 #include "tests/unit/core/test_bytes.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -421,4 +421,4 @@ TEST_F(Zero3BadInputTest, ExtraRankFileIsAFileOfAnotherSave) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

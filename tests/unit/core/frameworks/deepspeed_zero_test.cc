@@ -23,7 +23,7 @@
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 #include "tests/unit/core/test_bytes.h"
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -576,4 +576,4 @@ TEST_F(DeepSpeedBadInputTest, ParametersPaddedApartAreRefusedNamingFileAndField)
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -113,4 +113,4 @@ TEST_F(FileHashingTest, MissingFileIsNamed) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace ucp::hooks {
+namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -172,4 +172,4 @@ TEST(JournalFormatTest, LauncherRankTakesTheFirstVariableSet) {
 }
 
 }  // namespace
-}  // namespace ucp::hooks
+}  // namespace ucp
