@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <regex>
 
+#include "core/frameworks/deepspeed/file_names.h"
+
 namespace ucp {
 namespace {
 
@@ -42,40 +44,31 @@ class DeepSpeedLayout final : public CheckpointLayout {
   std::optional<PathMatch> Recognise(std::string_view path) const override {
     const auto [dir, file] = SplitLast(path);
     if (dir.empty()) return std::nullopt;
-    if (file == "latest") {
+    if (file == deepspeed::kLatestName) {
       return PathMatch{std::string(name()), FileRole::kCommitSignal, std::string(dir), {}};
     }
     // The cheap test first: this runs on every file opened for writing.
-    if (!EndsWith(file, "_states.pt")) return std::nullopt;
-    if (!Matches(data_, file)) return std::nullopt;
+    if (!EndsWith(file, deepspeed::kStatesSuffix)) return std::nullopt;
+    if (!deepspeed::ParseFileName(file)) return std::nullopt;
     const auto [save_dir, tag] = SplitLast(dir);
     if (save_dir.empty()) return std::nullopt;
     return PathMatch{std::string(name()), FileRole::kData, std::string(save_dir), std::string(dir)};
   }
 
-  FileNamePatterns FileNames() const override { return {{"latest"}, {"_states.pt"}}; }
+  FileNamePatterns FileNames() const override {
+    return {{std::string(deepspeed::kLatestName)}, {std::string(deepspeed::kStatesSuffix)}};
+  }
 
   Result<CommitTarget> ResolveCommit(const PathMatch& signal,
                                      std::string_view content) const override {
     const std::string_view tag = TrimWhitespace(content);
     if (!IsEntryName(tag)) {
-      return Status::InvalidArgument("deepspeed: " + signal.save_dir +
-                                     "/latest: content is not a tag name");
+      return Status::InvalidArgument("deepspeed: " + signal.save_dir + "/" +
+                                     std::string(deepspeed::kLatestName) +
+                                     ": content is not a tag name");
     }
     return CommitTarget{signal.save_dir + "/" + std::string(tag), std::string(tag)};
   }
-
- private:
-  // DeepSpeed's engine names (get_ckpt_name, _get_zero_ckpt_name, _get_optimizer_ckpt_name,
-  // PipelineModule.ckpt_layer_path, the MoE expert names); mp ranks are two digits, dp ranks any.
-  const std::regex data_{
-      "(mp_rank_[0-9]{2}_model_states\\.pt)"
-      "|(zero_pp_rank_[0-9]+_mp_rank_[0-9]{2}_(model|optim)_states\\.pt)"
-      "|(bf16_zero_pp_rank_[0-9]+_mp_rank_[0-9]{2}_optim_states\\.pt)"
-      "|(expp_rank_[0-9]+_mp_rank_[0-9]{2}_optim_states\\.pt)"
-      "|(layer_[0-9]+_expert_[0-9]+_mp_rank_[0-9]{2}_model_states\\.pt)"
-      "|(layer_[0-9]{2}(-[a-z]+_[0-9]{2})*-model_states\\.pt)",
-      std::regex::optimize};
 };
 
 class MegatronLayout final : public CheckpointLayout {

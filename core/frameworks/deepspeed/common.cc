@@ -19,31 +19,7 @@ constexpr int64_t kMaxDpWorldSize = int64_t{1} << 24;
 
 std::string Prefix(const std::string& where) { return "deepspeed: " + where + ": "; }
 
-std::string ModelStatesName(uint32_t mp) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "mp_rank_%02u_model_states.pt", mp);
-  return name;
-}
-
-std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp) {
-  char name[96];
-  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_optim_states.pt", dp, mp);
-  return std::string(prefix) + name;
-}
-std::optional<uint32_t> ParseIndex(const std::string& digits) {
-  if (digits.empty() || digits.size() > 9) return std::nullopt;
-  return static_cast<uint32_t>(std::stoul(digits));
-}
-
-// The statics an adapter uses are never destroyed: inside the preload, the index builder's
-// thread may run while the process exits, after function-local statics were destroyed.
 Result<TagListing> ListTag(const std::string& tag_dir) {
-  static const std::regex& kModel = *new std::regex(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex& kOptim =
-      *new std::regex(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  static const std::regex& kZero3Model =
-      *new std::regex(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex& kLayer = *new std::regex(R"(layer_\d+-model(_\d+-model)?_states\.pt)");
   std::error_code error;
   fs::directory_iterator it(tag_dir, error);
   if (error) return PosixError(Prefix(tag_dir) + "list", error.value());
@@ -51,20 +27,24 @@ Result<TagListing> ListTag(const std::string& tag_dir) {
   for (const fs::directory_entry& entry : it) {
     if (!entry.is_regular_file(error)) continue;
     const std::string name = entry.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, kModel)) {
-      const std::optional<uint32_t> mp = ParseIndex(m[1].str());
-      if (mp) listing.model_states[*mp] = name;
-    } else if (std::regex_match(name, m, kOptim)) {
-      const std::optional<uint32_t> dp = ParseIndex(m[2].str());
-      const std::optional<uint32_t> mp = ParseIndex(m[3].str());
-      if (dp && mp) listing.optim.push_back({name, m[1].str(), *dp, *mp});
-    } else if (std::regex_match(name, m, kZero3Model)) {
-      const std::optional<uint32_t> dp = ParseIndex(m[1].str());
-      const std::optional<uint32_t> mp = ParseIndex(m[2].str());
-      if (dp && mp) listing.zero3_model_states.push_back({name, "", *dp, *mp});
-    } else if (std::regex_match(name, kLayer)) {
-      listing.layer_files.push_back(name);
+    const std::optional<FileName> parsed = ParseFileName(name);
+    if (!parsed) continue;
+    switch (parsed->kind) {
+      case FileKind::kModelStates:
+        listing.model_states[parsed->mp] = name;
+        break;
+      case FileKind::kOptimStates:
+        listing.optim.push_back({name, parsed->prefix, parsed->dp, parsed->mp});
+        break;
+      case FileKind::kZero3ModelStates:
+        listing.zero3_model_states.push_back({name, "", parsed->dp, parsed->mp});
+        break;
+      case FileKind::kLayerStates:
+        listing.layer_files.push_back(name);
+        break;
+      case FileKind::kExpertOptimStates:
+      case FileKind::kExpertModelStates:
+        break;  // DeepSpeed-MoE's: no adapter reads them yet
     }
   }
   return listing;

@@ -19,6 +19,7 @@
 #include "core/format/atom_index.h"
 #include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
+#include "core/frameworks/deepspeed/file_names.h"
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
 #include "core/util/status.h"
@@ -36,10 +37,6 @@ inline constexpr std::string_view kParamAlignmentPaddings = "param_alignment_pad
 
 // "deepspeed: <where>: ", the start of every message.
 std::string Prefix(const std::string& where);
-// mp_rank_<mp:02>_model_states.pt
-std::string ModelStatesName(uint32_t mp);
-// <prefix>zero_pp_rank_<dp>_mp_rank_<mp:02>_optim_states.pt
-std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp);
 
 // A per-rank file of a tag, by name.
 struct RankFile {

@@ -27,16 +27,14 @@ using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
+using deepspeed::FileKind;
+using deepspeed::FileName;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
-using deepspeed::kAlignmentFactor;
-using deepspeed::kModelRole;
-using deepspeed::kOptimRole;
-using deepspeed::kOsd;
-using deepspeed::kUniversalRole;
+using deepspeed::LayerStatesName;
 using deepspeed::ListTag;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
@@ -46,9 +44,10 @@ using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
 using deepspeed::OptionalField;
+using deepspeed::ParseFileName;
 using deepspeed::Partition;
-using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
+using deepspeed::Partitioning;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
@@ -66,6 +65,11 @@ using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::ZeroStageOf;
+using deepspeed::kAlignmentFactor;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
 using pickle::Kind;
 using pickle::Value;
 
@@ -74,13 +78,6 @@ constexpr std::string_view kLayerRole = "layer_states";
 constexpr int64_t kMaxStages = 1 << 16;
 // Bounds the layer placement's work (DeepSpeed's partition_balanced is quadratic in the layers).
 constexpr uint64_t kMaxLayers = 1 << 12;
-
-// layer_<LL>-model_states.pt
-std::string LayerName(uint32_t layer) {
-  char name[48];
-  std::snprintf(name, sizeof(name), "layer_%02u-model_states.pt", layer);
-  return name;
-}
 
 // 1 to 9 decimal digits.
 std::optional<uint32_t> Decimal(std::string_view digits) {
@@ -93,15 +90,13 @@ std::optional<uint32_t> Decimal(std::string_view digits) {
   return value;
 }
 
-// The layer of a file named exactly LayerName(layer).
+// The layer of a file named exactly LayerStatesName(layer).
 std::optional<uint32_t> LayerOfFile(const std::string& name) {
-  constexpr std::string_view kStart = "layer_";
-  const size_t dash = name.find('-');
-  if (!name.starts_with(kStart) || dash == std::string::npos) return std::nullopt;
-  const std::optional<uint32_t> layer =
-      Decimal(std::string_view(name).substr(kStart.size(), dash - kStart.size()));
-  if (!layer || LayerName(*layer) != name) return std::nullopt;
-  return layer;
+  const std::optional<FileName> parsed = ParseFileName(name);
+  if (!parsed || parsed->kind != FileKind::kLayerStates || LayerStatesName(parsed->layer) != name) {
+    return std::nullopt;
+  }
+  return parsed->layer;
 }
 
 // The layer index of a global parameter name "<LL>.<name>".
@@ -604,7 +599,7 @@ Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
     UCP_RETURN_IF_ERROR(
         OpenWrittenModelStates(tag_dir, files.back(), listing.model_states.contains(s)).status());
     UCP_ASSIGN_OR_RETURN(const StageModel sm, ReadStageModel(tag_dir, files.back()));
-    for (const std::string& name : sm.layout.names) layers.insert(LayerName(*LayerOf(name)));
+    for (const std::string& name : sm.layout.names) layers.insert(LayerStatesName(*LayerOf(name)));
   }
   for (uint32_t s = 0; s < pp; ++s) {
     for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName("", r, s));
@@ -714,8 +709,8 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       const uint32_t layer = *LayerOf(name);
       layers = std::max<uint64_t>(layers, layer + uint64_t{1});
       if (!layer_files.contains(layer)) {
-        return Status::NotFound(Prefix(tag_dir + "/" + LayerName(layer)) + "not found (" + sm.name +
-                                " names " + name + ")");
+        return Status::NotFound(Prefix(tag_dir + "/" + LayerStatesName(layer)) + "not found (" +
+                                sm.name + " names " + name + ")");
       }
       if (!seen.insert(name).second) {
         return FieldError(sm.reader, "param_shapes/0/" + name, "listed by two stages");
@@ -959,7 +954,7 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
   // Layer files do not depend on the topology. Named, not taken from the index: over an atoms
   // store the file is read from its copy.
   for (const auto& [layer, file] : facts.layer_files) {
-    plan.copies.push_back({LayerName(layer), file});
+    plan.copies.push_back({LayerStatesName(layer), file});
   }
   return plan;
 }

@@ -28,10 +28,6 @@ using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
-using deepspeed::kModelRole;
-using deepspeed::kOptimRole;
-using deepspeed::kOsd;
-using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::MakeLayout;
 using deepspeed::OpenSource;
@@ -50,7 +46,12 @@ using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
+using deepspeed::Zero3ModelStatesName;
 using deepspeed::ZeroStageOf;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
 using pickle::Kind;
 using pickle::Value;
 
@@ -58,12 +59,6 @@ constexpr std::string_view kOptimizer = "DeepSpeedZeroOptimizer_Stage3";
 // DeepSpeedZeroConfig.sub_group_size's default (pp_int(1e9)).
 constexpr uint64_t kDefaultSubGroupSize = 1000000000;
 constexpr std::string_view kFrozenState = "bit16";
-
-std::string Zero3ModelName(uint32_t dp, uint32_t mp) {
-  char name[96];
-  std::snprintf(name, sizeof(name), "zero_pp_rank_%u_mp_rank_%02u_model_states.pt", dp, mp);
-  return name;
-}
 
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's ZeRO-3 partitioning rules.
@@ -578,7 +573,7 @@ bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
 Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
     const std::string& tag_dir) const {
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  const std::string model = Zero3ModelName(0, 0);
+  const std::string model = Zero3ModelStatesName(0, 0);
   const bool have_model =
       std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
                   [&](const RankFile& file) { return file.name == model; });
@@ -599,7 +594,7 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
   const bool bf16 = Bf16Prefix(listing, reader);
   std::vector<std::string> files;
   const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelName(r, 0));
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelStatesName(r, 0));
   for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
   return files;
 }
@@ -622,7 +617,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     models[entry.dp] = &entry;
   }
   if (!models.contains(0)) {
-    return Status::NotFound(Prefix(tag_dir) + Zero3ModelName(0, 0) + ": not found");
+    return Status::NotFound(Prefix(tag_dir) + Zero3ModelStatesName(0, 0) + ": not found");
   }
   UCP_ASSIGN_OR_RETURN(ModelStates first_model, ReadModelStates(tag_dir, *models[0]));
   const uint32_t dp = first_model.dp;
@@ -656,7 +651,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     }
   }
   for (uint32_t r = 0; r < dp; ++r) {
-    for (const auto& [found, name] : {std::pair{models.contains(r), Zero3ModelName(r, 0)},
+    for (const auto& [found, name] : {std::pair{models.contains(r), Zero3ModelStatesName(r, 0)},
                                       std::pair{optims.contains(r), OptimName(prefix, r, 0)}}) {
       if (!found) {
         return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (dp_world_size " +
@@ -885,7 +880,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     }
     for (uint32_t r = 0; r < m; ++r) {
       ArchiveOutput out;
-      out.path = Zero3ModelName(r, 0);
+      out.path = Zero3ModelStatesName(r, 0);
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
@@ -1048,7 +1043,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   plan.archives.push_back(std::move(out));
 
   for (uint32_t r = 0; r < facts.model_files.size(); ++r) {
-    plan.copies.push_back({Zero3ModelName(r, 0), facts.model_files[r]});
+    plan.copies.push_back({Zero3ModelStatesName(r, 0), facts.model_files[r]});
   }
   return plan;
 }

@@ -62,6 +62,7 @@ TEST(CheckpointLayoutTest, DeepSpeedNames) {
       "/c/global_step5/expp_rank_2_mp_rank_00_optim_states.pt",
       "/c/global_step5/layer_0_expert_3_mp_rank_00_model_states.pt",
       "/c/my tag/mp_rank_00_model_states.pt",
+      "/c/global_step5/mp_rank_100_model_states.pt",  // %02d from mp rank 100 on
   };
   for (const std::string& path : data) {
     const auto match = Recognise(path);
