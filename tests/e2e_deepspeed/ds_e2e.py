@@ -42,7 +42,11 @@ import time
 
 SKIP = 77
 # train.py arguments per configuration: ZeRO stage and dtype; the model is train.py's default.
+# z1_bf16opt: bf16 with fp32 gradient accumulation at stage 1, which makes DeepSpeed pick its
+# BF16_Optimizer (BLOOM's configuration) rather than ZeRO's own bf16 path.
 CONFIGS = {
+    'z1_fp32': ['--stage', '1', '--dtype', 'fp32'],
+    'z1_bf16opt': ['--stage', '1', '--dtype', 'bf16', '--grad_accum_fp32'],
     'z2_fp32': ['--stage', '2', '--dtype', 'fp32'],
     'z2_bf16': ['--stage', '2', '--dtype', 'bf16'],
     'z3_fp32': ['--stage', '3', '--dtype', 'fp32'],
@@ -203,7 +207,7 @@ def step_save(args, env, work):
             fail('latest does not name the saved tag')
     # DeepSpeed's own file set, nothing added beside it (ucp's files live under .ucp/).
     files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
-    prefix = 'bf16_' if args.config.endswith('bf16') else ''
+    prefix = 'bf16_' if 'bf16' in args.config else ''
     expected = sorted(model_states_names(args.config, SAVE_DP) +
                       [f'{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(SAVE_DP)])
     if files != expected:
