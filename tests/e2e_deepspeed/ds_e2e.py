@@ -13,7 +13,9 @@ across DP sizes). One CTest test per step, sharing WORK/<config>:
               then --universal load at DP=2 and steps SAVE_AT+1..STEPS (the oracle).
   preload     the plain load_checkpoint at DP=2 under the preload (no universal flag) and the same
               steps: each step's loss must have the same float32 bits as the universal run's; the
-              served files must be the bytes `ucp reshard --to dp=2` writes.
+              served files must be the bytes `ucp reshard --to dp=2` writes, and under
+              torch.load(weights_only=True) (torch >= 2.6's default) each must load, or be
+              refused for the same global, as the saved files of its kind.
   refusal     the same DP=2 resume without the preload must fail with DeepSpeed's own error
               ("The checkpoint being loaded used a DP world size of 4 ...").
   atoms       DP=4 under the preload with UCP_MODE=atoms, steps 1..SAVE_AT: DeepSpeed's files
@@ -241,6 +243,50 @@ def step_universal(args, env, work):
     print_losses(f'losses DP={RESUME_DP} universal', losses(os.path.join(work, 'universal.json')))
 
 
+# torch.load(path, weights_only=True) of each argument, in a child: {path: "loads" or the error's
+# reason (the global torch's restricted unpickler refused, else the error's first line)}.
+WEIGHTS_ONLY_PROBE = r"""
+import json, re, sys, torch
+outcome = {}
+for path in sys.argv[1:]:
+    try:
+        torch.load(path, map_location='cpu', weights_only=True)
+        outcome[path] = 'loads'
+    except Exception as error:
+        text = str(error)
+        refused = re.search(r'(?:GLOBAL|Unsupported class) ([\w.]+)', text)
+        outcome[path] = (f'refuses global {refused.group(1)}' if refused
+                         else f'{type(error).__name__}: {text.splitlines()[0] if text else ""}')
+print(json.dumps(outcome))
+"""
+
+
+def file_kind(name):
+    return 'optimizer' if name.endswith('optim_states.pt') else 'model'
+
+
+def check_weights_only(env, originals, served):
+    """Each served file must do under torch.load(weights_only=True), torch >= 2.6's default, what
+    the saved files of its kind do: load, or be refused for the same global."""
+    probe = subprocess.run([sys.executable, '-c', WEIGHTS_ONLY_PROBE] + originals + served,
+                           env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
+        fail(f'the weights_only probe exited {probe.returncode}:\n{probe.stderr[-2000:]}')
+    outcome = json.loads(probe.stdout.strip().splitlines()[-1])
+    expected = {}
+    for path in originals:
+        kind = file_kind(os.path.basename(path))
+        if expected.setdefault(kind, outcome[path]) != outcome[path]:
+            fail(f'saved {kind} files differ under weights_only=True: {outcome}')
+    for path in served:
+        kind = file_kind(os.path.basename(path))
+        if outcome[path] != expected.get(kind):
+            fail(f'served {os.path.basename(path)} under weights_only=True: {outcome[path]}; the '
+                 f'saved {kind} files: {expected.get(kind)}')
+    print('torch.load(weights_only=True): ' + '; '.join(
+        f'{kind} files {result}, saved and served alike' for kind, result in sorted(expected.items())))
+
+
 def step_preload(args, env, work):
     logs = os.path.join(work, 'logs_preload')
     shutil.rmtree(logs, ignore_errors=True)
@@ -284,6 +330,10 @@ def step_preload(args, env, work):
         if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
             fail(f'{stored} differs from `ucp reshard`\'s {name}')
     print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
+    saved = os.path.join(work, 'ckpt', TAG)
+    check_weights_only(env, [os.path.join(saved, n) for n in sorted(os.listdir(saved))
+                             if n.endswith('.pt')],
+                       [os.path.join(view, 'served.' + n) for n in served])
 
 
 def step_atoms(args, env, work):
