@@ -1,5 +1,8 @@
 #include "core/format/torch_archive_reader.h"
 
+#include <array>
+#include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "core/util/checked.h"
@@ -78,6 +81,20 @@ Result<TorchArchiveReader> TorchArchiveReader::Open(std::string path, const Limi
 }
 
 Result<TorchArchiveReader> TorchArchiveReader::Open(File file, const Limits& limits) {
+  // torch.save(..., _use_new_zipfile_serialization=False) opens the file with its magic number
+  // 0x1950a86a20f9469cfc6c pickled at protocol 2. Refused by name, so that a caller waiting for a
+  // zip archive still being written does not wait for one that never comes.
+  constexpr std::string_view kLegacyMagic(
+      "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
+  std::array<std::byte, kLegacyMagic.size()> head{};
+  if (Result<size_t> got = file.ReadSomeAt(0, head);
+      got.ok() && *got == head.size() &&
+      std::memcmp(head.data(), kLegacyMagic.data(), head.size()) == 0) {
+    return Status::Unsupported("torch archive " + file.path() +
+                               ": torch's legacy (non-zip) serialization (torch.save with "
+                               "_use_new_zipfile_serialization=False; DeepSpeed's "
+                               "checkpoint.checkpoint_serialization: false) is not read");
+  }
   UCP_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(file), limits.zip));
   TorchArchiveReader reader(std::move(zip));
   if (const ZipRecord* byteorder = reader.zip_.Find("byteorder")) {

@@ -181,7 +181,7 @@ Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
                                                   const std::string& name, bool present) {
   if (!present) return Status::FailedPrecondition(Prefix(tag_dir + "/" + name) + "not written yet");
   Result<TorchArchiveReader> opened = TorchArchiveReader::Open(tag_dir + "/" + name);
-  if (!opened.ok()) {
+  if (!opened.ok() && opened.status().code() != StatusCode::kUnsupported) {
     return Status::FailedPrecondition(opened.status().message() + " (not a complete archive yet)");
   }
   return opened;

@@ -86,7 +86,7 @@ std::string TagName(const std::string& tag_dir);
 
 // Rank 0's model-states file `name` of a save that may still be running: kFailedPrecondition while
 // `present` is false or the file is not yet a complete archive (its zip directory is written
-// last).
+// last); kUnsupported, at once, for a file in torch's legacy serialization, which is never read.
 Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
                                                   const std::string& name, bool present);
 // dp_world_size of a model-states file, kCorrupt outside [1, 2^24] (bounding the per-rank file

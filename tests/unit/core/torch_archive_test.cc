@@ -339,6 +339,29 @@ TEST_F(TorchArchiveTest, ReadsTorch2TensorsThatCarryAttributesAndKeepsTheAttribu
             "[1.0, 2.0, 3.0, 4.0] 0_28 Tensor [1.0, 1.0, 1.0]\n");
 }
 
+TEST_F(TorchArchiveTest, RefusesTorchsLegacySerializationByName) {
+  // DeepSpeed's checkpoint.checkpoint_serialization: false saves with
+  // _use_new_zipfile_serialization=False. Without the name, a save-side caller would take the
+  // file for a zip archive still being written and wait for it.
+  for (const std::string& python : {std::string(UCP_PYTHON), std::string(UCP_VENV_PYTHON)}) {
+    RunPython("import torch; torch.save({\"t\": torch.ones(3)}, \"" + Path("legacy.pt") +
+                  "\", _use_new_zipfile_serialization=False)",
+              python);
+    Result<TorchArchiveReader> reader = TorchArchiveReader::Open(Path("legacy.pt"));
+    ASSERT_FALSE(reader.ok()) << python;
+    EXPECT_EQ(reader.status().code(), StatusCode::kUnsupported) << python;
+    EXPECT_THAT(reader.status().message(),
+                HasSubstr(Path("legacy.pt") + ": torch's legacy (non-zip) serialization"))
+        << python;
+  }
+  // A zip archive cut short is still only corrupt (a save-side caller waits for the rest).
+  RunPython("import torch; torch.save({\"t\": torch.ones(3)}, \"" + Path("zip.pt") + "\")");
+  std::filesystem::resize_file(Path("zip.pt"), 100);
+  Result<TorchArchiveReader> cut = TorchArchiveReader::Open(Path("zip.pt"));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().code(), StatusCode::kUnsupported);
+}
+
 TEST_F(TorchArchiveTest, CarriesTensorSubclassesItDoesNotInterpret) {
   // A subclass rebuilt by _rebuild_from_type_v2 is not a plain tensor: carried, not located.
   std::ofstream(Path("ucp_test_subclass.py"))
