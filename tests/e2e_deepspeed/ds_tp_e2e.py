@@ -17,6 +17,8 @@ and two sources of the tag:
   --live the release under test saves the tag itself, under the preload (steps 1..5, tag
          global_step5, its index committed at the save), and the oracle is that release's
          ds_to_universal.py of a copy of it, loaded with --universal at the target.
+         --checkpoint-config JSON picks the saving run's checkpoint engine
+         (with_checkpoint_config.py), e.g. DeepSpeed's FastCheckpointEngine.
 Skipped, with the reason, where `import deepspeed` fails (failed with --required).
 
 Usage: ds_tp_e2e.py --direction merge|split [--live] --fixtures DIR --work DIR --tools DIR
@@ -42,12 +44,17 @@ LIVE_SAVES = {'merge': (2, 4), 'split': (1, 2)}
 TAG = 'global_step5'
 
 
-def run_trainer(args, env, work, name, tp, ranks, logs, extra):
-    """train_tp.py at TP=tp over `ranks` processes; returns its losses (fails on a non-zero
+def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config=None):
+    """train_tp.py at TP=tp over `ranks` processes, with `checkpoint_config` (a JSON object)
+    added to its DeepSpeed config's checkpoint section; returns its losses (fails on a non-zero
     exit, with the tails of its output and of ucp's logs)."""
     out = os.path.join(work, name + '.json')
-    command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port()), 'train_tp.py',
-               '--tp', str(tp), '--out', out] + extra
+    trainer = ['train_tp.py']
+    if checkpoint_config:
+        trainer = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                'with_checkpoint_config.py'), checkpoint_config] + trainer
+    command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port())] + trainer + \
+        ['--tp', str(tp), '--out', out] + extra
     log = os.path.join(work, name + '.log')
     with open(log, 'w') as output:
         status = subprocess.run(command, cwd=args.tools, env=env, stdout=output,
@@ -87,7 +94,7 @@ def live_source(args, env, work, ckpt, universal):
     tp, ranks = LIVE_SAVES[args.direction]
     logs = os.path.join(work, 'logs_save')
     run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'save', tp, ranks, logs,
-                ['--steps', '5', '--save_dir', ckpt, '--save_at', '5'])
+                ['--steps', '5', '--save_dir', ckpt, '--save_at', '5'], args.checkpoint_config)
     tag_dir = os.path.join(ckpt, TAG)
     if not os.path.isfile(os.path.join(tag_dir, '.ucp', 'index.json')):
         ds_e2e.fail(f'no committed index in {tag_dir} after the save; ucp logs:\n'
@@ -103,7 +110,8 @@ def live_source(args, env, work, ckpt, universal):
                     f'{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
     with open(os.path.join(universal, 'latest_universal'), 'w') as f:
         f.write(TAG + '_universal')
-    return f'a TP={tp} x DP={ranks // tp} save by DeepSpeed {args.deepspeed}', None
+    engine = f' with checkpoint {args.checkpoint_config}' if args.checkpoint_config else ''
+    return f'a TP={tp} x DP={ranks // tp} save by DeepSpeed {args.deepspeed}{engine}', None
 
 
 def main():
@@ -111,6 +119,10 @@ def main():
     parser.add_argument('--direction', required=True, choices=sorted(DIRECTIONS))
     parser.add_argument('--live', action='store_true',
                         help='save the tag with this release rather than take the fixture\'s')
+    parser.add_argument('--checkpoint-config', dest='checkpoint_config', default=None,
+                        help='with --live: entries of the saving run\'s DeepSpeed config '
+                             '"checkpoint" section, a JSON object (picks a checkpoint engine)')
+    parser.add_argument('--name', default=None, help='the work folder\'s name')
     for option in ('--fixtures', '--work', '--tools', '--lib', '--ucp'):
         parser.add_argument(option, required=True)
     ds_e2e.add_release_arguments(parser)
@@ -119,7 +131,8 @@ def main():
     args.lib, args.ucp = os.path.abspath(args.lib), os.path.abspath(args.ucp)
     _, tp, ranks, _ = DIRECTIONS[args.direction]
     env = ds_e2e.trainer_environment(args)
-    work = os.path.join(args.work, ('tp_live_' if args.live else 'tp_') + args.direction)
+    work = os.path.join(args.work, args.name or
+                        ('tp_live_' if args.live else 'tp_') + args.direction)
     shutil.rmtree(work, ignore_errors=True)
     ckpt, universal = os.path.join(work, 'ckpt'), os.path.join(work, 'universal')
     os.makedirs(ckpt)
