@@ -87,9 +87,8 @@ Result<TorchArchiveReader> TorchArchiveReader::Open(File file, const Limits& lim
   constexpr std::string_view kLegacyMagic(
       "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
   std::array<std::byte, kLegacyMagic.size()> head{};
-  if (Result<size_t> got = file.ReadSomeAt(0, head);
-      got.ok() && *got == head.size() &&
-      std::memcmp(head.data(), kLegacyMagic.data(), head.size()) == 0) {
+  UCP_ASSIGN_OR_RETURN(const size_t got, file.ReadSomeAt(0, head));
+  if (got == head.size() && std::memcmp(head.data(), kLegacyMagic.data(), head.size()) == 0) {
     return Status::Unsupported("torch archive " + file.path() +
                                ": torch's legacy (non-zip) serialization (torch.save with "
                                "_use_new_zipfile_serialization=False; DeepSpeed's "
