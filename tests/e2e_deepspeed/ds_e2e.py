@@ -164,6 +164,24 @@ def launch(args, env, nproc, log, extra):
     return status, seconds, open(log, errors='replace').read()
 
 
+# Seen twice in about 25 clean-clone runs of the suite, both times in a universal oracle run,
+# which runs without the preload: DeepSpeed 0.19.8 on torch 2.13 trains every step and writes its
+# losses, then aborts at exit in C++ teardown (a std::thread still joinable).
+TEARDOWN_ABORT = 'terminate called without an active exception'
+
+
+def run_oracle(run):
+    """Runs `run` (a DeepSpeed run without the preload, returning (status, seconds, output)) once
+    more when it aborted at exit with TEARDOWN_ABORT, saying so. Never used for a run under the
+    preload: an abort there is the test's failure."""
+    status, seconds, output = run()
+    if status != 0 and TEARDOWN_ABORT in output:
+        print(f'the run without the preload aborted at exit ("{TEARDOWN_ABORT}", DeepSpeed\'s '
+              f'teardown); running it again', flush=True)
+        status, seconds, output = run()
+    return status, seconds, output
+
+
 def losses(path):
     return {int(step): value for step, value in json.load(open(path))['losses'].items()}
 
@@ -233,10 +251,10 @@ def step_universal(args, env, work):
     convert_seconds = time.monotonic() - start
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
-    status, seconds, output = launch(
+    status, seconds, output = run_oracle(lambda: launch(
         args, env, RESUME_DP, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
-         '--out', os.path.join(work, 'universal.json')])
+         '--out', os.path.join(work, 'universal.json')]))
     if status != 0:
         fail(f'DeepSpeed universal load at DP={RESUME_DP} exited {status}:\n{output[-3000:]}')
     print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume: {seconds:.1f} s')

@@ -98,10 +98,10 @@ def step_universal(args, env, work):
     convert_seconds = time.monotonic() - start
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
-    status, seconds, output = launch(
+    status, seconds, output = ds_e2e.run_oracle(lambda: launch(
         args, env, RESUME_PP, RESUME_DP, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
-         '--out', os.path.join(work, 'universal.json')])
+         '--out', os.path.join(work, 'universal.json')]))
     if status != 0:
         fail(f'DeepSpeed universal load at pp{RESUME_PP}dp{RESUME_DP} exited {status}:\n'
              f'{output[-3000:]}')

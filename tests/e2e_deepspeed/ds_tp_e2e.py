@@ -56,9 +56,15 @@ def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config
     command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port())] + trainer + \
         ['--tp', str(tp), '--out', out] + extra
     log = os.path.join(work, name + '.log')
-    with open(log, 'w') as output:
-        status = subprocess.run(command, cwd=args.tools, env=env, stdout=output,
-                                stderr=subprocess.STDOUT).returncode
+
+    def launch():
+        with open(log, 'w') as output:
+            status = subprocess.run(command, cwd=args.tools, env=env, stdout=output,
+                                    stderr=subprocess.STDOUT).returncode
+        return status, 0, open(log, errors='replace').read()
+
+    preloaded = 'LD_PRELOAD' in env
+    status = (launch() if preloaded else ds_e2e.run_oracle(launch))[0]
     if status != 0:
         ds_e2e.fail(f'{name} at TP={tp} x DP={ranks // tp} exited {status}:\n'
                     f'{open(log, errors="replace").read()[-3000:]}\nucp logs:\n'
