@@ -13,7 +13,6 @@ Usage: ds_legacy_e2e.py --work DIR --tools DIR --lib LIBUCP --deepspeed VERSION 
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,13 +26,11 @@ TAG = f'global_step{SAVE_AT}'
 
 def train(args, env, work, name, extra):
     out = os.path.join(work, name + '.json')
-    command = [sys.executable, 'launch.py', str(PROCESSES), str(ds_e2e.free_port()), WRAPPER,
+    command = [sys.executable, 'launch.py', str(PROCESSES), ds_e2e.PORT, WRAPPER,
                LEGACY, 'train.py', '--stage', '2', '--dtype', 'fp32', '--steps', str(STEPS),
                '--out', out] + extra
     log = os.path.join(work, name + '.log')
-    with open(log, 'w') as output:
-        status = subprocess.run(command, cwd=args.tools, env=env, stdout=output,
-                                stderr=subprocess.STDOUT).returncode
+    status = ds_e2e.run_launcher(command, args.tools, env, log)[0]
     if status != 0:
         ds_e2e.fail(f'{name} exited {status}:\n{open(log, errors="replace").read()[-3000:]}')
     return {step: ds_e2e.float32_bits(value) for step, value in ds_e2e.losses(out).items()}

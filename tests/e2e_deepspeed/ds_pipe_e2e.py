@@ -38,13 +38,9 @@ VIEW = f'tp1-pp{RESUME_PP}-dp{RESUME_DP}'
 
 def launch(args, env, pp, dp, log, extra):
     """Runs train_pipe.py at pp x dp ranks; returns (exit status, seconds, output)."""
-    command = [sys.executable, 'launch.py', str(pp * dp), str(ds_e2e.free_port()), 'train_pipe.py',
+    command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT, 'train_pipe.py',
                '--pp', str(pp)] + extra
-    start = time.monotonic()
-    with open(log, 'w') as out:
-        status = subprocess.run(command, cwd=args.tools, env=env, stdout=out,
-                                stderr=subprocess.STDOUT).returncode
-    return status, time.monotonic() - start, open(log, errors='replace').read()
+    return ds_e2e.run_launcher(command, args.tools, env, log)
 
 
 def step_save(args, env, work):

@@ -53,15 +53,12 @@ def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config
     if checkpoint_config:
         trainer = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 'with_checkpoint_config.py'), checkpoint_config] + trainer
-    command = [sys.executable, 'launch.py', str(ranks), str(ds_e2e.free_port())] + trainer + \
+    command = [sys.executable, 'launch.py', str(ranks), ds_e2e.PORT] + trainer + \
         ['--tp', str(tp), '--out', out] + extra
     log = os.path.join(work, name + '.log')
 
     def launch():
-        with open(log, 'w') as output:
-            status = subprocess.run(command, cwd=args.tools, env=env, stdout=output,
-                                    stderr=subprocess.STDOUT).returncode
-        return status, 0, open(log, errors='replace').read()
+        return ds_e2e.run_launcher(command, args.tools, env, log)
 
     preloaded = 'LD_PRELOAD' in env
     status = (launch() if preloaded else ds_e2e.run_oracle(launch))[0]

@@ -37,13 +37,11 @@ def run(args, env, work, name, processes, extra):
     """hf_trainer.py over `processes` ranks; returns (exit status, output)."""
     log = os.path.join(work, name + '.log')
     command = [sys.executable, os.path.join(args.tools, 'launch.py'), str(processes),
-               str(ds_e2e.free_port()), TRAINER, '--output_dir', os.path.join(work, 'out'),
+               ds_e2e.PORT, TRAINER, '--output_dir', os.path.join(work, 'out'),
                '--steps', str(STEPS), '--save_every', str(SAVE_AT),
                '--out', os.path.join(work, name + '.json')] + extra
-    with open(log, 'w') as output:
-        status = subprocess.run(command, cwd=work, env=env, stdout=output,
-                                stderr=subprocess.STDOUT).returncode
-    return status, open(log, errors='replace').read()
+    status, _, output = ds_e2e.run_launcher(command, work, env, log)
+    return status, output
 
 
 def main():
