@@ -74,15 +74,32 @@ fi
 # pip's own notes on this machine's configuration (find-links folders that do not exist) are noise.
 quiet_pip() { "$1/bin/python" -m pip "${@:2}" 2> >(grep -v '^WARNING: Location' >&2); }
 
-# make_venv DIR PYTHON REQUIREMENTS WHAT [VENV_OPTION...]: DIR made by `PYTHON -m venv` and
-# filled with REQUIREMENTS, unless a stamp in it holds that file's hash already. A torch pin in
-# REQUIREMENTS is installed alone first; the rest then has it as a constraint. DeepSpeed ships
-# only a source archive whose setup.py imports torch: built without isolation, it sees that torch.
+# deepspeed_ops_built DIR OP...: whether DIR's DeepSpeed was installed with each named op compiled
+# for the cpu accelerator (its `installed_ops`, where setup.py records a built op as 1).
+deepspeed_ops_built() {
+  local info op
+  info=$(ls "$1"/lib/python3*/site-packages/deepspeed/git_version_info_installed.py 2>/dev/null) ||
+    return 1
+  grep -q "^accelerator_name='cpu'" "$info" || return 1
+  for op in "${@:2}"; do
+    grep -Eq "'$op': (True|1)[,}]" "$info" || return 1
+  done
+}
+
+# make_venv DIR PYTHON REQUIREMENTS WHAT OPS [VENV_OPTION...]: DIR made by `PYTHON -m venv` and
+# filled with REQUIREMENTS, unless a stamp in it holds the hash of that file and OPS already. A
+# torch pin in REQUIREMENTS is installed alone first; the rest then has it as a constraint.
+# DeepSpeed ships only a source archive whose setup.py imports torch: built without isolation, it
+# sees that torch. OPS ("BUILD_VAR:op_name ..."): DeepSpeed ops compiled when DeepSpeed is
+# installed (DS_BUILD_<BUILD_VAR>=1, for the cpu accelerator). Otherwise DeepSpeed compiles them
+# at run time into ~/.cache/torch_extensions, one folder per op for every release and torch alike,
+# under a lock file that stays when a process is killed while it holds it (each process takes it,
+# if only to find the op built): every later DeepSpeed process then waits on it forever.
 make_venv() {
-  local dir=$1 python=$2 requirements=$3 what=$4
-  shift 4
+  local dir=$1 python=$2 requirements=$3 what=$4 ops=$5
+  shift 5
   local stamp=$dir/.ucp-requirements.sha256 wanted
-  wanted=$(sha256sum "$requirements" | cut -d' ' -f1)
+  wanted=$({ cat "$requirements"; echo "ops: $ops"; } | sha256sum | cut -d' ' -f1)
   if [[ -x $dir/bin/python && -f $stamp && $(cat "$stamp") == "$wanted" ]]; then
     return 0
   fi
@@ -95,26 +112,46 @@ make_venv() {
   fi
   say "installing into $dir the $(grep -c '==' "$requirements") packages pinned in" \
     "$requirements ($what)"
-  local torch_pin constraint=()
+  local torch_pin constraint=() build_env=(DS_ACCELERATOR=cpu) op_names=() op
   torch_pin=$(grep -m1 '^torch==' "$requirements" || true)
   if [[ -n $torch_pin ]]; then
     echo "$torch_pin" >"$dir/.ucp-torch-constraint.txt"
     constraint=(-c "$dir/.ucp-torch-constraint.txt")
   fi
+  for op in $ops; do
+    build_env+=("DS_BUILD_${op%%:*}=1")
+    op_names+=("${op#*:}")
+  done
   if { [[ -n $torch_pin ]] && ! quiet_pip "$dir" install -q --disable-pip-version-check \
     "$torch_pin" >&2; } ||
-    ! quiet_pip "$dir" install -q --disable-pip-version-check --no-build-isolation \
-      "${constraint[@]}" -r "$requirements" >&2; then
+    ! (export "${build_env[@]}" && quiet_pip "$dir" install -q --disable-pip-version-check \
+      --no-build-isolation "${constraint[@]}" -r "$requirements" >&2); then
     fail "pip could not install the packages of $requirements (offline, or PyPI not" \
       "reachable?)" "$dir/bin/python -m pip install --no-build-isolation -r $requirements"
+  fi
+  # DeepSpeed already installed, or a wheel pip built earlier without the ops: built once more.
+  if ((${#op_names[@]})) && ! deepspeed_ops_built "$dir" "${op_names[@]}"; then
+    local deepspeed_pin
+    deepspeed_pin=$(grep -m1 '^deepspeed==' "$requirements")
+    say "building DeepSpeed's ops ${op_names[*]} into $dir ($deepspeed_pin, once)"
+    (export "${build_env[@]}" && quiet_pip "$dir" install -q --disable-pip-version-check \
+      --no-build-isolation --no-cache-dir --force-reinstall --no-deps "${constraint[@]}" \
+      "$deepspeed_pin" >&2) && deepspeed_ops_built "$dir" "${op_names[@]}" ||
+      fail "DeepSpeed's ops ${op_names[*]} did not build into $dir" \
+        "${build_env[*]} $dir/bin/python -m pip install --no-build-isolation --no-cache-dir \
+--force-reinstall --no-deps $deepspeed_pin"
   fi
   echo "$wanted" >"$stamp"
   say "the virtual environment $dir is ready"
 }
 
+# The ops the tests load: the shared-memory all-reduce every CPU process of DeepSpeed builds at
+# init_distributed, and the CPU FusedAdam a config's "AdamW" optimizer makes (the HF Trainer test).
 make_venv "$venv" "$base_python" "$requirements_file" \
-  "torch, DeepSpeed, transformers, accelerate and what they need"
+  "torch, DeepSpeed, transformers, accelerate and what they need" \
+  "SHM_COMM:deepspeed_shm_comm FUSED_ADAM:fused_adam"
 # DeepSpeed v0.14.5, the release the fixtures in ../shared were written with, over Debian's torch
-# 1.13 (/usr/bin/python3's, seen through --system-site-packages): its live tests run too.
+# 1.13 (/usr/bin/python3's, seen through --system-site-packages): its live tests run too. No ops:
+# Debian's torch has no C++ headers, so that DeepSpeed finds every op incompatible and builds none.
 make_venv "$venv_deepspeed_0145" /usr/bin/python3 "$requirements_deepspeed_0145" \
-  "DeepSpeed v0.14.5 on Debian's torch 1.13" --system-site-packages
+  "DeepSpeed v0.14.5 on Debian's torch 1.13" "" --system-site-packages
