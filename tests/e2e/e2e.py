@@ -89,6 +89,21 @@ def launch(nproc, port, args, log, preload=None, extra_env=None, wait=True):
     return rc
 
 
+def tail(path, lines=40):
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
+
+
+def ucp_log_tail(work, lines=40):
+    """The last lines of the ucp logs that launch() under the preload wrote in work/ucp-logs."""
+    directory = os.path.join(work, "ucp-logs")
+    out = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        with open(os.path.join(directory, name), errors="replace") as f:
+            out += [f"{name}: {line}" for line in f]
+    return "".join(out[-lines:])
+
+
 def losses(path):
     with open(path) as f:
         return {int(k): v for k, v in json.load(f)["losses"].items()}
@@ -231,9 +246,15 @@ def case_kill(cli, lib, work, point):
     proc = launch(4, port,
                   ["--steps", 60, "--save_dir", ckpt, "--save_at", 3, 6],
                   os.path.join(kwork, "save.log"), preload=lib, wait=False)
+    # The premise is a previous tag saved and indexed whole: the kill waits for global_step3's
+    # index too, which the job builds in the background and which, on a loaded machine, can land
+    # after the second save has begun (a tag without an index is served as written).
+    previous_index = os.path.join(ckpt, "global_step3", ".ucp", "index.json")
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline:
-        if point == "model_states":
+        if not os.path.exists(previous_index):
+            reached = False
+        elif point == "model_states":
             reached = os.path.exists(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))
         elif point == "index":
             reached = os.path.exists(os.path.join(tag_dir, ".ucp", "index.json"))
@@ -258,7 +279,8 @@ def case_kill(cli, lib, work, point):
     name = os.path.join(kwork, "resume_previous")
     rc = launch(2, port + 1, ["--steps", 8, "--load_dir", ckpt, "--load_tag", "global_step3",
                               "--out", name + ".json"], name + ".log", preload=lib)
-    check(rc == 0, f"the previous tag did not resume at 2 ranks under the preload (see {name}.log)")
+    check(rc == 0, f"the previous tag did not resume at 2 ranks under the preload (rc {rc}):\n"
+          f"{tail(name + '.log')}\nucp logs:\n{ucp_log_tail(kwork)}")
     compare_losses(losses(name + ".json"), reference,
                    "previous tag global_step3 resumed at 2 ranks under ucp")
 
