@@ -44,10 +44,21 @@ Result<TagListing> ListTag(const std::string& tag_dir) {
         break;
       case FileKind::kExpertOptimStates:
       case FileKind::kExpertModelStates:
-        break;  // DeepSpeed-MoE's: no adapter reads them yet
+        listing.expert_files.push_back(name);
+        break;
     }
   }
+  // Directory order is the file system's: the first named in a refusal is the same everywhere.
+  std::sort(listing.expert_files.begin(), listing.expert_files.end());
   return listing;
+}
+
+Status RefuseExperts(const std::string& tag_dir, const TagListing& listing) {
+  if (listing.expert_files.empty()) return Status::Ok();
+  return Status::Unsupported(
+      Prefix(tag_dir) + "a DeepSpeed-MoE tag (" + std::to_string(listing.expert_files.size()) +
+      " expert files, " + listing.expert_files.front() +
+      " first): expert parallelism is not supported yet; the tag is left as DeepSpeed wrote it");
 }
 Status FieldError(const TorchArchiveReader& reader, std::string_view field, std::string what) {
   return Status::Corrupt(Prefix(reader.path()) + std::string(field) + ": " + what);

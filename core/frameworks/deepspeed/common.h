@@ -52,10 +52,16 @@ struct TagListing {
   std::vector<RankFile> optim;                   // [bf16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt
   std::vector<RankFile> zero3_model_states;      // zero_pp_rank_N_mp_rank_XX_model_states.pt
   std::vector<std::string> layer_files;          // layer_XX-model_states.pt
+  // DeepSpeed-MoE's layer_L_expert_E_mp_rank_XX_model_states.pt, expp_rank_N_mp_rank_XX_optim_…
+  std::vector<std::string> expert_files;
 };
 
 // Lists `tag_dir` (names only; no file is opened).
 Result<TagListing> ListTag(const std::string& tag_dir);
+
+// kUnsupported naming the tag and an expert file when the listing holds DeepSpeed-MoE's expert
+// files: no adapter reads the experts' placement yet (every adapter asks before it reads a file).
+Status RefuseExperts(const std::string& tag_dir, const TagListing& listing);
 
 // Typed reads of the pickle field at `field` (a '/'-separated path, TorchArchiveReader::Find);
 // kCorrupt naming the file and the field when it is missing or of another type.

@@ -55,6 +55,7 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::RefuseExperts;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -999,6 +1000,7 @@ bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
 Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
     const std::string& tag_dir) const {
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
   UCP_ASSIGN_OR_RETURN(
@@ -1034,6 +1036,7 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
 Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                                  const IndexOptions& options) const {
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   if (!listing.model_states.contains(0)) {
     return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
