@@ -1,5 +1,6 @@
 #include "core/format/torch_archive_writer.h"
 
+#include <string_view>
 #include <utility>
 
 #include "core/format/pickle_writer.h"
@@ -19,6 +20,12 @@ std::string Stem(const std::string& path) {
   const size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(0, dot);
 }
+
+constexpr std::string_view kPickleRecord = "data.pkl";
+constexpr std::string_view kVersionRecord = "version";
+constexpr std::string_view kVersionContents = "3\n";
+
+std::string StorageRecord(const std::string& key) { return "data/" + key; }
 
 }  // namespace
 
@@ -110,10 +117,11 @@ Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
                                      " was added but nothing references it");
     }
   }
+  // The record order (PlannedSize follows it): data.pkl, the storages by key, version.
   UCP_ASSIGN_OR_RETURN(std::string pickle_bytes, pickle::WritePickle(root));
-  UCP_RETURN_IF_ERROR(zip_.AddRecord("data.pkl", std::string_view(pickle_bytes)));
+  UCP_RETURN_IF_ERROR(zip_.AddRecord(kPickleRecord, std::string_view(pickle_bytes)));
   for (const auto& [key, source] : sources_) {
-    const std::string name = "data/" + key;
+    const std::string name = StorageRecord(key);
     if (source.file != nullptr) {
       UCP_RETURN_IF_ERROR(
           zip_.AddRecordFromFile(name, *source.file, source.offset, source.size, source.crc32));
@@ -123,8 +131,25 @@ Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
       UCP_RETURN_IF_ERROR(zip_.AddRecord(name, source.memory));
     }
   }
-  UCP_RETURN_IF_ERROR(zip_.AddRecord("version", std::string_view("3\n")));
+  UCP_RETURN_IF_ERROR(zip_.AddRecord(kVersionRecord, kVersionContents));
   return zip_.Finish();
+}
+
+Result<uint64_t> TorchArchiveWriter::PlannedSize(
+    const std::string& path, const Options& options, const Value* root,
+    const std::map<std::string, uint64_t>& storage_sizes) {
+  if (root == nullptr) return Status::InvalidArgument("torch archive " + path + ": no object");
+  const std::string archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
+  UCP_ASSIGN_OR_RETURN(const std::string pickle_bytes, pickle::WritePickle(root));
+  std::vector<std::string> storage_names;
+  storage_names.reserve(storage_sizes.size());
+  for (const auto& [key, size] : storage_sizes) storage_names.push_back(StorageRecord(key));
+  std::vector<ZipWriter::PlannedRecord> records;
+  records.push_back({kPickleRecord, pickle_bytes.size()});
+  size_t i = 0;
+  for (const auto& [key, size] : storage_sizes) records.push_back({storage_names[i++], size});
+  records.push_back({kVersionRecord, kVersionContents.size()});
+  return ZipWriter::PlannedSize(archive_name, records);
 }
 
 Result<uint64_t> RewriteArchive(const TorchArchiveReader& reader, std::string path,

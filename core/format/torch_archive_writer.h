@@ -69,6 +69,13 @@ class TorchArchiveWriter {
   // be referenced (kInvalidArgument otherwise). Returns the archive's size.
   Result<uint64_t> Finish(const pickle::Value* root);
 
+  // The size Finish would return for an archive at `path` (`options.archive_name` as in Create)
+  // of `root` whose storages have these byte sizes, computed without reading or writing a
+  // storage byte: `root` is pickled in memory, the zip layout is ZipWriter::PlannedSize.
+  static Result<uint64_t> PlannedSize(const std::string& path, const Options& options,
+                                      const pickle::Value* root,
+                                      const std::map<std::string, uint64_t>& storage_sizes);
+
  private:
   struct Source {
     const File* file = nullptr;  // null: memory, or `runs` when there are any

@@ -37,6 +37,32 @@ Zip64Need NeedFor(uint64_t size, uint64_t header_offset, bool force) {
   return {force || size >= kMarker32, force || header_offset >= kMarker32};
 }
 
+// Where a record's data starts when its local header is at `header_offset`: after the fixed
+// header, the name, the ZIP64 extra and the 4-byte 'FB' header, plus 'Z' padding to the next
+// multiple of kAlignment (torch's getPadding). nullopt on overflow.
+std::optional<uint64_t> DataOffsetFor(uint64_t header_offset, size_t full_name_size,
+                                      const Zip64Need& zip64) {
+  const auto unpadded =
+      CheckedAdd(header_offset,
+                 uint64_t{zip_spec::kLocalHeaderSize + full_name_size + zip64.extra_bytes() + 4});
+  if (!unpadded) return std::nullopt;
+  return *unpadded +
+         (ZipWriter::kAlignment - *unpadded % ZipWriter::kAlignment) % ZipWriter::kAlignment;
+}
+
+// Bytes of the data descriptor after a record's data: none for an empty record.
+uint64_t DescriptorBytes(uint64_t size, const Zip64Need& zip64) {
+  return size == 0 ? 0 : zip64.any() ? 24 : 16;
+}
+
+// Bytes of a record's central directory entry.
+uint64_t CentralEntryBytes(size_t full_name_size, const Zip64Need& zip64) {
+  return zip_spec::kCentralHeaderSize + full_name_size + zip64.extra_bytes();
+}
+
+constexpr uint64_t kEndRecordsBytes =
+    zip_spec::kZip64EocdSize + zip_spec::kZip64LocatorSize + zip_spec::kEocdSize;
+
 uint16_t FlagsFor(uint64_t size) {
   // miniz announces a data descriptor only when there is data to describe.
   return size > 0 ? zip_spec::kFlagUtf8 | zip_spec::kFlagDataDescriptor : zip_spec::kFlagUtf8;
@@ -124,13 +150,13 @@ Result<uint64_t> ZipWriter::BeginRecord(std::string_view name, uint64_t size,
   const uint64_t header_offset = cursor_;
   const Zip64Need zip64 = NeedFor(size, header_offset, options_.force_zip64);
 
-  // Data starts after the fixed header, the name, the ZIP64 extra and the 4-byte 'FB' header,
-  // plus 'Z' padding to the next multiple of kAlignment (torch's getPadding).
+  const std::optional<uint64_t> data_offset_or = DataOffsetFor(header_offset, full.size(), zip64);
+  if (!data_offset_or) {
+    return Status::OutOfRange("zip: add record to " + path_ + ": offset overflow");
+  }
+  const uint64_t data_offset = *data_offset_or;
   const uint64_t fixed = zip_spec::kLocalHeaderSize + full.size() + zip64.extra_bytes() + 4;
-  const auto unpadded = CheckedAdd(header_offset, fixed);
-  if (!unpadded) return Status::OutOfRange("zip: add record to " + path_ + ": offset overflow");
-  const uint64_t padding = (kAlignment - *unpadded % kAlignment) % kAlignment;
-  const uint64_t data_offset = *unpadded + padding;
+  const uint64_t padding = data_offset - header_offset - fixed;
   // Room for the data and the largest data descriptor.
   const auto data_end = CheckedAdd(data_offset, size);
   if (!data_end || !CheckedAdd(*data_end, uint64_t{24})) {
@@ -190,7 +216,7 @@ Status ZipWriter::EndRecord(std::string full_name, uint64_t header_offset, uint6
     if (Status st = file_.WriteAt(data_end, AsBytes(descriptor)); !st.ok()) {
       return Fail(st.WithContext("zip: add record \"" + full_name + "\""));
     }
-    cursor_ = data_end + descriptor.size();
+    cursor_ = data_end + DescriptorBytes(size, zip64);
   }
   names_.insert(full_name);
   entries_.push_back(Entry{std::move(full_name), header_offset, size, crc32});
@@ -342,6 +368,28 @@ Result<uint64_t> ZipWriter::Finish() {
     UCP_RETURN_IF_ERROR(SyncDirectory(dir).WithContext("zip: finish"));
   }
   return cursor_;
+}
+
+Result<uint64_t> ZipWriter::PlannedSize(std::string_view archive_name,
+                                        std::span<const PlannedRecord> records, bool force_zip64) {
+  uint64_t cursor = 0;
+  uint64_t central = 0;
+  for (const PlannedRecord& record : records) {
+    const size_t full_name_size = archive_name.size() + 1 + record.name.size();
+    const Zip64Need zip64 = NeedFor(record.size, cursor, force_zip64);
+    const std::optional<uint64_t> data_offset = DataOffsetFor(cursor, full_name_size, zip64);
+    const std::optional<uint64_t> end =
+        data_offset ? CheckedAdd(*data_offset, record.size) : std::nullopt;
+    if (!end || !CheckedAdd(*end, uint64_t{24})) {
+      return Status::OutOfRange("zip: planned size: offset overflow at record " +
+                                std::string(record.name));
+    }
+    cursor = *end + DescriptorBytes(record.size, zip64);
+    central += CentralEntryBytes(full_name_size, zip64);
+  }
+  const std::optional<uint64_t> total = CheckedAdd(cursor, central + kEndRecordsBytes);
+  if (!total) return Status::OutOfRange("zip: planned size: overflow");
+  return *total;
 }
 
 }  // namespace ucp

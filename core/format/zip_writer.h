@@ -76,6 +76,17 @@ class ZipWriter {
     std::function<void(uint64_t)> progress;
   };
 
+  // A record of an archive not written yet: its name in the archive folder and its data's size.
+  struct PlannedRecord {
+    std::string_view name;
+    uint64_t size = 0;
+  };
+  // The size Finish() returns for an archive named `archive_name` holding `records` in this order,
+  // computed without writing (the writer's own layout arithmetic; names are not validated).
+  static Result<uint64_t> PlannedSize(std::string_view archive_name,
+                                      std::span<const PlannedRecord> records,
+                                      bool force_zip64 = false);
+
   // Opens the temporary next to `path` (nothing is written to `path` before Finish).
   static Result<ZipWriter> Create(std::string path, Options options);
   static Result<ZipWriter> Create(std::string path) { return Create(std::move(path), Options{}); }

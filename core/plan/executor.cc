@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -170,6 +171,41 @@ Status CheckSegments(const std::vector<Segment>& segments, const AtomIndex& inde
 }
 
 }  // namespace
+
+Result<uint64_t> PlannedArchiveSize(const ArchiveOutput& archive) {
+  std::map<std::string, uint64_t> storage_sizes;
+  for (const OutputStorage& storage : archive.storages) {
+    storage_sizes[storage.key] = SegmentBytes(storage.segments);
+  }
+  TorchArchiveWriter::Options options;
+  options.archive_name = archive.archive_name;
+  return TorchArchiveWriter::PlannedSize(archive.path, options, archive.graph.root(),
+                                         storage_sizes);
+}
+
+Result<std::optional<uint64_t>> PlannedFileSize(const OutputPlan& plan, const AtomIndex& index) {
+  const size_t outputs =
+      plan.archives.size() + plan.safetensors.size() + plan.copies.size() + plan.texts.size();
+  if (outputs != 1) {
+    return Status::InvalidArgument("planned file size: the plan holds " + std::to_string(outputs) +
+                                   " outputs, not one");
+  }
+  if (!plan.archives.empty()) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t size, PlannedArchiveSize(plan.archives.front()));
+    return std::optional<uint64_t>(size);
+  }
+  if (!plan.copies.empty()) {
+    const uint32_t file = plan.copies.front().file;
+    if (file >= index.files().size()) {
+      return Status::InvalidArgument("planned file size: copy of source file " +
+                                     std::to_string(file) + ", the index has " +
+                                     std::to_string(index.files().size()));
+    }
+    return std::optional<uint64_t>(index.files()[file].size);
+  }
+  if (!plan.texts.empty()) return std::optional<uint64_t>(plan.texts.front().contents.size());
+  return std::optional<uint64_t>();
+}
 
 uint64_t OutputPlan::DataBytes() const {
   uint64_t total = 0;

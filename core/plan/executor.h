@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,16 @@ struct ExecuteOptions {
   // Called as bytes land: (bytes done, total), total = DataBytes() + the copied files' sizes.
   std::function<void(uint64_t, uint64_t)> progress;
 };
+
+// The size of the file ExecutePlan writes for `archive`, computed without reading a source byte
+// (TorchArchiveWriter::PlannedSize over its storages' segment bytes).
+Result<uint64_t> PlannedArchiveSize(const ArchiveOutput& archive);
+
+// The size of the file ExecutePlan writes for `plan`'s only output, computed without reading a
+// source byte: a torch archive (PlannedArchiveSize), a copy (its source's size in `index`), a
+// text. nullopt for a safetensors output; kInvalidArgument when the plan does not hold exactly one
+// output.
+Result<std::optional<uint64_t>> PlannedFileSize(const OutputPlan& plan, const AtomIndex& index);
 
 // Writes every output of `plan` under `out_dir` (which must exist), reading the files of `index`
 // relative to `tag_dir`. Every source file is checked against the index's size before it is

@@ -224,6 +224,46 @@ TEST_F(ZipWriterTest, ForcedZip64WritesTheZip64Structures) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// The size computed without writing equals what Finish writes, for empty records, data sizes on
+// both sides of the 64-byte alignment, names of several lengths, with and without forced ZIP64.
+TEST_F(ZipWriterTest, PlannedSizeIsTheSizeFinishWrites) {
+  const std::vector<std::pair<std::string, size_t>> records = {
+      {"data.pkl", 917},
+      {"data/0", 0},
+      {"data/1", 1},
+      {"data/10", 63},
+      {"data/2", 64},
+      {"data/3", 65},
+      {"a/much/longer/record/name/than/the/others", 4096},
+      {"version", 2},
+      {"byteorder", 6},
+      {".data/serialization_id", 40}};
+  for (const bool force : {false, true}) {
+    for (size_t count = 0; count <= records.size(); ++count) {
+      SCOPED_TRACE((force ? "forced zip64, " : "") + std::to_string(count) + " records");
+      ZipWriter::Options options;
+      options.sync = false;
+      options.force_zip64 = force;
+      options.archive_name = "mp_rank_00_model_states";
+      const std::string target = dir_ / "planned.zip";
+      auto writer = ZipWriter::Create(target, options);
+      ASSERT_TRUE(writer.ok());
+      std::vector<ZipWriter::PlannedRecord> planned;
+      for (size_t i = 0; i < count; ++i) {
+        const auto& [name, size] = records[i];
+        ASSERT_TRUE(writer->AddRecord(name, std::string(size, 'x')).ok());
+        planned.push_back({name, size});
+      }
+      const Result<uint64_t> written = writer->Finish();
+      ASSERT_TRUE(written.ok()) << written.status().ToString();
+      const Result<uint64_t> size = ZipWriter::PlannedSize(options.archive_name, planned, force);
+      ASSERT_TRUE(size.ok()) << size.status().ToString();
+      EXPECT_EQ(*size, *written);
+      EXPECT_EQ(*size, std::filesystem::file_size(target));
+    }
+  }
+}
+
 // More than 65535 records: the 32-bit end record can only say 0xFFFF.
 TEST_F(ZipWriterTest, MoreThan65535Records) {
   const std::string target = dir_ / "many.zip";

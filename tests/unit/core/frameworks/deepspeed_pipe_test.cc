@@ -24,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using deepspeed_testing::ExpectExportPlanLikeDsToUniversal;
 using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
+using deepspeed_testing::ExpectPlannedSizes;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -232,6 +233,7 @@ void Reshard(const std::string& tag, uint32_t pp, uint32_t dp, const std::string
   fs::create_directories(out_tag);
   const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, *index, out_tag);
 }
 
 class DeepSpeedPipeRoundTripTest : public ::testing::TestWithParam<std::pair<uint32_t, uint32_t>> {

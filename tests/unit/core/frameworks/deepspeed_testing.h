@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -155,6 +156,31 @@ inline void ExpectExportPlanLikeDsToUniversal(const FrameworkAdapter& adapter,
   }
   for (const CopyOutput& copy : plan->copies) planned.insert(copy.path);
   EXPECT_EQ(planned, oracle_files);
+}
+
+// Every file `plan` wrote into `out_dir` has the size computed for it without writing
+// (PlannedArchiveSize, PlannedFileSize): what a view answers `stat` with before it builds.
+inline void ExpectPlannedSizes(const OutputPlan& plan, const AtomIndex& index,
+                               const std::string& out_dir) {
+  for (const ArchiveOutput& archive : plan.archives) {
+    const Result<uint64_t> size = PlannedArchiveSize(archive);
+    ASSERT_TRUE(size.ok()) << archive.path << ": " << size.status().ToString();
+    EXPECT_EQ(*size, std::filesystem::file_size(out_dir + "/" + archive.path)) << archive.path;
+  }
+  for (const CopyOutput& copy : plan.copies) {
+    OutputPlan single;
+    single.copies.push_back(copy);
+    const Result<std::optional<uint64_t>> size = PlannedFileSize(single, index);
+    ASSERT_TRUE(size.ok() && size->has_value()) << copy.path;
+    EXPECT_EQ(**size, std::filesystem::file_size(out_dir + "/" + copy.path)) << copy.path;
+  }
+  for (const TextOutput& text : plan.texts) {
+    OutputPlan single;
+    single.texts.push_back(text);
+    const Result<std::optional<uint64_t>> size = PlannedFileSize(single, index);
+    ASSERT_TRUE(size.ok() && size->has_value()) << text.path;
+    EXPECT_EQ(**size, std::filesystem::file_size(out_dir + "/" + text.path)) << text.path;
+  }
 }
 
 }  // namespace ucp::deepspeed_testing

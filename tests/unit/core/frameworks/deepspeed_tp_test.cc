@@ -23,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using deepspeed_testing::ExpectExportPlanLikeDsToUniversal;
+using deepspeed_testing::ExpectPlannedSizes;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -226,6 +227,7 @@ TEST_P(DeepSpeedTpRoundTripTest, ReshardThereAndBackIsLossless) {
     fs::create_directories(out_tag);
     const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
     ASSERT_TRUE(status.ok()) << status.ToString();
+    ExpectPlannedSizes(*plan, *index, out_tag);
   };
   reshard(kTag, GetParam(), dir.path() + "/middle/global_step5");
   reshard(dir.path() + "/middle/global_step5", Topology{2, 2, 1, 4, 0},

@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using deepspeed_testing::ExpectExportPlanLikeDsToUniversal;
 using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
+using deepspeed_testing::ExpectPlannedSizes;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -124,6 +125,7 @@ void Reshard(const std::string& tag, uint32_t dp, const std::string& out_tag) {
   fs::create_directories(out_tag);
   const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, *index, out_tag);
 }
 
 // The file names directly in `dir`.

@@ -29,6 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using deepspeed_testing::ExpectExportPlanLikeDsToUniversal;
 using deepspeed_testing::ExpectFileOfAnotherSaveNamed;
+using deepspeed_testing::ExpectPlannedSizes;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::ReadBytes;
 using deepspeed_testing::RenderOf;
@@ -244,6 +245,7 @@ void Reshard(const std::string& tag, uint32_t dp, const std::string& out_tag) {
   fs::create_directories(out_tag);
   const Status status = ExecutePlan(*plan, *index, tag, out_tag, NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, *index, out_tag);
 }
 
 // Every file directly in `expected` exists in `actual` with the same object tree and the same bytes
