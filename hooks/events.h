@@ -115,9 +115,14 @@ class ServePolicy {
  public:
   virtual ~ServePolicy() = default;
 
-  // The host is about to open `path` read-only, or stat/access it. A kSubstitute file exists
-  // when this returns (it is built before returning, if it must be built).
+  // The host is about to open `path` read-only. A kSubstitute file exists when this returns (it
+  // is built before returning, if it must be built).
   virtual ServeDecision Resolve(std::string_view path) = 0;
+
+  // The host is about to stat or access `path` without opening it: a kSubstitute file need only
+  // describe what an open would get (a regular file of its size), not hold its bytes, so nothing
+  // has to be built. The default resolves as for an open.
+  virtual ServeDecision ResolveMetadata(std::string_view path) { return Resolve(path); }
 
   // A cheap test on a path about to be resolved, as the host spelled it (relative or absolute),
   // made before ucp computes the absolute path: false promises that Resolve would pass it

@@ -306,14 +306,17 @@ bool MayServePath(const char* path) noexcept {
   return may;
 }
 
-hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept {
+hooks::ServeDecision Resolve(int dirfd, const char* path, ServeUse use) noexcept {
   hooks::ServePolicy* policy = hooks::GetServePolicy();
   if (policy == nullptr) return {};
   const int saved_errno = errno;
   hooks::ServeDecision decision;
   const std::string absolute = AbsolutePath(dirfd, path);
   if (!absolute.empty()) {
-    Guarded("Resolve", [&] { decision = policy->Resolve(absolute); });
+    Guarded("Resolve", [&] {
+      decision = use == ServeUse::kMetadata ? policy->ResolveMetadata(absolute)
+                                            : policy->Resolve(absolute);
+    });
   }
   if (decision.kind == hooks::ServeDecision::Kind::kSubstitute) {
     UCP_LOG_DEBUG("dispatch: serving {} from {}", absolute, decision.path);

@@ -187,7 +187,12 @@ bool MayServePath(const char* path) noexcept;
 
 // The ServePolicy's decision for `path` (relative to `dirfd`): kPassThrough when there is no
 // policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
-hooks::ServeDecision Resolve(int dirfd, const char* path) noexcept;
+// What the host is about to do with a path the serve side may serve.
+enum class ServeUse {
+  kOpen,      // open it for reading (ServePolicy::Resolve)
+  kMetadata,  // stat or access it (ServePolicy::ResolveMetadata)
+};
+hooks::ServeDecision Resolve(int dirfd, const char* path, ServeUse use = ServeUse::kOpen) noexcept;
 
 // The ServePolicy's change to the listing of directory `path` (relative to `dirfd`; "." with a
 // directory fd names that directory): nullopt when there is no policy, when the path cannot be
@@ -206,8 +211,9 @@ constexpr bool IsPlainReadOpen(int flags) noexcept {
 // falls back to `path` (or fails with EIO under UCP_STRICT). `failed(ret)` says whether a result
 // is a failure.
 template <typename Call, typename Failed, typename Ret>
-Ret Served(int dirfd, const char* path, Call&& call, Failed&& failed, Ret fail_result) noexcept {
-  const hooks::ServeDecision decision = Resolve(dirfd, path);
+Ret Served(int dirfd, const char* path, Call&& call, Failed&& failed, Ret fail_result,
+           ServeUse use = ServeUse::kOpen) noexcept {
+  const hooks::ServeDecision decision = Resolve(dirfd, path, use);
   switch (decision.kind) {
     case hooks::ServeDecision::Kind::kPassThrough:
       return call(path);

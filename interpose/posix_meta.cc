@@ -1,6 +1,8 @@
 // Path metadata: the stat family (the glibc >= 2.33 exported functions and the older __xstat
 // entry points still exported for old binaries) and access. On the load side these report the
-// substitute's metadata when the serve policy names one; otherwise they pass through.
+// substitute's metadata when the serve policy names one (ResolveMetadata: a view's file not built
+// yet is described by a placeholder of its size, so that a stat builds nothing); otherwise they
+// pass through.
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,7 +22,7 @@ bool Failed(int ret) { return ret != 0; }
 template <typename Call>
 [[gnu::noinline]] int MetaConsidered(int dirfd, const char* path, Call& call) {
   ucp::ReentrancyGuard guard;
-  return ucp::dispatch::Served(dirfd, path, call, &Failed, -1);
+  return ucp::dispatch::Served(dirfd, path, call, &Failed, -1, ucp::dispatch::ServeUse::kMetadata);
 }
 
 // `call(path)` runs the real call on `path` or on its substitute.

@@ -493,6 +493,13 @@ ServeDecision PendingSignalServe::Resolve(std::string_view path) {
   return inner_->Resolve(path);
 }
 
+ServeDecision PendingSignalServe::ResolveMetadata(std::string_view path) {
+  if (std::optional<std::string> pending = durable_->PendingFor(path)) {
+    return ServeDecision{ServeDecision::Kind::kSubstitute, std::move(*pending)};
+  }
+  return inner_->ResolveMetadata(path);
+}
+
 bool PendingSignalServe::MayServePath(std::string_view path) {
   return durable_->MayHavePending(path) || inner_->MayServePath(path);
 }

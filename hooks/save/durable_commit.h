@@ -183,6 +183,7 @@ class PendingSignalServe final : public ServePolicy {
       : durable_(durable), inner_(inner) {}
 
   ServeDecision Resolve(std::string_view path) override;
+  ServeDecision ResolveMetadata(std::string_view path) override;
   bool MayServePath(std::string_view path) override;
   std::optional<ListingChange> ChangeListing(std::string_view dir) override;
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -226,6 +227,51 @@ Result<std::string> View::Materialize(const std::string& name) {
   std::lock_guard lock(mutex_);
   ready_.insert(name);
   return path;
+}
+
+Result<std::string> View::Describe(const std::string& name) {
+  const auto plan = plans_.find(name);
+  if (plan == plans_.end()) {
+    return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
+  }
+  std::string path = directory_ + "/" + StoredName(name);
+  {
+    std::lock_guard lock(mutex_);
+    if (ready_.contains(name)) return path;
+    if (const auto known = placeholders_.find(name); known != placeholders_.end()) {
+      return known->second;
+    }
+  }
+  if (IsRegularFile(path)) return path;
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(plan->second, *index_));
+  if (!size) return Materialize(name);
+  std::string placeholder = directory_ + "/.planned/" + StoredName(name);
+  struct stat info;
+  if (::stat(placeholder.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+      static_cast<uint64_t>(info.st_size) != *size) {
+    // Written whole under a name of this process's, then renamed: a racing process sees either
+    // no placeholder or a complete one (two racers rename identical files).
+    std::error_code error;
+    std::filesystem::create_directories(std::filesystem::path(placeholder).parent_path(), error);
+    if (error) {
+      return PosixError("view: placeholder directory for " + placeholder, error.value());
+    }
+    static std::atomic<uint64_t> counter{0};
+    const std::string temp = placeholder + ".tmp-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(counter.fetch_add(1));
+    UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreateExclusive));
+    Status status = file.Truncate(*size);
+    if (status.ok()) status = file.Close();
+    if (status.ok()) status = RenameFile(temp, placeholder);
+    if (!status.ok()) {
+      (void)file.Close();  // already failing: the first error is the one reported
+      (void)RemoveFile(temp);
+      return status.WithContext("view: placeholder " + placeholder);
+    }
+  }
+  std::lock_guard lock(mutex_);
+  placeholders_[name] = placeholder;
+  return placeholder;
 }
 
 uint64_t View::built() const {

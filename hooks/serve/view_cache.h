@@ -80,6 +80,12 @@ class View {
   // kNotFound when `name` is not one of names().
   Result<std::string> Materialize(const std::string& name);
 
+  // A path whose metadata (stat, access) is that of the file Materialize(name) gives, without
+  // building it: the built file when there is one, else a placeholder of the planned size (sparse,
+  // under .planned/ in the view, never opened for its bytes), made once per view. An output whose
+  // size cannot be planned (safetensors) is built. kNotFound when `name` is not one of names().
+  Result<std::string> Describe(const std::string& name);
+
   // How many files this process built (not found built), for tests and logs.
   uint64_t built() const;
 
@@ -94,6 +100,7 @@ class View {
   std::set<std::string> names_;
   mutable std::mutex mutex_;
   std::set<std::string> ready_;  // names known built, to skip the lock on repeated opens
+  std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
   uint64_t built_ = 0;
 };
 

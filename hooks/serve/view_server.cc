@@ -165,7 +165,11 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
   return state;
 }
 
-ServeDecision ViewServer::Resolve(std::string_view path) {
+ServeDecision ViewServer::Resolve(std::string_view path) { return ResolveFor(path, false); }
+
+ServeDecision ViewServer::ResolveMetadata(std::string_view path) { return ResolveFor(path, true); }
+
+ServeDecision ViewServer::ResolveFor(std::string_view path, bool metadata_only) {
   // Nothing inside ucp's own directories is a checkpoint file (view files would otherwise look
   // like the files of a tag named after the view).
   if (path.find("/.ucp/") != std::string_view::npos) return {};
@@ -185,7 +189,8 @@ ServeDecision ViewServer::Resolve(std::string_view path) {
   if (state->view == nullptr) return {};
   const std::string name_text(name);
   if (state->view->names().contains(name_text)) {
-    Result<std::string> built = state->view->Materialize(name_text);
+    Result<std::string> built =
+        metadata_only ? state->view->Describe(name_text) : state->view->Materialize(name_text);
     if (built.ok()) return {ServeDecision::Kind::kSubstitute, std::move(*built)};
     if (!state->failed.exchange(true)) {
       UCP_LOG_WARN("serve: {}: {}; {}", match->tag_dir, built.status().ToString(),

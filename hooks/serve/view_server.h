@@ -13,6 +13,8 @@
 //      files, or from the atoms store when they are gone (ReadableSources, atoms_store.h): a
 //      name of the view → kSubstitute with the view's file (built first if needed); a file of
 //      the source topology the view does not have → kAbsent; any other name → kPassThrough.
+// ResolveMetadata(path): as Resolve, except that a name of the view not built yet is described
+//   by its placeholder (View::Describe): a stat or access builds nothing.
 //   Any failure (unreadable or invalid index, unresolvable topology, an adapter refusal, source
 //   files that fail verification, a build error) → kPassThrough with one warning per tag in the
 //   log, or kFail under UCP_STRICT=1.
@@ -61,11 +63,14 @@ class ViewServer final : public ServePolicy {
   ViewServer& operator=(const ViewServer&) = delete;
 
   ServeDecision Resolve(std::string_view path) override;
+  ServeDecision ResolveMetadata(std::string_view path) override;
   bool MayServePath(std::string_view path) override;
   std::optional<ListingChange> ChangeListing(std::string_view dir) override;
 
  private:
   struct TagState;
+  // Resolve (`metadata_only` false) and ResolveMetadata (true).
+  ServeDecision ResolveFor(std::string_view path, bool metadata_only);
   // The served state of `tag_dir`, nullptr when it passes through (no index, same topology, a
   // failure already logged).
   std::shared_ptr<TagState> StateOf(const std::string& tag_dir);

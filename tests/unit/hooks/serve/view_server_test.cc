@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -101,6 +105,39 @@ TEST_F(ViewServerTest, MoreRanksAddTheirFilesToTheListing) {
     EXPECT_EQ(decision.kind, Kind::kSubstitute) << name;
     EXPECT_TRUE(fs::is_regular_file(decision.path)) << name;
   }
+}
+
+// A stat of a view's file builds nothing: it describes the file by a placeholder of the size the
+// build then gives (DeepSpeed stats every rank's optimizer file before any rank reads its own).
+TEST_F(ViewServerTest, MetadataOfAViewFileIsAnsweredWithoutBuildingIt) {
+  ViewServer server = Server(8);
+  const std::string views = tag_ + "/.ucp/views/tp1-pp1-dp8/";
+  std::map<std::string, uint64_t> described;
+  for (const std::string& name : {std::string(kModel), Optim(0), Optim(5), Optim(7)}) {
+    const ServeDecision decision = server.ResolveMetadata(Path(name));
+    ASSERT_EQ(decision.kind, Kind::kSubstitute) << name;
+    EXPECT_EQ(decision.path, views + ".planned/served." + name);
+    struct stat info;
+    ASSERT_EQ(::stat(decision.path.c_str(), &info), 0) << decision.path;
+    EXPECT_TRUE(S_ISREG(info.st_mode));
+    described[name] = static_cast<uint64_t>(info.st_size);
+    EXPECT_FALSE(fs::exists(views + "served." + name)) << name << " was built by a stat";
+    // The placeholder holds no data: nothing is written, whatever its size.
+    EXPECT_LT(static_cast<uint64_t>(info.st_blocks) * 512, std::max<uint64_t>(info.st_size, 1));
+  }
+  // Opening builds; the file has the size its stat gave, and a stat now names the built file.
+  for (const auto& [name, size] : described) {
+    const ServeDecision opened = server.Resolve(Path(name));
+    ASSERT_EQ(opened.kind, Kind::kSubstitute) << name;
+    EXPECT_EQ(opened.path, views + "served." + name);
+    EXPECT_EQ(fs::file_size(opened.path), size) << name;
+  }
+  ViewServer later = Server(8);
+  EXPECT_EQ(later.ResolveMetadata(Path(Optim(5))).path, views + "served." + Optim(5));
+  // Source files the view lacks, and unrelated paths, answer as for an open.
+  ViewServer fewer = Server(2);
+  EXPECT_EQ(fewer.ResolveMetadata(Path(Optim(3))).kind, Kind::kAbsent);
+  EXPECT_EQ(fewer.ResolveMetadata(tag_ + "/notes.txt").kind, Kind::kPassThrough);
 }
 
 // UCP_MODE=atoms's store made by every rank, then the framework's files removed.
