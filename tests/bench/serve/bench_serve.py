@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Serve benchmark (issue 21): N processes under the preload load a ZeRO-2 tag saved at DP=4, as
+DeepSpeed's load does (loader.py: a stat of every rank's optimizer file in rank order, then each
+rank reads the model states and its own file), against `ucp reshard --to dp=N` of the same tag in
+the same run.
+
+The tag (gen_ds_zero.py, preset gpt2 by default: 2.6 GB at DP=4) is generated and indexed once
+under --work. Each run starts from no view (the tag's .ucp/views removed), with the page cache
+warm. Per N it prints the wall time of the job (first rank's start to last rank's end), the
+slowest rank's stat phase, the per-rank read phase (min / max), the bytes each rank read and wrote
+(rchar and wchar from /proc/self/io, ucp's own reads and writes included: min / max), and the
+wall time of `ucp reshard`, best of --reps for both. Nothing asserts; the aims of issue 21 that
+this measures are printed as ratios.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GENERATOR = os.path.join(HERE, '..', 'reshard', 'gen_ds_zero.py')
+PYTHON = '/usr/bin/python3'
+TAG = 'global_step5'
+GB = 1e9
+
+
+def tree_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+
+
+def load_job(args, tag_dir, procs, logs):
+    """One job of `procs` loader.py ranks under the preload; returns the ranks' JSON records."""
+    shutil.rmtree(os.path.join(tag_dir, '.ucp', 'views'), ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    os.makedirs(logs)
+    start = time.time() + 1.0 + 0.05 * procs  # every rank has started by then
+    ranks = []
+    for rank in range(procs):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(procs),
+                   LD_PRELOAD=args.lib, UCP_LOG_DIR=logs)
+        ranks.append(subprocess.Popen([PYTHON, os.path.join(HERE, 'loader.py'), tag_dir,
+                                       repr(start)], env=env, stdout=subprocess.PIPE, text=True))
+    records = []
+    for rank, process in enumerate(ranks):
+        out, _ = process.communicate()
+        if process.returncode != 0:
+            sys.exit(f'bench_serve: rank {rank} of {procs} exited {process.returncode}')
+        records.append(json.loads(out.strip().splitlines()[-1]))
+    if any(r['missing'] for r in records):
+        sys.exit(f'bench_serve: at {procs} ranks some files were not found (not served?): '
+                 f'see {logs}')
+    return records
+
+
+def reshard(args, tag_dir, procs, out):
+    shutil.rmtree(out, ignore_errors=True)
+    begin = time.perf_counter()
+    subprocess.run([args.ucp, 'reshard', tag_dir, '--to', f'dp={procs}', '--out', out],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - begin
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--ucp', required=True, help='the ucp CLI')
+    parser.add_argument('--lib', required=True, help='libucp.so')
+    parser.add_argument('--work', default=os.environ.get('UCP_BENCH_DIR', '/tmp/ucp-bench-serve'))
+    parser.add_argument('--preset', default='gpt2', help='gen_ds_zero.py --preset')
+    parser.add_argument('--procs', default='8,16', help='comma-separated process counts')
+    parser.add_argument('--reps', type=int, default=2)
+    args = parser.parse_args()
+    work = os.path.abspath(args.work)
+    src = os.path.join(work, 'src-' + args.preset)
+    tag_dir = os.path.join(src, TAG)
+    if not os.path.isfile(os.path.join(tag_dir, '.ucp', 'index.json')):
+        shutil.rmtree(src, ignore_errors=True)
+        subprocess.run([PYTHON, GENERATOR, src, '--preset', args.preset], check=True)
+        subprocess.run([args.ucp, 'index', tag_dir], check=True, stdout=subprocess.DEVNULL)
+    source_bytes = sum(os.path.getsize(os.path.join(tag_dir, n)) for n in os.listdir(tag_dir)
+                       if os.path.isfile(os.path.join(tag_dir, n)))
+    print(f'tag: {tag_dir}, ZeRO-2 fp32 DP=4, preset {args.preset}, {source_bytes / GB:.2f} GB; '
+          f'{os.cpu_count()} CPUs; best of {args.reps}; lib {args.lib}')
+    print('| N | job wall s | slowest stat phase s | read phase s (min / max) '
+          '| rchar GB per rank (min / max) | wchar GB per rank (min / max) | view GB '
+          '| `ucp reshard` s | wall / reshard |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for procs in [int(p) for p in args.procs.split(',')]:
+        best = None
+        for _ in range(args.reps):
+            records = load_job(args, tag_dir, procs, os.path.join(work, f'logs-{procs}'))
+            wall = max(r['end'] for r in records) - min(r['begin'] for r in records)
+            if best is None or wall < best[0]:
+                best = (wall, records, tree_bytes(os.path.join(tag_dir, '.ucp', 'views')))
+        offline = min(reshard(args, tag_dir, procs, os.path.join(work, 'reshard-out'))
+                      for _ in range(args.reps))
+        shutil.rmtree(os.path.join(work, 'reshard-out'), ignore_errors=True)
+        wall, records, view_bytes = best
+        reads = [r['read_s'] for r in records]
+        rchar = [r['rchar'] / GB for r in records]
+        wchar = [r['wchar'] / GB for r in records]
+        print(f'| {procs} | {wall:.2f} | {max(r["stat_s"] for r in records):.3f} '
+              f'| {min(reads):.2f} / {max(reads):.2f} | {min(rchar):.2f} / {max(rchar):.2f} '
+              f'| {min(wchar):.2f} / {max(wchar):.2f} | {view_bytes / GB:.2f} | {offline:.2f} '
+              f'| {wall / offline:.2f} |', flush=True)
+
+
+if __name__ == '__main__':
+    main()
