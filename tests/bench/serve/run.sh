@@ -12,7 +12,8 @@ if [[ -z ${BUILD_DIR:-} ]]; then
   BUILD_DIR=$repo/build-bench
   cmake -S "$repo" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DUCP_BUILD_BENCH=ON \
     -DUCP_BUILD_TESTS=OFF >/dev/null
-  cmake --build "$BUILD_DIR" -j 2 --target ucp_cli ucp
+  # The library by its file name: in this tree `ucp` is also the CLI's file.
+  cmake --build "$BUILD_DIR" -j 2 --target ucp_cli libucp.so
 fi
 /usr/bin/python3 "$here/bench_serve.py" --ucp "$BUILD_DIR/ucp" --lib "$BUILD_DIR/libucp.so" \
   --procs "${PROCS:-8,16}" --reps "${REPS:-2}" --preset "${PRESET:-gpt2}"
