@@ -4,19 +4,37 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <string>
+#include <thread>
 #include <utility>
 
 namespace ucp {
 
-Result<FileLock> FileLock::Acquire(const std::string& path) {
+Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::milliseconds wait) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return PosixError("lock: open " + path, errno);
-  while (::flock(fd, LOCK_EX) != 0) {
-    if (errno == EINTR) continue;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::chrono::milliseconds backoff{1};
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    ::close(fd);
-    return PosixError("lock: flock " + path, err);
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) {
+      ::close(fd);
+      return PosixError("lock: flock " + path, err);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      ::close(fd);
+      return Status::FailedPrecondition(
+          "lock: " + path + ": still held by another process after " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()) +
+          " ms");
+    }
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds{50});
   }
   return FileLock(fd);
 }
