@@ -198,11 +198,16 @@ View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::str
   for (const auto& [name, plan] : plans_) names_.insert(name);
 }
 
-Result<std::string> View::Materialize(const std::string& name) {
+Result<const OutputPlan*> View::PlanOf(const std::string& name) const {
   const auto plan = plans_.find(name);
   if (plan == plans_.end()) {
     return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
   }
+  return &plan->second;
+}
+
+Result<std::string> View::Materialize(const std::string& name) {
+  UCP_ASSIGN_OR_RETURN(const OutputPlan* plan, PlanOf(name));
   std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
@@ -217,7 +222,7 @@ Result<std::string> View::Materialize(const std::string& name) {
     if (!IsRegularFile(path)) {
       ExecuteOptions options;
       options.threads = 1;
-      UCP_RETURN_IF_ERROR(ExecutePlan(plan->second, *index_, tag_dir_, directory_, options)
+      UCP_RETURN_IF_ERROR(ExecutePlan(*plan, *index_, tag_dir_, directory_, options)
                               .WithContext("view: build " + path));
       UCP_LOG_INFO("view: built {}", path);
       std::lock_guard guard(mutex_);
@@ -230,10 +235,7 @@ Result<std::string> View::Materialize(const std::string& name) {
 }
 
 Result<std::string> View::Describe(const std::string& name) {
-  const auto plan = plans_.find(name);
-  if (plan == plans_.end()) {
-    return Status::NotFound("view " + directory_ + ": no file " + name + " at this topology");
-  }
+  UCP_ASSIGN_OR_RETURN(const OutputPlan* plan, PlanOf(name));
   std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
@@ -243,7 +245,7 @@ Result<std::string> View::Describe(const std::string& name) {
     }
   }
   if (IsRegularFile(path)) return path;
-  UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(plan->second, *index_));
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(*plan, *index_));
   if (!size) return Materialize(name);
   std::string placeholder = directory_ + "/.planned/" + StoredName(name);
   struct stat info;

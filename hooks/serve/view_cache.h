@@ -92,6 +92,8 @@ class View {
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
        std::map<std::string, OutputPlan> plans);
+  // The plan of `name`, or kNotFound naming the view.
+  Result<const OutputPlan*> PlanOf(const std::string& name) const;
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;

@@ -167,19 +167,20 @@ inline void ExpectPlannedSizes(const OutputPlan& plan, const AtomIndex& index,
     ASSERT_TRUE(size.ok()) << archive.path << ": " << size.status().ToString();
     EXPECT_EQ(*size, std::filesystem::file_size(out_dir + "/" + archive.path)) << archive.path;
   }
+  const auto expect_single = [&](const OutputPlan& single, const std::string& path) {
+    const Result<std::optional<uint64_t>> size = PlannedFileSize(single, index);
+    ASSERT_TRUE(size.ok() && size->has_value()) << path;
+    EXPECT_EQ(**size, std::filesystem::file_size(out_dir + "/" + path)) << path;
+  };
   for (const CopyOutput& copy : plan.copies) {
     OutputPlan single;
     single.copies.push_back(copy);
-    const Result<std::optional<uint64_t>> size = PlannedFileSize(single, index);
-    ASSERT_TRUE(size.ok() && size->has_value()) << copy.path;
-    EXPECT_EQ(**size, std::filesystem::file_size(out_dir + "/" + copy.path)) << copy.path;
+    expect_single(single, copy.path);
   }
   for (const TextOutput& text : plan.texts) {
     OutputPlan single;
     single.texts.push_back(text);
-    const Result<std::optional<uint64_t>> size = PlannedFileSize(single, index);
-    ASSERT_TRUE(size.ok() && size->has_value()) << text.path;
-    EXPECT_EQ(**size, std::filesystem::file_size(out_dir + "/" + text.path)) << text.path;
+    expect_single(single, text.path);
   }
 }
 
