@@ -185,13 +185,14 @@ bool MayServe() noexcept;
 // called outside a ReentrancyGuard (it enters one to ask the policy). Keeps errno.
 bool MayServePath(const char* path) noexcept;
 
-// The ServePolicy's decision for `path` (relative to `dirfd`): kPassThrough when there is no
-// policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
 // What the host is about to do with a path the serve side may serve.
 enum class ServeUse {
   kOpen,      // open it for reading (ServePolicy::Resolve)
   kMetadata,  // stat or access it (ServePolicy::ResolveMetadata)
 };
+
+// The ServePolicy's decision for `path` (relative to `dirfd`) and `use`: kPassThrough when there
+// is no policy, or on any failure (kFail under UCP_STRICT). Keeps errno.
 hooks::ServeDecision Resolve(int dirfd, const char* path, ServeUse use = ServeUse::kOpen) noexcept;
 
 // The ServePolicy's change to the listing of directory `path` (relative to `dirfd`; "." with a

@@ -141,13 +141,13 @@ Result<uint64_t> TorchArchiveWriter::PlannedSize(
   if (root == nullptr) return Status::InvalidArgument("torch archive " + path + ": no object");
   const std::string archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
   UCP_ASSIGN_OR_RETURN(const std::string pickle_bytes, pickle::WritePickle(root));
+  // The records view these names: reserved whole, the strings never move.
   std::vector<std::string> storage_names;
   storage_names.reserve(storage_sizes.size());
-  for (const auto& [key, size] : storage_sizes) storage_names.push_back(StorageRecord(key));
-  std::vector<ZipWriter::PlannedRecord> records;
-  records.push_back({kPickleRecord, pickle_bytes.size()});
-  size_t i = 0;
-  for (const auto& [key, size] : storage_sizes) records.push_back({storage_names[i++], size});
+  std::vector<ZipWriter::PlannedRecord> records = {{kPickleRecord, pickle_bytes.size()}};
+  for (const auto& [key, size] : storage_sizes) {
+    records.push_back({storage_names.emplace_back(StorageRecord(key)), size});
+  }
   records.push_back({kVersionRecord, kVersionContents.size()});
   return ZipWriter::PlannedSize(archive_name, records);
 }

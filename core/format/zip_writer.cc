@@ -37,14 +37,18 @@ Zip64Need NeedFor(uint64_t size, uint64_t header_offset, bool force) {
   return {force || size >= kMarker32, force || header_offset >= kMarker32};
 }
 
-// Where a record's data starts when its local header is at `header_offset`: after the fixed
-// header, the name, the ZIP64 extra and the 4-byte 'FB' header, plus 'Z' padding to the next
-// multiple of kAlignment (torch's getPadding). nullopt on overflow.
+// Bytes of a local header before its 'Z' padding: the fixed header, the name, the ZIP64 extra and
+// the 4-byte 'FB' header.
+uint64_t UnpaddedLocalBytes(size_t full_name_size, const Zip64Need& zip64) {
+  return zip_spec::kLocalHeaderSize + full_name_size + zip64.extra_bytes() + 4;
+}
+
+// Where a record's data starts when its local header is at `header_offset`: after the unpadded
+// local header plus 'Z' padding to the next multiple of kAlignment (torch's getPadding). nullopt
+// on overflow.
 std::optional<uint64_t> DataOffsetFor(uint64_t header_offset, size_t full_name_size,
                                       const Zip64Need& zip64) {
-  const auto unpadded =
-      CheckedAdd(header_offset,
-                 uint64_t{zip_spec::kLocalHeaderSize + full_name_size + zip64.extra_bytes() + 4});
+  const auto unpadded = CheckedAdd(header_offset, UnpaddedLocalBytes(full_name_size, zip64));
   if (!unpadded) return std::nullopt;
   return *unpadded +
          (ZipWriter::kAlignment - *unpadded % ZipWriter::kAlignment) % ZipWriter::kAlignment;
@@ -155,7 +159,7 @@ Result<uint64_t> ZipWriter::BeginRecord(std::string_view name, uint64_t size,
     return Status::OutOfRange("zip: add record to " + path_ + ": offset overflow");
   }
   const uint64_t data_offset = *data_offset_or;
-  const uint64_t fixed = zip_spec::kLocalHeaderSize + full.size() + zip64.extra_bytes() + 4;
+  const uint64_t fixed = UnpaddedLocalBytes(full.size(), zip64);
   const uint64_t padding = data_offset - header_offset - fixed;
   // Room for the data and the largest data descriptor.
   const auto data_end = CheckedAdd(data_offset, size);

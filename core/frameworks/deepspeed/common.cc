@@ -53,8 +53,9 @@ Result<TagListing> ListTag(const std::string& tag_dir) {
   return listing;
 }
 
-Status RefuseExperts(const std::string& tag_dir, const TagListing& listing) {
-  if (listing.expert_files.empty()) return Status::Ok();
+Result<TagListing> ListTagToRead(const std::string& tag_dir) {
+  UCP_ASSIGN_OR_RETURN(TagListing listing, ListTag(tag_dir));
+  if (listing.expert_files.empty()) return listing;
   return Status::Unsupported(
       Prefix(tag_dir) + "a DeepSpeed-MoE tag (" + std::to_string(listing.expert_files.size()) +
       " expert files, " + listing.expert_files.front() +

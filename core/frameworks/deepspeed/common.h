@@ -59,9 +59,9 @@ struct TagListing {
 // Lists `tag_dir` (names only; no file is opened).
 Result<TagListing> ListTag(const std::string& tag_dir);
 
-// kUnsupported naming the tag and an expert file when the listing holds DeepSpeed-MoE's expert
-// files: no adapter reads the experts' placement yet (every adapter asks before it reads a file).
-Status RefuseExperts(const std::string& tag_dir, const TagListing& listing);
+// ListTag for an adapter about to read the tag's files: kUnsupported naming the tag and an expert
+// file when it holds DeepSpeed-MoE's expert files (no adapter reads the experts' placement yet).
+Result<TagListing> ListTagToRead(const std::string& tag_dir);
 
 // Typed reads of the pickle field at `field` (a '/'-separated path, TorchArchiveReader::Find);
 // kCorrupt naming the file and the field when it is missing or of another type.

@@ -36,6 +36,7 @@ using deepspeed::IntListField;
 using deepspeed::JsonOf;
 using deepspeed::LayerStatesName;
 using deepspeed::ListTag;
+using deepspeed::ListTagToRead;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
 using deepspeed::MappingsNode;
@@ -51,7 +52,6 @@ using deepspeed::Partitioning;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
-using deepspeed::RefuseExperts;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -579,8 +579,7 @@ bool DeepSpeedPipeAdapter::Recognizes(const std::string& tag_dir) const {
 
 Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
     const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_ASSIGN_OR_RETURN(
       const TorchArchiveReader first,
       OpenWrittenModelStates(tag_dir, ModelStatesName(0), listing.model_states.contains(0)));
@@ -612,8 +611,7 @@ Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
                                                    const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)");

@@ -38,6 +38,7 @@ using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
+using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
 using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
@@ -55,7 +56,6 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
-using deepspeed::RefuseExperts;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -999,8 +999,7 @@ bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
 
 Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
     const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
   UCP_ASSIGN_OR_RETURN(
@@ -1035,8 +1034,7 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                                  const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   if (!listing.model_states.contains(0)) {
     return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");

@@ -39,6 +39,7 @@ using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
+using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
 using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
@@ -57,7 +58,6 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
-using deepspeed::RefuseExperts;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
 using deepspeed::ScalarValue;
@@ -211,8 +211,7 @@ bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
 
 Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
     const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   const std::string model = ModelStatesName(0);
   // DeepSpeed's rank 0 writes the model states before its optimizer file and the commit signal.
@@ -250,8 +249,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
                                                    const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
     return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");

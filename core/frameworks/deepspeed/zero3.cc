@@ -29,6 +29,7 @@ using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
 using deepspeed::ListTag;
+using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
@@ -37,7 +38,6 @@ using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
-using deepspeed::RefuseExperts;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
@@ -573,8 +573,7 @@ bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
 
 Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
     const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   const std::string model = Zero3ModelStatesName(0, 0);
   const bool have_model =
       std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
@@ -603,8 +602,7 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
                                                     const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseExperts(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   if (!listing.model_states.empty() || !listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "mp_rank_XX_model_states.pt or layer files beside ZeRO-3 model "

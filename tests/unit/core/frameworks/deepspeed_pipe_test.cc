@@ -106,6 +106,7 @@ TEST(DeepSpeedPipeFixtureTest, ExecutedExportEqualsDsToUniversal) {
   ASSERT_FALSE(dir.path().empty());
   const Status status = ExecutePlan(*plan, *index, kSource, dir.path(), NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, *index, dir.path());
   size_t files = 0;
   for (const fs::directory_entry& entry :
        fs::recursive_directory_iterator(kSource + "_universal")) {
@@ -349,6 +350,7 @@ void Execute(const Result<OutputPlan>& plan, const AtomIndex& index, const std::
   fs::create_directories(out);
   const Status status = ExecutePlan(*plan, index, tag, out, NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, index, out);
 }
 
 // The regular files under `a` and `b`: the same relative paths, the same bytes.

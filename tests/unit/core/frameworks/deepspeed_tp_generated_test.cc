@@ -27,6 +27,7 @@ namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
+using deepspeed_testing::ExpectPlannedSizes;
 using deepspeed_testing::NoSync;
 using deepspeed_testing::RenderOf;
 using deepspeed_testing::SegmentBytes;
@@ -96,6 +97,7 @@ void ExpectPlanWritesTheTag(const OutputPlan& plan, const AtomIndex& index, cons
   const TempDir out;
   const Status status = ExecutePlan(plan, index, tag, out.path(), NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(plan, index, out.path());
   size_t files = 0;
   for (const fs::directory_entry& entry : fs::directory_iterator(oracle)) {
     const std::string file = entry.path().filename().string();

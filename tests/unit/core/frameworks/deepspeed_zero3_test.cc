@@ -370,6 +370,7 @@ TEST(Zero3AtomsStoreTest, ReshardsFromTheStoreAlone) {
   fs::create_directories(served);
   const Status status = ExecutePlan(*plan, **store, tag, served, NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, **store, served);
   ASSERT_EQ(FileNames(served), FileNames(saved));
   for (const std::string& name : FileNames(saved)) {
     EXPECT_TRUE(ReadAll(served + "/" + name) == ReadAll(saved + "/" + name)) << name;

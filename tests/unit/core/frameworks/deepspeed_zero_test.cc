@@ -303,6 +303,7 @@ TEST(DeepSpeedExportTest, ExecutedExportEqualsDsToUniversal) {
   ASSERT_FALSE(dir.path().empty());
   const Status status = ExecutePlan(*plan, *index, tag, dir.path(), NoSync());
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ExpectPlannedSizes(*plan, *index, dir.path());
   ExpectSameTensors(tag + "_universal", dir.path());
   for (const fs::directory_entry& entry : fs::directory_iterator(tag + "_universal/zero")) {
     if (entry.is_directory()) {
