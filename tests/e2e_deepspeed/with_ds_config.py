@@ -2,7 +2,7 @@
 """Runs a DeepSpeed trainer script with entries added to its config's "checkpoint" section, so
 that the tests can pick DeepSpeed's checkpoint engines without changing the shared trainers.
 
-Usage: with_checkpoint_config.py JSON SCRIPT [ARGS...]
+Usage: with_ds_config.py JSON SCRIPT [ARGS...]
   JSON    entries merged into config["checkpoint"], e.g. '{"checkpoint_serialization": false}'
           or '{"writer": {"type": "python"}}' (DeepSpeed's FastCheckpointEngine)
 The writer engines of DeepSpeed 0.19 ask the mpu for get_data_parallel_group_ranks, which the
