@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds_e2e  # noqa: E402 (the shared environment, launch and loss helpers)
 
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'with_ds_config.py')
-LEGACY = '{"checkpoint_serialization": false}'
+LEGACY = '{"checkpoint": {"checkpoint_serialization": false}}'
 PROCESSES, SAVE_AT, STEPS = 4, 3, 6
 TAG = f'global_step{SAVE_AT}'
 

@@ -17,7 +17,7 @@ and two sources of the tag:
   --live the release under test saves the tag itself, under the preload (steps 1..5, tag
          global_step5, its index committed at the save), and the oracle is that release's
          ds_to_universal.py of a copy of it, loaded with --universal at the target.
-         --checkpoint-config JSON picks the saving run's checkpoint engine
+         --checkpoint-config JSON (the config's checkpoint section) picks the saving run's engine
          (with_ds_config.py), e.g. DeepSpeed's FastCheckpointEngine.
 Skipped, with the reason, where `import deepspeed` fails (failed with --required).
 
@@ -26,6 +26,7 @@ Usage: ds_tp_e2e.py --direction merge|split [--live] --fixtures DIR --work DIR -
 """
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -52,7 +53,8 @@ def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config
     trainer = ['train_tp.py']
     if checkpoint_config:
         trainer = [os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                'with_ds_config.py'), checkpoint_config] + trainer
+                                'with_ds_config.py'),
+                   json.dumps({'checkpoint': json.loads(checkpoint_config)})] + trainer
     command = [sys.executable, 'launch.py', str(ranks), ds_e2e.PORT] + trainer + \
         ['--tp', str(tp), '--out', out] + extra
     log = os.path.join(work, name + '.log')
