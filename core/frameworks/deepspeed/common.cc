@@ -661,16 +661,28 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
   UCP_ASSIGN_OR_RETURN(os.partition_count, IntListField(r, osd + "/partition_count"));
   UCP_ASSIGN_OR_RETURN(os.group_paddings, IntListField(r, osd + "/group_paddings"));
   UCP_RETURN_IF_ERROR(CheckNoParameterAlignment(r, groups));
-  const Value* state = OptionalField(r, osd + "/base_optimizer_state/state");
-  if (state == nullptr || state->kind() != Kind::kDict) {
-    return Status::Unsupported(Prefix(r.path()) + osd +
-                               "/base_optimizer_state: not a torch optimizer state_dict "
-                               "(elastic checkpoints are not supported)");
+  UCP_ASSIGN_OR_RETURN(const Value* base, Field(r, osd + "/base_optimizer_state"));
+  os.elastic = base->kind() == Kind::kList;
+  if (os.elastic && base->items().size() != groups) {
+    return FieldError(r, osd + "/base_optimizer_state",
+                      "an elastic list of " + std::to_string(base->items().size()) +
+                          " group states, but param_shapes has " + std::to_string(groups));
+  }
+  if (!os.elastic) {
+    const Value* state = base->Get("state");
+    if (base->kind() != Kind::kDict || state == nullptr || state->kind() != Kind::kDict) {
+      return FieldError(r, osd + "/base_optimizer_state",
+                        "neither a torch optimizer state_dict nor an elastic checkpoint's list "
+                        "of group states");
+    }
   }
   for (size_t g = 0; g < groups; ++g) {
     OptimGroup group;
     const std::string gs = std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/" + gs));
+    UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, GroupStatesField(os.elastic, g)));
+    if (states->kind() != Kind::kDict) {
+      return FieldError(r, GroupStatesField(os.elastic, g), "not a dict of states");
+    }
     for (const auto& [key, value] : NamedChildren(states)) {
       const TorchTensor* tensor = r.TensorAt(value);
       if (tensor != nullptr) group.states.push_back({key, tensor});
@@ -682,11 +694,31 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
       return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs, "not a tensor");
     }
     UCP_ASSIGN_OR_RETURN(group.mappings, ReadMappings(r, osd + "/param_slice_mappings/" + gs));
-    UCP_ASSIGN_OR_RETURN(group.param_group,
-                         Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
+    if (!os.elastic) {
+      UCP_ASSIGN_OR_RETURN(group.param_group,
+                           Field(r, osd + "/base_optimizer_state/param_groups/" + gs));
+    }
     os.groups.push_back(std::move(group));
   }
   return os;
+}
+
+Status RefuseElasticForm(const TorchArchiveReader& reader, std::string_view layouts) {
+  const Value* base = OptionalField(reader, std::string(kOsd) + "/base_optimizer_state");
+  if (base == nullptr || base->kind() != Kind::kList) return Status::Ok();
+  return Status::Unsupported(Prefix(reader.path()) + std::string(kOsd) +
+                             "/base_optimizer_state: an elastic checkpoint "
+                             "(zero_optimization.elastic_checkpoint); for " +
+                             std::string(layouts) + " ucp reads only the rigid form");
+}
+
+std::string GroupStatesField(bool elastic, size_t g) {
+  return std::string(kOsd) + (elastic ? "/base_optimizer_state/" : "/base_optimizer_state/state/") +
+         std::to_string(g);
+}
+
+uint64_t StateNumel(bool elastic, uint64_t partition, uint64_t padding) {
+  return elastic ? partition - padding : partition;
 }
 
 Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
@@ -708,6 +740,12 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
     return FieldError(r, osd + "/zero_stage",
                       "differs from " + first.entry.name + " (a file of another save)");
   }
+  if (os.elastic != first.elastic) {
+    return FieldError(r, osd + "/base_optimizer_state",
+                      std::string(os.elastic ? "elastic" : "rigid") + ", but " + first.entry.name +
+                          "'s is " + (first.elastic ? "elastic" : "rigid") +
+                          " (a file of another save)");
+  }
   for (size_t g = 0; g < groups; ++g) {
     const std::string gs = std::to_string(g);
     const GroupLayout& layout = ms.groups[g];
@@ -728,24 +766,26 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
                             std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
     }
     if (group.states.size() != first.groups[g].states.size()) {
-      return FieldError(r, osd + "/base_optimizer_state/state/" + gs,
+      return FieldError(r, GroupStatesField(os.elastic, g),
                         "other state keys than " + first.entry.name);
     }
+    // An elastic file's last ranks leave their padding out, so its partitions differ in length.
+    const uint64_t state_numel = StateNumel(os.elastic, p.partition, padding);
     for (size_t k = 0; k < group.states.size(); ++k) {
       const StateTensor& st = group.states[k];
-      const std::string field = osd + "/base_optimizer_state/state/" + gs + "/" + st.key;
+      const std::string field = GroupStatesField(os.elastic, g) + "/" + st.key;
       const StateTensor& reference = first.groups[g].states[k];
-      if (st.key != reference.key || st.tensor->shape != reference.tensor->shape ||
+      if (st.key != reference.key || st.tensor->shape.empty() != reference.tensor->shape.empty() ||
           st.tensor->dtype != reference.tensor->dtype) {
         return FieldError(r, field, "differs in name, shape or dtype from " + first.entry.name);
       }
       if (!st.tensor->contiguous()) return FieldError(r, field, "not contiguous");
       const bool scalar = st.tensor->shape.empty();
-      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == p.partition;
+      const bool partition = st.tensor->shape.size() == 1 && st.tensor->numel() == state_numel;
       if (!scalar && !partition) {
         return Status::Unsupported(
             Prefix(r.path()) + field + ": shape " + ShapeText(st.tensor->shape) +
-            " is neither 0-d nor the partition [" + std::to_string(p.partition) + "]");
+            " is neither 0-d nor the partition [" + std::to_string(state_numel) + "]");
       }
     }
     const std::vector<SliceMapping> expected =

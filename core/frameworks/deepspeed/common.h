@@ -257,10 +257,10 @@ struct StateTensor {
 
 // Parameter group g of an optimizer file.
 struct OptimGroup {
-  std::vector<StateTensor> states;             // base_optimizer_state/state/g, pickle's order
+  std::vector<StateTensor> states;             // GroupStatesField(elastic, g), pickle's order
   const TorchTensor* fp32 = nullptr;           // single_partition_of_fp32_groups/g
   std::vector<SliceMapping> mappings;          // param_slice_mappings/g
-  const pickle::Value* param_group = nullptr;  // base_optimizer_state/param_groups/g
+  const pickle::Value* param_group = nullptr;  // base_optimizer_state/param_groups/g; elastic: null
 };
 
 // An optimizer file [bf16_]zero_pp_rank_N_mp_rank_XX_optim_states.pt, read.
@@ -273,11 +273,25 @@ struct OptimStates {
   std::vector<int64_t> group_paddings;
   std::string ds_version;
   std::vector<OptimGroup> groups;
+  // zero_optimization.elastic_checkpoint (DeepSpeedZeroOptimizer._get_base_optimizer_state):
+  // base_optimizer_state is a list of per-group states whose partition-shaped tensors leave out
+  // the rank's DP padding (views of the padded storage, like the fp32 partition), with no
+  // param_groups; base_optimizer_state_step sits beside it when the optimizer keeps its step in its
+  // param groups.
+  bool elastic = false;
 };
-// Reads `entry` under `tag_dir` with `groups` parameter groups: kUnsupported for a zero_stage of
-// 3 or more (message Prefix(path) + `zero3`, the adapter's reason) and for a base_optimizer_state
-// that is not a torch optimizer state_dict (elastic checkpoints); kCorrupt naming the field that
-// is missing or mistyped.
+// kUnsupported when `reader`'s base_optimizer_state is an elastic checkpoint's list, for the
+// adapters that read only the rigid form (`layouts`, e.g. "tensor-parallel tags").
+Status RefuseElasticForm(const TorchArchiveReader& reader, std::string_view layouts);
+// Where group g's states are: optimizer_state_dict/base_optimizer_state/state/g, or
+// optimizer_state_dict/base_optimizer_state/g in an elastic file.
+std::string GroupStatesField(bool elastic, size_t g);
+// The element count of a rank's partition-shaped state with partition P and `padding`: P, or
+// P - padding in an elastic file.
+uint64_t StateNumel(bool elastic, uint64_t partition, uint64_t padding);
+// Reads `entry` under `tag_dir` with `groups` parameter groups, rigid or elastic: kUnsupported
+// for a zero_stage of 3 or more (message Prefix(path) + `zero3`, the adapter's reason); kCorrupt
+// naming the field that is missing or mistyped.
 Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
                                     size_t groups, std::string_view zero3);
 // Checks optimizer file `os` against its model states `ms` (ds_version, partition_count, and the

@@ -52,6 +52,7 @@ using deepspeed::Partitioning;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
+using deepspeed::RefuseElasticForm;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -261,6 +262,7 @@ Result<StageOptim> ReadStageOptim(const std::string& tag_dir, const RankFile& en
   UCP_ASSIGN_OR_RETURN(so.partition_count, IntListField(r, osd + "/partition_count"));
   UCP_ASSIGN_OR_RETURN(so.group_paddings, IntListField(r, osd + "/group_paddings"));
   UCP_RETURN_IF_ERROR(CheckNoParameterAlignment(r, 1));
+  UCP_RETURN_IF_ERROR(RefuseElasticForm(r, "pipeline tags"));
   UCP_ASSIGN_OR_RETURN(const Value* states, Field(r, osd + "/base_optimizer_state/state/0"));
   for (const auto& [key, value] : NamedChildren(states)) {
     if (const TorchTensor* tensor = r.TensorAt(value)) so.states.push_back({key, tensor});

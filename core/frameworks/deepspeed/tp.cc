@@ -56,6 +56,7 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::RefuseElasticForm;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
@@ -1119,6 +1120,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
       }
       UCP_ASSIGN_OR_RETURN(OptimStates os,
                            ReadOptimStates(tag_dir, *it->second, ms0.groups.size(), kZero3Refusal));
+      UCP_RETURN_IF_ERROR(RefuseElasticForm(os.reader, "tensor-parallel tags"));
       tag.optim.back().push_back(std::move(os));
     }
   }

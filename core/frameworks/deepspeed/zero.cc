@@ -31,6 +31,7 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
+using deepspeed::GroupStatesField;
 using deepspeed::IntField;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
@@ -64,6 +65,7 @@ using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
+using deepspeed::StateNumel;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -94,12 +96,27 @@ Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32
   return MakeLayout(std::move(names), std::move(shapes));
 }
 
+// The node of group g's states in an optimizer_state_dict imported into a graph, or null.
+Value* GroupStatesNode(Value* optimizer_state_dict, bool elastic, size_t g) {
+  Value* base =
+      optimizer_state_dict == nullptr ? nullptr : optimizer_state_dict->Get("base_optimizer_state");
+  if (base == nullptr) return nullptr;
+  if (elastic) return base->kind() == Kind::kList ? base->Item(g) : nullptr;
+  Value* all = base->Get("state");
+  if (all == nullptr || all->kind() != Kind::kDict) return nullptr;
+  for (auto& [key, value] : all->mutable_entries()) {
+    if (KeyText(key) == std::to_string(g)) return value;
+  }
+  return nullptr;
+}
+
 // The index's layout of every group (source flat order) and the facts PlanReshard needs.
 struct IndexFacts {
   std::vector<GroupLayout> groups;
   uint32_t dp = 0;
   bool round_robin = false;
   bool bf16_optimizer = false;
+  bool elastic = false;  // OptimStates::elastic
   std::string prefix;
   uint32_t model_file = 0;
   uint32_t optim_file = 0;
@@ -128,6 +145,13 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
                            "\" is neither \"\" nor \"bf16_\"");
   }
   facts.round_robin = state["round_robin_gradients"].get<bool>();
+  // Indexes written before elastic tags were read have no such key, and hold rigid tags.
+  if (state.contains("elastic_checkpoint")) {
+    if (!state["elastic_checkpoint"].is_boolean()) {
+      return Status::Corrupt("deepspeed: index adapter_state: elastic_checkpoint not a boolean");
+    }
+    facts.elastic = state["elastic_checkpoint"].get<bool>();
+  }
   bool have_model = false;
   bool have_optim = false;
   for (const CarriedObject& carried : c.carried) {
@@ -333,8 +357,11 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     const std::string gs = std::to_string(g);
     ParamGroup group;
     group.params = layout.names;
-    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
-      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    // An elastic file keeps no param_groups, so no hyperparameters.
+    if (first.groups[g].param_group != nullptr) {
+      for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
+        if (key != "params") group.hyperparameters[key] = JsonOf(value);
+      }
     }
     for (const StateTensor& st : first.groups[g].states) {
       if (!st.tensor->shape.empty()) continue;
@@ -406,8 +433,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
   for (size_t g = 0; g < ms.groups.size(); ++g) {
     for (const StateTensor& st : first.groups[g].states) {
       if (!st.tensor->shape.empty()) {
-        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
-                                  std::to_string(g) + "/" + st.key);
+        rewritten_optim.push_back(GroupStatesField(first.elastic, g) + "/" + st.key);
       }
     }
   }
@@ -431,6 +457,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
       {"round_robin_gradients", ms.round_robin},
       {"fp32_padding_stripped", !first.bf16_optimizer},
       {"zero_stage", zero_stage},
+      {"elastic_checkpoint", first.elastic},
   };
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
@@ -569,16 +596,9 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
       const uint64_t padding = p.padding_of(r);
       const uint64_t real_end = std::min(begin + p.partition, layout.total);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
-      const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
+      const std::string field = GroupStatesField(facts.elastic, g);
       UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
-      Value* states = nullptr;
-      if (Value* base = dict->Get("base_optimizer_state")) {
-        if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
-          for (auto& [key, value] : all->mutable_entries()) {
-            if (KeyText(key) == std::to_string(g)) states = value;
-          }
-        }
-      }
+      Value* states = GroupStatesNode(dict, facts.elastic, g);
       if (states == nullptr || states->kind() != Kind::kDict ||
           states->entries().size() != template_states->entries().size()) {
         return FieldError(reader, field, "not a dict of states");
@@ -586,17 +606,22 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
       for (size_t s = 0; s < states->entries().size(); ++s) {
         const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
         if (tensor == nullptr || tensor->shape.size() != 1) continue;
-        if (tensor->numel() != source_p.partition) {
+        // The template is rank 0's file.
+        const uint64_t template_numel =
+            StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
+        if (tensor->numel() != template_numel) {
           return FieldError(reader, field + "/" + KeyText(template_states->entries()[s].first),
-                            "not a partition of " + std::to_string(source_p.partition));
+                            "not a partition of " + std::to_string(template_numel));
         }
         const std::string state = KeyText(states->entries()[s].first);
         UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
                              FlatSegments(index, layout, state, begin, real_end));
         AppendZeros(segments,
                     (begin + p.partition - std::max(begin, real_end)) * ItemSize(tensor->dtype));
-        UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
-                             PartitionTensor(out.graph, *tensor, p.partition, p.partition));
+        UCP_ASSIGN_OR_RETURN(
+            states->mutable_entries()[s].second,
+            PartitionTensor(out.graph, *tensor, StateNumel(facts.elastic, p.partition, padding),
+                            p.partition));
         replaced[tensor->storage->key] = std::move(segments);
       }
 
@@ -639,6 +664,13 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
+  if (facts.elastic) {
+    return Status::Unsupported(
+        Prefix(reader.path()) + osd +
+        "/base_optimizer_state: an elastic checkpoint keeps no param_groups, which "
+        "zero/optimizer_state.pt carries (ds_to_universal cannot convert it either); reshard it "
+        "(`ucp reshard`) or resume it under the preload instead");
+  }
 
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.groups.size(); ++g) {

@@ -23,8 +23,13 @@
 // ("exp_avg", "exp_avg_sq", ...), "bit16" (the module tensor) and "step" (the group's 0-d step
 // tensor, as ds_to_universal writes step.pt for every parameter).
 //
+// With zero_optimization.elastic_checkpoint, base_optimizer_state is instead a list of per-group
+// states whose partition-shaped tensors leave out the rank's padding (as the fp32 partition
+// does), with no param_groups; such tags are read and resharded into that form (the universal
+// export refuses them: it needs param_groups).
+//
 // Refused with kUnsupported: ZeRO-3 tags (deepspeed_zero3.h reads them), pipeline tags
-// (deepspeed_pipe.h reads them), tp > 1 (deepspeed_tp.h reads them), elastic checkpoints.
+// (deepspeed_pipe.h reads them), tp > 1 (deepspeed_tp.h reads them).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -80,7 +85,7 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
-  // ds_to_universal's ZeRO-1/2 output: zero/<param>/<state>.pt ({'cat_dim': 0, 'param':
+  // ds_to_universal's ZeRO-1/2 output (kUnsupported for an elastic tag): zero/<param>/<state>.pt ({'cat_dim': 0, 'param':
   // tensor}), zero/<param>/step.pt (the 0-d step tensor), zero/optimizer_state.pt (rank 0's
   // optimizer_state_dict without its partitioned entries, plus param_groups) and copies of the
   // model-states files.
