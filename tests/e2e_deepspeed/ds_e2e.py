@@ -53,7 +53,24 @@ CONFIGS = {
     'z2_bf16': ['--stage', '2', '--dtype', 'bf16'],
     'z3_fp32': ['--stage', '3', '--dtype', 'fp32'],
     'z3_bf16': ['--stage', '3', '--dtype', 'bf16'],
+    'z3_fp32_subgroups': ['--stage', '3', '--dtype', 'fp32'],
 }
+# Entries merged into a configuration's DeepSpeed config (with_ds_config.py). z3_fp32_subgroups:
+# a sub_group_size below the model's per-rank partition, so that every optimizer file holds
+# several sub groups, whose split differs between DP=4 and DP=2.
+CONFIG_ENTRIES = {
+    'z3_fp32_subgroups': {'zero_optimization': {'sub_group_size': 3000}},
+}
+# The configuration the oracle (DeepSpeed's universal load) trains with, where it is not the
+# saving one. z3_fp32_subgroups: DeepSpeed 0.19.8's ZeRO-3 universal load puts one Adam step
+# tensor into the state of every sub group (stage3.py, load_hp_checkpoint_state_from_checkpoint_
+# dir_stage3: `state[fp32_param]['step'] = state_step`, not a copy), which each sub group's
+# optimizer step then increments in place: with several sub groups the bias correction is wrong
+# from the first step after the resume. ds_to_universal's files of the sub-grouped save are right
+# (ucp exports the same bytes); loaded without sub groups they train as the uninterrupted run.
+# The sub-grouped universal load still runs, its losses printed beside the oracle's.
+ORACLE_CONFIG = {'z3_fp32_subgroups': 'z3_fp32'}
+WITH_DS_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'with_ds_config.py')
 SAVE_DP, RESUME_DP = 4, 2
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
@@ -178,10 +195,14 @@ def log_tail(log_dir, lines=40):
     return '\n'.join(out[-lines:])
 
 
-def launch(args, env, nproc, log, extra):
-    """Runs train.py at `nproc` ranks; returns (exit status, seconds, output)."""
-    command = [sys.executable, 'launch.py', str(nproc), PORT, 'train.py'] + \
-        CONFIGS[args.config] + extra
+def launch(args, env, nproc, log, extra, config=None):
+    """Runs train.py at `nproc` ranks in `config` (args.config by default); returns (exit
+    status, seconds, output)."""
+    config = config or args.config
+    command = [sys.executable, 'launch.py', str(nproc), PORT]
+    if config in CONFIG_ENTRIES:
+        command += [WITH_DS_CONFIG, json.dumps(CONFIG_ENTRIES[config])]
+    command += ['train.py'] + CONFIGS[config] + extra
     return run_launcher(command, args.tools, env, log)
 
 
@@ -272,14 +293,26 @@ def step_universal(args, env, work):
     convert_seconds = time.monotonic() - start
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
+    oracle_config = ORACLE_CONFIG.get(args.config, args.config)
     status, seconds, output = run_oracle(lambda: launch(
         args, env, RESUME_DP, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
-         '--out', os.path.join(work, 'universal.json')]))
+         '--out', os.path.join(work, 'universal.json')], config=oracle_config))
     if status != 0:
         fail(f'DeepSpeed universal load at DP={RESUME_DP} exited {status}:\n{output[-3000:]}')
-    print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume: {seconds:.1f} s')
+    print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume '
+          f'({oracle_config}): {seconds:.1f} s')
     print_losses(f'losses DP={RESUME_DP} universal', losses(os.path.join(work, 'universal.json')))
+    if oracle_config != args.config:
+        out = os.path.join(work, 'universal_as_saved.json')
+        status, _, output = run_oracle(lambda: launch(
+            args, env, RESUME_DP, os.path.join(work, 'universal_as_saved.log'),
+            ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
+             '--out', out]))
+        if status != 0:
+            fail(f'DeepSpeed universal load in {args.config} exited {status}:\n{output[-3000:]}')
+        print_losses(f'losses DP={RESUME_DP} universal in {args.config} (not the oracle)',
+                     losses(out))
 
 
 # torch.load(path, weights_only=True) of each argument, in a child: {path: "loads" or the error's
