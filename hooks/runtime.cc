@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/frameworks/checkpoint_layout.h"
+#include "core/io/file.h"
 #include "core/util/log.h"
 #include "hooks/events.h"
 #include "hooks/save/atoms_materializer.h"
@@ -13,6 +14,7 @@
 #include "hooks/save/stack_detect.h"
 #include "hooks/serve/view_server.h"
 #include "hooks/topology/topology_registry.h"
+#include "hooks/topology/trainer_degrees.h"
 
 namespace ucp::hooks {
 namespace {
@@ -25,6 +27,10 @@ namespace {
 // longer than this. A share bigger than the bound allows is abandoned, logged: the index then
 // stays without a store.
 constexpr std::chrono::minutes kDrainBound{2};
+
+// Bounds on what is read of the trainer's arguments and of the DeepSpeed config they name.
+constexpr uint64_t kMaxArgumentBytes = 1 << 20;
+constexpr uint64_t kMaxTrainerConfigBytes = 16 << 20;
 
 // Created by Start() when the mode indexes, never destroyed: wrappers may run during teardown.
 IndexBuilder* g_index_builder = nullptr;
@@ -65,9 +71,15 @@ Status Start(const Config& config) {
   serve.roots = options.roots;
   serve.cache_dir = config.cache_dir;
   serve.strict = config.strict;
-  serve.current_topology = [topology = config.topology](const Topology& source) {
-    return ResolveCurrentTopology(topology, TopologyRegistry::Global().Summary(), &::getenv,
-                                  source);
+  // Read here, once, outside any serve: a process's arguments do not change.
+  Result<TrainerDegrees> trainer = DegreesFromArguments(
+      ProcessArguments(kMaxArgumentBytes),
+      [](const std::string& path) { return ReadSmallFile(path, kMaxTrainerConfigBytes); });
+  serve.current_topology = [topology = config.topology,
+                            trainer = std::move(trainer)](const Topology& source) {
+    if (!trainer.ok()) return Result<CurrentTopology>(trainer.status());
+    return ResolveCurrentTopology(topology, *trainer, TopologyRegistry::Global().Summary(),
+                                  &::getenv, source);
   };
   options.pending_signals = config.durable;
   ServePolicy* policy = new ViewServer(std::move(serve));

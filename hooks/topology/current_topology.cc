@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "core/util/checked.h"
@@ -81,13 +82,14 @@ std::optional<WorldEvidence> FromNccl(const TopologySummary& nccl) {
   return evidence;
 }
 
-std::string Degree(const char* name, uint32_t value, const char* from) {
+std::string Degree(const char* name, uint32_t value, const std::string& from) {
   return std::string(name) + "=" + std::to_string(value) + " (" + from + ")";
 }
 
 }  // namespace
 
 Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_spec,
+                                               const TrainerDegrees& trainer,
                                                const TopologySummary& nccl, const EnvLookup& env,
                                                const Topology& source) {
   CurrentTopology current;
@@ -106,8 +108,17 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
   const std::optional<uint32_t> tp_given = positive(override_spec.tp);
   const std::optional<uint32_t> pp_given = positive(override_spec.pp);
   const std::optional<uint32_t> dp_given = positive(override_spec.dp);
-  const uint32_t tp = tp_given.value_or(source.tp);
-  const uint32_t pp = pp_given.value_or(source.pp);
+  for (const auto& [name, given, stated, stated_by] :
+       {std::tuple{"tp", tp_given, trainer.tp, &trainer.tp_evidence},
+        std::tuple{"pp", pp_given, trainer.pp, &trainer.pp_evidence}}) {
+    if (given && stated && *given != *stated) {
+      current.warnings.push_back(std::string("UCP_TOPOLOGY gives ") + name + "=" +
+                                 std::to_string(*given) + " but the trainer's " + *stated_by +
+                                 "; using UCP_TOPOLOGY's");
+    }
+  }
+  const uint32_t tp = tp_given.value_or(trainer.tp.value_or(source.tp));
+  const uint32_t pp = pp_given.value_or(trainer.pp.value_or(source.pp));
   const std::optional<uint64_t> model = CheckedMul<uint64_t>(tp, pp);
   if (!model || *model == 0) {
     return Status::FailedPrecondition("current topology: tp=" + std::to_string(tp) +
@@ -144,8 +155,12 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
         "current topology: no evidence of the world size (no UCP_TOPOLOGY dp, no NCCL "
         "communicator, no WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS)");
   }
-  evidence.push_back(Degree("tp", tp, tp_given ? "UCP_TOPOLOGY" : "source"));
-  evidence.push_back(Degree("pp", pp, pp_given ? "UCP_TOPOLOGY" : "source"));
+  const auto from = [](bool given, const std::optional<uint32_t>& stated,
+                       const std::string& stated_by) {
+    return given ? std::string("UCP_TOPOLOGY") : stated ? stated_by : std::string("source");
+  };
+  evidence.push_back(Degree("tp", tp, from(tp_given.has_value(), trainer.tp, trainer.tp_evidence)));
+  evidence.push_back(Degree("pp", pp, from(pp_given.has_value(), trainer.pp, trainer.pp_evidence)));
 
   current.topology.dp = dp;
   current.topology.tp = tp;

@@ -2,15 +2,15 @@
 //
 // Order of evidence, first that answers wins:
 //   1. UCP_TOPOLOGY (Config::topology): the degrees it gives; the missing ones as below.
-//   2. The NCCL communicators the hooks saw (TopologySummary): world size and global rank from
-//      the world communicator.
-//   3. The launcher's environment: WORLD_SIZE/RANK, else OMPI_COMM_WORLD_SIZE/_RANK, else
-//      PMI_SIZE/PMI_RANK, else SLURM_NTASKS/SLURM_PROCID.
-// tp and pp default to the source's; dp = world / (tp · pp). No evidence of the world at all (a
-// process no launcher started, e.g. a notebook loading a tag) is kNotFound: nothing says the
-// topology changed. A world that tp · pp does not divide is kFailedPrecondition.
-// Disagreements (UCP_TOPOLOGY's dp against the world size, NCCL's world size against
-// WORLD_SIZE) are warnings: the higher-ranked evidence is used.
+//   2. tp and pp: the trainer's own arguments (trainer_degrees.h), else the source's.
+//   3. The world: the NCCL communicators the hooks saw (TopologySummary): world size and global
+//      rank from the world communicator; else the launcher's environment: WORLD_SIZE/RANK, else
+//      OMPI_COMM_WORLD_SIZE/_RANK, else PMI_SIZE/PMI_RANK, else SLURM_NTASKS/SLURM_PROCID.
+// dp = world / (tp · pp). No evidence of the world at all (a process no launcher started, e.g. a
+// notebook loading a tag) is kNotFound: nothing says the topology changed. A world that tp · pp
+// does not divide is kFailedPrecondition. Disagreements (UCP_TOPOLOGY's degrees against the
+// trainer's or the world size, NCCL's world size against WORLD_SIZE) are warnings: the
+// higher-ranked evidence is used.
 //
 // Thread-safety: a pure function of its arguments.
 #pragma once
@@ -23,6 +23,7 @@
 #include "core/util/status.h"
 #include "hooks/config.h"
 #include "hooks/topology/topology_registry.h"
+#include "hooks/topology/trainer_degrees.h"
 
 namespace ucp::hooks {
 
@@ -35,6 +36,7 @@ struct CurrentTopology {
 
 // Resolves the current topology against the source's (the index's topology).
 [[nodiscard]] Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_spec,
+                                                             const TrainerDegrees& trainer,
                                                              const TopologySummary& nccl,
                                                              const EnvLookup& env,
                                                              const Topology& source);

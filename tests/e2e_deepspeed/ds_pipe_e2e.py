@@ -14,6 +14,9 @@ compare across (pp, dp)). One CTest test per step, sharing WORK/pipe:
               (the world size alone cannot tell pp: see the README) and the same steps: every
               loss must have the same float32 bits as the universal run's; the served files must
               be the bytes `ucp reshard --to pp=1,dp=2` writes.
+  preload_megatron_args  the same resume without UCP_TOPOLOGY, the trainer given its pp as
+              Megatron's --pipeline-model-parallel-size (megatron_args.py): ucp must take pp=1
+              from those arguments (its log names them) and the losses must be as above.
 
 Usage: ds_pipe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                       --deepspeed VERSION [--required]
@@ -36,10 +39,16 @@ TAG = f'global_step{SAVE_AT}'
 VIEW = f'tp1-pp{RESUME_PP}-dp{RESUME_DP}'
 
 
-def launch(args, env, pp, dp, log, extra):
-    """Runs train_pipe.py at pp x dp ranks; returns (exit status, seconds, output)."""
-    command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT, 'train_pipe.py',
-               '--pp', str(pp)] + extra
+MEGATRON_ARGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'megatron_args.py')
+
+
+def launch(args, env, pp, dp, log, extra, megatron_args=False):
+    """Runs train_pipe.py at pp x dp ranks, given its pp as --pp or, with megatron_args, as
+    Megatron's --pipeline-model-parallel-size (megatron_args.py); returns (exit status, seconds,
+    output)."""
+    trainer = ([MEGATRON_ARGS, 'train_pipe.py', '--pipeline-model-parallel-size', str(pp)]
+               if megatron_args else ['train_pipe.py', '--pp', str(pp)])
+    command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT] + trainer + extra
     return ds_e2e.run_launcher(command, args.tools, env, log)
 
 
@@ -106,19 +115,32 @@ def step_universal(args, env, work):
     print_losses('losses universal', losses(os.path.join(work, 'universal.json')))
 
 
-def step_preload(args, env, work):
-    logs = os.path.join(work, 'logs_preload')
+def step_preload(args, env, work, megatron_args=False):
+    """The resume at the target under the preload: told pp by UCP_TOPOLOGY, or, with
+    megatron_args, by nothing but the trainer's own --pipeline-model-parallel-size."""
+    name = 'preload_megatron_args' if megatron_args else 'preload'
+    logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
-    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'pp={RESUME_PP}')
+    run_env = preload_env(env, args.lib, logs)
+    if not megatron_args:
+        run_env['UCP_TOPOLOGY'] = f'pp={RESUME_PP}'
     status, seconds, output = launch(
-        args, run_env, RESUME_PP, RESUME_DP, os.path.join(work, 'preload.log'),
+        args, run_env, RESUME_PP, RESUME_DP, os.path.join(work, name + '.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
-         '--out', os.path.join(work, 'preload.json')])
+         '--out', os.path.join(work, name + '.json')], megatron_args)
     if status != 0:
         fail(f'plain load_checkpoint at pp{RESUME_PP}dp{RESUME_DP} under the preload exited '
              f'{status}:\n{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
-    print(f'pp{RESUME_PP}dp{RESUME_DP} plain resume under the preload: {seconds:.1f} s')
-    got = losses(os.path.join(work, 'preload.json'))
+    print(f'pp{RESUME_PP}dp{RESUME_DP} plain resume under the preload'
+          f'{" (pp from the trainer arguments)" if megatron_args else ""}: {seconds:.1f} s')
+    if megatron_args:
+        evidence = f'pp={RESUME_PP} (--pipeline-model-parallel-size {RESUME_PP})'
+        logged = ''.join(open(os.path.join(logs, n), errors='replace').read()
+                         for n in sorted(os.listdir(logs)))
+        if evidence not in logged:
+            fail(f'no ucp log names {evidence!r} as the evidence of the target:\n{log_tail(logs)}')
+        print(f'ucp took the target from the trainer: {evidence}')
+    got = losses(os.path.join(work, name + '.json'))
     oracle = losses(os.path.join(work, 'universal.json'))
     full = losses(os.path.join(work, 'save.json'))
     steps = list(range(SAVE_AT + 1, STEPS + 1))
@@ -154,7 +176,7 @@ def step_preload(args, env, work):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'universal', 'preload'])
+    parser.add_argument('step', choices=['save', 'universal', 'preload', 'preload_megatron_args'])
     parser.add_argument('--work', required=True)
     parser.add_argument('--tools', required=True)
     parser.add_argument('--lib', required=True)
@@ -169,7 +191,8 @@ def main():
     work = os.path.join(args.work, 'pipe')
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')
-    {'save': step_save, 'universal': step_universal, 'preload': step_preload}[args.step](
+    {'save': step_save, 'universal': step_universal, 'preload': step_preload,
+     'preload_megatron_args': lambda *a: step_preload(*a, megatron_args=True)}[args.step](
         args, env, work)
 
 

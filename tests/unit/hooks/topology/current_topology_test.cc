@@ -43,7 +43,7 @@ TopologySummary Nccl(int world_size, int rank) {
 
 TEST(CurrentTopologyTest, LauncherWorldSizeGivesDpWithSourceTpPp) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "2"}, {"RANK", "1"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(4));
+  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology, (Topology{.dp = 2, .tp = 1, .pp = 1, .world = 2, .zero_stage = 2}));
   EXPECT_EQ(current->global_rank, 1);
@@ -54,7 +54,8 @@ TEST(CurrentTopologyTest, LauncherWorldSizeGivesDpWithSourceTpPp) {
 
 TEST(CurrentTopologyTest, SourceTpAndPpDivideTheWorld) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "8"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(2, 2, 1));
+  Result<CurrentTopology> current =
+      ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(2, 2, 1));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology.dp, 4u);
   EXPECT_EQ(current->topology.tp, 2u);
@@ -70,7 +71,7 @@ TEST(CurrentTopologyTest, LaunchersInOrder) {
   };
   for (const auto& vars : cases) {
     const FakeEnv env(vars);
-    Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(4));
+    Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
     ASSERT_TRUE(current.ok()) << current.status().ToString();
     EXPECT_EQ(current->topology.dp, 3u) << vars.begin()->first;
     EXPECT_EQ(current->global_rank, 2) << vars.begin()->first;
@@ -79,7 +80,8 @@ TEST(CurrentTopologyTest, LaunchersInOrder) {
 
 TEST(CurrentTopologyTest, NcclOutranksTheLauncherWithAWarning) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "4"}, {"RANK", "0"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, Nccl(2, 1), env.Lookup(), Source(4));
+  Result<CurrentTopology> current =
+      ResolveCurrentTopology({}, {}, Nccl(2, 1), env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology.dp, 2u);
   EXPECT_EQ(current->global_rank, 1);
@@ -90,7 +92,8 @@ TEST(CurrentTopologyTest, NcclOutranksTheLauncherWithAWarning) {
 
 TEST(CurrentTopologyTest, NcclAgreeingWithTheLauncherIsNoWarning) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "2"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, Nccl(2, 0), env.Lookup(), Source(4));
+  Result<CurrentTopology> current =
+      ResolveCurrentTopology({}, {}, Nccl(2, 0), env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok());
   EXPECT_THAT(current->warnings, IsEmpty());
 }
@@ -100,7 +103,7 @@ TEST(CurrentTopologyTest, OverrideOutranksEverythingWithAWarning) {
   TopologyOverride override_spec;
   override_spec.dp = 8;
   Result<CurrentTopology> current =
-      ResolveCurrentTopology(override_spec, {}, env.Lookup(), Source(4));
+      ResolveCurrentTopology(override_spec, {}, {}, env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology.dp, 8u);
   EXPECT_EQ(current->topology.world, 8u);
@@ -114,7 +117,7 @@ TEST(CurrentTopologyTest, OverrideTpWithLauncherWorld) {
   TopologyOverride override_spec;
   override_spec.tp = 2;
   Result<CurrentTopology> current =
-      ResolveCurrentTopology(override_spec, {}, env.Lookup(), Source(4));
+      ResolveCurrentTopology(override_spec, {}, {}, env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology.tp, 2u);
   EXPECT_EQ(current->topology.dp, 4u);
@@ -123,14 +126,14 @@ TEST(CurrentTopologyTest, OverrideTpWithLauncherWorld) {
 
 TEST(CurrentTopologyTest, NoEvidenceIsNotFound) {
   const FakeEnv env(Vars{});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(4));
+  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
   ASSERT_FALSE(current.ok());
   EXPECT_EQ(current.status().code(), StatusCode::kNotFound);
 }
 
 TEST(CurrentTopologyTest, WorldThatTpPpDoNotDivideIsFailedPrecondition) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "3"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(2, 2));
+  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(2, 2));
   ASSERT_FALSE(current.ok());
   EXPECT_EQ(current.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(current.status().message(), HasSubstr("WORLD_SIZE=3"));
@@ -138,13 +141,44 @@ TEST(CurrentTopologyTest, WorldThatTpPpDoNotDivideIsFailedPrecondition) {
 
 TEST(CurrentTopologyTest, MalformedLauncherVariablesAreSkippedWithWarnings) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "two"}, {"PMI_SIZE", "2"}, {"PMI_RANK", "7"}});
-  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, env.Lookup(), Source(4));
+  Result<CurrentTopology> current = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
   ASSERT_TRUE(current.ok()) << current.status().ToString();
   EXPECT_EQ(current->topology.dp, 2u);
   EXPECT_FALSE(current->global_rank.has_value());
   ASSERT_THAT(current->warnings, SizeIs(2));
   EXPECT_THAT(current->warnings[0], HasSubstr("WORLD_SIZE=two"));
   EXPECT_THAT(current->warnings[1], HasSubstr("PMI_RANK=7"));
+}
+
+TEST(CurrentTopologyTest, TrainerDegreesReplaceTheSourcesAndDivideTheWorld) {
+  const FakeEnv env(Vars{{"WORLD_SIZE", "2"}});
+  TrainerDegrees trainer;
+  trainer.pp = 1;
+  trainer.pp_evidence = "--pipeline-model-parallel-size 1";
+  Result<CurrentTopology> current =
+      ResolveCurrentTopology({}, trainer, {}, env.Lookup(), Source(2, 1, 2));
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ(current->topology, (Topology{.dp = 2, .tp = 1, .pp = 1, .world = 2, .zero_stage = 2}));
+  EXPECT_THAT(current->evidence, HasSubstr("pp=1 (--pipeline-model-parallel-size 1)"));
+  EXPECT_THAT(current->evidence, HasSubstr("tp=1 (source)"));
+  EXPECT_THAT(current->warnings, IsEmpty());
+}
+
+TEST(CurrentTopologyTest, UcpTopologyOverridesTheTrainerWithAWarning) {
+  const FakeEnv env(Vars{{"WORLD_SIZE", "8"}});
+  TopologyOverride override_spec;
+  override_spec.tp = 4;
+  TrainerDegrees trainer;
+  trainer.tp = 2;
+  trainer.tp_evidence = "--tensor-model-parallel-size 2";
+  Result<CurrentTopology> current =
+      ResolveCurrentTopology(override_spec, trainer, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ(current->topology.tp, 4u);
+  EXPECT_EQ(current->topology.dp, 2u);
+  ASSERT_THAT(current->warnings, SizeIs(1));
+  EXPECT_THAT(current->warnings[0], HasSubstr("UCP_TOPOLOGY gives tp=4"));
+  EXPECT_THAT(current->warnings[0], HasSubstr("--tensor-model-parallel-size 2"));
 }
 
 }  // namespace

@@ -1,0 +1,139 @@
+#include "hooks/topology/trainer_degrees.h"
+
+#include <charconv>
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "core/io/file.h"
+
+namespace ucp::hooks {
+namespace {
+
+constexpr std::string_view kTensorFlag = "--tensor-model-parallel-size";
+constexpr std::string_view kPipelineFlag = "--pipeline-model-parallel-size";
+constexpr std::string_view kConfigFlags[] = {"--deepspeed_config", "--deepspeed"};
+
+std::optional<uint32_t> PositiveInt(std::string_view text) {
+  uint32_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value == 0) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+// The value of `flag` at arguments[i] ("--flag=V" or "--flag V"), advancing i past it; nullopt
+// when arguments[i] is not that flag.
+std::optional<std::string> FlagValue(const std::vector<std::string>& arguments, size_t& i,
+                                     std::string_view flag) {
+  const std::string& argument = arguments[i];
+  if (argument.size() > flag.size() && argument.compare(0, flag.size(), flag) == 0 &&
+      argument[flag.size()] == '=') {
+    return argument.substr(flag.size() + 1);
+  }
+  if (argument == flag && i + 1 < arguments.size()) return arguments[++i];
+  return std::nullopt;
+}
+
+bool EndsWith(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+std::vector<std::string> ProcessArguments(uint64_t limit) {
+  Result<File> file = File::Open("/proc/self/cmdline", File::Mode::kRead);
+  if (!file.ok()) return {};
+  std::string text;
+  std::byte buffer[4096];
+  while (text.size() < limit) {
+    Result<size_t> got = file->ReadSomeAt(text.size(), std::span(buffer));
+    if (!got.ok() || *got == 0) break;
+    text.append(reinterpret_cast<const char*>(buffer), *got);
+  }
+  if (text.size() > limit) text.resize(limit);
+  return SplitCommandLine(text);
+}
+
+std::vector<std::string> SplitCommandLine(const std::string& cmdline) {
+  std::vector<std::string> arguments;
+  size_t start = 0;
+  while (start < cmdline.size()) {
+    const size_t end = cmdline.find('\0', start);
+    const size_t stop = end == std::string::npos ? cmdline.size() : end;
+    arguments.push_back(cmdline.substr(start, stop - start));
+    start = stop + 1;
+  }
+  return arguments;
+}
+
+Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& arguments,
+                                            const ReadFileFunction& read_file) {
+  TrainerDegrees degrees;
+  std::optional<std::string> config_path;
+  std::string config_flag;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    for (const auto& [flag, degree, evidence] :
+         {std::tuple{kTensorFlag, &degrees.tp, &degrees.tp_evidence},
+          std::tuple{kPipelineFlag, &degrees.pp, &degrees.pp_evidence}}) {
+      std::optional<std::string> value = FlagValue(arguments, i, flag);
+      if (!value) continue;
+      *degree = PositiveInt(*value);
+      if (!*degree) {
+        return Status::FailedPrecondition("trainer arguments: " + std::string(flag) + " \"" +
+                                          *value + "\" is not a positive integer");
+      }
+      *evidence = std::string(flag) + " " + *value;
+    }
+    for (std::string_view flag : kConfigFlags) {
+      const size_t at = i;
+      std::optional<std::string> value = FlagValue(arguments, i, flag);
+      if (!value) continue;
+      // DeepSpeed's own --deepspeed is a switch: the next argument is the trainer's, not a path.
+      if (!EndsWith(*value, ".json")) {
+        i = at;
+        continue;
+      }
+      config_path = std::move(value);
+      config_flag = flag;
+    }
+  }
+  if (config_path) {
+    Result<std::string> text = read_file(*config_path);
+    if (!text.ok()) {
+      return Status::FailedPrecondition("trainer arguments: " + config_flag + " " + *config_path +
+                                        ": " + text.status().message());
+    }
+    const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) {
+      return Status::FailedPrecondition("trainer arguments: " + config_flag + " " + *config_path +
+                                        ": not a JSON object");
+    }
+    const auto section = config.find("tensor_parallel");
+    if (section != config.end() && section->is_object() && section->contains("autotp_size")) {
+      const nlohmann::json& size = (*section)["autotp_size"];
+      if (!size.is_number_unsigned() || size.get<uint64_t>() == 0 ||
+          size.get<uint64_t>() > UINT32_MAX) {
+        return Status::FailedPrecondition("trainer arguments: " + *config_path +
+                                          ": tensor_parallel.autotp_size " + size.dump() +
+                                          " is not a positive integer");
+      }
+      const uint32_t autotp = size.get<uint32_t>();
+      const std::string evidence =
+          *config_path + " tensor_parallel.autotp_size " + std::to_string(autotp);
+      if (degrees.tp && *degrees.tp != autotp) {
+        return Status::FailedPrecondition(
+            "trainer arguments disagree on tp: " + degrees.tp_evidence + ", but " + evidence);
+      }
+      degrees.tp = autotp;
+      if (degrees.tp_evidence.empty()) degrees.tp_evidence = evidence;
+    }
+  }
+  return degrees;
+}
+
+}  // namespace ucp::hooks

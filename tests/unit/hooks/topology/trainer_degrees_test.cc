@@ -1,0 +1,110 @@
+#include "hooks/topology/trainer_degrees.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ucp::hooks {
+namespace {
+
+using ::testing::HasSubstr;
+
+using Files = std::map<std::string, std::string>;
+
+// A file system made of `files` only.
+ReadFileFunction Reader(const Files& files) {
+  return [&files](const std::string& path) -> Result<std::string> {
+    const auto found = files.find(path);
+    if (found == files.end()) return Status::NotFound(path + ": no such file");
+    return found->second;
+  };
+}
+
+Result<TrainerDegrees> Degrees(const std::vector<std::string>& arguments, const Files& files = {}) {
+  return DegreesFromArguments(arguments, Reader(files));
+}
+
+TEST(TrainerDegreesTest, MegatronFlagsInBothSpellingsTheLastOneCounting) {
+  Result<TrainerDegrees> degrees =
+      Degrees({"python", "pretrain_gpt.py", "--tensor-model-parallel-size", "4",
+               "--pipeline-model-parallel-size=2", "--tensor-model-parallel-size=2"});
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->tp, 2u);
+  EXPECT_EQ(degrees->pp, 2u);
+  EXPECT_EQ(degrees->tp_evidence, "--tensor-model-parallel-size 2");
+  EXPECT_EQ(degrees->pp_evidence, "--pipeline-model-parallel-size 2");
+}
+
+TEST(TrainerDegreesTest, ArgumentsThatStateNothingGiveNothing) {
+  Result<TrainerDegrees> degrees =
+      Degrees({"python", "train.py", "--tp", "2", "--deepspeed", "--pipeline-model-parallel-size"});
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_FALSE(degrees->tp.has_value());
+  EXPECT_FALSE(degrees->pp.has_value());
+  EXPECT_TRUE(Degrees({}).ok());
+}
+
+TEST(TrainerDegreesTest, DeepSpeedConfigAutoTpSizeGivesTp) {
+  const Files files = {{"/job/ds.json", R"({"tensor_parallel": {"autotp_size": 2}})"}};
+  for (const std::vector<std::string>& arguments :
+       {std::vector<std::string>{"train.py", "--deepspeed_config", "/job/ds.json"},
+        std::vector<std::string>{"train.py", "--deepspeed=/job/ds.json"},
+        // DeepSpeed's --deepspeed switch followed by the config argument.
+        std::vector<std::string>{"train.py", "--deepspeed", "--deepspeed_config",
+                                 "/job/ds.json"}}) {
+    Result<TrainerDegrees> degrees = Degrees(arguments, files);
+    ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+    EXPECT_EQ(degrees->tp, 2u);
+    EXPECT_EQ(degrees->tp_evidence, "/job/ds.json tensor_parallel.autotp_size 2");
+  }
+}
+
+TEST(TrainerDegreesTest, AConfigWithoutAutoTpStatesNothing) {
+  Result<TrainerDegrees> degrees = Degrees({"train.py", "--deepspeed", "ds.json"},
+                                           {{"ds.json", R"({"zero_optimization": {}})"}});
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_FALSE(degrees->tp.has_value());
+}
+
+TEST(TrainerDegreesTest, BadEvidenceIsFailedPreconditionNamingIt) {
+  const struct {
+    std::vector<std::string> arguments;
+    Files files;
+    std::string names;
+  } cases[] = {
+      {{"--tensor-model-parallel-size", "two"}, {}, "--tensor-model-parallel-size \"two\""},
+      {{"--pipeline-model-parallel-size=0"}, {}, "--pipeline-model-parallel-size \"0\""},
+      {{"--deepspeed_config", "missing.json"}, {}, "missing.json: no such file"},
+      {{"--deepspeed_config", "bad.json"}, {{"bad.json", "{"}}, "bad.json: not a JSON object"},
+      {{"--deepspeed_config", "zero.json"},
+       {{"zero.json", R"({"tensor_parallel": {"autotp_size": 0}})"}},
+       "tensor_parallel.autotp_size 0"},
+      {{"--tensor-model-parallel-size", "4", "--deepspeed_config", "tp2.json"},
+       {{"tp2.json", R"({"tensor_parallel": {"autotp_size": 2}})"}},
+       "disagree on tp: --tensor-model-parallel-size 4, but tp2.json"},
+  };
+  for (const auto& c : cases) {
+    Result<TrainerDegrees> degrees = Degrees(c.arguments, c.files);
+    ASSERT_FALSE(degrees.ok()) << c.names;
+    EXPECT_EQ(degrees.status().code(), StatusCode::kFailedPrecondition) << c.names;
+    EXPECT_THAT(degrees.status().message(), HasSubstr(c.names));
+  }
+}
+
+TEST(TrainerDegreesTest, CommandLineSplitsAtNuls) {
+  EXPECT_EQ(SplitCommandLine(std::string("python\0train.py\0--pp\0\0", 22)),
+            (std::vector<std::string>{"python", "train.py", "--pp", ""}));
+  EXPECT_TRUE(SplitCommandLine("").empty());
+}
+
+TEST(TrainerDegreesTest, ThisProcessArgumentsAreReadFromProc) {
+  const std::vector<std::string> arguments = ProcessArguments(1 << 20);
+  ASSERT_FALSE(arguments.empty());
+  EXPECT_THAT(arguments.front(), HasSubstr("trainer_degrees_test"));
+}
+
+}  // namespace
+}  // namespace ucp::hooks
