@@ -10,7 +10,8 @@ across DP sizes). One CTest test per step, sharing WORK/<config>:
               (<tag>/.ucp/index.json), DeepSpeed's files byte for byte those of the run without it,
               and the same losses bit for bit. Its losses after SAVE_AT are the uninterrupted run.
   universal   DeepSpeed's own universal path, no preload: ds_to_universal.py --inject_missing_state,
-              then --universal load at DP=2 and steps SAVE_AT+1..STEPS (the oracle).
+              then --universal load at DP=2 and steps SAVE_AT+1..STEPS (the oracle), in the
+              configuration ORACLE_CONFIG names where that is not the saving one.
   preload     the plain load_checkpoint at DP=2 under the preload (no universal flag) and the same
               steps: each step's loss must have the same float32 bits as the universal run's; the
               served files must be the bytes `ucp reshard --to dp=2` writes, and under
