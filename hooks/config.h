@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/util/launcher.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 
@@ -61,8 +62,7 @@ struct Config {
   bool active() const { return !disable && mode != Mode::kOff; }
 };
 
-// Looks up one environment variable by name; nullptr when unset (getenv's contract).
-using EnvLookup = std::function<const char*(const char* name)>;
+using ::ucp::EnvLookup;
 
 // Reads and validates every variable through `lookup`. Paths (roots, cache, log and dump
 // locations) must be absolute; they are returned lexically normalised. The first bad variable,

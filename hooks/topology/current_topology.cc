@@ -1,40 +1,15 @@
 #include "hooks/topology/current_topology.h"
 
-#include <charconv>
 #include <cstdint>
 #include <string_view>
 #include <tuple>
 #include <utility>
 
 #include "core/util/checked.h"
+#include "core/util/launcher.h"
 
 namespace ucp::hooks {
 namespace {
-
-// A launcher's pair of variables: the world size and this process's rank.
-struct LauncherVariables {
-  const char* size;
-  const char* rank;
-};
-
-constexpr LauncherVariables kLaunchers[] = {
-    {"WORLD_SIZE", "RANK"},
-    {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
-    {"PMI_SIZE", "PMI_RANK"},
-    {"SLURM_NTASKS", "SLURM_PROCID"},
-};
-
-// A decimal integer in [minimum, INT32_MAX], the whole string.
-std::optional<int> ParseInt(const char* text, int minimum) {
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  const std::string_view view(text);
-  int value = 0;
-  const auto [end, error] = std::from_chars(view.data(), view.data() + view.size(), value);
-  if (error != std::errc() || end != view.data() + view.size() || value < minimum) {
-    return std::nullopt;
-  }
-  return value;
-}
 
 // The world size and rank one source of evidence gives, and how it says it.
 struct WorldEvidence {
@@ -43,34 +18,11 @@ struct WorldEvidence {
   std::string text;
 };
 
-// The first launcher whose size variable is set and valid. Set but invalid variables are
-// reported in `warnings` and skipped.
 std::optional<WorldEvidence> FromLauncher(const EnvLookup& env,
                                           std::vector<std::string>& warnings) {
-  for (const LauncherVariables& launcher : kLaunchers) {
-    const char* size_text = env(launcher.size);
-    if (size_text == nullptr || *size_text == '\0') continue;
-    const std::optional<int> size = ParseInt(size_text, 1);
-    if (!size) {
-      warnings.push_back(std::string(launcher.size) + "=" + size_text +
-                         " is not a positive integer; ignored");
-      continue;
-    }
-    WorldEvidence evidence{*size, std::nullopt, std::string(launcher.size) + "=" + size_text};
-    if (const char* rank_text = env(launcher.rank); rank_text != nullptr && *rank_text != '\0') {
-      evidence.rank = ParseInt(rank_text, 0);
-      if (!evidence.rank || *evidence.rank >= *size) {
-        warnings.push_back(std::string(launcher.rank) + "=" + rank_text + " is not a rank below " +
-                           launcher.size + "=" + size_text + "; ignored");
-        evidence.rank.reset();
-      } else {
-        evidence.text += std::string(" ") + launcher.rank + "=" + rank_text;
-      }
-    }
-    evidence.text += " (launcher)";
-    return evidence;
-  }
-  return std::nullopt;
+  std::optional<LauncherPosition> position = LauncherPositionFromEnv(env, warnings);
+  if (!position) return std::nullopt;
+  return WorldEvidence{position->size, position->rank, std::move(position->text)};
 }
 
 std::optional<WorldEvidence> FromNccl(const TopologySummary& nccl) {
