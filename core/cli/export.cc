@@ -4,10 +4,13 @@
 //                        model.safetensors.index.json when --max-shard-size splits them
 //   deepspeed-universal  ds_to_universal's --output_folder layout, and latest_universal (the
 //                        folder's name) beside DIR, which DeepSpeed's universal load reads
+// With --job, one process of many under a launcher (job_part.h).
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
 #include "core/cli/commands.h"
+#include "core/cli/job_part.h"
 #include "core/cli/staging.h"
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
@@ -28,6 +31,8 @@ struct ExportOptions {
   bool max_shard_given = false;
   unsigned threads = 0;
   bool force = false;
+  bool job = false;
+  unsigned job_wait_seconds = kJobWaitSeconds;
 };
 
 constexpr std::string_view kCommand = "export";
@@ -50,6 +55,12 @@ int RunExport(const ExportOptions& options) {
     return PrintError(kCommand, Status::InvalidArgument("--max-shard-size must be at least 1"),
                       kExitUsage);
   }
+  std::optional<JobPart> part;
+  if (options.job) {
+    Result<JobPart> from_env = JobPartFromEnv(&::getenv);
+    if (!from_env.ok()) return PrintError(kCommand, from_env.status(), kExitUsage);
+    part = std::move(*from_env);
+  }
   const std::string out = TrimTrailingSlashes(options.out);
   if (Status free = CheckOutputFree(out, options.force); !free.ok()) {
     return PrintError(kCommand, free, kExitUsage);
@@ -62,16 +73,30 @@ int RunExport(const ExportOptions& options) {
       universal ? tag->adapter->PlanUniversalExport(tag->index, tag->dir)
                 : PlanSafetensorsExport(tag->index, options.state, options.max_shard_bytes);
   if (!plan.ok()) return PrintError(kCommand, plan.status(), kExitInput);
+  const size_t files =
+      plan->archives.size() + plan->copies.size() + plan->safetensors.size() + plan->texts.size();
+  const uint64_t data_bytes = plan->DataBytes();
+  const std::string what = options.format + (universal ? "" : " " + options.state);
+  const auto [parent, name] = SplitPath(out);
 
+  if (part) {
+    Result<JobPartResult> done =
+        ExecuteJobPart(std::move(*plan), tag->index, tag->dir, out, *part, options.threads,
+                       options.force, std::chrono::seconds(options.job_wait_seconds));
+    Status status = done.status();
+    if (status.ok() && done->committed && universal) {
+      status = WriteFileAtomically(parent + "/latest_universal", name);
+    }
+    if (!status.ok()) return PrintError(kCommand, status, kExitInput);
+    PrintJobPart(std::cout, out, what, *part, *done, files, data_bytes);
+    return kExitOk;
+  }
   Status status =
       ExecuteStaged(*plan, tag->index, tag->dir, out, options.threads, options.force, kCommand);
-  const auto [parent, name] = SplitPath(out);
   if (status.ok() && universal) status = WriteFileAtomically(parent + "/latest_universal", name);
   if (!status.ok()) return PrintError(kCommand, status, kExitInput);
-  std::cout << out << ": " << options.format << (universal ? "" : " " + options.state) << ", "
-            << plan->archives.size() + plan->copies.size() + plan->safetensors.size() +
-                   plan->texts.size()
-            << " files, " << HumanBytes(plan->DataBytes()) << " of tensor data\n";
+  std::cout << out << ": " << what << ", " << files << " files, " << HumanBytes(data_bytes)
+            << " of tensor data\n";
   return kExitOk;
 }
 
@@ -91,6 +116,7 @@ void AddExportCommand(CLI::App& app, Run* run) {
                       "safetensors: bytes of tensor data per file (default: one file)");
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");
   command->add_flag("--force", options->force, "replace an existing DIR");
+  AddJobOptions(*command, options->job, options->job_wait_seconds);
   command->callback([options, command, run] {
     options->state_given = command->count("--state") > 0;
     options->max_shard_given = command->count("--max-shard-size") > 0;

@@ -1,9 +1,12 @@
 // `ucp reshard TAGDIR --to dp=N --out SAVEDIR`: the tag's state as the files its framework
-// writes at another topology, in SAVEDIR/<tag>/, then SAVEDIR/latest.
+// writes at another topology, in SAVEDIR/<tag>/, then SAVEDIR/latest. With --job, one process of
+// many under a launcher (job_part.h).
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
 #include "core/cli/commands.h"
+#include "core/cli/job_part.h"
 #include "core/cli/staging.h"
 #include "core/cli/tag.h"
 #include "core/cli/terminal.h"
@@ -20,12 +23,20 @@ struct ReshardOptions {
   std::string out;
   unsigned threads = 0;
   bool force = false;
+  bool job = false;
+  unsigned job_wait_seconds = kJobWaitSeconds;
 };
 
 int RunReshard(const ReshardOptions& options) {
   constexpr std::string_view kCommand = "reshard";
   Result<TopologySpec> spec = ParseTopologySpec(options.to);
   if (!spec.ok()) return PrintError(kCommand, spec.status(), kExitUsage);
+  std::optional<JobPart> part;
+  if (options.job) {
+    Result<JobPart> from_env = JobPartFromEnv(&::getenv);
+    if (!from_env.ok()) return PrintError(kCommand, from_env.status(), kExitUsage);
+    part = std::move(*from_env);
+  }
   IndexOptions index_options;
   index_options.threads = options.threads;
   Result<Tag> tag = OpenTag(options.tag_dir, index_options, /*use_saved_index=*/true);
@@ -40,14 +51,28 @@ int RunReshard(const ReshardOptions& options) {
   }
   Result<OutputPlan> plan = tag->adapter->PlanReshard(tag->index, tag->dir, *target);
   if (!plan.ok()) return PrintError(kCommand, plan.status(), kExitInput);
+  const size_t files = plan->archives.size() + plan->copies.size() + plan->safetensors.size();
+  const uint64_t data_bytes = plan->DataBytes();
+  const std::string what = TopologyText(source) + " -> " + TopologyText(*target);
 
+  if (part) {
+    Result<JobPartResult> done =
+        ExecuteJobPart(std::move(*plan), tag->index, tag->dir, final_path, *part, options.threads,
+                       options.force, std::chrono::seconds(options.job_wait_seconds));
+    Status status = done.status();
+    if (status.ok() && done->committed) {
+      status = WriteFileAtomically(save_dir + "/latest", tag->name);
+    }
+    if (!status.ok()) return PrintError(kCommand, status, kExitInput);
+    PrintJobPart(std::cout, final_path, what, *part, *done, files, data_bytes);
+    return kExitOk;
+  }
   Status status = ExecuteStaged(*plan, tag->index, tag->dir, final_path, options.threads,
                                 options.force, kCommand);
   if (status.ok()) status = WriteFileAtomically(save_dir + "/latest", tag->name);
   if (!status.ok()) return PrintError(kCommand, status, kExitInput);
-  std::cout << final_path << ": " << TopologyText(source) << " -> " << TopologyText(*target) << ", "
-            << plan->archives.size() + plan->copies.size() + plan->safetensors.size() << " files, "
-            << HumanBytes(plan->DataBytes()) << " of tensor data\n";
+  std::cout << final_path << ": " << what << ", " << files << " files, " << HumanBytes(data_bytes)
+            << " of tensor data\n";
   return kExitOk;
 }
 
@@ -63,6 +88,7 @@ void AddReshardCommand(CLI::App& app, Run* run) {
   command->add_option("--out", options->out, "save directory: gets <tag>/ and latest")->required();
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");
   command->add_flag("--force", options->force, "replace an existing SAVEDIR/<tag>");
+  AddJobOptions(*command, options->job, options->job_wait_seconds);
   command->callback([options, run] { *run = [options] { return RunReshard(*options); }; });
 }
 

@@ -16,9 +16,10 @@
 namespace ucp::cli {
 namespace {
 
-std::string TemporaryName(const std::string& parent, const std::string& name) {
-  return (parent == "/" ? "" : parent) + "/" + std::string(kTemporaryPrefix) + name + "-" +
-         std::to_string(::getpid());
+std::string TemporaryName(const std::string& parent, const std::string& name,
+                          std::string_view suffix) {
+  return (parent == "/" ? "" : parent) + "/" + std::string(kTemporaryPrefix) + name +
+         std::string(suffix);
 }
 
 void RemoveTree(const std::string& path) {
@@ -63,15 +64,30 @@ std::pair<std::string, std::string> SplitPath(std::string_view path) {
 }
 
 Result<StagedDirectory> StagedDirectory::Create(std::string final_path) {
+  return Make(std::move(final_path), "-" + std::to_string(::getpid()), /*reuse=*/false);
+}
+
+Result<StagedDirectory> StagedDirectory::CreateShared(std::string final_path, std::string_view key,
+                                                      bool owner) {
+  UCP_ASSIGN_OR_RETURN(StagedDirectory staged,
+                       Make(std::move(final_path), "-job-" + std::string(key), /*reuse=*/true));
+  // The others' files stay for the owner to commit, whatever happens to this process.
+  if (!owner) staged.committed_ = true;
+  return staged;
+}
+
+Result<StagedDirectory> StagedDirectory::Make(std::string final_path, std::string_view suffix,
+                                              bool reuse) {
   auto [parent, name] = SplitPath(final_path);
   if (name.empty() || name == "." || name == ".." || name == "/") {
     return Status::InvalidArgument("output " + final_path + ": not a directory name");
   }
   UCP_ASSIGN_OR_RETURN(std::vector<std::string> created, MakeDirectories(parent));
-  std::string temporary = TemporaryName(parent, name);
-  // A temporary of an earlier run of the same pid (a reused pid after a crash) is garbage.
-  RemoveTree(temporary);
-  if (::mkdir(temporary.c_str(), 0755) != 0) {
+  std::string temporary = TemporaryName(parent, name, suffix);
+  // A temporary of an earlier run of the same pid (a reused pid after a crash) is garbage; a
+  // job's is its other processes' work.
+  if (!reuse) RemoveTree(temporary);
+  if (::mkdir(temporary.c_str(), 0755) != 0 && !(reuse && errno == EEXIST)) {
     const int err = errno;
     for (auto made = created.rbegin(); made != created.rend(); ++made) ::rmdir(made->c_str());
     return PosixError("mkdir " + temporary, err);

@@ -25,6 +25,11 @@ class StagedDirectory {
   // Creates the parent of `final_path` (and its missing ancestors) and the temporary directory.
   // `final_path` must not end in "/" or name "." or "..".
   static Result<StagedDirectory> Create(std::string final_path);
+  // The staging directory of a job (job_part.h), `<parent>/.ucp-tmp-<name>-job-<key>`, shared with
+  // the job's other processes: created if missing, reused (not emptied) if present. Only the
+  // `owner` removes it when destroyed uncommitted; the others leave it to the owner.
+  static Result<StagedDirectory> CreateShared(std::string final_path, std::string_view key,
+                                              bool owner);
 
   StagedDirectory(StagedDirectory&& other) noexcept;
   StagedDirectory& operator=(StagedDirectory&&) = delete;
@@ -49,6 +54,8 @@ class StagedDirectory {
         parent_(std::move(parent)),
         temporary_(std::move(temporary)),
         created_(std::move(created)) {}
+  // Create's work, with the temporary named `<name><suffix>`; `reuse` keeps an existing one.
+  static Result<StagedDirectory> Make(std::string final_path, std::string_view suffix, bool reuse);
 
   std::string final_;
   std::string parent_;
