@@ -18,8 +18,10 @@ compare across (pp, dp)). One CTest test per step, sharing WORK/pipe:
               Megatron's --pipeline-model-parallel-size (megatron_args.py): ucp must take pp=1
               from those arguments (its log names them) and the losses must be as above.
 
-Usage: ds_pipe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+Usage: ds_pipe_e2e.py STEP [--dtype fp32|bf16] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                       --deepspeed VERSION [--required]
+--dtype bf16 runs the same steps in bf16 (DeepSpeed's ZeRO-1 bf16 optimizer, bf16_ optimizer
+files), in WORK/pipe_bf16.
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -47,7 +49,7 @@ def launch(args, env, pp, dp, log, extra, megatron_args=False):
     Megatron's --pipeline-model-parallel-size (megatron_args.py); returns (exit status, seconds,
     output)."""
     trainer = ([MEGATRON_ARGS, 'train_pipe.py', '--pipeline-model-parallel-size', str(pp)]
-               if megatron_args else ['train_pipe.py', '--pp', str(pp)])
+               if megatron_args else ['train_pipe.py', '--pp', str(pp)]) + ['--dtype', args.dtype]
     command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT] + trainer + extra
     return ds_e2e.run_launcher(command, args.tools, env, log)
 
@@ -78,9 +80,10 @@ def step_save(args, env, work):
     if not os.path.isfile(index):
         fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
     files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    prefix = 'bf16_' if args.dtype == 'bf16' else ''
     expected = sorted([f'layer_{layer:02d}-model_states.pt' for layer in range(4)] +
                       [f'mp_rank_{s:02d}_model_states.pt' for s in range(SAVE_PP)] +
-                      [f'zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt'
+                      [f'{prefix}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt'
                        for s in range(SAVE_PP) for r in range(SAVE_DP)])
     if files != expected:
         fail(f'tag files {files}, expected {expected}')
@@ -177,6 +180,8 @@ def step_preload(args, env, work, megatron_args=False):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('step', choices=['save', 'universal', 'preload', 'preload_megatron_args'])
+    parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
+                        help="train_pipe.py's dtype (bf16: DeepSpeed's ZeRO-1 bf16 optimizer)")
     parser.add_argument('--work', required=True)
     parser.add_argument('--tools', required=True)
     parser.add_argument('--lib', required=True)
@@ -188,7 +193,7 @@ def main():
     if not os.path.isfile(os.path.join(args.tools, 'train_pipe.py')):
         ds_e2e.skip(f'no DeepSpeed pipeline trainer at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    work = os.path.join(args.work, 'pipe')
+    work = os.path.join(args.work, 'pipe' if args.dtype == 'fp32' else 'pipe_' + args.dtype)
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')
     {'save': step_save, 'universal': step_universal, 'preload': step_preload,

@@ -34,6 +34,11 @@ using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
+using deepspeed::kAlignmentFactor;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
 using deepspeed::LayerStatesName;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
@@ -47,8 +52,8 @@ using deepspeed::OptimName;
 using deepspeed::OptionalField;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
-using deepspeed::PartitionTensor;
 using deepspeed::Partitioning;
+using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
@@ -67,11 +72,6 @@ using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::ZeroStageOf;
-using deepspeed::kAlignmentFactor;
-using deepspeed::kModelRole;
-using deepspeed::kOptimRole;
-using deepspeed::kOsd;
-using deepspeed::kUniversalRole;
 using pickle::Kind;
 using pickle::Value;
 
@@ -247,8 +247,9 @@ Result<StageOptim> ReadStageOptim(const std::string& tag_dir, const RankFile& en
   const std::string osd(kOsd);
   if (OptionalField(r, osd + "/loss_scaler") == nullptr) {
     return Status::Unsupported(Prefix(r.path()) + osd +
-                               ": a BF16_Optimizer file; pipeline tags are supported with "
-                               "DeepSpeedZeroOptimizer (fp32) only");
+                               ": a BF16_Optimizer file (bf16 at ZeRO stage 0, or with fp32 "
+                               "gradient accumulation); pipeline tags are supported with "
+                               "DeepSpeedZeroOptimizer (fp32 or bf16) only");
   }
   UCP_ASSIGN_OR_RETURN(const Value* stage, Field(r, osd + "/zero_stage"));
   so.zero_stage = ZeroStageOf(stage);
@@ -353,6 +354,7 @@ struct IndexFacts {
   std::vector<uint32_t> model_files;         // per source stage
   uint32_t optim_file = 0;                   // (0, 0): the template
   std::map<uint32_t, uint32_t> layer_files;  // layer → index file
+  std::string prefix;                        // of the optimizer files: "" or "bf16_"
 };
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
@@ -406,6 +408,16 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
       return Status::Corrupt("deepspeed: index adapter_state: layer_files: " + layer);
     }
     facts.layer_files[*parsed] = static_cast<uint32_t>(file.get<uint64_t>());
+  }
+  // Indexes written before bf16 pipeline tags were read have no prefix, and hold fp32 tags.
+  if (state.contains("file_prefix")) {
+    if (!state["file_prefix"].is_string() ||
+        (state["file_prefix"] != "" && state["file_prefix"] != "bf16_")) {
+      return Status::Corrupt(
+          "deepspeed: index adapter_state: file_prefix is neither \"\" nor "
+          "\"bf16_\"");
+    }
+    facts.prefix = state["file_prefix"].get<std::string>();
   }
   for (const std::string& name : c.groups[0].params) {
     const Atom* atom = index.Find(name, "fp32");
@@ -502,10 +514,11 @@ Status CheckPipeTarget(const Topology& target) {
   return Status::Ok();
 }
 
-// The optimizer file of (r, stage) at `dp` ranks over `layout`, from the template (0, 0).
+// The optimizer file of (r, stage) at `dp` ranks over `layout`, from the template (0, 0), named
+// with `prefix`.
 Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveReader& reader,
                                      uint32_t template_file, const GroupLayout& layout, uint32_t r,
-                                     uint32_t stage, uint32_t dp) {
+                                     uint32_t stage, uint32_t dp, const std::string& prefix) {
   const std::string osd(kOsd);
   UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
   if (p.padding > p.partition) {
@@ -514,7 +527,7 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
                                " elements leaves whole ranks empty (DeepSpeed cannot save it)");
   }
   ArchiveOutput out;
-  out.path = OptimName("", r, stage);
+  out.path = OptimName(prefix, r, stage);
   Value* root = out.graph.Import(reader.root());
   out.graph.set_root(root);
   Value* dict = root->Get(kOsd);
@@ -585,10 +598,7 @@ Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
   UCP_ASSIGN_OR_RETURN(
       const TorchArchiveReader first,
       OpenWrittenModelStates(tag_dir, ModelStatesName(0), listing.model_states.contains(0)));
-  if (Bf16Prefix(listing, first)) {
-    return Status::Unsupported(Prefix(first.path()) +
-                               "bf16: pipeline tags are supported in fp32 only");
-  }
+  const std::string prefix = Bf16Prefix(listing, first) ? "bf16_" : "";
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(first));
   UCP_ASSIGN_OR_RETURN(const int64_t pp, IntField(first, "mp_world_size"));
   if (pp < 1 || pp > kMaxStages) {
@@ -605,7 +615,7 @@ Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
     for (const std::string& name : sm.layout.names) layers.insert(LayerStatesName(*LayerOf(name)));
   }
   for (uint32_t s = 0; s < pp; ++s) {
-    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName("", r, s));
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, s));
   }
   files.insert(files.end(), layers.begin(), layers.end());
   return files;
@@ -654,12 +664,14 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     }
   }
 
-  // One optimizer file per (rank, stage), no bf16_ prefix.
+  // One optimizer file per (rank, stage), all with one prefix (bf16_ in a bf16 run).
+  const std::string prefix = listing.optim.empty() ? "" : listing.optim.front().prefix;
   std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;
   for (const RankFile& entry : listing.optim) {
-    if (!entry.prefix.empty()) {
-      return Status::Unsupported(Prefix(tag_dir + "/" + entry.name) +
-                                 "bf16: pipeline tags are supported in fp32 only");
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
     }
     if (entry.dp >= dp || entry.mp >= pp) {
       return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (" +
@@ -675,7 +687,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     for (uint32_t r = 0; r < dp; ++r) {
       const auto it = by_rank.find({s, r});
       if (it == by_rank.end()) {
-        return Status::NotFound(Prefix(tag_dir + "/" + OptimName("", r, s)) +
+        return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, s)) +
                                 "not found (dp_world_size " + std::to_string(dp) +
                                 ", mp_world_size " + std::to_string(pp) + ")");
       }
@@ -866,6 +878,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       {"layers", layers},
       {"stage_sizes", stage_sizes},
       {"layer_files", layer_file_state},
+      {"file_prefix", prefix},
   };
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
@@ -948,9 +961,9 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
                        OpenSource(index, tag_dir, facts.optim_file));
   for (uint32_t s = 0; s < target.pp; ++s) {
     for (uint32_t r = 0; r < target.dp; ++r) {
-      UCP_ASSIGN_OR_RETURN(
-          ArchiveOutput out,
-          StageOptimFile(index, optim_template, facts.optim_file, layouts[s], r, s, target.dp));
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           StageOptimFile(index, optim_template, facts.optim_file, layouts[s], r, s,
+                                          target.dp, facts.prefix));
       plan.archives.push_back(std::move(out));
     }
   }

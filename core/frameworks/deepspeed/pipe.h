@@ -1,6 +1,6 @@
 // The DeepSpeed pipeline adapter ("deepspeed-pipe", schema 1): DeepSpeed v0.14 checkpoints of a
-// PipelineModule trained by PipelineEngine with DeepSpeedZeroOptimizer (ZeRO stage 1, fp32) as
-// atoms, resharded to any (pp, dp) and exported as ds_to_universal does.
+// PipelineModule trained by PipelineEngine with DeepSpeedZeroOptimizer (ZeRO stage 1, fp32 or
+// bf16) as atoms, resharded to any (pp, dp) and exported as ds_to_universal does.
 //
 // A tag it reads (PP stages s = 0 .. mp_world_size-1, DP ranks r = 0 .. dp_world_size-1):
 //   layer_<LL>-model_states.pt            the state_dict of pipeline layer LL (global layer
@@ -9,7 +9,7 @@
 //   mp_rank_<s:02>_model_states.pt        module None, param_shapes [OrderedDict] of stage s's
 //                                         parameters named "<LL>.<name in layer>" in flat order,
 //                                         dp_world_size, mp_world_size (= PP), ds_config, ...
-//   zero_pp_rank_<r>_mp_rank_<s:02>_optim_states.pt
+//   [bf16_]zero_pp_rank_<r>_mp_rank_<s:02>_optim_states.pt
 //                                         the ZeRO-1 optimizer file of (r, s) exactly as
 //                                         deepspeed_zero.h describes it, over stage s's flat
 //                                         buffer: padded to a multiple of 2·DP, P = padded/DP.
@@ -30,9 +30,9 @@
 // per-parameter optimizer state), "step" (its stage's 0-d step) and "bit16" (the layer file's
 // tensor, of the module dtype).
 //
-// Refused with kUnsupported: tp > 1, ZeRO stage other than 1, bf16 (bf16_ files, BF16_Optimizer),
-// more than one parameter group, parameters not named "<layer index>.<name>" (tied layers),
-// round_robin_gradients.
+// Refused with kUnsupported: tp > 1, ZeRO stage other than 1, BF16_Optimizer files (bf16 at ZeRO
+// stage 0 or with fp32 gradient accumulation), more than one parameter group, parameters not named
+// "<layer index>.<name>" (tied layers), round_robin_gradients.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
