@@ -127,10 +127,10 @@ def step_preload(args, env, work, megatron_args=False):
     run_env = preload_env(env, args.lib, logs)
     if not megatron_args:
         run_env['UCP_TOPOLOGY'] = f'pp={RESUME_PP}'
-    status, seconds, output = launch(
+    status, seconds, output = ds_e2e.run_resume(lambda: launch(
         args, run_env, RESUME_PP, RESUME_DP, os.path.join(work, name + '.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
-         '--out', os.path.join(work, name + '.json')], megatron_args)
+         '--out', os.path.join(work, name + '.json')], megatron_args), STEPS)
     if status != 0:
         fail(f'plain load_checkpoint at pp{RESUME_PP}dp{RESUME_DP} under the preload exited '
              f'{status}:\n{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
