@@ -30,6 +30,7 @@ namespace ucp::deepspeed {
 inline constexpr std::string_view kModelRole = "model_states";
 inline constexpr std::string_view kOptimRole = "optim_states";
 inline constexpr std::string_view kUniversalRole = "universal_optimizer_state";
+inline constexpr std::string_view kLayerRole = "layer_states";
 // The optimizer files' top-level entry.
 inline constexpr std::string_view kOsd = "optimizer_state_dict";
 // Under kOsd since DeepSpeed 0.19 (ZeRO-1/2): per group, the padding after each parameter.

@@ -28,6 +28,8 @@ std::optional<FileName> ParseFileName(std::string_view name) {
       *new std::regex(R"(layer_(\d+)_expert_(\d+)_mp_rank_(\d{2,})_model_states\.pt)");
   static const std::regex& kLayer =
       *new std::regex(R"(layer_(\d{2,})(-[a-z]+_\d{2,})*-model_states\.pt)");
+  static const std::regex& kTpLayer =
+      *new std::regex(R"(layer_(\d{2,})-model_(\d{2,})-model_states\.pt)");
 
   std::cmatch m;
   const char* begin = name.data();
@@ -60,6 +62,11 @@ std::optional<FileName> ParseFileName(std::string_view name) {
     a = Decimal(m[1]), b = Decimal(m[2]), c = Decimal(m[3]);
     if (!a || !b || !c) return std::nullopt;
     parsed.layer = *a, parsed.expert = *b, parsed.mp = *c;
+  } else if (std::regex_match(begin, end, m, kTpLayer)) {
+    parsed.kind = FileKind::kLayerStates;
+    a = Decimal(m[1]), b = Decimal(m[2]);
+    if (!a || !b) return std::nullopt;
+    parsed.layer = *a, parsed.model_rank = *b;
   } else if (std::regex_match(begin, end, m, kLayer)) {
     parsed.kind = FileKind::kLayerStates;
     a = Decimal(m[1]);
@@ -92,6 +99,12 @@ std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp) {
 std::string LayerStatesName(uint32_t layer) {
   char name[48];
   std::snprintf(name, sizeof(name), "layer_%02u-model_states.pt", layer);
+  return name;
+}
+
+std::string TpLayerStatesName(uint32_t layer, uint32_t tp) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "layer_%02u-model_%02u-model_states.pt", layer, tp);
   return name;
 }
 

@@ -46,6 +46,8 @@ struct FileName {
   uint32_t mp = 0;      // every kind but kLayerStates
   uint32_t layer = 0;   // kExpertModelStates, kLayerStates
   uint32_t expert = 0;  // kExpertModelStates
+  // kLayerStates named layer_<LL>-model_<TT>-model_states.pt: TT, the tensor-parallel rank.
+  std::optional<uint32_t> model_rank;
 };
 
 // The name's kind and numbers; nullopt for any other name, and for a number of more than 9 digits.
@@ -59,5 +61,7 @@ std::string Zero3ModelStatesName(uint32_t dp, uint32_t mp);
 std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp);
 // layer_<layer:02>-model_states.pt (a pipeline without tensor parallelism)
 std::string LayerStatesName(uint32_t layer);
+// layer_<layer:02>-model_<tp:02>-model_states.pt (a pipeline with tensor parallelism)
+std::string TpLayerStatesName(uint32_t layer, uint32_t tp);
 
 }  // namespace ucp::deepspeed

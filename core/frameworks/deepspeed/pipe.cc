@@ -35,6 +35,7 @@ using deepspeed::IntField;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
+using deepspeed::kLayerRole;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -75,7 +76,6 @@ using deepspeed::ZeroStageOf;
 using pickle::Kind;
 using pickle::Value;
 
-constexpr std::string_view kLayerRole = "layer_states";
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = 1 << 16;
 // Bounds the layer placement's work (DeepSpeed's partition_balanced is quadratic in the layers).
@@ -589,7 +589,13 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
 
 bool DeepSpeedPipeAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && !listing->layer_files.empty();
+  if (!listing.ok()) return false;
+  // Layer files that all name a TP rank are a pipeline with tensor parallelism: deepspeed-tp's.
+  for (const std::string& name : listing->layer_files) {
+    const std::optional<FileName> parsed = ParseFileName(name);
+    if (!parsed || !parsed->model_rank) return true;
+  }
+  return false;
 }
 
 Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(

@@ -4,10 +4,12 @@
 #include <bit>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
 #include <regex>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
@@ -29,10 +31,12 @@ using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
+using deepspeed::FileName;
 using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
+using deepspeed::kLayerRole;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -49,6 +53,7 @@ using deepspeed::OptimGroup;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
 using deepspeed::OptionalField;
+using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
@@ -65,6 +70,7 @@ using deepspeed::ShapeText;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::TpLayerStatesName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using pickle::Kind;
@@ -425,10 +431,18 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
 // ---------------------------------------------------------------------------------------------
 // The files of a tag, read.
 
+// A parameter's module tensor (its bit16 atom's source) and the file holding it: the model
+// states, or in a pipeline tag the layer file of its layer and TP rank.
+struct ModuleTensor {
+  const TorchTensor* tensor = nullptr;
+  std::string file;  // its name in the tag
+  std::string path;
+};
+
 // One TP rank's model states: its mp_world_size and module tensors besides the ZeRO-1/2 facts.
 struct TpModelStates : ModelStates {
   uint32_t mp = 0;
-  std::map<std::string, const TorchTensor*> module;
+  std::map<std::string, ModuleTensor> module;
 };
 
 Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::string& name) {
@@ -446,7 +460,8 @@ Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::s
                                "not supported");
   }
   if (const Value* node = OptionalField(r, "module")) {
-    for (const auto& [key, value] : NamedChildren(node)) ms.module[key] = r.TensorAt(value);
+    for (const auto& [key, value] : NamedChildren(node))
+      ms.module[key] = {r.TensorAt(value), name, r.path()};
   }
   return ms;
 }
@@ -461,6 +476,7 @@ struct Patterns {
   std::vector<std::regex> vocabulary;
   std::vector<std::regex> two_sub_params;
   std::vector<std::vector<std::regex>> sub_params;  // per parameter_with_sub_params entry
+  std::vector<std::regex> pipeline_replicated;
   std::optional<int64_t> original_vocab;
   std::optional<int64_t> padded_vocab;
 };
@@ -500,6 +516,8 @@ Result<Patterns> ReadPatterns(const TorchArchiveReader& r) {
   UCP_ASSIGN_OR_RETURN(p.row_parallel, PatternList(r, "parameter_with_row_parallelism_patterns"));
   UCP_ASSIGN_OR_RETURN(p.vocabulary, PatternList(r, "vocabulary_parameter_patterns"));
   UCP_ASSIGN_OR_RETURN(p.two_sub_params, PatternList(r, "parameter_with_2_sub_params_cat_dim_0"));
+  UCP_ASSIGN_OR_RETURN(p.pipeline_replicated,
+                       PatternList(r, "pipeline_replicated_parameter_patterns"));
   const std::string sub_field = std::string(kInfo) + "/parameter_with_sub_params";
   if (const Value* list = OptionalField(r, sub_field)) {
     if (list->kind() != Kind::kList && list->kind() != Kind::kTuple) {
@@ -703,6 +721,7 @@ uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp) {
 // ---------------------------------------------------------------------------------------------
 // A whole tag.
 
+// One pipeline stage of a tag (the whole tag when pp = 1): its TP ranks' files.
 struct TpTag {
   std::vector<TpModelStates> models;            // by TP rank
   std::vector<std::vector<OptimStates>> optim;  // [tp][dp]
@@ -725,8 +744,8 @@ Result<std::string> SliceBytes(const TpTag& tag, size_t t, size_t g, size_t k, i
   const TpModelStates& ms = tag.models[t];
   const GroupLayout& layout = ms.groups[g];
   if (which == kBit16) {
-    const TorchTensor& tensor = *ms.module.at(layout.names[k]);
-    return ReadRange(ms.reader.path(), tensor.file_offset(), tensor.byte_size());
+    const ModuleTensor& module = ms.module.at(layout.names[k]);
+    return ReadRange(module.path, module.tensor->file_offset(), module.tensor->byte_size());
   }
   UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
   std::string out;
@@ -814,6 +833,7 @@ Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geomet
 struct IndexFacts {
   uint32_t dp = 0;
   uint32_t tp = 0;
+  uint32_t pp = 1;
   bool bf16_optimizer = false;
   std::string prefix;
   uint32_t model_file = 0;
@@ -832,6 +852,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   IndexFacts facts;
   facts.dp = c.topology.dp;
   facts.tp = c.topology.tp;
+  facts.pp = c.topology.pp;
   const nlohmann::json& state = c.adapter_state;
   const Status bad = Status::Corrupt(
       "deepspeed: index adapter_state: optimizer, file_prefix or tp missing or mistyped");
@@ -964,26 +985,386 @@ bool CarriesRules(const TorchArchiveReader& model_states) {
   return info != nullptr && info->kind() == Kind::kDict;
 }
 
-// ZeRO-3 and pipeline tags are not this adapter's.
+// Whether every layer file of the listing names its TP rank (layer_LL-model_TT-model_states.pt):
+// a pipeline with tensor parallelism, this adapter's; false without layer files.
+bool HasTpLayerFiles(const TagListing& listing) {
+  if (listing.layer_files.empty()) return false;
+  for (const std::string& name : listing.layer_files) {
+    const std::optional<FileName> parsed = ParseFileName(name);
+    if (!parsed || !parsed->model_rank) return false;
+  }
+  return true;
+}
+
+// ZeRO-3 tags and pipeline tags without TP layer files are not this adapter's.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
-  if (!listing.layer_files.empty()) {
+  if (!listing.layer_files.empty() && !HasTpLayerFiles(listing)) {
     return Status::Unsupported(Prefix(tag_dir) +
-                               "pipeline layer files: a pipeline-parallel tag, not this "
-                               "adapter's");
+                               "pipeline layer files without a TP rank: a pipeline-parallel tag, "
+                               "the deepspeed-pipe adapter's");
   }
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A tag read whole: its grid of pp pipeline stages × tp TP ranks × dp DP ranks.
+
+struct LayerFile {
+  TorchArchiveReader reader;
+  std::map<std::string, const TorchTensor*> tensors;  // the layer's state_dict
+};
+
+struct GridTag {
+  uint32_t tp = 1;
+  uint32_t pp = 1;
+  uint32_t dp = 0;
+  std::string prefix;                            // of the optimizer files: "" or "bf16_"
+  std::vector<TpTag> stages;                     // by pipeline stage
+  std::vector<std::string> layer_names;          // pipeline: every layer file, sorted
+  std::map<std::string, LayerFile> layer_files;  // pipeline: those read, by name
+  // Where each parameter's atoms come from: (stage, group, position in the group's flat order).
+  std::map<std::string, std::tuple<uint32_t, size_t, size_t>> owner;
+};
+
+// DeepSpeed's pipeline grid (PipeModelDataParallelTopology, axes pipe, data, model) numbers the
+// model-states and optimizer files of stage s and TP rank t as mp rank s·tp + t.
+uint32_t MpRank(uint32_t s, uint32_t t, uint32_t tp) { return s * tp + t; }
+
+// The TP degree a pipeline tag's layer files (layer_LL-model_TT-model_states.pt) name: one past
+// their highest TT; nullopt without layer files (pp = 1: mp_world_size is the TP degree).
+Result<std::optional<uint32_t>> LayerFileTpDegree(const std::string& tag_dir,
+                                                  const TagListing& listing) {
+  std::optional<uint32_t> degree;
+  for (const std::string& name : listing.layer_files) {
+    const std::optional<FileName> parsed = ParseFileName(name);
+    if (!parsed || !parsed->model_rank) {
+      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
+                                 "a pipeline layer file without a TP rank beside tensor-parallel "
+                                 "ones (layer_LL-model_TT-model_states.pt): files of two layouts");
+    }
+    degree = std::max(degree.value_or(0), *parsed->model_rank + 1);
+  }
+  return degree;
+}
+
+// Reads every model-states and optimizer file of the grid and checks them against each other.
+Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) {
+  if (!listing.model_states.contains(0)) {
+    return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
+  }
+  GridTag grid;
+  UCP_ASSIGN_OR_RETURN(TpModelStates ms0, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> layer_tp, LayerFileTpDegree(tag_dir, listing));
+  const uint32_t mp = ms0.mp;
+  grid.tp = layer_tp.value_or(mp);
+  if (mp % grid.tp != 0) {
+    return FieldError(ms0.reader, "mp_world_size",
+                      std::to_string(mp) + " is not a multiple of the " + std::to_string(grid.tp) +
+                          " TP ranks the layer files name");
+  }
+  grid.pp = mp / grid.tp;
+  grid.dp = ms0.dp;
+  if (const Value* node = OptionalField(ms0.reader, "args/tensor_model_parallel_size")) {
+    if (node->kind() == Kind::kInt && node->AsInt64() != int64_t{grid.tp}) {
+      return FieldError(ms0.reader, "args/tensor_model_parallel_size",
+                        std::to_string(node->AsInt64().value_or(0)) + ", but the files are of " +
+                            std::to_string(grid.tp) + " TP ranks");
+    }
+  }
+  if (grid.tp == 1 && !CarriesRules(ms0.reader)) {
+    return Status::Unsupported(Prefix(ms0.reader.path()) +
+                               "TP degree 1 without universal_checkpoint_info: no rules to split "
+                               "it over TP ranks by (the deepspeed-zero12 and deepspeed-pipe "
+                               "adapters read such tags without TP layer files)");
+  }
+  if (ms0.config_stage && *ms0.config_stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  for (const auto& [rank, name] : listing.model_states) {
+    if (rank >= mp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " + std::to_string(rank) +
+                             " >= mp_world_size " + std::to_string(mp) + " of " + ms0.name +
+                             " (a file of another save)");
+    }
+  }
+  grid.stages.resize(grid.pp);
+  for (uint32_t s = 0; s < grid.pp; ++s) {
+    std::vector<TpModelStates>& models = grid.stages[s].models;
+    models.reserve(grid.tp);  // models.front() stays valid while the other ranks are added
+    for (uint32_t t = 0; t < grid.tp; ++t) {
+      if (s == 0 && t == 0) {
+        models.push_back(std::move(ms0));
+        continue;
+      }
+      const uint32_t rank = MpRank(s, t, grid.tp);
+      if (!listing.model_states.contains(rank)) {
+        return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(rank)) +
+                                "not found (mp_world_size " + std::to_string(mp) + " in " +
+                                grid.stages[0].models[0].name + ")");
+      }
+      UCP_ASSIGN_OR_RETURN(TpModelStates ms,
+                           ReadTpModelStates(tag_dir, listing.model_states.at(rank)));
+      const TpModelStates& first = grid.stages[0].models[0];
+      if (ms.dp != first.dp || ms.mp != first.mp || ms.ds_version != first.ds_version) {
+        return FieldError(ms.reader, "dp_world_size",
+                          "dp_world_size, mp_world_size or ds_version differ from " + first.name +
+                              " (a file of another save)");
+      }
+      if (ms.groups.size() != first.groups.size()) {
+        return FieldError(ms.reader, "param_shapes", "other parameter groups than " + first.name);
+      }
+      if (t > 0) {  // the TP ranks of a stage hold slices of the same parameters
+        const TpModelStates& stage_first = models.front();
+        for (size_t g = 0; g < ms.groups.size(); ++g) {
+          if (ms.groups[g].names != stage_first.groups[g].names ||
+              ms.groups[g].shapes != stage_first.groups[g].shapes) {
+            return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
+                              "other parameters or slice shapes than " + stage_first.name);
+          }
+        }
+      }
+      models.push_back(std::move(ms));
+    }
+  }
+
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  grid.prefix = listing.optim.front().prefix;
+  std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;  // (mp, dp)
+  for (const RankFile& entry : listing.optim) {
+    if (entry.prefix != grid.prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + grid.prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= grid.dp || entry.mp >= mp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (dp " +
+                             std::to_string(entry.dp) + ", mp " + std::to_string(entry.mp) +
+                             ") outside dp_world_size " + std::to_string(grid.dp) +
+                             " × mp_world_size " + std::to_string(mp) + " of " +
+                             grid.stages[0].models[0].name + " (a file of another save)");
+    }
+    by_rank[{entry.mp, entry.dp}] = &entry;
+  }
+  for (uint32_t s = 0; s < grid.pp; ++s) {
+    TpTag& stage = grid.stages[s];
+    for (uint32_t t = 0; t < grid.tp; ++t) {
+      const uint32_t rank = MpRank(s, t, grid.tp);
+      stage.optim.emplace_back();
+      for (uint32_t r = 0; r < grid.dp; ++r) {
+        const auto it = by_rank.find({rank, r});
+        if (it == by_rank.end()) {
+          return Status::NotFound(Prefix(tag_dir + "/" + OptimName(grid.prefix, r, rank)) +
+                                  "not found (dp_world_size " + std::to_string(grid.dp) +
+                                  ", mp_world_size " + std::to_string(mp) + ")");
+        }
+        UCP_ASSIGN_OR_RETURN(
+            OptimStates os,
+            ReadOptimStates(tag_dir, *it->second, stage.models[t].groups.size(), kZero3Refusal));
+        UCP_RETURN_IF_ERROR(RefuseElasticForm(os.reader, "tensor-parallel tags"));
+        stage.optim.back().push_back(std::move(os));
+      }
+    }
+  }
+  const OptimStates& first = grid.stages[0].optim[0][0];
+  for (const TpTag& stage : grid.stages) {
+    for (uint32_t t = 0; t < grid.tp; ++t) {
+      for (const OptimStates& os : stage.optim[t]) {
+        UCP_RETURN_IF_ERROR(CheckOptimStates(os, stage.models[t], first));
+      }
+    }
+  }
+  grid.layer_names = listing.layer_files;
+  std::sort(grid.layer_names.begin(), grid.layer_names.end());
+  return grid;
+}
+
+// The stage each parameter's atoms come from: the first that lists it. A later stage may list it
+// again only when pipeline_replicated_parameter_patterns names it: a tied module's copy, whose
+// gradients are reduced with the first stage's; ds_to_universal takes the first stage's too.
+Status AssignOwners(GridTag& grid, const std::vector<std::regex>& pipeline_replicated) {
+  for (uint32_t s = 0; s < grid.pp; ++s) {
+    const TpModelStates& ms = grid.stages[s].models[0];
+    for (size_t g = 0; g < ms.groups.size(); ++g) {
+      for (size_t k = 0; k < ms.groups[g].names.size(); ++k) {
+        const std::string& name = ms.groups[g].names[k];
+        const auto [it, inserted] = grid.owner.emplace(name, std::tuple{s, g, k});
+        if (inserted) continue;
+        const auto [owner, owner_g, owner_k] = it->second;
+        const std::string field = "param_shapes/" + std::to_string(g) + "/" + name;
+        if (!AnyMatch(pipeline_replicated, name)) {
+          return FieldError(ms.reader, field,
+                            "listed by stage " + std::to_string(owner) +
+                                " too, and pipeline_replicated_parameter_patterns does not name "
+                                "it");
+        }
+        if (owner_g != g ||
+            grid.stages[owner].models[0].groups[g].shapes[owner_k] != ms.groups[g].shapes[k]) {
+          return FieldError(ms.reader, field,
+                            "in another group or of another shape than stage " +
+                                std::to_string(owner) + "'s copy");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The layer-file tensors of a parameter owned by a pipeline stage: "<LL>.<name>" is <name> in
+// layer LL's file; "tied_modules.<key>.<name>" is <name> in the file of the stage's tied layer,
+// the one layer of the stage's span (between the neighbouring stages' numbered layers) that holds
+// no numbered parameter and whose state_dict holds every name of the key.
+std::optional<uint32_t> NumberedLayer(const std::string& name) {
+  size_t digits = 0;
+  while (digits < name.size() && digits < 9 && name[digits] >= '0' && name[digits] <= '9') {
+    ++digits;
+  }
+  if (digits == 0 || digits >= name.size() || name[digits] != '.') return std::nullopt;
+  return static_cast<uint32_t>(std::stoul(name.substr(0, digits)));
+}
+
+constexpr std::string_view kTiedPrefix = "tied_modules.";
+
+Result<const LayerFile*> OpenLayerFile(GridTag& grid, const std::string& tag_dir,
+                                       const std::string& name) {
+  const auto found = grid.layer_files.find(name);
+  if (found != grid.layer_files.end()) return &found->second;
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
+  LayerFile file{std::move(reader), {}};
+  for (const auto& [key, value] : NamedChildren(file.reader.root())) {
+    if (const TorchTensor* tensor = file.reader.TensorAt(value)) file.tensors[key] = tensor;
+  }
+  return &grid.layer_files.emplace(name, std::move(file)).first->second;
+}
+
+Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
+  std::set<std::string> present(grid.layer_names.begin(), grid.layer_names.end());
+  // Numbered layers per stage, and every layer some numbered parameter names.
+  std::vector<std::set<uint32_t>> numbered(grid.pp);
+  std::set<uint32_t> all_numbered;
+  for (const auto& [name, where] : grid.owner) {
+    if (const std::optional<uint32_t> layer = NumberedLayer(name)) {
+      numbered[std::get<0>(where)].insert(*layer);
+      all_numbered.insert(*layer);
+    }
+  }
+  for (uint32_t s = 0; s < grid.pp; ++s) {
+    // The stage's span: past the previous stages' numbered layers, before the next stages'.
+    uint64_t lo = 0;
+    uint64_t hi = std::numeric_limits<uint32_t>::max();
+    for (uint32_t o = 0; o < grid.pp; ++o) {
+      if (numbered[o].empty() || o == s) continue;
+      if (o < s) lo = std::max<uint64_t>(lo, *numbered[o].rbegin() + uint64_t{1});
+      if (o > s) hi = std::min<uint64_t>(hi, *numbered[o].begin());
+    }
+    TpTag& stage = grid.stages[s];
+    for (uint32_t t = 0; t < grid.tp; ++t) {
+      TpModelStates& ms = stage.models[t];
+      // Each tied key's names on this stage.
+      std::map<std::string, std::vector<std::pair<std::string, std::string>>> tied;
+      for (const GroupLayout& layout : ms.groups) {
+        for (const std::string& name : layout.names) {
+          if (std::get<0>(grid.owner.at(name)) != s) continue;
+          if (const std::optional<uint32_t> layer = NumberedLayer(name)) {
+            const std::string file = TpLayerStatesName(*layer, t);
+            if (!present.contains(file)) {
+              return Status::NotFound(Prefix(tag_dir + "/" + file) + "not found (" + ms.name +
+                                      " names " + name + ")");
+            }
+            UCP_ASSIGN_OR_RETURN(const LayerFile* layer_file, OpenLayerFile(grid, tag_dir, file));
+            const std::string key = name.substr(name.find('.') + 1);
+            const auto it = layer_file->tensors.find(key);
+            if (it == layer_file->tensors.end()) {
+              return FieldError(layer_file->reader, key,
+                                "missing (" + ms.name + " names " + name + ")");
+            }
+            ms.module[name] = {it->second, file, layer_file->reader.path()};
+            continue;
+          }
+          const size_t dot = name.find('.', kTiedPrefix.size());
+          if (!name.starts_with(kTiedPrefix) || dot == std::string::npos) {
+            return Status::Unsupported(Prefix(ms.reader.path()) + "param_shapes: " + name +
+                                       ": neither \"<layer index>.<name>\" nor \"tied_modules."
+                                       "<key>.<name>\": no layer file to find it in");
+          }
+          tied[name.substr(kTiedPrefix.size(), dot - kTiedPrefix.size())].emplace_back(
+              name, name.substr(dot + 1));
+        }
+      }
+      for (const auto& [key, names] : tied) {
+        std::vector<std::string> matches;
+        for (const std::string& file : grid.layer_names) {
+          const std::optional<FileName> parsed = ParseFileName(file);
+          if (!parsed || parsed->model_rank != t || parsed->layer < lo || parsed->layer >= hi ||
+              all_numbered.contains(parsed->layer)) {
+            continue;
+          }
+          UCP_ASSIGN_OR_RETURN(const LayerFile* layer_file, OpenLayerFile(grid, tag_dir, file));
+          bool holds = true;
+          for (const auto& [name, in_layer] : names) {
+            holds = holds && layer_file->tensors.contains(in_layer);
+          }
+          if (holds) matches.push_back(file);
+        }
+        if (matches.size() != 1) {
+          return Status::Unsupported(
+              Prefix(tag_dir) + "tied module \"" + key + "\" of stage " + std::to_string(s) + ": " +
+              (matches.empty() ? "no layer file"
+                               : std::to_string(matches.size()) + " layer files") +
+              " of the stage without numbered parameters hold its tensors; ucp cannot tell which "
+              "layer it is");
+        }
+        const LayerFile& layer_file = grid.layer_files.at(matches.front());
+        for (const auto& [name, in_layer] : names) {
+          ms.module[name] = {layer_file.tensors.at(in_layer), matches.front(),
+                             layer_file.reader.path()};
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The vocabulary's sizes: original and padded from universal_checkpoint_info, the padding
+// multiple from args.make_vocab_size_divisible_by when saved, else inferred (InferDivisibleBy).
+Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, uint32_t tp) {
+  Vocab vocab{static_cast<uint64_t>(*patterns.original_vocab),
+              static_cast<uint64_t>(*patterns.padded_vocab), 0};
+  if (const Value* divisor = OptionalField(r, "args/make_vocab_size_divisible_by")) {
+    const std::optional<int64_t> value =
+        divisor->kind() == Kind::kInt ? divisor->AsInt64() : std::nullopt;
+    if (!value || *value < 1) {
+      return FieldError(r, "args/make_vocab_size_divisible_by", "not a positive int");
+    }
+    vocab.divisible_by = static_cast<uint64_t>(*value);
+    UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(vocab, tp));
+    if (padded != vocab.padded) {
+      return FieldError(r, std::string(kInfo) + "/padded_vocab_size",
+                        std::to_string(vocab.padded) + ", but Megatron pads " +
+                            std::to_string(vocab.original) + " to " + std::to_string(padded) +
+                            " at tp=" + std::to_string(tp));
+    }
+  } else {
+    vocab.divisible_by = InferDivisibleBy(vocab.original, vocab.padded, tp);
+    if (vocab.divisible_by == 0) {
+      return FieldError(r, std::string(kInfo) + "/padded_vocab_size",
+                        std::to_string(vocab.padded) + " is no Megatron padding of " +
+                            std::to_string(vocab.original) + " at tp=" + std::to_string(tp));
+    }
+  }
+  return vocab;
 }
 
 }  // namespace
 
 bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty()) {
-    return false;
-  }
+  if (!listing.ok() || !listing->zero3_model_states.empty()) return false;
+  if (!listing->layer_files.empty()) return HasTpLayerFiles(*listing);
   if (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) return true;
   for (const RankFile& entry : listing->optim) {
     if (entry.mp > 0) return true;
@@ -1030,233 +1411,151 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
   for (uint32_t t = 0; t < mp; ++t) {
     for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
   }
+  if (HasTpLayerFiles(listing)) {
+    // A pipeline stage's rank writes its layer files before its model states: once every model
+    // states file is whole, every layer file is there.
+    for (uint32_t i = 1; i < mp; ++i) {
+      UCP_RETURN_IF_ERROR(
+          OpenWrittenModelStates(tag_dir, ModelStatesName(i), listing.model_states.contains(i))
+              .status());
+    }
+    UCP_ASSIGN_OR_RETURN(const TagListing written, ListTagToRead(tag_dir));
+    std::vector<std::string> layers = written.layer_files;
+    std::sort(layers.begin(), layers.end());
+    files.insert(files.end(), layers.begin(), layers.end());
+  }
   return files;
 }
 
 Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                                  const IndexOptions& options) const {
+  // 1. Read and cross-check every file of the grid; find each parameter's owning stage and, in a
+  //    pipeline tag, its layer-file tensors.
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
-  if (!listing.model_states.contains(0)) {
-    return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
-  }
-  TpTag tag;
-  {
-    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
-    tag.models.reserve(ms.mp);  // ms0 stays valid while the other ranks are added
-    tag.models.push_back(std::move(ms));
-  }
-  const TpModelStates& ms0 = tag.models.front();
-  const uint32_t tp = ms0.mp;
-  const uint32_t dp = ms0.dp;
-  if (tp == 1 && !CarriesRules(ms0.reader)) {
-    return Status::Unsupported(Prefix(ms0.reader.path()) +
-                               "mp_world_size 1 without universal_checkpoint_info: no rules to "
-                               "split it over TP ranks by (the deepspeed-zero12 adapter reads it)");
-  }
-  if (ms0.config_stage && *ms0.config_stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
-  }
-  for (const auto& [mp, name] : listing.model_states) {
-    if (mp >= tp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "TP rank " + std::to_string(mp) +
-                             " >= mp_world_size " + std::to_string(tp) + " of " + ms0.name +
-                             " (a file of another save)");
-    }
-  }
-  for (uint32_t t = 1; t < tp; ++t) {
-    if (!listing.model_states.contains(t)) {
-      return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(t)) +
-                              "not found (mp_world_size " + std::to_string(tp) + " in " + ms0.name +
-                              ")");
-    }
-    UCP_ASSIGN_OR_RETURN(TpModelStates ms, ReadTpModelStates(tag_dir, listing.model_states.at(t)));
-    const TpModelStates& first = tag.models.front();
-    if (ms.dp != first.dp || ms.mp != first.mp || ms.ds_version != first.ds_version) {
-      return FieldError(ms.reader, "dp_world_size",
-                        "dp_world_size, mp_world_size or ds_version differ from " + first.name +
-                            " (a file of another save)");
-    }
-    if (ms.groups.size() != first.groups.size()) {
-      return FieldError(ms.reader, "param_shapes", "other parameter groups than " + first.name);
-    }
-    for (size_t g = 0; g < ms.groups.size(); ++g) {
-      if (ms.groups[g].names != first.groups[g].names ||
-          ms.groups[g].shapes != first.groups[g].shapes) {
-        return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
-                          "other parameters or slice shapes than " + first.name);
-      }
-    }
-    tag.models.push_back(std::move(ms));
-  }
-
-  if (listing.optim.empty()) {
-    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
-  }
-  const std::string prefix = listing.optim.front().prefix;
-  std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;  // (tp, dp)
-  for (const RankFile& entry : listing.optim) {
-    if (entry.prefix != prefix) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
-                             "\", but " + listing.optim.front().name + " has \"" + prefix +
-                             "\" (files of two saves)");
-    }
-    if (entry.dp >= dp || entry.mp >= tp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (dp " +
-                             std::to_string(entry.dp) + ", tp " + std::to_string(entry.mp) +
-                             ") outside dp_world_size " + std::to_string(dp) + " × mp_world_size " +
-                             std::to_string(tp) + " of " + ms0.name + " (a file of another save)");
-    }
-    by_rank[{entry.mp, entry.dp}] = &entry;
-  }
-  for (uint32_t t = 0; t < tp; ++t) {
-    tag.optim.emplace_back();
-    for (uint32_t r = 0; r < dp; ++r) {
-      const auto it = by_rank.find({t, r});
-      if (it == by_rank.end()) {
-        return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, t)) +
-                                "not found (dp_world_size " + std::to_string(dp) +
-                                ", mp_world_size " + std::to_string(tp) + " in " + ms0.name + ")");
-      }
-      UCP_ASSIGN_OR_RETURN(OptimStates os,
-                           ReadOptimStates(tag_dir, *it->second, ms0.groups.size(), kZero3Refusal));
-      UCP_RETURN_IF_ERROR(RefuseElasticForm(os.reader, "tensor-parallel tags"));
-      tag.optim.back().push_back(std::move(os));
-    }
-  }
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (const OptimStates& os : tag.optim[t]) {
-      UCP_RETURN_IF_ERROR(CheckOptimStates(os, tag.models[t], tag.optim[0][0]));
-    }
-  }
-  const OptimStates& first = tag.optim[0][0];
-  const int64_t zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
-
-  // The shard map of every parameter.
+  UCP_ASSIGN_OR_RETURN(GridTag grid, ReadGrid(tag_dir, listing));
+  const TpModelStates& ms0 = grid.stages[0].models[0];
   UCP_ASSIGN_OR_RETURN(const Patterns patterns, ReadPatterns(ms0.reader));
+  UCP_RETURN_IF_ERROR(AssignOwners(grid, patterns.pipeline_replicated));
+  if (!grid.layer_names.empty()) UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
+  const uint32_t tp = grid.tp;
+  const uint32_t pp = grid.pp;
+  const uint32_t dp = grid.dp;
+  const OptimStates& first = grid.stages[0].optim[0][0];
+  const int64_t zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
+  const std::optional<uint64_t> world = CheckedMul(uint64_t{dp}, uint64_t{tp} * pp);
+  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
+    return FieldError(ms0.reader, "dp_world_size",
+                      "dp_world_size × mp_world_size exceeds 4294967295");
+  }
+
+  // 2. The shard map of every parameter, from its owning stage's slices.
   std::map<std::string, ShardMap> maps;
   std::map<std::string, Shape> atom_shapes;
   bool any_vocab = false;
-  for (size_t g = 0; g < ms0.groups.size(); ++g) {
-    const GroupLayout& layout = ms0.groups[g];
-    for (size_t k = 0; k < layout.names.size(); ++k) {
-      const std::string& name = layout.names[k];
-      if (maps.contains(name)) {
-        return FieldError(ms0.reader, "param_shapes/" + std::to_string(g) + "/" + name,
-                          "listed twice");
+  for (const auto& [name, where] : grid.owner) {
+    const auto [s, g, k] = where;
+    const TpTag& stage = grid.stages[s];
+    const TpModelStates& owner = stage.models[0];
+    const GroupLayout& layout = owner.groups[g];
+    UCP_ASSIGN_OR_RETURN(Resolved resolved,
+                         Resolve(owner.reader, patterns, name, layout.shapes[k], tp));
+    for (const TpModelStates& ms : stage.models) {
+      const auto it = ms.module.find(name);
+      if (it == ms.module.end() || it->second.tensor == nullptr) {
+        return FieldError(ms.reader, "module/" + name,
+                          "missing (param_shapes/" + std::to_string(g) + " names it)");
       }
-      UCP_ASSIGN_OR_RETURN(Resolved resolved,
-                           Resolve(ms0.reader, patterns, name, layout.shapes[k], tp));
-      for (const TpModelStates& ms : tag.models) {
-        const auto it = ms.module.find(name);
-        if (it == ms.module.end() || it->second == nullptr) {
-          return FieldError(ms.reader, "module/" + name,
-                            "missing (param_shapes/" + std::to_string(g) + " names it)");
-        }
-        if (it->second->shape != layout.shapes[k] || !it->second->contiguous()) {
-          return FieldError(ms.reader, "module/" + name,
-                            "shape " + ShapeText(it->second->shape) +
-                                " or strides disagree with "
-                                "param_shapes " +
-                                ShapeText(layout.shapes[k]));
-        }
+      if (it->second.tensor->shape != layout.shapes[k] || !it->second.tensor->contiguous()) {
+        return Status::Corrupt(Prefix(it->second.path) + name + ": shape " +
+                               ShapeText(it->second.tensor->shape) +
+                               " or strides disagree with param_shapes " +
+                               ShapeText(layout.shapes[k]) + " of " + ms.name);
       }
-      const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
-      if (resolved.check_slices && !resolved.map && tp == 1) {
-        // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
-        resolved.map = ShardMap{};
-        resolved.map->rule = Rule::kUnnamed;
-      } else if (resolved.check_slices && (tp > 1 || averaged)) {
-        UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
-                             DifferingState(tag, g, k, averaged));
-        if (differing && !resolved.map) {
-          return Status::Unsupported(
-              Prefix(tag_dir) + name + ": no rule of " + std::string(kInfo) +
-              " covers this parameter and its TP slices differ (" + *differing +
-              "); ds_to_universal would concatenate them on dim 0, ucp does not guess: name it "
-              "in the client's universal_checkpoint_info patterns");
-        }
-        if (differing && resolved.map->rule == Rule::kReplicated) {
-          return Status::Corrupt(Prefix(tag_dir) + name +
-                                 ": tp_replicated_parameter_patterns names it, but its TP slices "
-                                 "differ (" +
-                                 *differing + ")");
-        }
-        if (differing) {
-          return Status::Unsupported(Prefix(tag_dir) + name +
-                                     ": averaged over TP ranks whose slices differ (" + *differing +
-                                     "): their mean is in no file; not supported");
-        }
-        if (!resolved.map) resolved.map = ShardMap{};
-      }
-      any_vocab = any_vocab || resolved.map->vocab;
-      maps.emplace(name, *resolved.map);
-      atom_shapes.emplace(name, std::move(resolved.atom));
     }
+    const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
+    if (resolved.check_slices && !resolved.map && tp == 1) {
+      // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
+      resolved.map = ShardMap{};
+      resolved.map->rule = Rule::kUnnamed;
+    } else if (resolved.check_slices && (tp > 1 || averaged)) {
+      UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
+                           DifferingState(stage, g, k, averaged));
+      if (differing && !resolved.map) {
+        return Status::Unsupported(
+            Prefix(tag_dir) + name + ": no rule of " + std::string(kInfo) +
+            " covers this parameter and its TP slices differ (" + *differing +
+            "); ds_to_universal would concatenate them on dim 0, ucp does not guess: name it "
+            "in the client's universal_checkpoint_info patterns");
+      }
+      if (differing && resolved.map->rule == Rule::kReplicated) {
+        return Status::Corrupt(Prefix(tag_dir) + name +
+                               ": tp_replicated_parameter_patterns names it, but its TP slices "
+                               "differ (" +
+                               *differing + ")");
+      }
+      if (differing) {
+        return Status::Unsupported(Prefix(tag_dir) + name +
+                                   ": averaged over TP ranks whose slices differ (" + *differing +
+                                   "): their mean is in no file; not supported");
+      }
+      if (!resolved.map) resolved.map = ShardMap{};
+    }
+    any_vocab = any_vocab || resolved.map->vocab;
+    maps.emplace(name, *resolved.map);
+    atom_shapes.emplace(name, std::move(resolved.atom));
   }
   std::optional<Vocab> vocab;
   if (any_vocab) {
-    vocab = Vocab{static_cast<uint64_t>(*patterns.original_vocab),
-                  static_cast<uint64_t>(*patterns.padded_vocab), 0};
-    if (const Value* divisor = OptionalField(ms0.reader, "args/make_vocab_size_divisible_by")) {
-      const std::optional<int64_t> value =
-          divisor->kind() == Kind::kInt ? divisor->AsInt64() : std::nullopt;
-      if (!value || *value < 1) {
-        return FieldError(ms0.reader, "args/make_vocab_size_divisible_by", "not a positive int");
-      }
-      vocab->divisible_by = static_cast<uint64_t>(*value);
-      UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, tp));
-      if (padded != vocab->padded) {
-        return FieldError(ms0.reader, std::string(kInfo) + "/padded_vocab_size",
-                          std::to_string(vocab->padded) + ", but Megatron pads " +
-                              std::to_string(vocab->original) + " to " + std::to_string(padded) +
-                              " at tp=" + std::to_string(tp));
-      }
-    } else {
-      vocab->divisible_by = InferDivisibleBy(vocab->original, vocab->padded, tp);
-      if (vocab->divisible_by == 0) {
-        return FieldError(ms0.reader, std::string(kInfo) + "/padded_vocab_size",
-                          std::to_string(vocab->padded) + " is no Megatron padding of " +
-                              std::to_string(vocab->original) + " at tp=" + std::to_string(tp));
-      }
-    }
+    UCP_ASSIGN_OR_RETURN(vocab, ReadVocab(ms0.reader, patterns, tp));
   }
 
+  // 3. The files, hashed: model states by mp rank, optimizer files by (mp rank, dp rank), then the
+  //    layer files.
   AtomIndexContents c;
   c.framework = "deepspeed";
   c.framework_version = ms0.ds_version;
   c.adapter = std::string(kName);
   c.adapter_schema = kSchema;
   c.tag = TagName(tag_dir);
-  c.topology = {dp, tp, 1, dp * tp, static_cast<uint32_t>(zero_stage)};
-
+  c.topology = {dp, tp, pp, static_cast<uint32_t>(*world), static_cast<uint32_t>(zero_stage)};
+  const uint32_t mp = tp * pp;
   std::vector<std::string> paths;
-  for (const TpModelStates& ms : tag.models) paths.push_back(ms.name);
-  for (const std::vector<OptimStates>& row : tag.optim) {
-    for (const OptimStates& os : row) paths.push_back(os.entry.name);
+  for (const TpTag& stage : grid.stages) {
+    for (const TpModelStates& ms : stage.models) paths.push_back(ms.name);
   }
+  for (const TpTag& stage : grid.stages) {
+    for (const std::vector<OptimStates>& row : stage.optim) {
+      for (const OptimStates& os : row) paths.push_back(os.entry.name);
+    }
+  }
+  paths.insert(paths.end(), grid.layer_names.begin(), grid.layer_names.end());
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
                        HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  std::map<std::string, uint32_t> file_index;
   for (size_t i = 0; i < paths.size(); ++i) {
-    const bool model = i < tp;
-    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
-                     std::string(model ? kModelRole : kOptimRole), std::nullopt};
-    if (model) {
-      file.rank = RankCoordinates{0, static_cast<uint32_t>(i), 0};
-    } else {
-      const uint32_t j = static_cast<uint32_t>(i - tp);
-      file.rank = RankCoordinates{j % dp, j / dp, 0};
+    const uint32_t at = static_cast<uint32_t>(i);
+    file_index[paths[i]] = at;
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3, std::string(kLayerRole),
+                     std::nullopt};
+    if (at < mp) {
+      file.role = kModelRole;
+      file.rank = RankCoordinates{0, at % tp, at / tp};
+    } else if (at < mp + uint64_t{mp} * dp) {
+      const uint32_t j = at - mp;
+      file.role = kOptimRole;
+      file.rank = RankCoordinates{j % dp, (j / dp) % tp, j / dp / tp};
     }
     c.files.push_back(std::move(file));
   }
-  const auto optim_file = [&](uint32_t t, uint32_t r) { return tp + t * dp + r; };
+  const auto optim_file = [&](uint32_t s, uint32_t t, uint32_t r) {
+    return mp + MpRank(s, t, tp) * dp + r;
+  };
 
+  // 4. The atoms of each parameter from its owning stage's files, groups in stage order.
   nlohmann::json params = nlohmann::json::object();
   for (size_t g = 0; g < ms0.groups.size(); ++g) {
-    const GroupLayout& layout = ms0.groups[g];
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
     ParamGroup group;
-    group.params = layout.names;
     for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
       if (key != "params") group.hyperparameters[key] = JsonOf(value);
     }
@@ -1266,67 +1565,77 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
         group.scalars[st.key] = *value;
       }
     }
-    c.groups.push_back(std::move(group));
-
-    for (size_t k = 0; k < layout.names.size(); ++k) {
-      const std::string& name = layout.names[k];
-      const ShardMap& map = maps.at(name);
-      params[name] = MapJson(map);
-      const Shape& shape = atom_shapes.at(name);
-      UCP_ASSIGN_OR_RETURN(const Geometry geometry, GeometryAt(name, map, shape, tp, vocab));
-      if (geometry.local != layout.shapes[k]) {
-        return Status::Internal(Prefix(tag_dir) + name + ": shard map gives slices of " +
-                                ShapeText(geometry.local) + ", param_shapes " +
-                                ShapeText(layout.shapes[k]));
-      }
-      const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
-      const auto add_partitioned = [&](Atom& atom, int which) -> Status {
-        for (uint32_t t = 0; t < ranks; ++t) {
-          for (const Piece& piece : Pieces(layout, k, p)) {
-            const OptimGroup& og = tag.optim[t][piece.rank].groups[g];
-            const TorchTensor* tensor =
-                which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
-            UCP_RETURN_IF_ERROR(AddSliceFragments(
-                atom, map, geometry, t, piece.begin, piece.end, optim_file(t, piece.rank),
-                tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
+    for (uint32_t s = 0; s < pp; ++s) {
+      const TpTag& stage = grid.stages[s];
+      const GroupLayout& layout = stage.models[0].groups[g];
+      UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
+      for (size_t k = 0; k < layout.names.size(); ++k) {
+        const std::string& name = layout.names[k];
+        if (std::get<0>(grid.owner.at(name)) != s) continue;
+        group.params.push_back(name);
+        const ShardMap& map = maps.at(name);
+        params[name] = MapJson(map);
+        const Shape& shape = atom_shapes.at(name);
+        UCP_ASSIGN_OR_RETURN(const Geometry geometry, GeometryAt(name, map, shape, tp, vocab));
+        if (geometry.local != layout.shapes[k]) {
+          return Status::Internal(Prefix(tag_dir) + name + ": shard map gives slices of " +
+                                  ShapeText(geometry.local) + ", param_shapes " +
+                                  ShapeText(layout.shapes[k]));
+        }
+        const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
+        const auto add_partitioned = [&](Atom& atom, int which) -> Status {
+          for (uint32_t t = 0; t < ranks; ++t) {
+            for (const Piece& piece : Pieces(layout, k, p)) {
+              const OptimGroup& og = stage.optim[t][piece.rank].groups[g];
+              const TorchTensor* tensor =
+                  which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
+              UCP_RETURN_IF_ERROR(AddSliceFragments(
+                  atom, map, geometry, t, piece.begin, piece.end, optim_file(s, t, piece.rank),
+                  tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
+            }
           }
+          return Status::Ok();
+        };
+        const OptimGroup& stage_first = stage.optim[0][0].groups[g];
+        Atom fp32{name, "fp32", stage_first.fp32->dtype, shape, {}};
+        UCP_RETURN_IF_ERROR(add_partitioned(fp32, kFp32));
+        c.atoms.push_back(std::move(fp32));
+        for (size_t i = 0; i < stage_first.states.size(); ++i) {
+          const StateTensor& st = stage_first.states[i];
+          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+          if (st.tensor->shape.empty()) {
+            // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+            const uint32_t r =
+                std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
+            const TorchTensor* tensor = stage.optim[0][r].groups[g].states[i].tensor;
+            UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+            atom.fragments.push_back(
+                {optim_file(s, 0, r), tensor->file_offset(), tensor->dtype, std::move(whole)});
+          } else {
+            atom.shape = shape;
+            UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(i)));
+          }
+          c.atoms.push_back(std::move(atom));
         }
-        return Status::Ok();
-      };
-      Atom fp32{name, "fp32", first.groups[g].fp32->dtype, shape, {}};
-      UCP_RETURN_IF_ERROR(add_partitioned(fp32, kFp32));
-      c.atoms.push_back(std::move(fp32));
-      for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
-        const StateTensor& st = first.groups[g].states[s];
-        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
-        if (st.tensor->shape.empty()) {
-          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
-          const uint32_t r =
-              std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
-          const TorchTensor* tensor = tag.optim[0][r].groups[g].states[s].tensor;
-          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
-          atom.fragments.push_back(
-              {optim_file(0, r), tensor->file_offset(), tensor->dtype, std::move(whole)});
-        } else {
-          atom.shape = shape;
-          UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(s)));
+        const ModuleTensor& module0 = stage.models[0].module.at(name);
+        Atom bit16{name, "bit16", module0.tensor->dtype, shape, {}};
+        for (uint32_t t = 0; t < ranks; ++t) {
+          const ModuleTensor& module = stage.models[t].module.at(name);
+          if (module.tensor->dtype != bit16.dtype) {
+            return Status::Corrupt(Prefix(module.path) + name + ": dtype differs from " +
+                                   module0.file + "'s");
+          }
+          UCP_RETURN_IF_ERROR(AddSliceFragments(
+              bit16, map, geometry, t, 0, module.tensor->numel(), file_index.at(module.file),
+              module.tensor->file_offset(), module.tensor->dtype));
         }
-        c.atoms.push_back(std::move(atom));
+        c.atoms.push_back(std::move(bit16));
       }
-      Atom bit16{name, "bit16", ms0.module.at(name)->dtype, shape, {}};
-      for (uint32_t t = 0; t < ranks; ++t) {
-        const TorchTensor& tensor = *tag.models[t].module.at(name);
-        if (tensor.dtype != bit16.dtype) {
-          return FieldError(tag.models[t].reader, "module/" + name,
-                            "dtype differs from " + ms0.name);
-        }
-        UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, tensor.numel(), t,
-                                              tensor.file_offset(), tensor.dtype));
-      }
-      c.atoms.push_back(std::move(bit16));
     }
+    c.groups.push_back(std::move(group));
   }
 
+  // 5. What the plans carry from the source files, and the rules.
   std::vector<std::string> rewritten_optim;
   for (size_t g = 0; g < ms0.groups.size(); ++g) {
     for (const StateTensor& st : first.groups[g].states) {
@@ -1344,13 +1653,13 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
   c.carried = {
       {std::string(kModelRole), 0, rewritten_model},
-      {std::string(kOptimRole), tp, rewritten_optim},
+      {std::string(kOptimRole), mp, rewritten_optim},
       {std::string(kUniversalRole),
-       tp,
+       mp,
        {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
         std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
-  // The universal export copies every TP rank's model states.
-  for (uint32_t t = 1; t < tp; ++t) c.carried.push_back({std::string(kCopiedModelRole), t, {}});
+  // The universal export copies every mp rank's model states.
+  for (uint32_t i = 1; i < mp; ++i) c.carried.push_back({std::string(kCopiedModelRole), i, {}});
   nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
   if (vocab) {
     tp_state["vocab"] = {{"original", vocab->original},
@@ -1359,7 +1668,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   }
   c.adapter_state = {
       {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
-      {"file_prefix", prefix},
+      {"file_prefix", grid.prefix},
       {"alignment_factor", kAlignmentFactor},
       {"fp32_padding_stripped", !first.bf16_optimizer},
       {"zero_stage", zero_stage},
@@ -1371,6 +1680,12 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                                    const std::string& tag_dir,
                                                    const Topology& target) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (facts.pp != 1) {
+    return Status::Unsupported("deepspeed: a pipeline tag with tensor parallelism (tp=" +
+                               std::to_string(facts.tp) + ", pp=" + std::to_string(facts.pp) +
+                               "): resharding it is not supported yet (ucp export reads it)");
+  }
   if (target.pp != 1) {
     return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
                                ": pipeline-parallel resharding is not supported yet");
@@ -1385,7 +1700,6 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                    " is not dp=" + std::to_string(target.dp) +
                                    " × tp=" + std::to_string(target.tp));
   }
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const std::vector<TargetGroup> groups, TargetGroups(index, facts, target));
   const uint32_t m = target.dp;
   OutputPlan plan;
@@ -1665,7 +1979,7 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
     if (carried.role != kCopiedModelRole) continue;
     const std::optional<RankCoordinates>& rank = index.files()[carried.file].rank;
     if (!rank) return Status::Corrupt("deepspeed: index: model states copy without a rank");
-    plan.copies.push_back({ModelStatesName(rank->tp), carried.file});
+    plan.copies.push_back({ModelStatesName(MpRank(rank->pp, rank->tp, facts.tp)), carried.file});
   }
   return plan;
 }

@@ -4,13 +4,25 @@
 // by), as atoms, resharded to any (tp, dp) and exported as ds_to_universal does. A TP=1 tag
 // without it is the deepspeed-zero12 adapter's, which refuses tp > 1 targets.
 //
-// A tag it reads (pp = 1; per TP rank t < mp_world_size, per DP rank r < dp_world_size):
+// A tag it reads at pp = 1 (per TP rank t < mp_world_size, per DP rank r < dp_world_size):
 //   mp_rank_<t:02>_model_states.pt   module (rank t's slices, views of one flat buffer),
 //                                    param_shapes (local shapes, flat-buffer order),
 //                                    dp_world_size, mp_world_size, ds_config, and in rank 0's the
 //                                    client's universal_checkpoint_info (below)
 //   [bf16_]zero_pp_rank_<r>_mp_rank_<t:02>_optim_states.pt   rank (r, t)'s ZeRO-1/2 partition of
 //                                    TP rank t's flat buffer (deepspeed_zero.h describes it)
+// A pipeline tag with tensor parallelism (3D: a PipelineModule on DeepSpeed's pipeline grid, every
+// layer file named with its TP rank) holds per stage s < pp and TP rank t < tp, at mp rank
+// m = s·tp + t (mp_world_size = tp·pp; tp is one past the layer files' highest TT):
+//   mp_rank_<m:02>_model_states.pt   module None, param_shapes of stage s's slices, as above
+//   [bf16_]zero_pp_rank_<r>_mp_rank_<m:02>_optim_states.pt   as above, over stage s's buffer
+//   layer_<LL>-model_<t:02>-model_states.pt   layer LL's state_dict on TP rank t: the module
+//                                    tensors of "<LL>.<name>", and of "tied_modules.<key>.<name>"
+//                                    in the one layer of the stage's span that holds no numbered
+//                                    parameter and holds every such <name>
+// A parameter's atoms come from the first stage listing it; a later stage may list it again only
+// when pipeline_replicated_parameter_patterns names it (a tied module's copy, which
+// ds_to_universal skips too: the last stage's never-used position embeddings differ).
 // universal_checkpoint_info (every entry optional; Python regexes matched at the start of a name):
 //   tp_replicated_parameter_patterns        every TP rank holds the whole parameter (slices must
 //                                           be bit-identical; ds_to_universal asserts the same)
@@ -57,8 +69,9 @@
 // Atoms: as deepspeed_zero.h, per parameter of the full (merged, vocabulary-unpadded) shape:
 // "fp32", every optimizer state, "bit16" (the module) and "step".
 //
-// Refused with kUnsupported: pp > 1, ZeRO-3, round_robin_gradients, averaged parameters whose
-// slices differ (their mean is no byte range of the files), uneven splits.
+// Refused with kUnsupported: resharding a pipeline tag (indexed and exported), ZeRO-3,
+// round_robin_gradients, averaged parameters whose slices differ (their mean is no byte range of
+// the files), uneven splits, a tied module whose layer file is not the one candidate.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -80,7 +93,8 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }
 
-  // True when `tag_dir` holds neither pipeline layer files nor ZeRO-3 model states, and either
+  // True when every pipeline layer file of `tag_dir` names a TP rank; else when it holds neither
+  // pipeline layer files nor ZeRO-3 model states, and either
   // files of more than one TP rank (mp_rank_XX_model_states.pt, XX > 0) or one TP rank whose
   // mp_rank_00_model_states.pt holds universal_checkpoint_info without round_robin_gradients
   // (this reads that file's pickle, never tensor data).
@@ -89,7 +103,8 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   // mp_rank_<t>_model_states.pt for t < mp_world_size and
   // [bf16_]zero_pp_rank_<r>_mp_rank_<t>_optim_states.pt for r < dp_world_size, from rank 0's
   // model states (kFailedPrecondition while it is missing or incomplete; kUnsupported for ZeRO-3
-  // or stage 0 configs).
+  // or stage 0 configs); in a pipeline tag, once every model-states file is whole, the layer files
+  // too.
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates every TP rank's files as deepspeed_zero.h does for one, checks that the TP ranks

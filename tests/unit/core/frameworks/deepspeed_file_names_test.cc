@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ TEST(DeepSpeedFileNamesTest, ParsesEveryKindDeepSpeedWrites) {
     FileKind kind;
     std::string prefix;
     uint32_t dp, mp, layer, expert;
+    std::optional<uint32_t> model_rank = std::nullopt;
   };
   const std::vector<Case> cases = {
       {"mp_rank_03_model_states.pt", FileKind::kModelStates, "", 0, 3, 0, 0},
@@ -28,8 +30,10 @@ TEST(DeepSpeedFileNamesTest, ParsesEveryKindDeepSpeedWrites) {
       {"expp_rank_1_mp_rank_00_optim_states.pt", FileKind::kExpertOptimStates, "", 1, 0, 0, 0},
       {"layer_1_expert_3_mp_rank_00_model_states.pt", FileKind::kExpertModelStates, "", 0, 0, 1, 3},
       {"layer_05-model_states.pt", FileKind::kLayerStates, "", 0, 0, 5, 0},
-      {"layer_17-model_01-model_states.pt", FileKind::kLayerStates, "", 0, 0, 17, 0},
-      {"layer_123-model_00-model_states.pt", FileKind::kLayerStates, "", 0, 0, 123, 0},
+      {"layer_17-model_01-model_states.pt", FileKind::kLayerStates, "", 0, 0, 17, 0, 1},
+      {"layer_123-model_00-model_states.pt", FileKind::kLayerStates, "", 0, 0, 123, 0, 0},
+      // A grid with an axis besides model: the layer, no TP rank.
+      {"layer_02-model_01-seq_00-model_states.pt", FileKind::kLayerStates, "", 0, 0, 2, 0},
   };
   for (const Case& c : cases) {
     const std::optional<FileName> parsed = ParseFileName(c.name);
@@ -40,6 +44,7 @@ TEST(DeepSpeedFileNamesTest, ParsesEveryKindDeepSpeedWrites) {
     EXPECT_EQ(parsed->mp, c.mp) << c.name;
     EXPECT_EQ(parsed->layer, c.layer) << c.name;
     EXPECT_EQ(parsed->expert, c.expert) << c.name;
+    EXPECT_EQ(parsed->model_rank, c.model_rank) << c.name;
   }
 }
 
@@ -90,6 +95,12 @@ TEST(DeepSpeedFileNamesTest, WrittenNamesParseBackToTheirNumbers) {
   const std::optional<FileName> layer = ParseFileName(LayerStatesName(140));
   ASSERT_TRUE(layer.has_value());
   EXPECT_EQ(layer->layer, 140u);
+  EXPECT_EQ(layer->model_rank, std::nullopt);
+  EXPECT_EQ(TpLayerStatesName(3, 1), "layer_03-model_01-model_states.pt");
+  const std::optional<FileName> tp_layer = ParseFileName(TpLayerStatesName(140, 127));
+  ASSERT_TRUE(tp_layer.has_value());
+  EXPECT_EQ(tp_layer->layer, 140u);
+  EXPECT_EQ(tp_layer->model_rank, 127u);
 }
 
 }  // namespace
