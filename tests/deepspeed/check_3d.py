@@ -16,12 +16,30 @@ import os
 import shutil
 import sys
 
+import ds_objects
 import harness
 
 ucp, fixtures, work = sys.argv[1], sys.argv[2], sys.argv[3]
 report = harness.Report("check_3d")
 TAG = "global_step5"
+# train_3d.py keeps the global batch: its micro batch is the new run's, like DeepSpeed's.
+RUN_CONFIG_FIELDS = harness.RUN_CONFIG_FIELDS + ("args.micro_batch_size",)
 
+
+
+def compare_tags(case, save_dir, expected):
+    """save_dir (a `ucp reshard --out`) holds expected's files, as DeepSpeed wrote them."""
+    report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{case}: latest")
+    names = harness.files_under(expected)
+    report.check(harness.files_under(save_dir) == sorted(["latest"] + [f"{TAG}/{n}" for n in names]),
+                 f"{case}: files {harness.files_under(save_dir)} vs DeepSpeed's {names}")
+    for name in names:
+        report.diffs(harness.compare_files(f"{expected}/{name}", f"{save_dir}/{TAG}/{name}",
+                                           RUN_CONFIG_FIELDS, harness.UNORDERED_IN_RESAVES),
+                     f"{case}/{name}")
+
+
+checked_without_resave = []
 for config in ("3d_z1_fp32", "3d_bf16"):
     source = f"{fixtures}/{config}/tp2pp2dp2"
     parent = harness.fresh_dir(f"{work}/{config}_universal")
@@ -38,11 +56,61 @@ for config in ("3d_z1_fp32", "3d_bf16"):
             report.diffs(harness.compare_files(f"{expected}/{name}", f"{out}/{name}"),
                          f"{config}/{name}")
 
-    save_dir = harness.fresh_dir(f"{work}/{config}_reshard")
-    status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to", "tp=2,pp=2,dp=1",
+    for tp, pp, dp in ((2, 2, 2), (2, 2, 1), (1, 2, 2), (2, 1, 2), (1, 1, 2)):
+        case = f"tp{tp}pp{pp}dp{dp}_from_tp2pp2dp2"
+        expected = f"{fixtures}/{config}/resaved/{case}/{TAG}"
+        save_dir = harness.fresh_dir(f"{work}/{config}_{case}")
+        status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to",
+                                         f"tp={tp},pp={pp},dp={dp}", "--out", save_dir)
+        if not report.check(status == 0, f"{config} {case}: ucp reshard exit {status}: {err}"):
+            continue
+        if os.path.isdir(expected):
+            compare_tags(f"{config} {case}", save_dir, expected)
+            continue
+        # No resave of DeepSpeed's at this size: the atoms must survive, the export of ucp's
+        # files holding DeepSpeed's universal zero/<param>/ files of the source bit for bit.
+        checked_without_resave.append(f"{config} {case}")
+        out = f"{save_dir}/universal"
+        status, _, err = harness.run_ucp(ucp, "export", f"{save_dir}/{TAG}", "--format",
+                                         "deepspeed-universal", "--out", out)
+        if report.check(status == 0, f"{config} {case}: ucp export exit {status}: {err}"):
+            universal = f"{source}/{TAG}_universal"
+            params = [n for n in harness.files_under(universal)
+                      if n.startswith("zero/") and n != "zero/optimizer_state.pt"]
+            report.check(len(params) == 52 * 4, f"{config}: {len(params)} zero/<param> files")
+            for name in params:
+                expected_atom = ds_objects.load(f"{universal}/{name}")
+                atom = ds_objects.load(f"{out}/{name}")
+                if isinstance(expected_atom, dict) and expected_atom.get("vocab_tensor"):
+                    # The vocabulary's storage keeps the padding rows of the tag's TP degree.
+                    expected_atom["param"] = expected_atom["param"].clone()
+                    atom["param"] = atom["param"].clone()
+                report.diffs(ds_objects.compare(expected_atom, atom),
+                             f"{config} {case} export/{name}")
+
+    # Through ucp alone and back: tp2pp2dp2 -> tp1pp2dp1 -> tp2pp2dp2 gives DeepSpeed's own
+    # same-size resave (the last stage's tied position embeddings now stage 0's, as DeepSpeed's
+    # universal load leaves them); and from DeepSpeed's TP=1 resave (vocabulary padded to 68)
+    # back to TP=2 (72) the same.
+    control = f"{fixtures}/{config}/resaved/tp2pp2dp2_from_tp2pp2dp2/{TAG}"
+    middle = harness.fresh_dir(f"{work}/{config}_round_trip_tp1pp2dp1")
+    status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to",
+                                     "tp=1,pp=2,dp=1", "--out", middle)
+    for case, start in (("round trip through tp1pp2dp1", f"{middle}/{TAG}"),
+                        ("from DeepSpeed's tp1pp2dp2 resave",
+                         f"{fixtures}/{config}/resaved/tp1pp2dp2_from_tp2pp2dp2/{TAG}")):
+        back = harness.fresh_dir(f"{work}/{config}_{case.replace(' ', '_')}")
+        status, _, err = harness.run_ucp(ucp, "reshard", start, "--to", "tp=2,pp=2,dp=2",
+                                         "--out", back)
+        if report.check(status == 0, f"{config} {case}: ucp reshard exit {status}: {err}"):
+            compare_tags(f"{config} {case}", back, control)
+
+    # pp=4 needs the partition method ('type:transformer' here), which no file records.
+    save_dir = harness.fresh_dir(f"{work}/{config}_pp4")
+    status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to", "tp=1,pp=4,dp=2",
                                      "--out", save_dir)
-    report.check(status != 0 and "pipeline tag with tensor parallelism" in err,
-                 f"{config}: reshard not refused as not supported yet: exit {status}: {err}")
+    report.check(status != 0 and "partition method" in err,
+                 f"{config}: pp=4 not refused naming the partition method: exit {status}: {err}")
 
 # A layer file missing: refused, naming it.
 copy = harness.fresh_dir(f"{work}/missing_layer") + f"/{TAG}"
@@ -52,5 +120,6 @@ status, _, err = harness.run_ucp(ucp, "export", copy, "--format", "deepspeed-uni
                                  f"{work}/missing_layer/out")
 report.check(status != 0 and "layer_03-model_01-model_states.pt" in err,
              f"missing layer file not named: exit {status}: {err}")
+print(f"without a DeepSpeed resave (checked by their atoms): {checked_without_resave}")
 
 report.exit()

@@ -9,6 +9,7 @@ stride, storage offset and bits (integer views, so NaN and -0.0 count), and whet
 storages the same way.
 """
 
+import argparse
 import enum
 import struct
 import sys
@@ -136,7 +137,7 @@ def compare(a, b, path="", allowed=(), unordered=None, out=None, storages=None):
     elif isinstance(a, float):
         if _float_bits(a) != _float_bits(b):
             out.append(f"{where}: {a!r} vs {b!r}")
-    elif isinstance(a, (LossScaler, fragment_address)):
+    elif isinstance(a, (LossScaler, fragment_address, argparse.Namespace)):
         compare(vars(a), vars(b), path, allowed, unordered, out, storages)
     elif a != b:
         out.append(f"{where}: {a!r} vs {b!r}")

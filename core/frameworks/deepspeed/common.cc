@@ -721,6 +721,24 @@ uint64_t StateNumel(bool elastic, uint64_t partition, uint64_t padding) {
   return elastic ? partition - padding : partition;
 }
 
+void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTensor>& reference) {
+  if (states.size() != reference.size()) return;
+  std::vector<StateTensor> ordered;
+  for (const StateTensor& want : reference) {
+    const auto it = std::find_if(states.begin(), states.end(),
+                                 [&](const StateTensor& st) { return st.key == want.key; });
+    if (it == states.end()) return;
+    ordered.push_back(*it);
+  }
+  states = std::move(ordered);
+}
+
+void OrderStatesAs(OptimStates& os, const OptimStates& first) {
+  for (size_t g = 0; g < os.groups.size() && g < first.groups.size(); ++g) {
+    OrderStatesAs(os.groups[g].states, first.groups[g].states);
+  }
+}
+
 Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first) {
   const TorchArchiveReader& r = os.reader;
   const std::string osd(kOsd);

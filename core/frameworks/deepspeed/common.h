@@ -301,6 +301,13 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
 // shapes and dtypes): kCorrupt naming the field that disagrees; kUnsupported for a state that is
 // neither 0-d nor the partition.
 Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first);
+// Puts each group's states of `os` in `first`'s key order where both hold the same keys:
+// DeepSpeed's universal load fills them in no fixed order, so the files of one save made after it
+// may differ there. Other differences are left for CheckOptimStates to name.
+void OrderStatesAs(OptimStates& os, const OptimStates& first);
+// The same for one group's states: `states` in `reference`'s key order when both hold the same
+// keys.
+void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTensor>& reference);
 
 // zero/optimizer_state.pt of ds_to_universal: the optimizer_state_dict of `reader` (index file
 // `file`) without its partitioned entries (base_optimizer_state, single_partition_of_fp32_groups,

@@ -51,6 +51,7 @@ using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
 using deepspeed::OptionalField;
+using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
@@ -703,6 +704,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
   }
   for (uint32_t s = 0; s < pp; ++s) {
     for (uint32_t r = 0; r < dp; ++r) {
+      OrderStatesAs(optims[uint64_t{s} * dp + r].states, optims.front().states);
       UCP_RETURN_IF_ERROR(CheckStageOptim(optims[uint64_t{s} * dp + r], stages[s], optims.front()));
     }
   }

@@ -53,6 +53,7 @@ using deepspeed::OptimGroup;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
 using deepspeed::OptionalField;
+using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
@@ -437,6 +438,7 @@ struct ModuleTensor {
   const TorchTensor* tensor = nullptr;
   std::string file;  // its name in the tag
   std::string path;
+  std::string key;  // its name in the file's state_dict
 };
 
 // One TP rank's model states: its mp_world_size and module tensors besides the ZeRO-1/2 facts.
@@ -461,7 +463,7 @@ Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::s
   }
   if (const Value* node = OptionalField(r, "module")) {
     for (const auto& [key, value] : NamedChildren(node))
-      ms.module[key] = {r.TensorAt(value), name, r.path()};
+      ms.module[key] = {r.TensorAt(value), name, r.path(), "module/" + key};
   }
   return ms;
 }
@@ -841,7 +843,62 @@ struct IndexFacts {
   std::optional<Vocab> vocab;
   std::map<std::string, ShardMap> maps;
   std::vector<std::vector<std::string>> groups;  // parameter names, flat-buffer order
+  // A pipeline tag (its module in layer files): every stage's groups, copies of pipeline-
+  // replicated parameters included, and every layer file of TP rank 0 with its parameters.
+  bool pipeline = false;
+  std::vector<std::vector<std::vector<std::string>>> stages;  // [stage][group] → names
+  struct Layer {
+    uint32_t layer = 0;
+    uint32_t file = 0;                          // the index's file of layer_LL-model_00
+    std::map<std::string, std::string> params;  // name in the layer's state_dict → parameter
+  };
+  std::vector<Layer> layers;
 };
+
+// adapter_state.pipeline: {"stages": [[[names of group 0], ...], ...],
+//                          "layers": [{"layer": 1, "file": 12, "params": {"<key>": "<param>"}}]}
+Status ReadPipelineFacts(const AtomIndex& index, const nlohmann::json& pipeline,
+                         IndexFacts& facts) {
+  const Status bad = Status::Corrupt("deepspeed: index adapter_state.pipeline: malformed");
+  if (!pipeline.is_object() || !pipeline.contains("stages") || !pipeline["stages"].is_array() ||
+      pipeline["stages"].size() != index.contents().topology.pp || !pipeline.contains("layers") ||
+      !pipeline["layers"].is_array()) {
+    return bad;
+  }
+  facts.pipeline = true;
+  for (const nlohmann::json& stage : pipeline["stages"]) {
+    if (!stage.is_array() || stage.size() != facts.groups.size()) return bad;
+    std::vector<std::vector<std::string>> groups;
+    for (const nlohmann::json& group : stage) {
+      if (!group.is_array()) return bad;
+      std::vector<std::string> names;
+      for (const nlohmann::json& name : group) {
+        if (!name.is_string() || !facts.maps.contains(name.get<std::string>())) return bad;
+        names.push_back(name.get<std::string>());
+      }
+      groups.push_back(std::move(names));
+    }
+    facts.stages.push_back(std::move(groups));
+  }
+  for (const nlohmann::json& layer : pipeline["layers"]) {
+    if (!layer.is_object() || !layer.contains("layer") || !layer["layer"].is_number_unsigned() ||
+        !layer.contains("file") || !layer["file"].is_number_unsigned() ||
+        layer["file"].get<uint64_t>() >= index.files().size() ||
+        index.files()[layer["file"].get<uint64_t>()].role != kLayerRole ||
+        !layer.contains("params") || !layer["params"].is_object()) {
+      return bad;
+    }
+    IndexFacts::Layer entry{static_cast<uint32_t>(layer["layer"].get<uint64_t>()),
+                            static_cast<uint32_t>(layer["file"].get<uint64_t>()),
+                            {}};
+    for (const auto& [key, param] : layer["params"].items()) {
+      if (!param.is_string() || !facts.maps.contains(param.get<std::string>())) return bad;
+      entry.params[key] = param.get<std::string>();
+    }
+    facts.layers.push_back(std::move(entry));
+  }
+  return Status::Ok();
+}
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
@@ -913,6 +970,12 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.groups.push_back(group.params);
   }
+  if (state.contains("pipeline")) {
+    UCP_RETURN_IF_ERROR(ReadPipelineFacts(index, state["pipeline"], facts));
+  } else if (facts.pp != 1) {
+    return Status::Corrupt("deepspeed: index adapter_state: pp=" + std::to_string(facts.pp) +
+                           " without pipeline");
+  }
   return facts;
 }
 
@@ -923,10 +986,13 @@ struct TargetGroup {
   Partitioning partition;
 };
 
+// The groups of one target stage (`names`: per group, its parameters in flat order) at
+// (target.tp, target.dp).
 Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const IndexFacts& facts,
+                                              const std::vector<std::vector<std::string>>& stage,
                                               const Topology& target) {
   std::vector<TargetGroup> out;
-  for (const std::vector<std::string>& names : facts.groups) {
+  for (const std::vector<std::string>& names : stage) {
     TargetGroup group;
     std::vector<Shape> shapes;
     for (const std::string& name : names) {
@@ -948,6 +1014,28 @@ Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const Inde
   return out;
 }
 
+// Appends the bytes of local elements [begin, end) of TP rank t's slice (geometry `geometry`) of
+// parameter `name`'s state `state`; vocabulary padding rows are zeros.
+Status SliceSegments(const AtomIndex& index, const IndexFacts& facts, const std::string& name,
+                     const Geometry& geometry, uint32_t t, std::string_view state, uint64_t begin,
+                     uint64_t end, std::vector<Segment>& segments) {
+  const Atom* atom = index.Find(name, state);
+  if (atom == nullptr) {
+    return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<GlobalRun> runs,
+                       MapLocalRange(facts.maps.at(name), geometry, t, begin, end));
+  for (const GlobalRun& run : runs) {
+    if (!run.region) {
+      AppendZeros(segments, run.count * ItemSize(atom->dtype));
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
+    AppendSegments(segments, more);
+  }
+  return Status::Ok();
+}
+
 // Bytes of elements [begin, end) (end <= total) of state `state`'s flat buffer of TP rank t.
 Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFacts& facts,
                                           const TargetGroup& group, uint32_t t,
@@ -959,22 +1047,8 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFac
     const uint64_t lo = std::max(off, begin);
     const uint64_t hi = std::min(off + layout.numels[k], end);
     if (lo >= hi) continue;
-    const Atom* atom = index.Find(layout.names[k], state);
-    if (atom == nullptr) {
-      return Status::Corrupt("deepspeed: index: no atom " + layout.names[k] + "/" +
-                             std::string(state));
-    }
-    UCP_ASSIGN_OR_RETURN(
-        const std::vector<GlobalRun> runs,
-        MapLocalRange(facts.maps.at(layout.names[k]), group.geometry[k], t, lo - off, hi - off));
-    for (const GlobalRun& run : runs) {
-      if (!run.region) {
-        AppendZeros(segments, run.count * ItemSize(atom->dtype));
-        continue;
-      }
-      UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
-      AppendSegments(segments, more);
-    }
+    UCP_RETURN_IF_ERROR(SliceSegments(index, facts, layout.names[k], group.geometry[k], t, state,
+                                      lo - off, hi - off, segments));
   }
   return segments;
 }
@@ -1171,9 +1245,10 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
     }
   }
   const OptimStates& first = grid.stages[0].optim[0][0];
-  for (const TpTag& stage : grid.stages) {
+  for (TpTag& stage : grid.stages) {
     for (uint32_t t = 0; t < grid.tp; ++t) {
-      for (const OptimStates& os : stage.optim[t]) {
+      for (OptimStates& os : stage.optim[t]) {
+        OrderStatesAs(os, first);
         UCP_RETURN_IF_ERROR(CheckOptimStates(os, stage.models[t], first));
       }
     }
@@ -1282,7 +1357,7 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
               return FieldError(layer_file->reader, key,
                                 "missing (" + ms.name + " names " + name + ")");
             }
-            ms.module[name] = {it->second, file, layer_file->reader.path()};
+            ms.module[name] = {it->second, file, layer_file->reader.path(), key};
             continue;
           }
           const size_t dot = name.find('.', kTiedPrefix.size());
@@ -1321,7 +1396,7 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
         const LayerFile& layer_file = grid.layer_files.at(matches.front());
         for (const auto& [name, in_layer] : names) {
           ms.module[name] = {layer_file.tensors.at(in_layer), matches.front(),
-                             layer_file.reader.path()};
+                             layer_file.reader.path(), in_layer};
         }
       }
     }
@@ -1357,6 +1432,316 @@ Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, u
     }
   }
   return vocab;
+}
+
+// Outside a pipeline the model states hold the module, every group's tensors views of one flat
+// buffer: its tensors rewritten in `graph` (the imported template) at the target's slices, and the
+// buffers' bytes by storage key.
+Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
+    const AtomIndex& index, const IndexFacts& facts, const TorchArchiveReader& model,
+    const std::vector<TargetGroup>& groups, uint32_t t, pickle::Graph& graph) {
+  std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, index)
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
+      position[groups[g].layout.names[k]] = {g, k};
+    }
+  }
+  std::vector<const TorchTensor*> buffer_of(groups.size(), nullptr);
+  for (const auto& [name, at] : position) {
+    Result<const Value*> node = model.Find("module/" + name);
+    const TorchTensor* tensor = node.ok() ? model.TensorAt(*node) : nullptr;
+    if (tensor == nullptr) return FieldError(model, "module/" + name, "not a tensor");
+    const TorchTensor*& buffer = buffer_of[at.first];
+    if (buffer != nullptr && buffer->storage->key != tensor->storage->key) {
+      return Status::Unsupported(Prefix(model.path()) + "module/" + name +
+                                 ": not a view of its group's flat buffer");
+    }
+    buffer = tensor;
+  }
+  Value* root = graph.root();
+  Value* module = root->Get("module");
+  if (module == nullptr || module->kind() != Kind::kObject) {
+    return FieldError(model, "module", "not an OrderedDict");
+  }
+  for (pickle::Mutation& mutation : module->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+    const auto it = position.find(KeyText(mutation.first));
+    if (it == position.end()) continue;  // a buffer: carried
+    const auto [g, k] = it->second;
+    const TorchTensor& buffer = *buffer_of[g];
+    TensorNodeSpec spec;
+    spec.storage_key = buffer.storage->key;
+    spec.dtype = buffer.dtype;
+    spec.location = buffer.storage->location;
+    spec.storage_numel = groups[g].partition.padded;
+    spec.storage_offset = groups[g].layout.offsets[k];
+    spec.shape = groups[g].geometry[k].local;
+    spec.requires_grad = buffer.requires_grad;
+    spec.parameter = buffer.parameter;
+    UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
+  }
+  std::map<std::string, std::vector<Segment>> replaced;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const TargetGroup& group = groups[g];
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                         FlatSegments(index, facts, group, t, "bit16", 0, group.layout.total));
+    AppendZeros(segments,
+                (group.partition.padded - group.layout.total) * ItemSize(buffer_of[g]->dtype));
+    replaced[buffer_of[g]->storage->key] = std::move(segments);
+  }
+  return replaced;
+}
+
+// Megatron's arguments (an argparse.Namespace the client saves as "args"), where they name the
+// topology: set to the target's. Megatron-DeepSpeed's load compares tensor_model_parallel_size,
+// pipeline_model_parallel_size and padded_vocab_size with its own run's and stops on a mismatch.
+Status SetMegatronArgs(pickle::Graph& graph, Value* root, const IndexFacts& facts,
+                       const Topology& target, const std::string& where) {
+  Value* args = root->Get("args");
+  if (args == nullptr || args->kind() != Kind::kObject) return Status::Ok();
+  std::vector<std::pair<std::string_view, uint64_t>> fields = {
+      {"tensor_model_parallel_size", target.tp},
+      {"pipeline_model_parallel_size", target.pp},
+      {"data_parallel_size", target.dp}};
+  if (facts.vocab) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
+    fields.emplace_back("padded_vocab_size", padded);
+  }
+  for (pickle::Mutation& mutation : args->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kBuild || mutation.first == nullptr ||
+        mutation.first->kind() != Kind::kDict) {
+      continue;
+    }
+    for (const auto& [key, value] : fields) {
+      const Value* old = mutation.first->Get(key);
+      if (old == nullptr || old->kind() != Kind::kInt) continue;
+      UCP_RETURN_IF_ERROR(SetDictItem(mutation.first, key, graph.Int(static_cast<int64_t>(value)),
+                                      where + ": args"));
+    }
+  }
+  return Status::Ok();
+}
+
+// The model states of one target stage's TP rank t (its groups `groups`) from the template
+// `model`: dp_world_size, mp_world_size (tp·pp), the vocabulary's padded size, param_shapes of the
+// stage's slices and, outside a pipeline, the module's flat buffers.
+Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& facts,
+                                      const TorchArchiveReader& model,
+                                      const std::vector<TargetGroup>& groups, uint32_t t,
+                                      const Topology& target, std::string path) {
+  ArchiveOutput out;
+  out.path = std::move(path);
+  Value* root = out.graph.Import(model.root());
+  out.graph.set_root(root);
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(target.dp), model.path()));
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size",
+                                  out.graph.Int(int64_t{target.tp} * target.pp), model.path()));
+  if (facts.vocab) {
+    Value* info = root->Get(kInfo);
+    if (info != nullptr && info->kind() == Kind::kDict &&
+        info->Get("padded_vocab_size") != nullptr) {
+      UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
+      UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
+                                      out.graph.Int(static_cast<int64_t>(padded)), model.path()));
+    }
+  }
+  UCP_RETURN_IF_ERROR(SetMegatronArgs(out.graph, root, facts, target, model.path()));
+  Value* shapes = root->Get("param_shapes");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Value* group = shapes == nullptr ? nullptr : shapes->Item(g);
+    if (group == nullptr || group->kind() != Kind::kObject) {
+      return FieldError(model, "param_shapes/" + std::to_string(g), "not an OrderedDict");
+    }
+    std::vector<pickle::Mutation> items;
+    for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
+      items.push_back({pickle::Mutation::Op::kSetItem, out.graph.Str(groups[g].layout.names[k]),
+                       SizeNode(out.graph, groups[g].geometry[k].local)});
+    }
+    for (const pickle::Mutation& mutation : group->mutations()) {
+      if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
+    }
+    group->mutable_mutations() = std::move(items);
+  }
+  std::map<std::string, std::vector<Segment>> replaced;
+  if (!facts.pipeline) {
+    UCP_ASSIGN_OR_RETURN(replaced, PlanModuleBuffers(index, facts, model, groups, t, out.graph));
+  }
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, model, facts.model_file, std::move(replaced)));
+  return out;
+}
+
+// The optimizer file of DP rank r of one target stage's TP rank t (its groups `groups`, m DP
+// ranks), from the template `reader`: partitions, paddings, partition_count, param_slice_mappings.
+Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& facts,
+                                    const TorchArchiveReader& reader,
+                                    const std::vector<TargetGroup>& groups, uint32_t t, uint32_t r,
+                                    uint32_t m, std::string path) {
+  const std::string osd(kOsd);
+  ArchiveOutput out;
+  out.path = std::move(path);
+  Value* root = out.graph.Import(reader.root());
+  out.graph.set_root(root);
+  Value* dict = root->Get(kOsd);
+  if (dict == nullptr) return FieldError(reader, osd, "missing");
+  std::map<std::string, std::vector<Segment>> replaced;
+  std::vector<uint64_t> paddings;
+  std::vector<Value*> fp32_items;
+  std::vector<Value*> mapping_items;
+  std::vector<size_t> params_per_group;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& layout = groups[g].layout;
+    params_per_group.push_back(layout.names.size());
+    const Partitioning& p = groups[g].partition;
+    const uint64_t begin = p.begin(r);
+    const uint64_t padding = p.padding_of(r);
+    const uint64_t real_end = std::min(begin + p.partition, layout.total);
+    const uint64_t tail = begin + p.partition - std::max(begin, real_end);
+    const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
+    Value* states = nullptr;
+    if (Value* base = dict->Get("base_optimizer_state")) {
+      if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
+        for (auto& [key, value] : all->mutable_entries()) {
+          if (KeyText(key) == std::to_string(g)) states = value;
+        }
+      }
+    }
+    if (states == nullptr || states->kind() != Kind::kDict ||
+        states->entries().size() != template_states->entries().size()) {
+      return FieldError(reader, field, "not a dict of states");
+    }
+    for (size_t s = 0; s < states->entries().size(); ++s) {
+      const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
+      if (tensor == nullptr || tensor->shape.size() != 1) continue;
+      const std::string state = KeyText(states->entries()[s].first);
+      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                           FlatSegments(index, facts, groups[g], t, state, begin, real_end));
+      AppendZeros(segments, tail * ItemSize(tensor->dtype));
+      UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
+                           PartitionTensor(out.graph, *tensor, p.partition, p.partition));
+      replaced[tensor->storage->key] = std::move(segments);
+    }
+    // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
+    // tensor but keeps the P-element storage it is a view of.
+    const std::string fp32_field = osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
+    UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
+    const TorchTensor* fp32 = reader.TensorAt(fp32_node);
+    if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
+    const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
+                         FlatSegments(index, facts, groups[g], t, "fp32", begin, real_end));
+    AppendZeros(segments, tail * ItemSize(fp32->dtype));
+    UCP_ASSIGN_OR_RETURN(Value * node, PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
+    fp32_items.push_back(node);
+    replaced[fp32->storage->key] = std::move(segments);
+    paddings.push_back(padding);
+    mapping_items.push_back(
+        MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
+  }
+  UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+                                         std::move(mapping_items), params_per_group,
+                                         reader.path()));
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+  return out;
+}
+
+// The layer files of a pipeline tag at TP rank t of the target: each layer's state_dict from its
+// TP rank 0 file, every parameter's tensor replaced by its slice at target.tp (its own storage,
+// as DeepSpeed's clone before saving leaves it), other entries carried.
+Status PlanLayerFiles(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                      uint32_t t, const Topology& target, OutputPlan& plan) {
+  for (const IndexFacts::Layer& layer : facts.layers) {
+    const std::string path = TpLayerStatesName(layer.layer, t);
+    if (layer.params.empty()) {  // nothing of it is split: the file as saved
+      plan.copies.push_back({path, layer.file});
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, layer.file));
+    ArchiveOutput out;
+    out.path = path;
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    if (root->kind() != Kind::kObject) return FieldError(reader, "", "not an OrderedDict");
+    std::map<std::string, std::vector<Segment>> replaced;
+    size_t found = 0;
+    for (pickle::Mutation& mutation : root->mutable_mutations()) {
+      if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+      const std::string key = KeyText(mutation.first);
+      const auto it = layer.params.find(key);
+      if (it == layer.params.end()) continue;  // a buffer: carried
+      ++found;
+      const std::string& name = it->second;
+      UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, key));
+      const TorchTensor* tensor = reader.TensorAt(node);
+      const Atom* atom = index.Find(name, "bit16");
+      if (tensor == nullptr || atom == nullptr) return FieldError(reader, key, "not a tensor");
+      UCP_ASSIGN_OR_RETURN(
+          const Geometry geometry,
+          GeometryAt(name, facts.maps.at(name), atom->shape, target.tp, facts.vocab));
+      UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(geometry.local));
+      TensorNodeSpec spec;
+      spec.storage_key = tensor->storage->key;
+      spec.dtype = tensor->dtype;
+      spec.location = tensor->storage->location;
+      spec.storage_numel = numel;
+      spec.shape = geometry.local;
+      spec.requires_grad = tensor->requires_grad;
+      spec.parameter = tensor->parameter;
+      UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(out.graph, spec));
+      std::vector<Segment>& segments = replaced[tensor->storage->key];
+      UCP_RETURN_IF_ERROR(
+          SliceSegments(index, facts, name, geometry, t, "bit16", 0, numel, segments));
+    }
+    if (found != layer.params.size()) {
+      return Status::Corrupt(Prefix(reader.path()) + "holds " + std::to_string(found) + " of the " +
+                             std::to_string(layer.params.size()) + " parameters the index names");
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, layer.file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
+// The target's stages, per stage per group its parameters in flat order. Outside a pipeline there
+// is one. A pipeline keeps its stages at the source's pp; at pp = 1 one stage holds every
+// parameter in PipelineModule's order (the tied modules first, each once, then the numbered
+// layers in order). Other pipeline degrees need the partition method, which no file records.
+Result<std::vector<std::vector<std::vector<std::string>>>> TargetStages(const IndexFacts& facts,
+                                                                        uint32_t pp) {
+  if (!facts.pipeline) {
+    if (pp != 1) {
+      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
+                                 ": the tag's model is no PipelineModule (no layer files)");
+    }
+    return std::vector<std::vector<std::vector<std::string>>>{facts.groups};
+  }
+  if (pp == facts.stages.size()) return facts.stages;
+  if (pp != 1) {
+    return Status::Unsupported(
+        "deepspeed: pp=" + std::to_string(pp) + " from pp=" + std::to_string(facts.stages.size()) +
+        ": placing a 3D tag's layers at another pipeline degree than 1 or the source's is not "
+        "supported yet (the partition method is in no file)");
+  }
+  std::vector<std::vector<std::string>> groups(facts.groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::set<std::string> seen;
+    std::vector<std::string> numbered;
+    for (const std::vector<std::vector<std::string>>& stage : facts.stages) {
+      for (const std::string& name : stage[g]) {
+        if (!seen.insert(name).second) continue;
+        if (name.starts_with(kTiedPrefix)) {
+          groups[g].push_back(name);
+        } else {
+          numbered.push_back(name);
+        }
+      }
+    }
+    groups[g].insert(groups[g].end(), numbered.begin(), numbered.end());
+  }
+  return std::vector<std::vector<std::vector<std::string>>>{std::move(groups)};
 }
 
 }  // namespace
@@ -1651,6 +2036,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
                                               "mp_world_size"};
   if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
+  nlohmann::json pipeline;  // null unless a pipeline tag
   c.carried = {
       {std::string(kModelRole), 0, rewritten_model},
       {std::string(kOptimRole), mp, rewritten_optim},
@@ -1666,6 +2052,42 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                          {"padded", vocab->padded},
                          {"divisible_by", vocab->divisible_by}};
   }
+  if (!grid.layer_names.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const TpTag& stage : grid.stages) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const GroupLayout& layout : stage.models[0].groups) groups.push_back(layout.names);
+      stages.push_back(std::move(groups));
+    }
+    // Every layer file of TP rank 0, with the parameters it holds: the target's layer files'
+    // templates.
+    std::map<uint32_t, nlohmann::json> layers;
+    for (const std::string& file : grid.layer_names) {
+      const std::optional<FileName> parsed = ParseFileName(file);
+      if (parsed->model_rank != 0) continue;
+      layers[parsed->layer] = {{"layer", parsed->layer},
+                               {"file", file_index.at(file)},
+                               {"params", nlohmann::json::object()}};
+    }
+    for (const auto& [name, where] : grid.owner) {
+      const ModuleTensor& module = grid.stages[std::get<0>(where)].models[0].module.at(name);
+      const std::optional<FileName> parsed = ParseFileName(module.file);
+      if (!layers.contains(parsed->layer)) {
+        return Status::NotFound(Prefix(tag_dir + "/" + TpLayerStatesName(parsed->layer, 0)) +
+                                "not found (" + module.file + " holds " + name + ")");
+      }
+      layers[parsed->layer]["params"][module.key] = name;
+    }
+    nlohmann::json layer_list = nlohmann::json::array();
+    for (auto& [layer, entry] : layers) {
+      std::vector<std::string> keys;
+      for (const auto& [key, param] : entry["params"].items()) keys.push_back(key);
+      c.carried.push_back(
+          {std::string(kLayerRole), entry["file"].get<uint32_t>(), std::move(keys)});
+      layer_list.push_back(std::move(entry));
+    }
+    pipeline = {{"stages", std::move(stages)}, {"layers", std::move(layer_list)}};
+  }
   c.adapter_state = {
       {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
       {"file_prefix", grid.prefix},
@@ -1674,198 +2096,65 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
       {"zero_stage", zero_stage},
       {"tp", std::move(tp_state)},
   };
+  if (!pipeline.is_null()) c.adapter_state["pipeline"] = std::move(pipeline);
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
 
 Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                                    const std::string& tag_dir,
                                                    const Topology& target) const {
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  if (facts.pp != 1) {
-    return Status::Unsupported("deepspeed: a pipeline tag with tensor parallelism (tp=" +
-                               std::to_string(facts.tp) + ", pp=" + std::to_string(facts.pp) +
-                               "): resharding it is not supported yet (ucp export reads it)");
-  }
-  if (target.pp != 1) {
-    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
-                               ": pipeline-parallel resharding is not supported yet");
-  }
-  if (target.dp == 0 || target.tp == 0) {
+  if (target.dp == 0 || target.tp == 0 || target.pp == 0) {
     return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
-                                   " tp=" + std::to_string(target.tp) + ": no ranks to reshard to");
+                                   " tp=" + std::to_string(target.tp) +
+                                   " pp=" + std::to_string(target.pp) + ": no ranks to reshard to");
   }
-  const std::optional<uint64_t> world = CheckedMul(uint64_t{target.dp}, uint64_t{target.tp});
-  if (target.tp > kMaxTpWorldSize || !world || (target.world != 0 && target.world != *world)) {
+  const std::optional<uint64_t> world =
+      CheckedMul(uint64_t{target.dp}, uint64_t{target.tp} * target.pp);
+  if (target.tp > kMaxTpWorldSize || target.pp > kMaxTpWorldSize ||
+      uint64_t{target.tp} * target.pp > kMaxTpWorldSize || !world ||
+      (target.world != 0 && target.world != *world)) {
     return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
                                    " is not dp=" + std::to_string(target.dp) +
-                                   " × tp=" + std::to_string(target.tp));
+                                   " × tp=" + std::to_string(target.tp) +
+                                   " × pp=" + std::to_string(target.pp));
   }
-  UCP_ASSIGN_OR_RETURN(const std::vector<TargetGroup> groups, TargetGroups(index, facts, target));
-  const uint32_t m = target.dp;
-  OutputPlan plan;
-
+  // 1. Where every parameter goes: the target's stages, their groups laid out at (tp, dp).
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(facts, target.pp));
+  std::vector<std::vector<TargetGroup>> stage_groups;
+  for (const std::vector<std::vector<std::string>>& stage : stages) {
+    UCP_ASSIGN_OR_RETURN(std::vector<TargetGroup> groups,
+                         TargetGroups(index, facts, stage, target));
+    stage_groups.push_back(std::move(groups));
+  }
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                        OpenSource(index, tag_dir, facts.model_file));
-  std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, index)
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
-      position[groups[g].layout.names[k]] = {g, k};
-    }
-  }
-  // Every group's module tensors are views of one flat buffer: its storage key.
-  std::vector<const TorchTensor*> buffer_of(groups.size(), nullptr);
-  for (const auto& [name, at] : position) {
-    Result<const Value*> node = model.Find("module/" + name);
-    const TorchTensor* tensor = node.ok() ? model.TensorAt(*node) : nullptr;
-    if (tensor == nullptr) return FieldError(model, "module/" + name, "not a tensor");
-    const TorchTensor*& buffer = buffer_of[at.first];
-    if (buffer != nullptr && buffer->storage->key != tensor->storage->key) {
-      return Status::Unsupported(Prefix(model.path()) + "module/" + name +
-                                 ": not a view of its group's flat buffer");
-    }
-    buffer = tensor;
-  }
-  for (uint32_t t = 0; t < target.tp; ++t) {
-    ArchiveOutput out;
-    out.path = ModelStatesName(t);
-    Value* root = out.graph.Import(model.root());
-    out.graph.set_root(root);
-    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), model.path()));
-    UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", out.graph.Int(target.tp), model.path()));
-    if (facts.vocab) {
-      Value* info = root->Get(kInfo);
-      if (info != nullptr && info->kind() == Kind::kDict &&
-          info->Get("padded_vocab_size") != nullptr) {
-        UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
-        UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
-                                        out.graph.Int(static_cast<int64_t>(padded)), model.path()));
-      }
-    }
-    Value* shapes = root->Get("param_shapes");
-    for (size_t g = 0; g < groups.size(); ++g) {
-      Value* group = shapes == nullptr ? nullptr : shapes->Item(g);
-      if (group == nullptr || group->kind() != Kind::kObject) {
-        return FieldError(model, "param_shapes/" + std::to_string(g), "not an OrderedDict");
-      }
-      for (pickle::Mutation& mutation : group->mutable_mutations()) {
-        if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-        const auto it = position.find(KeyText(mutation.first));
-        if (it == position.end() || it->second.first != g) {
-          return FieldError(model, "param_shapes/" + std::to_string(g),
-                            KeyText(mutation.first) + ": not in this group of the index");
-        }
-        mutation.second = SizeNode(out.graph, groups[g].geometry[it->second.second].local);
-      }
-    }
-    Value* module = root->Get("module");
-    if (module == nullptr || module->kind() != Kind::kObject) {
-      return FieldError(model, "module", "not an OrderedDict");
-    }
-    for (pickle::Mutation& mutation : module->mutable_mutations()) {
-      if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-      const auto it = position.find(KeyText(mutation.first));
-      if (it == position.end()) continue;  // a buffer: carried
-      const auto [g, k] = it->second;
-      const TorchTensor& buffer = *buffer_of[g];
-      TensorNodeSpec spec;
-      spec.storage_key = buffer.storage->key;
-      spec.dtype = buffer.dtype;
-      spec.location = buffer.storage->location;
-      spec.storage_numel = groups[g].partition.padded;
-      spec.storage_offset = groups[g].layout.offsets[k];
-      spec.shape = groups[g].geometry[k].local;
-      spec.requires_grad = buffer.requires_grad;
-      spec.parameter = buffer.parameter;
-      UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(out.graph, spec));
-    }
-    std::map<std::string, std::vector<Segment>> replaced;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const TargetGroup& group = groups[g];
-      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                           FlatSegments(index, facts, group, t, "bit16", 0, group.layout.total));
-      AppendZeros(segments,
-                  (group.partition.padded - group.layout.total) * ItemSize(buffer_of[g]->dtype));
-      replaced[buffer_of[g]->storage->key] = std::move(segments);
-    }
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, model, facts.model_file, std::move(replaced)));
-    plan.archives.push_back(std::move(out));
-  }
-
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim,
                        OpenSource(index, tag_dir, facts.optim_file));
-  const std::string osd(kOsd);
-  for (uint32_t t = 0; t < target.tp; ++t) {
-    for (uint32_t r = 0; r < m; ++r) {
-      ArchiveOutput out;
-      out.path = OptimName(facts.prefix, r, t);
-      Value* root = out.graph.Import(reader.root());
-      out.graph.set_root(root);
-      Value* dict = root->Get(kOsd);
-      if (dict == nullptr) return FieldError(reader, osd, "missing");
-      std::map<std::string, std::vector<Segment>> replaced;
-      std::vector<uint64_t> paddings;
-      std::vector<Value*> fp32_items;
-      std::vector<Value*> mapping_items;
-      std::vector<size_t> params_per_group;
-      for (size_t g = 0; g < groups.size(); ++g) {
-        const GroupLayout& layout = groups[g].layout;
-        params_per_group.push_back(layout.names.size());
-        const Partitioning& p = groups[g].partition;
-        const uint64_t begin = p.begin(r);
-        const uint64_t padding = p.padding_of(r);
-        const uint64_t real_end = std::min(begin + p.partition, layout.total);
-        const uint64_t tail = begin + p.partition - std::max(begin, real_end);
-        const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
-        UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
-        Value* states = nullptr;
-        if (Value* base = dict->Get("base_optimizer_state")) {
-          if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
-            for (auto& [key, value] : all->mutable_entries()) {
-              if (KeyText(key) == std::to_string(g)) states = value;
-            }
-          }
-        }
-        if (states == nullptr || states->kind() != Kind::kDict ||
-            states->entries().size() != template_states->entries().size()) {
-          return FieldError(reader, field, "not a dict of states");
-        }
-        for (size_t s = 0; s < states->entries().size(); ++s) {
-          const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
-          if (tensor == nullptr || tensor->shape.size() != 1) continue;
-          const std::string state = KeyText(states->entries()[s].first);
-          UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                               FlatSegments(index, facts, groups[g], t, state, begin, real_end));
-          AppendZeros(segments, tail * ItemSize(tensor->dtype));
-          UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
-                               PartitionTensor(out.graph, *tensor, p.partition, p.partition));
-          replaced[tensor->storage->key] = std::move(segments);
-        }
-        // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
-        // tensor but keeps the P-element storage it is a view of.
-        const std::string fp32_field =
-            osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
-        UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
-        const TorchTensor* fp32 = reader.TensorAt(fp32_node);
-        if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
-        const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-        UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                             FlatSegments(index, facts, groups[g], t, "fp32", begin, real_end));
-        AppendZeros(segments, tail * ItemSize(fp32->dtype));
-        UCP_ASSIGN_OR_RETURN(Value * node,
-                             PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
-        fp32_items.push_back(node);
-        replaced[fp32->storage->key] = std::move(segments);
-        paddings.push_back(padding);
-        mapping_items.push_back(
-            MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
-      }
-      UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
-                                             std::move(mapping_items), params_per_group,
-                                             reader.path()));
-      UCP_ASSIGN_OR_RETURN(out.storages,
-                           CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+  OutputPlan plan;
+  // 2. Per target stage and TP rank: the model states, then the DP ranks' optimizer files.
+  for (uint32_t s = 0; s < target.pp; ++s) {
+    for (uint32_t t = 0; t < target.tp; ++t) {
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           PlanModelStates(index, facts, model, stage_groups[s], t, target,
+                                           ModelStatesName(MpRank(s, t, target.tp))));
       plan.archives.push_back(std::move(out));
+    }
+  }
+  for (uint32_t s = 0; s < target.pp; ++s) {
+    for (uint32_t t = 0; t < target.tp; ++t) {
+      for (uint32_t r = 0; r < target.dp; ++r) {
+        UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                             PlanOptimFile(index, facts, optim, stage_groups[s], t, r, target.dp,
+                                           OptimName(facts.prefix, r, MpRank(s, t, target.tp))));
+        plan.archives.push_back(std::move(out));
+      }
+    }
+  }
+  // 3. A pipeline's layer files, per TP rank.
+  if (facts.pipeline) {
+    for (uint32_t t = 0; t < target.tp; ++t) {
+      UCP_RETURN_IF_ERROR(PlanLayerFiles(index, tag_dir, facts, t, target, plan));
     }
   }
   return plan;

@@ -69,7 +69,7 @@
 // Atoms: as deepspeed_zero.h, per parameter of the full (merged, vocabulary-unpadded) shape:
 // "fp32", every optimizer state, "bit16" (the module) and "step".
 //
-// Refused with kUnsupported: resharding a pipeline tag (indexed and exported), ZeRO-3,
+// Refused with kUnsupported: a pipeline tag to a pp other than its own or 1, ZeRO-3,
 // round_robin_gradients, averaged parameters whose slices differ (their mean is no byte range of
 // the files), uneven splits, a tied module whose layer file is not the one candidate.
 //
@@ -114,13 +114,19 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   Result<AtomIndex> BuildIndex(const std::string& tag_dir,
                                const IndexOptions& options) const override;
 
-  // The files DeepSpeed v0.14.5 writes at (target.tp, target.dp) after a universal load: per new
-  // TP rank its model states (module slices in a flat buffer of the new size, param_shapes,
-  // mp_world_size, dp_world_size, universal_checkpoint_info.padded_vocab_size) and its DP
-  // ranks' optimizer files (partitions, paddings, partition_count, param_slice_mappings), every
-  // other object carried from the source's rank (0, 0) files. target.world is 0 or tp·dp;
-  // pp other than 1 is kUnsupported; a split that target.tp does not divide kUnsupported, and so
-  // is an "unnamed" parameter (of a TP=1 source) at target.tp > 1.
+  // The files DeepSpeed v0.14.5 writes at (target.tp, target.pp, target.dp) after a universal
+  // load: per target stage and TP rank its model states (param_shapes of its slices, mp_world_size
+  // tp·pp, dp_world_size, universal_checkpoint_info.padded_vocab_size, the client's Megatron args'
+  // tensor/pipeline/data-parallel sizes and padded_vocab_size where saved; outside a pipeline the
+  // module's slices in a flat buffer of the new size) and its DP ranks' optimizer files
+  // (partitions, paddings, partition_count, param_slice_mappings); in a pipeline, per TP rank
+  // every layer file with its parameters' slices. Every other object is carried from the source's
+  // first files. A pipeline keeps its stages at the source's pp and puts every parameter on one
+  // stage at pp = 1 (PipelineModule's order: tied modules first); the pipeline copies of tied
+  // parameters get the first stage's values, as DeepSpeed's universal load gives them.
+  // target.world is 0 or tp·pp·dp. kUnsupported: another pp of a pipeline (the partition method
+  // is in no file), pp > 1 outside one, a split that target.tp does not divide, an "unnamed"
+  // parameter (of a TP=1 source) at target.tp > 1.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

@@ -51,6 +51,7 @@ using deepspeed::OptimizerOrder;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
 using deepspeed::OptionalField;
+using deepspeed::OrderStatesAs;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
@@ -323,7 +324,10 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
   }
   // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
   if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
-  for (const OptimStates& os : ranks) UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
+  for (OptimStates& os : ranks) {
+    OrderStatesAs(os, ranks.front());
+    UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
+  }
   const OptimStates& first = ranks.front();
   const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
 
