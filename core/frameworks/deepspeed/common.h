@@ -314,4 +314,13 @@ void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTens
 // param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
 
+// DeepSpeed's pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced):
+// stage boundaries, num_parts + 1 entries, stage s holding layers [bounds[s], bounds[s+1]).
+std::vector<uint64_t> PartitionUniform(uint64_t items, uint64_t parts);
+// partition_balanced: DeepSpeed's dynamic program minimising max - min of the parts' sums, in
+// float64 with its tie-breaking (the last split of equal cost wins).
+std::vector<uint64_t> PartitionBalanced(const std::vector<uint64_t>& weights, uint64_t parts);
+// "[0, 4, 7]", for messages.
+std::string BoundsText(const std::vector<uint64_t>& bounds);
+
 }  // namespace ucp::deepspeed

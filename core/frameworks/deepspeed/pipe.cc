@@ -20,6 +20,7 @@ namespace {
 
 using deepspeed::AddPartitionFragments;
 using deepspeed::Bf16Prefix;
+using deepspeed::BoundsText;
 using deepspeed::CheckNoParameterAlignment;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
@@ -54,8 +55,10 @@ using deepspeed::OptionalField;
 using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
+using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
+using deepspeed::PartitionUniform;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
@@ -107,64 +110,6 @@ std::optional<uint32_t> LayerOf(const std::string& name) {
   const size_t dot = name.find('.');
   if (dot == std::string::npos) return std::nullopt;
   return Decimal(std::string_view(name).substr(0, dot));
-}
-
-// ---------------------------------------------------------------------------------------------
-// DeepSpeed's pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced).
-
-// Stage boundaries (num_parts + 1 entries) of partition_uniform.
-std::vector<uint64_t> PartitionUniform(uint64_t items, uint64_t parts) {
-  std::vector<uint64_t> bounds(parts + 1);
-  if (items <= parts) {
-    for (uint64_t p = 0; p <= parts; ++p) bounds[p] = std::min(p, items);
-    return bounds;
-  }
-  const uint64_t chunk = items / parts;
-  const uint64_t residual = items - chunk * parts;
-  for (uint64_t p = 0; p <= parts; ++p) bounds[p] = p * chunk + std::min(p, residual);
-  return bounds;
-}
-
-// partition_balanced: DeepSpeed's dynamic program minimising max - min of the parts' sums, in
-// float64 with its tie-breaking (the last split of equal cost wins).
-std::vector<uint64_t> PartitionBalanced(const std::vector<uint64_t>& weights, uint64_t parts) {
-  const size_t n = weights.size();
-  const size_t m = parts;
-  if (n <= m) return PartitionUniform(n, m);
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  const auto at = [m](size_t i, size_t j) { return i * (m + 1) + j; };
-  std::vector<double> dp_max((n + 1) * (m + 1), kInf);
-  std::vector<double> dp_min((n + 1) * (m + 1), kInf);
-  std::vector<double> dp_cost((n + 1) * (m + 1), kInf);
-  std::vector<size_t> position((n + 1) * (m + 1), 0);
-  std::vector<double> prefix(n + 1, 0.0);
-  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + static_cast<double>(weights[i]);
-  dp_max[at(0, 0)] = 0;
-  dp_cost[at(0, 0)] = 0;
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= std::min(i, m); ++j) {
-      for (size_t k = 0; k < i; ++k) {
-        const double max_sum = std::max(dp_max[at(k, j - 1)], prefix[i] - prefix[k]);
-        const double min_sum = std::min(dp_min[at(k, j - 1)], prefix[i] - prefix[k]);
-        const double cost = max_sum - min_sum;
-        if (dp_cost[at(i, j)] >= cost) {
-          dp_cost[at(i, j)] = cost;
-          dp_max[at(i, j)] = max_sum;
-          dp_min[at(i, j)] = min_sum;
-          position[at(i, j)] = k;
-        }
-      }
-    }
-  }
-  std::vector<uint64_t> bounds = {n};
-  for (size_t i = m; i >= 1; --i) bounds.push_back(position[at(bounds.back(), i)]);
-  std::reverse(bounds.begin(), bounds.end());
-  return bounds;
-}
-
-std::string BoundsText(const std::vector<uint64_t>& bounds) {
-  std::vector<int64_t> values(bounds.begin(), bounds.end());
-  return ListText(values);
 }
 
 // ---------------------------------------------------------------------------------------------
