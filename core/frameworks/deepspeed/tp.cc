@@ -24,6 +24,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::Bf16Prefix;
+using deepspeed::BoundsText;
 using deepspeed::CheckOptimStates;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
@@ -56,8 +57,10 @@ using deepspeed::OptionalField;
 using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
+using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
+using deepspeed::PartitionUniform;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
@@ -1705,43 +1708,225 @@ Status PlanLayerFiles(const AtomIndex& index, const std::string& tag_dir, const 
   return Status::Ok();
 }
 
+using StageNames = std::vector<std::vector<std::string>>;  // per group, names in flat order
+
+// A pipeline's layers as the checkpoint shows them, for placing them at another pp. Layers that
+// hold no parameter and no file (functions) are invisible but for one: a tied module's copy on the
+// last stage without a layer file (an output head tied to the embedding, as GPT's) sits past every
+// visible layer, one more layer.
+struct PipelineLayers {
+  uint64_t count = 0;                         // visible layers, plus the tail copy's
+  std::map<uint64_t, uint32_t> source_stage;  // every placed layer's stage at the source
+  std::map<uint64_t, uint64_t> params;        // trainable elements per placed layer
+  std::map<uint64_t, std::string> signature;  // numbered layers: parameter names and shapes
+  std::map<std::string, std::set<uint64_t>> tied_layers;  // tied key → its layers
+  std::vector<std::string> tied_order;                    // keys, by first appearance
+};
+
+std::string TiedKey(const std::string& name) {
+  const size_t dot = name.find('.', kTiedPrefix.size());
+  return name.substr(kTiedPrefix.size(), dot - kTiedPrefix.size());
+}
+
+Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFacts& facts) {
+  PipelineLayers out;
+  const auto numel_of = [&](const std::string& name) -> uint64_t {
+    const Atom* atom = index.Find(name, "fp32");
+    uint64_t numel = 1;
+    for (const uint64_t d : atom->shape) numel *= d;
+    return numel;
+  };
+  std::map<std::string, uint64_t> tied_file_layer;
+  for (const IndexFacts::Layer& layer : facts.layers) {
+    for (const auto& [key, name] : layer.params) {
+      if (name.starts_with(kTiedPrefix)) tied_file_layer[TiedKey(name)] = layer.layer;
+    }
+  }
+  uint64_t visible = 0;
+  for (const IndexFacts::Layer& layer : facts.layers)
+    visible = std::max<uint64_t>(visible, layer.layer + 1);
+  const uint32_t last = static_cast<uint32_t>(facts.stages.size() - 1);
+  std::map<std::string, std::set<uint32_t>> tied_stages;
+  for (uint32_t s = 0; s < facts.stages.size(); ++s) {
+    for (const std::vector<std::string>& group : facts.stages[s]) {
+      for (const std::string& name : group) {
+        if (name.starts_with(kTiedPrefix)) {
+          const std::string key = TiedKey(name);
+          if (tied_stages[key].insert(s).second && tied_stages[key].size() == 1) {
+            out.tied_order.push_back(key);
+          }
+          continue;
+        }
+        const std::optional<uint32_t> layer = NumberedLayer(name);
+        if (!layer) {
+          return Status::Corrupt("deepspeed: index: " + name + " is no pipeline parameter name");
+        }
+        out.source_stage[*layer] = s;
+        out.params[*layer] += numel_of(name);
+        out.signature[*layer] +=
+            name.substr(name.find('.')) + ShapeText(index.Find(name, "fp32")->shape) + ";";
+      }
+    }
+  }
+  bool tail = false;
+  for (const std::string& key : out.tied_order) {
+    uint64_t numel = 0;
+    for (const auto& [name, map] : facts.maps) {
+      if (name.starts_with(kTiedPrefix) && TiedKey(name) == key) numel += numel_of(name);
+    }
+    const auto file = tied_file_layer.find(key);
+    for (const uint32_t s : tied_stages[key]) {
+      if (file != tied_file_layer.end() && s == *tied_stages[key].begin()) {
+        out.source_stage[file->second] = s;
+        out.params[file->second] = numel;
+        out.tied_layers[key].insert(file->second);
+      } else if (s == last && last > 0) {
+        tail = true;
+        out.source_stage[visible] = s;
+        out.params[visible] = numel;
+        out.tied_layers[key].insert(visible);
+      } else {
+        return Status::Unsupported("deepspeed: tied module \"" + key + "\" on stage " +
+                                   std::to_string(s) +
+                                   " has no layer file to place it by at another pp");
+      }
+    }
+  }
+  out.count = visible + (tail ? 1 : 0);
+  return out;
+}
+
+// Whether stage bounds put every placed layer where `layers.source_stage` has it.
+std::vector<uint32_t> StageOfLayers(const PipelineLayers& layers,
+                                    const std::vector<uint64_t>& bounds) {
+  std::vector<uint32_t> stages;
+  for (const auto& [layer, source] : layers.source_stage) {
+    uint32_t s = 0;
+    while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
+    stages.push_back(s);
+  }
+  return stages;
+}
+
 // The target's stages, per stage per group its parameters in flat order. Outside a pipeline there
-// is one. A pipeline keeps its stages at the source's pp; at pp = 1 one stage holds every
-// parameter in PipelineModule's order (the tied modules first, each once, then the numbered
-// layers in order). Other pipeline degrees need the partition method, which no file records.
-Result<std::vector<std::vector<std::vector<std::string>>>> TargetStages(const IndexFacts& facts,
-                                                                        uint32_t pp) {
+// is one. A pipeline keeps its stages at the source's pp. At another pp its layers are placed by
+// the partition methods of DeepSpeed that reproduce the source's stages from what the checkpoint
+// shows: "uniform" over the layer count, "parameters" (partition_balanced over trainable elements)
+// and "type:" (partition_balanced weighting the layers of one kind, told by their parameters'
+// names and shapes); when those that reproduce it disagree at the target, or none does, the
+// reshard is refused. A stage lists its tied modules' parameters first (each once), then its
+// numbered layers', as PipelineModule orders them.
+Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const IndexFacts& facts,
+                                             uint32_t pp) {
   if (!facts.pipeline) {
     if (pp != 1) {
       return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
                                  ": the tag's model is no PipelineModule (no layer files)");
     }
-    return std::vector<std::vector<std::vector<std::string>>>{facts.groups};
+    return std::vector<StageNames>{facts.groups};
   }
   if (pp == facts.stages.size()) return facts.stages;
-  if (pp != 1) {
-    return Status::Unsupported(
-        "deepspeed: pp=" + std::to_string(pp) + " from pp=" + std::to_string(facts.stages.size()) +
-        ": placing a 3D tag's layers at another pipeline degree than 1 or the source's is not "
-        "supported yet (the partition method is in no file)");
+  if (pp == 1) {  // every layer on one stage, whatever placed them
+    StageNames groups(facts.groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<std::string> numbered;
+      for (const std::string& name : facts.groups[g]) {
+        (name.starts_with(kTiedPrefix) ? groups[g] : numbered).push_back(name);
+      }
+      groups[g].insert(groups[g].end(), numbered.begin(), numbered.end());
+    }
+    return std::vector<StageNames>{std::move(groups)};
   }
-  std::vector<std::vector<std::string>> groups(facts.groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::set<std::string> seen;
-    std::vector<std::string> numbered;
-    for (const std::vector<std::vector<std::string>>& stage : facts.stages) {
-      for (const std::string& name : stage[g]) {
-        if (!seen.insert(name).second) continue;
-        if (name.starts_with(kTiedPrefix)) {
-          groups[g].push_back(name);
-        } else {
-          numbered.push_back(name);
+  UCP_ASSIGN_OR_RETURN(const PipelineLayers layers, ReadPipelineLayers(index, facts));
+  const uint32_t source_pp = static_cast<uint32_t>(facts.stages.size());
+  std::vector<uint32_t> source;
+  for (const auto& [layer, s] : layers.source_stage) source.push_back(s);
+
+  struct Method {
+    std::string name;
+    std::vector<uint64_t> weights;  // empty: uniform
+  };
+  std::vector<Method> methods = {{"'uniform'", {}}};
+  std::vector<uint64_t> by_params(layers.count, 0);
+  for (const auto& [layer, numel] : layers.params) by_params[layer] = numel;
+  methods.push_back({"'parameters'", by_params});
+  std::map<std::string, std::vector<uint64_t>> kinds;
+  for (const auto& [layer, signature] : layers.signature) {
+    std::vector<uint64_t>& weights = kinds[signature];
+    weights.resize(layers.count, 0);
+    weights[layer] = 1;
+  }
+  for (auto& [signature, weights] : kinds) {
+    uint64_t first = 0;
+    while (weights[first] == 0) ++first;
+    methods.push_back(
+        {"'type:' (the kind of layer " + std::to_string(first) + ")", std::move(weights)});
+  }
+  const auto bounds_of = [&](const Method& method, uint64_t parts) {
+    return method.weights.empty() ? PartitionUniform(layers.count, parts)
+                                  : PartitionBalanced(method.weights, parts);
+  };
+  std::optional<std::vector<uint64_t>> chosen;
+  std::string chosen_by;
+  std::string tried;
+  for (const Method& method : methods) {
+    const std::vector<uint64_t> at_source = bounds_of(method, source_pp);
+    tried += (tried.empty() ? "" : ", ") + method.name + " " + BoundsText(at_source);
+    if (StageOfLayers(layers, at_source) != source) continue;
+    std::vector<uint64_t> at_target = bounds_of(method, pp);
+    if (chosen && StageOfLayers(layers, *chosen) != StageOfLayers(layers, at_target)) {
+      return Status::Unsupported(
+          "deepspeed: pp=" + std::to_string(pp) + ": ambiguous layer placement: " + chosen_by +
+          " " + BoundsText(*chosen) + " and " + method.name + " " + BoundsText(at_target) +
+          " both give the saved stages at pp=" + std::to_string(source_pp) + " but differ here");
+    }
+    if (!chosen) {
+      chosen = std::move(at_target);
+      chosen_by = method.name;
+    }
+  }
+  if (!chosen) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
+                               ": no partition method DeepSpeed has gives the saved stages at pp=" +
+                               std::to_string(source_pp) + " over " + std::to_string(layers.count) +
+                               " layers (" + tried +
+                               "); a custom partition is in no file, so its placement at another "
+                               "pp is unknown");
+  }
+  const std::vector<uint64_t>& bounds = *chosen;
+  const auto stage_of = [&](uint64_t layer) {
+    uint32_t s = 0;
+    while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
+    return s;
+  };
+  std::vector<StageNames> stages(pp, StageNames(facts.groups.size()));
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    for (uint32_t s = 0; s < pp; ++s) {
+      for (const std::string& key : layers.tied_order) {
+        bool here = false;
+        for (const uint64_t layer : layers.tied_layers.at(key)) here = here || stage_of(layer) == s;
+        if (!here) continue;
+        for (const std::string& name : facts.groups[g]) {
+          if (name.starts_with(kTiedPrefix) && TiedKey(name) == key) stages[s][g].push_back(name);
         }
       }
+      for (const std::string& name : facts.groups[g]) {
+        const std::optional<uint32_t> layer = NumberedLayer(name);
+        if (layer && stage_of(*layer) == s) stages[s][g].push_back(name);
+      }
     }
-    groups[g].insert(groups[g].end(), numbered.begin(), numbered.end());
   }
-  return std::vector<std::vector<std::vector<std::string>>>{std::move(groups)};
+  for (uint32_t s = 0; s < pp; ++s) {
+    bool any = false;
+    for (const std::vector<std::string>& group : stages[s]) any = any || !group.empty();
+    if (!any) {
+      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                                 std::to_string(s) + " holds no parameter by the " + chosen_by +
+                                 " placement " + BoundsText(bounds) +
+                                 " (DeepSpeed's optimizer cannot save it)");
+    }
+  }
+  return stages;
 }
 
 }  // namespace
@@ -2120,7 +2305,7 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
   }
   // 1. Where every parameter goes: the target's stages, their groups laid out at (tp, dp).
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(facts, target.pp));
+  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp));
   std::vector<std::vector<TargetGroup>> stage_groups;
   for (const std::vector<std::vector<std::string>>& stage : stages) {
     UCP_ASSIGN_OR_RETURN(std::vector<TargetGroup> groups,

@@ -69,7 +69,7 @@
 // Atoms: as deepspeed_zero.h, per parameter of the full (merged, vocabulary-unpadded) shape:
 // "fp32", every optimizer state, "bit16" (the module) and "step".
 //
-// Refused with kUnsupported: a pipeline tag to a pp other than its own or 1, ZeRO-3,
+// Refused with kUnsupported: a pipeline tag to a pp its saved stages do not place it at, ZeRO-3,
 // round_robin_gradients, averaged parameters whose slices differ (their mean is no byte range of
 // the files), uneven splits, a tied module whose layer file is not the one candidate.
 //
@@ -122,10 +122,14 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   // (partitions, paddings, partition_count, param_slice_mappings); in a pipeline, per TP rank
   // every layer file with its parameters' slices. Every other object is carried from the source's
   // first files. A pipeline keeps its stages at the source's pp and puts every parameter on one
-  // stage at pp = 1 (PipelineModule's order: tied modules first); the pipeline copies of tied
-  // parameters get the first stage's values, as DeepSpeed's universal load gives them.
-  // target.world is 0 or tp·pp·dp. kUnsupported: another pp of a pipeline (the partition method
-  // is in no file), pp > 1 outside one, a split that target.tp does not divide, an "unnamed"
+  // stage at pp = 1 (PipelineModule's order: tied modules first). At another pp its layers go
+  // where the partition methods that reproduce the saved stages put them ('uniform' over the layer
+  // count, 'parameters', and 'type:' for each kind of layer, told by its parameters' names and
+  // shapes; a tied module's copy on the last stage without a layer file is one more layer past
+  // the visible ones). The pipeline copies of tied parameters get the first stage's values, as
+  // DeepSpeed's universal load gives them. target.world is 0 or tp·pp·dp. kUnsupported: another
+  // pp where no method gives the saved stages or those that do disagree, a target stage without
+  // parameters, pp > 1 outside a pipeline, a split that target.tp does not divide, an "unnamed"
   // parameter (of a TP=1 source) at target.tp > 1.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
