@@ -1,27 +1,35 @@
 #!/usr/bin/env python3
 """Real DeepSpeed pipeline parallelism end to end under LD_PRELOAD=libucp.so (CPU, gloo).
 
-The trainer is ../shared/tools/deepspeed-cpu/train_pipe.py (PipelineModule of 4 layers,
-partition_method 'uniform', ZeRO-1, fp32; the global batch of every step is fixed, so losses
-compare across (pp, dp)). One CTest test per step, sharing WORK/pipe:
+Two models (--model), trainers of ../shared/tools/deepspeed-cpu, ZeRO-1; the global batch of
+every step is fixed, so losses compare across topologies:
+  pipe  train_pipe.py: a PipelineModule of 4 layers, partition_method 'uniform', saved at
+        PP=2 x DP=2 (4 ranks), resumed at PP=1 x DP=2.
+  3d    train_3d.py: Megatron-DeepSpeed's GPTModelPipe imitated (tensor-parallel layers on
+        DeepSpeed's pipeline grid, the word embedding tied to the LM head on the first and last
+        stage, partition_method 'type:transformer', 2 transformer layers), saved at
+        TP=2 x PP=2 x DP=1 (4 ranks), resumed at TP=1 x PP=1 x DP=2: the TP slices merged, the
+        stages joined, the DP partitions split.
+One CTest test per step, sharing WORK/<model>[_bf16]:
 
-  save        PP=2 x DP=2 (4 ranks) without and with the preload: steps 1..STEPS, saves tag
+  save        the save topology without and with the preload: steps 1..STEPS, saves tag
               global_step<SAVE_AT>; under the preload the save must leave a committed index,
               DeepSpeed's files byte for byte those of the run without it, and the same losses.
   universal   DeepSpeed's own path, no preload: ds_to_universal.py, then the universal load at
-              PP=1 x DP=2 and steps SAVE_AT+1..STEPS (the oracle).
-  preload     the plain load_checkpoint at PP=1 x DP=2 under the preload with UCP_TOPOLOGY=pp=1
-              (the world size alone cannot tell pp: see the README) and the same steps: every
-              loss must have the same float32 bits as the universal run's; the served files must
-              be the bytes `ucp reshard --to pp=1,dp=2` writes.
-  preload_megatron_args  the same resume without UCP_TOPOLOGY, the trainer given its pp as
-              Megatron's --pipeline-model-parallel-size (megatron_args.py): ucp must take pp=1
-              from those arguments (its log names them) and the losses must be as above.
+              the resume topology and steps SAVE_AT+1..STEPS (the oracle).
+  preload     the plain load_checkpoint at the resume topology under the preload with
+              UCP_TOPOLOGY naming its tp and pp (the world size alone cannot tell them: see the
+              README) and the same steps: every loss must have the same float32 bits as the
+              universal run's; the served files must be the bytes `ucp reshard` writes.
+  preload_megatron_args  the same resume without UCP_TOPOLOGY, the trainer given its degrees as
+              Megatron's --tensor-model-parallel-size and --pipeline-model-parallel-size
+              (megatron_args.py): ucp must take them from those arguments (its log names them)
+              and the losses must be as above.
 
-Usage: ds_pipe_e2e.py STEP [--dtype fp32|bf16] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
-                      --deepspeed VERSION [--required]
---dtype bf16 runs the same steps in bf16 (DeepSpeed's ZeRO-1 bf16 optimizer, bf16_ optimizer
-files), in WORK/pipe_bf16.
+Usage: ds_pipe_e2e.py STEP [--model pipe|3d] [--dtype fp32|bf16] --work DIR --tools DIR
+                      --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION [--required]
+--dtype bf16 runs the same steps in bf16 with DeepSpeed's ZeRO-1 bf16 optimizer (bf16_ optimizer
+files), in WORK/<model>_bf16.
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -34,27 +42,57 @@ import time
 import ds_e2e
 from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
 
-SAVE_PP, SAVE_DP = 2, 2
-RESUME_PP, RESUME_DP = 1, 2
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
-VIEW = f'tp1-pp{RESUME_PP}-dp{RESUME_DP}'
+
+
+class Model:
+    """A trainer and its (tp, pp, dp) topologies: the save's and the resume's."""
+
+    def __init__(self, trainer, save, resume, extra, layer_files):
+        self.trainer, self.save, self.resume, self.extra = trainer, save, resume, extra
+        self.layer_files = layer_files  # the tag's layer files at the save topology
+
+
+MODELS = {
+    'pipe': Model('train_pipe.py', (1, 2, 2), (1, 1, 2), [],
+                  [f'layer_{layer:02d}-model_states.pt' for layer in range(4)]),
+    # Layers 1 (the tied embedding) .. 4 (the final norm) hold parameters, on every TP rank.
+    '3d': Model('train_3d.py', (2, 2, 1), (1, 1, 2), ['--nlayer', '2'],
+                [f'layer_{layer:02d}-model_{t:02d}-model_states.pt'
+                 for layer in range(1, 5) for t in range(2)]),
+}
+
+
+def name_of(topology):
+    return 'tp{}pp{}dp{}'.format(*topology)
 
 
 MEGATRON_ARGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'megatron_args.py')
 
 
-def launch(args, env, pp, dp, log, extra, megatron_args=False):
-    """Runs train_pipe.py at pp x dp ranks, given its pp as --pp or, with megatron_args, as
-    Megatron's --pipeline-model-parallel-size (megatron_args.py); returns (exit status, seconds,
-    output)."""
-    trainer = ([MEGATRON_ARGS, 'train_pipe.py', '--pipeline-model-parallel-size', str(pp)]
-               if megatron_args else ['train_pipe.py', '--pp', str(pp)]) + ['--dtype', args.dtype]
-    command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT] + trainer + extra
+def launch(args, env, topology, log, extra, megatron_args=False):
+    """Runs the model's trainer at `topology` (tp, pp, dp), given its degrees as --tp/--pp or,
+    with megatron_args, as Megatron's --tensor-model-parallel-size and
+    --pipeline-model-parallel-size (megatron_args.py); returns (exit status, seconds, output)."""
+    model = MODELS[args.model]
+    tp, pp, dp = topology
+    if megatron_args:
+        degrees = ['--pipeline-model-parallel-size', str(pp)]
+        if args.model == '3d':
+            degrees = ['--tensor-model-parallel-size', str(tp)] + degrees
+        trainer = [MEGATRON_ARGS, model.trainer] + degrees
+    else:
+        trainer = [model.trainer, '--pp', str(pp)] + (['--tp', str(tp)] if args.model == '3d' else [])
+    trainer += ['--dtype', args.dtype] + model.extra
+    command = [sys.executable, 'launch.py', str(tp * pp * dp), ds_e2e.PORT] + trainer + extra
     return ds_e2e.run_launcher(command, args.tools, env, log)
 
 
 def step_save(args, env, work):
+    model = MODELS[args.model]
+    save = name_of(model.save)
+    tp, pp, dp = model.save
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     logs = os.path.join(work, 'logs_save')
@@ -62,16 +100,16 @@ def step_save(args, env, work):
     for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
                                     ('save', preload_env(env, args.lib, logs), 'ckpt')):
         status, seconds, output = launch(
-            args, run_env, SAVE_PP, SAVE_DP, os.path.join(work, f'{name}.log'),
+            args, run_env, model.save, os.path.join(work, f'{name}.log'),
             ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
              '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')])
         if status != 0:
-            fail(f'DeepSpeed pp{SAVE_PP}dp{SAVE_DP} training ({name}) exited {status}:\n'
+            fail(f'DeepSpeed {save} training ({name}) exited {status}:\n'
                  f'{output[-3000:]}')
         runs[name] = losses(os.path.join(work, f'{name}.json'))
-        print(f'pp{SAVE_PP}dp{SAVE_DP} run {"under" if name == "save" else "without"} the preload: '
+        print(f'{save} run {"under" if name == "save" else "without"} the preload: '
               f'{seconds:.1f} s')
-    print_losses(f'losses pp{SAVE_PP}dp{SAVE_DP}', runs['save'])
+    print_losses(f'losses {save}', runs['save'])
     if {s: float32_bits(v) for s, v in runs['save'].items()} != \
             {s: float32_bits(v) for s, v in runs['plain'].items()}:
         fail('the preload changed the losses of the saving run')
@@ -81,10 +119,10 @@ def step_save(args, env, work):
         fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
     files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
     prefix = 'bf16_' if args.dtype == 'bf16' else ''
-    expected = sorted([f'layer_{layer:02d}-model_states.pt' for layer in range(4)] +
-                      [f'mp_rank_{s:02d}_model_states.pt' for s in range(SAVE_PP)] +
-                      [f'{prefix}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt'
-                       for s in range(SAVE_PP) for r in range(SAVE_DP)])
+    expected = sorted(model.layer_files +
+                      [f'mp_rank_{m:02d}_model_states.pt' for m in range(tp * pp)] +
+                      [f'{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt'
+                       for m in range(tp * pp) for r in range(dp)])
     if files != expected:
         fail(f'tag files {files}, expected {expected}')
     for name in files:
@@ -95,6 +133,7 @@ def step_save(args, env, work):
 
 
 def step_universal(args, env, work):
+    resume = name_of(MODELS[args.model].resume)
     tag_dir = os.path.join(work, 'ckpt', TAG)
     universal = os.path.join(work, 'universal')
     shutil.rmtree(universal, ignore_errors=True)
@@ -107,42 +146,49 @@ def step_universal(args, env, work):
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
     status, seconds, output = ds_e2e.run_oracle(lambda: launch(
-        args, env, RESUME_PP, RESUME_DP, os.path.join(work, 'universal.log'),
+        args, env, MODELS[args.model].resume, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
          '--out', os.path.join(work, 'universal.json')]))
     if status != 0:
-        fail(f'DeepSpeed universal load at pp{RESUME_PP}dp{RESUME_DP} exited {status}:\n'
+        fail(f'DeepSpeed universal load at {resume} exited {status}:\n'
              f'{output[-3000:]}')
-    print(f'ds_to_universal.py: {convert_seconds:.1f} s; pp{RESUME_PP}dp{RESUME_DP} universal '
+    print(f'ds_to_universal.py: {convert_seconds:.1f} s; {resume} universal '
           f'resume: {seconds:.1f} s')
     print_losses('losses universal', losses(os.path.join(work, 'universal.json')))
 
 
 def step_preload(args, env, work, megatron_args=False):
-    """The resume at the target under the preload: told pp by UCP_TOPOLOGY, or, with
-    megatron_args, by nothing but the trainer's own --pipeline-model-parallel-size."""
+    """The resume at the target under the preload: told tp and pp by UCP_TOPOLOGY, or, with
+    megatron_args, by nothing but the trainer's own Megatron arguments."""
+    model = MODELS[args.model]
+    tp, pp, dp = model.resume
+    resume, save = name_of(model.resume), name_of(model.save)
     name = 'preload_megatron_args' if megatron_args else 'preload'
     logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
     run_env = preload_env(env, args.lib, logs)
     if not megatron_args:
-        run_env['UCP_TOPOLOGY'] = f'pp={RESUME_PP}'
+        run_env['UCP_TOPOLOGY'] = f'tp={tp},pp={pp}'
     status, seconds, output = ds_e2e.run_resume(lambda: launch(
-        args, run_env, RESUME_PP, RESUME_DP, os.path.join(work, name + '.log'),
+        args, run_env, model.resume, os.path.join(work, name + '.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
          '--out', os.path.join(work, name + '.json')], megatron_args), STEPS)
     if status != 0:
-        fail(f'plain load_checkpoint at pp{RESUME_PP}dp{RESUME_DP} under the preload exited '
+        fail(f'plain load_checkpoint at {resume} under the preload exited '
              f'{status}:\n{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
-    print(f'pp{RESUME_PP}dp{RESUME_DP} plain resume under the preload'
-          f'{" (pp from the trainer arguments)" if megatron_args else ""}: {seconds:.1f} s')
+    print(f'{resume} plain resume under the preload'
+          f'{" (degrees from the trainer arguments)" if megatron_args else ""}: {seconds:.1f} s')
     if megatron_args:
-        evidence = f'pp={RESUME_PP} (--pipeline-model-parallel-size {RESUME_PP})'
         logged = ''.join(open(os.path.join(logs, n), errors='replace').read()
                          for n in sorted(os.listdir(logs)))
-        if evidence not in logged:
-            fail(f'no ucp log names {evidence!r} as the evidence of the target:\n{log_tail(logs)}')
-        print(f'ucp took the target from the trainer: {evidence}')
+        evidence = [f'pp={pp} (--pipeline-model-parallel-size {pp})']
+        if args.model == '3d':
+            evidence.insert(0, f'tp={tp} (--tensor-model-parallel-size {tp})')
+        for said in evidence:
+            if said not in logged:
+                fail(f'no ucp log names {said!r} as the evidence of the target:\n'
+                     f'{log_tail(logs)}')
+        print(f'ucp took the target from the trainer: {", ".join(evidence)}')
     got = losses(os.path.join(work, name + '.json'))
     oracle = losses(os.path.join(work, 'universal.json'))
     full = losses(os.path.join(work, 'save.json'))
@@ -151,22 +197,24 @@ def step_preload(args, env, work, megatron_args=False):
         fail(f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}, expected {steps}')
     print_losses('losses preload', got)
     print_losses('losses universal', oracle)
-    print_losses(f'losses pp{SAVE_PP}dp{SAVE_DP} uninterrupted', {s: full[s] for s in steps})
+    print_losses(f'losses {save} uninterrupted', {s: full[s] for s in steps})
     mismatched = [s for s in steps if float32_bits(got[s]) != float32_bits(oracle[s])]
     if mismatched:
         fail('losses differ from DeepSpeed\'s universal load at steps ' +
              ', '.join(f'{s} ({float32_bits(got[s])} vs {float32_bits(oracle[s])})'
                        for s in mismatched))
     print(f'losses bit-identical to DeepSpeed\'s universal load at steps {steps[0]}..{steps[-1]}')
-    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', VIEW)
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', f'tp{tp}-pp{pp}-dp{dp}')
     resharded = os.path.join(work, 'reshard')
     shutil.rmtree(resharded, ignore_errors=True)
     subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to',
-                    f'pp={RESUME_PP},dp={RESUME_DP}', '--out', resharded], check=True,
+                    f'tp={tp},pp={pp},dp={dp}', '--out', resharded], check=True,
                    stdout=subprocess.DEVNULL)
     resharded = os.path.join(resharded, TAG)
+    # The pipe model's layer files are the saved ones (passed through); the 3d model's hold
+    # the target's TP slices.
     served = sorted(n for n in os.listdir(resharded)
-                    if n.endswith('.pt') and not n.startswith('layer_'))
+                    if n.endswith('.pt') and (args.model == '3d' or not n.startswith('layer_')))
     for name in served:
         stored = os.path.join(view, 'served.' + name)
         if not os.path.isfile(stored):
@@ -174,14 +222,15 @@ def step_preload(args, env, work, megatron_args=False):
                  f'{log_tail(logs)}')
         if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
             fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to pp={RESUME_PP},dp={RESUME_DP}`: {" ".join(served)}')
+    print(f'served files equal `ucp reshard --to tp={tp},pp={pp},dp={dp}`: {" ".join(served)}')
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('step', choices=['save', 'universal', 'preload', 'preload_megatron_args'])
+    parser.add_argument('--model', choices=sorted(MODELS), default='pipe')
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
-                        help="train_pipe.py's dtype (bf16: DeepSpeed's ZeRO-1 bf16 optimizer)")
+                        help="the trainer's dtype (pipe bf16: DeepSpeed's ZeRO-1 bf16 optimizer)")
     parser.add_argument('--work', required=True)
     parser.add_argument('--tools', required=True)
     parser.add_argument('--lib', required=True)
@@ -190,10 +239,11 @@ def main():
     args = parser.parse_args()
     for name in ('work', 'tools', 'lib', 'ucp'):
         setattr(args, name, os.path.abspath(getattr(args, name)))
-    if not os.path.isfile(os.path.join(args.tools, 'train_pipe.py')):
-        ds_e2e.skip(f'no DeepSpeed pipeline trainer at {args.tools}')
+    trainer = MODELS[args.model].trainer
+    if not os.path.isfile(os.path.join(args.tools, trainer)):
+        ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    work = os.path.join(args.work, 'pipe' if args.dtype == 'fp32' else 'pipe_' + args.dtype)
+    work = os.path.join(args.work, args.model + ('' if args.dtype == 'fp32' else '_' + args.dtype))
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')
     {'save': step_save, 'universal': step_universal, 'preload': step_preload,

@@ -618,6 +618,17 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::strin
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
   UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
   UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
+  const Value* optimizer = OptionalField(r, "optimizer");
+  if (shapes->kind() == Kind::kNone && optimizer != nullptr && optimizer->kind() == Kind::kDict) {
+    // DeepSpeed 0.19's engine writes param_shapes only when zero_optimization() holds; bf16 at
+    // ZeRO stage 0 (its BF16 optimizer) saves the optimizer state here instead.
+    return Status::Unsupported(
+        Prefix(r.path()) +
+        "param_shapes None, the optimizer state in the model states: a BF16 optimizer run at "
+        "ZeRO stage 0 saved by a DeepSpeed that records no parameter shapes for it (0.19), so "
+        "its flat partitions cannot be cut into parameters (DeepSpeed's ds_to_universal fails "
+        "on it too); not supported");
+  }
   if (shapes->kind() != Kind::kList || shapes->items().empty()) {
     return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
   }
