@@ -109,6 +109,20 @@ Status ParseTopology(const EnvLookup& lookup, TopologyOverride* out) {
   return Status::Ok();
 }
 
+Status ParseMilliseconds(const EnvLookup& lookup, const char* name, int64_t min, int64_t max,
+                         std::chrono::milliseconds* out) {
+  const std::string_view value = Lookup(lookup, name);
+  if (value.empty()) return Status::Ok();
+  int64_t ms = 0;
+  const auto [rest, error] = std::from_chars(value.data(), value.data() + value.size(), ms);
+  if (error != std::errc() || rest != value.data() + value.size() || ms < min || ms > max) {
+    return Invalid(name, value,
+                   "milliseconds from " + std::to_string(min) + " to " + std::to_string(max));
+  }
+  *out = std::chrono::milliseconds(ms);
+  return Status::Ok();
+}
+
 Status ParseStackPatterns(const EnvLookup& lookup, std::vector<std::string>* out) {
   constexpr const char* kName = "UCP_STACK_PATTERNS";
   const std::string_view value = Lookup(lookup, kName);
@@ -157,6 +171,8 @@ Result<Config> ParseConfig(const EnvLookup& lookup) {
   UCP_RETURN_IF_ERROR(ParseStackPatterns(lookup, &config.stack_patterns));
   UCP_RETURN_IF_ERROR(ParseAbsolutePath(lookup, "UCP_DUMP_TOPOLOGY", &config.dump_topology));
   UCP_RETURN_IF_ERROR(ParseBool(lookup, "UCP_DURABLE", &config.durable));
+  UCP_RETURN_IF_ERROR(
+      ParseMilliseconds(lookup, "UCP_LEASE_STALE_MS", 100, 86400000, &config.lease_stale));
   return config;
 }
 

@@ -10,6 +10,7 @@
 // through for the rest of the process.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -57,6 +58,9 @@ struct Config {
   std::vector<std::string> stack_patterns{"PyTorchStreamWriter"};  // UCP_STACK_PATTERNS
   std::string dump_topology;  // UCP_DUMP_TOPOLOGY; empty = no dump
   bool durable = false;       // UCP_DURABLE=1: commit signals wait for a complete, durable tag
+  // UCP_LEASE_STALE_MS: how long a view file's build lease may stay unchanged before its owner
+  // counts as hung or dead and a waiting process takes the build over (100 .. 86400000).
+  std::chrono::milliseconds lease_stale{30000};
 
   // True when the wrappers should do anything at all (not UCP_DISABLE=1, not UCP_MODE=off).
   bool active() const { return !disable && mode != Mode::kOff; }

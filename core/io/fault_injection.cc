@@ -43,6 +43,8 @@ std::string_view IoOpName(IoOp op) {
       return "sync";
     case IoOp::kRename:
       return "rename";
+    case IoOp::kLock:
+      return "lock";
   }
   return "open";
 }

@@ -1,5 +1,6 @@
 // Fault injection in ucp's own I/O, for tests. Every system call core/io makes on ucp's behalf
-// (File's open for writing, pread, pwrite/write, copy_file_range, fsync, and RenameFile's rename)
+// (File's open for writing, pread, pwrite/write, copy_file_range, fsync, RenameFile's rename and
+// FileLock's flock)
 // first asks the installed IoFaultInjector whether to fail it with an errno or to shorten the
 // transfer. Production libucp.so installs none: the question is one atomic load and a branch.
 // The test-only preload libucp_faults.so (tests/faults/) links one more file that installs an
@@ -42,12 +43,13 @@ enum class IoOp : uint8_t {
   kWrite,      // pwrite(2), write(2), copy_file_range(2)
   kSync,       // fsync(2)
   kRename,     // rename(2)
+  kLock,       // flock(2) (FileLock)
 };
-inline constexpr int kIoOpCount = 5;
+inline constexpr int kIoOpCount = 6;
 
 // "other", "index", "atoms", "view", "journal", "durable".
 std::string_view IoPhaseName(IoPhase phase);
-// "open", "read", "write", "sync", "rename".
+// "open", "read", "write", "sync", "rename", "lock".
 std::string_view IoOpName(IoOp op);
 
 // The answer for one call. `error` != 0: the call fails with that errno without reaching the

@@ -10,6 +10,8 @@
 #include <thread>
 #include <utility>
 
+#include "core/io/fault_injection.h"
+
 namespace ucp {
 
 Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::milliseconds wait) {
@@ -17,9 +19,19 @@ Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::millise
   if (fd < 0) return PosixError("lock: open " + path, errno);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::chrono::milliseconds backoff{1};
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+  while (true) {
+    const int injected = MaybeInjectFault(IoOp::kLock, path, 0).error;
+    if (injected == 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
+    const int err = injected != 0 ? injected : errno;
     if (err == EINTR) continue;
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
+      ::close(fd);
+      OwnerLease::Options options;
+      options.wait = wait;
+      UCP_ASSIGN_OR_RETURN(std::optional<OwnerLease> lease,
+                           OwnerLease::Acquire(path + ".lease", options));
+      return FileLock(std::move(*lease));
+    }
     if (err != EWOULDBLOCK) {
       ::close(fd);
       return PosixError("lock: flock " + path, err);
@@ -39,7 +51,10 @@ Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::millise
   return FileLock(fd);
 }
 
-FileLock::FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+FileLock::FileLock(FileLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), lease_(std::move(other.lease_)) {
+  other.lease_.reset();
+}
 
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);

@@ -176,7 +176,8 @@ std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_d
 Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
                                          std::shared_ptr<const AtomIndex> index,
                                          uint64_t index_xxh3, std::string tag_dir,
-                                         const std::string& cache_dir, const Topology& target) {
+                                         const std::string& cache_dir, const Topology& target,
+                                         const OwnerLease::Options& lease) {
   if (index == nullptr) return Status::InvalidArgument("view: no index for " + tag_dir);
   UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
   std::string directory = ViewDirectory(tag_dir, cache_dir, target);
@@ -186,15 +187,16 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
     UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
   }
   return std::unique_ptr<View>(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                        SplitPlan(std::move(plan))));
+                                        SplitPlan(std::move(plan)), lease));
 }
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-           std::map<std::string, OutputPlan> plans)
+           std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease)
     : index_(std::move(index)),
       tag_dir_(std::move(tag_dir)),
       directory_(std::move(directory)),
-      plans_(std::move(plans)) {
+      plans_(std::move(plans)),
+      lease_options_(lease) {
   for (const auto& [name, plan] : plans_) names_.insert(name);
 }
 
@@ -214,12 +216,16 @@ Result<std::string> View::Materialize(const std::string& name) {
     if (ready_.contains(name)) return path;
   }
   if (!IsRegularFile(path)) {
-    // Names may have directories: the lock sits beside the view's top-level files.
-    std::string lock_name = name;
-    for (char& c : lock_name) c = c == '/' ? '#' : c;
-    UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory_ + "/." + lock_name + ".lock"));
-    // Whoever held the lock before may have built it.
-    if (!IsRegularFile(path)) {
+    // One owner builds it; the others wait until it is there, taking over from an owner that
+    // died or hangs. Names may have directories: the lease sits beside the view's top-level files.
+    std::string lease_name = name;
+    for (char& c : lease_name) c = c == '/' ? '#' : c;
+    UCP_ASSIGN_OR_RETURN(
+        const std::optional<OwnerLease> lease,
+        OwnerLease::Acquire(directory_ + "/." + lease_name + ".lease", lease_options_,
+                            [&path] { return IsRegularFile(path); }));
+    // Without the lease another owner built it; with it, a previous owner may have.
+    if (lease && !IsRegularFile(path)) {
       ExecuteOptions options;
       options.threads = 1;
       UCP_RETURN_IF_ERROR(ExecutePlan(*plan, *index_, tag_dir_, directory_, options)

@@ -14,7 +14,7 @@
 //                           bytes from, and the carried files) had its size and XXH3 when the
 //                           view was created; a verification that could not read a source
 //                           (EIO, a missing file) records nothing and fails this open only
-//   <view>/.<name>.lock     flock(2)ed exclusively while <name> is built ('/' becomes '#')
+//   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
 //                           written under a temporary name and renamed. The prefix keeps tools
@@ -24,9 +24,12 @@
 // A view whose view.json names another index (the tag was saved again) is emptied and
 // re-created under .lock. A crash leaves at worst a temporary file, never a partial <name>.
 //
-// Concurrency: any number of processes and threads may ask for the same view and file at once;
-// the first to take a file's lock builds it, the others block on the lock and then find it
-// built: each file is built once. Memory: the executor's bounded chunks (ExecuteOptions).
+// Concurrency: any number of processes and threads, on one node or many, may ask for the same
+// view and file at once; the first to create a file's lease builds it, the others wait (bounded
+// backoff) until it is there, taking the build over from an owner that died or hangs
+// (owner_lease.h: no flock, no lock without a time limit): each file is built once in the common
+// case, and a file built twice is the same bytes renamed into place twice. Memory: the executor's
+// bounded chunks (ExecuteOptions).
 //
 // Thread-safety: every method may be called from any thread. The callers (ViewServer) hold a
 // ReentrancyGuard: nothing here may be seen by the hooks.
@@ -42,6 +45,7 @@
 
 #include "core/format/atom_index.h"
 #include "core/frameworks/framework_adapter.h"
+#include "core/io/owner_lease.h"
 #include "core/plan/executor.h"
 #include "core/util/status.h"
 
@@ -67,7 +71,8 @@ class View {
   static Result<std::unique_ptr<View>> Open(const FrameworkAdapter& adapter,
                                             std::shared_ptr<const AtomIndex> index,
                                             uint64_t index_xxh3, std::string tag_dir,
-                                            const std::string& cache_dir, const Topology& target);
+                                            const std::string& cache_dir, const Topology& target,
+                                            const OwnerLease::Options& lease = {});
 
   View(const View&) = delete;
   View& operator=(const View&) = delete;
@@ -91,7 +96,7 @@ class View {
 
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-       std::map<std::string, OutputPlan> plans);
+       std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
 
@@ -99,6 +104,7 @@ class View {
   std::string tag_dir_;
   std::string directory_;
   std::map<std::string, OutputPlan> plans_;  // the adapter's plan, one output per name
+  OwnerLease::Options lease_options_;
   std::set<std::string> names_;
   mutable std::mutex mutex_;
   std::set<std::string> ready_;  // names known built, to skip the lock on repeated opens

@@ -151,7 +151,8 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
   std::shared_ptr<const AtomIndex> sources =
       from_store ? std::make_shared<const AtomIndex>(std::move(**readable)) : loaded->index;
   Result<std::unique_ptr<View>> view =
-      View::Open(**adapter, std::move(sources), loaded->xxh3, tag_dir, options_.cache_dir, target);
+      View::Open(**adapter, std::move(sources), loaded->xxh3, tag_dir, options_.cache_dir, target,
+                 options_.lease);
   if (!view.ok()) return fail(view.status());
   for (const IndexedFile& file : index.files()) {
     if (!AtomIndex::IsStoreFile(file)) state->source_files.insert(file.path);

@@ -39,6 +39,7 @@
 
 #include "core/format/atom_index.h"
 #include "core/frameworks/checkpoint_layout.h"
+#include "core/io/owner_lease.h"
 #include "core/util/status.h"
 #include "hooks/events.h"
 #include "hooks/serve/view_cache.h"
@@ -51,6 +52,8 @@ struct ViewServerOptions {
   RootSet roots;          // UCP_ROOTS
   std::string cache_dir;  // UCP_CACHE_DIR; empty = inside the tag
   bool strict = false;    // UCP_STRICT
+  // How a view file's builder is chosen and taken over (UCP_LEASE_STALE_MS).
+  OwnerLease::Options lease;
   // The current topology for a tag saved at `source` (production: ResolveCurrentTopology with the
   // config, TopologyRegistry::Global().Summary() and getenv).
   std::function<Result<CurrentTopology>(const Topology& source)> current_topology;

@@ -4,7 +4,7 @@
 //
 //   UCP_TEST_FAULTS="PHASE:OP:KIND[:FIRST[:COUNT]],..."
 //     PHASE  index | atoms | view | journal | durable   (IoPhaseName)
-//     OP     open | read | write | sync | rename        (IoOpName)
+//     OP     open | read | write | sync | rename | lock (IoOpName)
 //     KIND   ENOSPC | EIO | EINTR: the call fails with that errno;
 //            short (read and write only): the call moves half the bytes asked for (at least 1)
 //     FIRST  the first matching call that faults, counting from 1 (default 1)

@@ -165,6 +165,15 @@ TEST(ConfigTest, Durable) {
             "UCP_DUMP_TOPOLOGY=x is invalid (expected an absolute path)");
 }
 
+TEST(ConfigTest, LeaseStale) {
+  EXPECT_EQ(Parse({})->lease_stale, std::chrono::milliseconds(30000));
+  EXPECT_EQ(Parse({{"UCP_LEASE_STALE_MS", "500"}})->lease_stale, std::chrono::milliseconds(500));
+  EXPECT_EQ(ErrorOf({{"UCP_LEASE_STALE_MS", "99"}}),
+            "UCP_LEASE_STALE_MS=99 is invalid (expected milliseconds from 100 to 86400000)");
+  EXPECT_EQ(ErrorOf({{"UCP_LEASE_STALE_MS", "5s"}}),
+            "UCP_LEASE_STALE_MS=5s is invalid (expected milliseconds from 100 to 86400000)");
+}
+
 TEST(ConfigTest, FirstBadVariableIsReported) {
   EXPECT_EQ(ErrorOf({{"UCP_MODE", "fast"}, {"UCP_STRICT", "2"}}),
             "UCP_MODE=fast is invalid (expected index, atoms or off)");
