@@ -113,7 +113,8 @@ Status EmptyView(const std::string& directory) {
   for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
        it.increment(error)) {
     const std::string name = it->path().filename().string();
-    if (name.starts_with('.') && name.ends_with(".lock")) continue;
+    // Locks, and leases a live builder may hold, stay (a dead one's is taken over).
+    if (name.starts_with('.') && (name.ends_with(".lock") || name.ends_with(".lease"))) continue;
     doomed.push_back(it->path());
   }
   if (error) return PosixError("view: list " + directory, error.value());

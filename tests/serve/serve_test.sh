@@ -10,6 +10,10 @@
 #   corrupt      a source byte changed after indexing: pass-through with a warning in the log;
 #                under UCP_STRICT=1, OSError EIO
 #   concurrent   8 processes open every file at once: each file is built once, same bytes
+#   stale_owner  the builds of two view files owned, as the preload finds them, by a process of
+#                this host that is stopped (hung) and by one that is gone (dead): the reader takes
+#                both over (the hung one after UCP_LEASE_STALE_MS) and reads ucp reshard's bytes
+#   two_jobs     a job at dp2 and a job at dp8 read the tag at once: each its own view, right
 set -euo pipefail
 
 case_name=$1
@@ -104,6 +108,45 @@ PY
     done
     expected=$(ls "$work/ref8/global_step5" | wc -l)
     [[ $(built_lines) == "$expected" ]] || fail "$(built_lines) builds for $expected files"
+    ;;
+
+  stale_owner)
+    reference 2
+    view=$tag/.ucp/views/tp1-pp1-dp2
+    mkdir -p "$view"
+    sleep 600 &
+    hung=$!
+    kill -STOP "$hung"
+    trap 'kill -KILL "$hung" 2>/dev/null; rm -rf "$work"' EXIT
+    echo "$(hostname) $hung hung-owner" >"$view/.mp_rank_00_model_states.pt.lease"
+    bash -c 'exit 0' &
+    dead=$!
+    wait "$dead"
+    echo "$(hostname) $dead dead-owner" >"$view/.zero_pp_rank_0_mp_rank_00_optim_states.pt.lease"
+    start=$(date +%s%N)
+    served_python WORLD_SIZE=2 RANK=0 UCP_LEASE_STALE_MS=700 -- served "$tag" \
+      "$work/ref2/global_step5" 2 || fail "check_serve.py served past stale owners"
+    waited_ms=$((($(date +%s%N) - start) / 1000000))
+    ((waited_ms >= 700)) || fail "read in $waited_ms ms: the hung owner's build was not waited for"
+    ((waited_ms < 60000)) || fail "read in $waited_ms ms"
+    [[ $(built_lines) == 3 ]] || fail "$(built_lines) files built, expected 3"
+    for lease in "$view"/.*.lease; do
+      [[ ! -e $lease ]] || fail "lease $lease left behind"
+    done
+    echo "taken over from a hung and a dead owner; read in $waited_ms ms"
+    ;;
+
+  two_jobs)
+    reference 2
+    reference 8
+    served_python WORLD_SIZE=2 RANK=0 -- served "$tag" "$work/ref2/global_step5" 2 &
+    first=$!
+    served_python WORLD_SIZE=8 RANK=3 -- served "$tag" "$work/ref8/global_step5" 8 &
+    second=$!
+    wait "$first" || fail "the dp2 job failed"
+    wait "$second" || fail "the dp8 job failed"
+    [[ -f $tag/.ucp/views/tp1-pp1-dp2/view.json && -f $tag/.ucp/views/tp1-pp1-dp8/view.json ]] ||
+      fail "not two views"
     ;;
 
   *)
