@@ -6,13 +6,27 @@
 namespace ucp::deepspeed {
 namespace {
 
-// 1 to 9 decimal digits.
-std::optional<uint32_t> Decimal(const std::csub_match& digits) {
-  if (digits.length() == 0 || digits.length() > 9) return std::nullopt;
-  return static_cast<uint32_t>(std::stoul(digits.str()));
+std::optional<uint32_t> MatchedDecimal(const std::csub_match& digits) {
+  return Decimal(std::string_view(digits.first, static_cast<size_t>(digits.length())));
 }
 
 }  // namespace
+
+std::optional<uint32_t> Decimal(std::string_view digits) {
+  if (digits.empty() || digits.size() > 9) return std::nullopt;
+  uint32_t value = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return value;
+}
+
+std::optional<uint32_t> NumberedLayer(std::string_view name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  return Decimal(name.substr(0, dot));
+}
 
 std::optional<FileName> ParseFileName(std::string_view name) {
   // Never destroyed: inside the preload, the index builder's thread may run while the process
@@ -38,38 +52,38 @@ std::optional<FileName> ParseFileName(std::string_view name) {
   std::optional<uint32_t> a, b, c;
   if (std::regex_match(begin, end, m, kModel)) {
     parsed.kind = FileKind::kModelStates;
-    a = Decimal(m[1]);
+    a = MatchedDecimal(m[1]);
     if (!a) return std::nullopt;
     parsed.mp = *a;
   } else if (std::regex_match(begin, end, m, kZero3Model)) {
     parsed.kind = FileKind::kZero3ModelStates;
-    a = Decimal(m[1]), b = Decimal(m[2]);
+    a = MatchedDecimal(m[1]), b = MatchedDecimal(m[2]);
     if (!a || !b) return std::nullopt;
     parsed.dp = *a, parsed.mp = *b;
   } else if (std::regex_match(begin, end, m, kOptim)) {
     parsed.kind = FileKind::kOptimStates;
     parsed.prefix = m[1].str();
-    a = Decimal(m[2]), b = Decimal(m[3]);
+    a = MatchedDecimal(m[2]), b = MatchedDecimal(m[3]);
     if (!a || !b) return std::nullopt;
     parsed.dp = *a, parsed.mp = *b;
   } else if (std::regex_match(begin, end, m, kExpertOptim)) {
     parsed.kind = FileKind::kExpertOptimStates;
-    a = Decimal(m[1]), b = Decimal(m[2]);
+    a = MatchedDecimal(m[1]), b = MatchedDecimal(m[2]);
     if (!a || !b) return std::nullopt;
     parsed.dp = *a, parsed.mp = *b;
   } else if (std::regex_match(begin, end, m, kExpertModel)) {
     parsed.kind = FileKind::kExpertModelStates;
-    a = Decimal(m[1]), b = Decimal(m[2]), c = Decimal(m[3]);
+    a = MatchedDecimal(m[1]), b = MatchedDecimal(m[2]), c = MatchedDecimal(m[3]);
     if (!a || !b || !c) return std::nullopt;
     parsed.layer = *a, parsed.expert = *b, parsed.mp = *c;
   } else if (std::regex_match(begin, end, m, kTpLayer)) {
     parsed.kind = FileKind::kLayerStates;
-    a = Decimal(m[1]), b = Decimal(m[2]);
+    a = MatchedDecimal(m[1]), b = MatchedDecimal(m[2]);
     if (!a || !b) return std::nullopt;
     parsed.layer = *a, parsed.model_rank = *b;
   } else if (std::regex_match(begin, end, m, kLayer)) {
     parsed.kind = FileKind::kLayerStates;
-    a = Decimal(m[1]);
+    a = MatchedDecimal(m[1]);
     if (!a) return std::nullopt;
     parsed.layer = *a;
   } else {

@@ -53,6 +53,13 @@ struct FileName {
 // The name's kind and numbers; nullopt for any other name, and for a number of more than 9 digits.
 std::optional<FileName> ParseFileName(std::string_view name);
 
+// 1 to 9 decimal digits, nothing else; nullopt otherwise.
+std::optional<uint32_t> Decimal(std::string_view digits);
+
+// The layer index of a pipeline parameter named "<LL>.<name>" (LL: 1 to 9 digits); nullopt for
+// any other name (a tied module's "tied_modules.<key>.<name>").
+std::optional<uint32_t> NumberedLayer(std::string_view name);
+
 // mp_rank_<mp:02>_model_states.pt
 std::string ModelStatesName(uint32_t mp);
 // zero_pp_rank_<dp>_mp_rank_<mp:02>_model_states.pt

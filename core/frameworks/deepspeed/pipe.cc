@@ -24,6 +24,7 @@ using deepspeed::BoundsText;
 using deepspeed::CheckNoParameterAlignment;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
+using deepspeed::Decimal;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::Field;
@@ -48,6 +49,7 @@ using deepspeed::ListText;
 using deepspeed::MakeLayout;
 using deepspeed::MappingsNode;
 using deepspeed::ModelStatesName;
+using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
@@ -85,17 +87,6 @@ constexpr int64_t kMaxStages = 1 << 16;
 // Bounds the layer placement's work (DeepSpeed's partition_balanced is quadratic in the layers).
 constexpr uint64_t kMaxLayers = 1 << 12;
 
-// 1 to 9 decimal digits.
-std::optional<uint32_t> Decimal(std::string_view digits) {
-  if (digits.empty() || digits.size() > 9) return std::nullopt;
-  uint32_t value = 0;
-  for (const char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<uint32_t>(c - '0');
-  }
-  return value;
-}
-
 // The layer of a file named exactly LayerStatesName(layer).
 std::optional<uint32_t> LayerOfFile(const std::string& name) {
   const std::optional<FileName> parsed = ParseFileName(name);
@@ -103,13 +94,6 @@ std::optional<uint32_t> LayerOfFile(const std::string& name) {
     return std::nullopt;
   }
   return parsed->layer;
-}
-
-// The layer index of a global parameter name "<LL>.<name>".
-std::optional<uint32_t> LayerOf(const std::string& name) {
-  const size_t dot = name.find('.');
-  if (dot == std::string::npos) return std::nullopt;
-  return Decimal(std::string_view(name).substr(0, dot));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,7 +155,7 @@ Result<StageModel> ReadStageModel(const std::string& tag_dir, const std::string&
   for (const auto& [key, value] : NamedChildren(shapes->items()[0])) {
     std::optional<Shape> shape = ShapeOf(value);
     if (!shape) return FieldError(r, "param_shapes/0/" + key, "not a torch.Size");
-    if (!LayerOf(key)) {
+    if (!NumberedLayer(key)) {
       return Status::Unsupported(Prefix(r.path()) + "param_shapes/0/" + key +
                                  ": not \"<layer index>.<name>\" (tied layers are not supported)");
     }
@@ -367,7 +351,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   }
   for (const std::string& name : c.groups[0].params) {
     const Atom* atom = index.Find(name, "fp32");
-    const std::optional<uint32_t> layer = LayerOf(name);
+    const std::optional<uint32_t> layer = NumberedLayer(name);
     if (atom == nullptr || !layer || *layer >= facts.layers) {
       return Status::Corrupt("deepspeed: index: no fp32 atom of " + name +
                              " or not in a known layer");
@@ -564,7 +548,8 @@ Result<std::vector<std::string>> DeepSpeedPipeAdapter::ExpectedFiles(
     UCP_RETURN_IF_ERROR(
         OpenWrittenModelStates(tag_dir, files.back(), listing.model_states.contains(s)).status());
     UCP_ASSIGN_OR_RETURN(const StageModel sm, ReadStageModel(tag_dir, files.back()));
-    for (const std::string& name : sm.layout.names) layers.insert(LayerStatesName(*LayerOf(name)));
+    for (const std::string& name : sm.layout.names)
+      layers.insert(LayerStatesName(*NumberedLayer(name)));
   }
   for (uint32_t s = 0; s < pp; ++s) {
     for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, s));
@@ -674,7 +659,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
   std::set<std::string> seen;
   for (const StageModel& sm : stages) {
     for (const std::string& name : sm.layout.names) {
-      const uint32_t layer = *LayerOf(name);
+      const uint32_t layer = *NumberedLayer(name);
       layers = std::max<uint64_t>(layers, layer + uint64_t{1});
       if (!layer_files.contains(layer)) {
         return Status::NotFound(Prefix(tag_dir + "/" + LayerStatesName(layer)) + "not found (" +
@@ -771,7 +756,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       }
 
       // bit16: the layer file's tensor of the parameter.
-      const uint32_t layer = *LayerOf(name);
+      const uint32_t layer = *NumberedLayer(name);
       auto reader = layer_readers.find(layer);
       if (reader == layer_readers.end()) {
         UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,

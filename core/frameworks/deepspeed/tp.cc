@@ -48,6 +48,7 @@ using deepspeed::MakeLayout;
 using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
+using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimGroup;
@@ -1292,19 +1293,6 @@ Status AssignOwners(GridTag& grid, const std::vector<std::regex>& pipeline_repli
   return Status::Ok();
 }
 
-// The layer-file tensors of a parameter owned by a pipeline stage: "<LL>.<name>" is <name> in
-// layer LL's file; "tied_modules.<key>.<name>" is <name> in the file of the stage's tied layer,
-// the one layer of the stage's span (between the neighbouring stages' numbered layers) that holds
-// no numbered parameter and whose state_dict holds every name of the key.
-std::optional<uint32_t> NumberedLayer(const std::string& name) {
-  size_t digits = 0;
-  while (digits < name.size() && digits < 9 && name[digits] >= '0' && name[digits] <= '9') {
-    ++digits;
-  }
-  if (digits == 0 || digits >= name.size() || name[digits] != '.') return std::nullopt;
-  return static_cast<uint32_t>(std::stoul(name.substr(0, digits)));
-}
-
 constexpr std::string_view kTiedPrefix = "tied_modules.";
 
 Result<const LayerFile*> OpenLayerFile(GridTag& grid, const std::string& tag_dir,
@@ -1319,6 +1307,10 @@ Result<const LayerFile*> OpenLayerFile(GridTag& grid, const std::string& tag_dir
   return &grid.layer_files.emplace(name, std::move(file)).first->second;
 }
 
+// The layer-file tensors of a parameter owned by a pipeline stage: "<LL>.<name>" is <name> in
+// layer LL's file; "tied_modules.<key>.<name>" is <name> in the file of the stage's tied layer,
+// the one layer of the stage's span (between the neighbouring stages' numbered layers) that holds
+// no numbered parameter and whose state_dict holds every name of the key.
 Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
   std::set<std::string> present(grid.layer_names.begin(), grid.layer_names.end());
   // Numbered layers per stage, and every layer some numbered parameter names.

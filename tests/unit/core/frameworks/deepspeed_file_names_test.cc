@@ -103,5 +103,17 @@ TEST(DeepSpeedFileNamesTest, WrittenNamesParseBackToTheirNumbers) {
   EXPECT_EQ(tp_layer->model_rank, 127u);
 }
 
+TEST(DeepSpeedFileNamesTest, NumberedLayersAndDecimals) {
+  EXPECT_EQ(NumberedLayer("2.self_attention.dense.weight"), 2u);
+  EXPECT_EQ(NumberedLayer("17.weight"), 17u);
+  EXPECT_EQ(NumberedLayer("tied_modules.embed.word_embeddings.weight"), std::nullopt);
+  EXPECT_EQ(NumberedLayer("2a.weight"), std::nullopt);
+  EXPECT_EQ(NumberedLayer("1234567890.weight"), std::nullopt);  // more than 9 digits
+  EXPECT_EQ(NumberedLayer("weight"), std::nullopt);
+  EXPECT_EQ(Decimal("007"), 7u);
+  EXPECT_EQ(Decimal(""), std::nullopt);
+  EXPECT_EQ(Decimal("-1"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace ucp::deepspeed
