@@ -90,12 +90,25 @@ def fail(message):
     sys.exit(1)
 
 
-def add_release_arguments(parser):
-    """The options every DeepSpeed e2e script takes to name its release."""
+def add_run_arguments(parser, paths=('--work', '--tools', '--lib', '--ucp')):
+    """The options every DeepSpeed e2e script takes: the folders and programs it runs with
+    (`paths`) and the release it must run."""
+    for option in paths:
+        parser.add_argument(option, required=True)
     parser.add_argument('--deepspeed', required=True, metavar='VERSION',
                         help='the DeepSpeed version these tests must run')
     parser.add_argument('--required', action='store_true',
                         help='fail rather than skip when that version is not importable')
+
+
+def parse_run_arguments(parser):
+    """parser's arguments, every path of add_run_arguments absolute: the trainers run in the
+    tools folder."""
+    args = parser.parse_args()
+    for name in ('work', 'tools', 'lib', 'ucp', 'fixtures'):
+        if getattr(args, name, None):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    return args
 
 
 def trainer_environment(args):
@@ -491,15 +504,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('step', choices=['save', 'universal', 'preload', 'refusal', 'atoms'])
     parser.add_argument('--config', choices=sorted(CONFIGS), required=True)
-    parser.add_argument('--work', required=True)
-    parser.add_argument('--tools', required=True)
-    parser.add_argument('--lib', required=True)
-    parser.add_argument('--ucp', required=True)
-    add_release_arguments(parser)
-    args = parser.parse_args()
-    # The trainer runs in the tools folder: every path it is given must be absolute.
-    for name in ('work', 'tools', 'lib', 'ucp'):
-        setattr(args, name, os.path.abspath(getattr(args, name)))
+    add_run_arguments(parser)
+    args = parse_run_arguments(parser)
     env = trainer_environment(args)
     work = os.path.join(args.work, args.config)
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):

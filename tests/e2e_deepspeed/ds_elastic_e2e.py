@@ -113,14 +113,10 @@ def bits(losses):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('--work', required=True)
-    parser.add_argument('--tools', required=True)
-    parser.add_argument('--lib', required=True)
-    parser.add_argument('--ucp', required=True)
-    ds_e2e.add_release_arguments(parser)
-    args = parser.parse_args()
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
     env = ds_e2e.trainer_environment(args)
-    work = os.path.join(os.path.abspath(args.work), 'elastic_checkpoint')
+    work = os.path.join(args.work, 'elastic_checkpoint')
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
 

@@ -38,10 +38,8 @@ def train(args, env, work, name, extra):
 
 def main():
     parser = argparse.ArgumentParser()
-    for option in ('--work', '--tools', '--lib'):
-        parser.add_argument(option, required=True)
-    ds_e2e.add_release_arguments(parser)
-    args = parser.parse_args()
+    ds_e2e.add_run_arguments(parser, ('--work', '--tools', '--lib'))
+    args = ds_e2e.parse_run_arguments(parser)
     env = ds_e2e.trainer_environment(args)
     work = os.path.join(args.work, 'legacy_serialization')
     shutil.rmtree(work, ignore_errors=True)

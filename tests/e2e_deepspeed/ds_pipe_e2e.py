@@ -231,14 +231,8 @@ def main():
     parser.add_argument('--model', choices=sorted(MODELS), default='pipe')
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
                         help="the trainer's dtype (pipe bf16: DeepSpeed's ZeRO-1 bf16 optimizer)")
-    parser.add_argument('--work', required=True)
-    parser.add_argument('--tools', required=True)
-    parser.add_argument('--lib', required=True)
-    parser.add_argument('--ucp', required=True)
-    ds_e2e.add_release_arguments(parser)
-    args = parser.parse_args()
-    for name in ('work', 'tools', 'lib', 'ucp'):
-        setattr(args, name, os.path.abspath(getattr(args, name)))
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
     trainer = MODELS[args.model].trainer
     if not os.path.isfile(os.path.join(args.tools, trainer)):
         ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')

@@ -132,12 +132,8 @@ def main():
                         help='with --live: entries of the saving run\'s DeepSpeed config '
                              '"checkpoint" section, a JSON object (picks a checkpoint engine)')
     parser.add_argument('--name', default=None, help='the work folder\'s name')
-    for option in ('--fixtures', '--work', '--tools', '--lib', '--ucp'):
-        parser.add_argument(option, required=True)
-    ds_e2e.add_release_arguments(parser)
-    args = parser.parse_args()
-    # The trainer runs in the tools folder.
-    args.lib, args.ucp = os.path.abspath(args.lib), os.path.abspath(args.ucp)
+    ds_e2e.add_run_arguments(parser, ('--fixtures', '--work', '--tools', '--lib', '--ucp'))
+    args = ds_e2e.parse_run_arguments(parser)
     _, tp, ranks, _ = DIRECTIONS[args.direction]
     env = ds_e2e.trainer_environment(args)
     work = os.path.join(args.work, args.name or

@@ -46,10 +46,8 @@ def run(args, env, work, name, processes, extra):
 
 def main():
     parser = argparse.ArgumentParser()
-    for option in ('--work', '--tools', '--lib', '--ucp'):
-        parser.add_argument(option, required=True)
-    ds_e2e.add_release_arguments(parser)
-    args = parser.parse_args()
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
     env = ds_e2e.trainer_environment(args)
     versions = subprocess.run([sys.executable, '-c',
                                'import transformers, accelerate; '
