@@ -5,7 +5,7 @@
 //   UCP_TEST_FAULTS="PHASE:OP:KIND[:FIRST[:COUNT]],..."
 //     PHASE  index | atoms | view | journal | durable   (IoPhaseName)
 //     OP     open | read | write | sync | rename | lock (IoOpName)
-//     KIND   ENOSPC | EIO | EINTR: the call fails with that errno;
+//     KIND   ENOSPC | EIO | EINTR | ENOLCK: the call fails with that errno;
 //            short (read and write only): the call moves half the bytes asked for (at least 1)
 //     FIRST  the first matching call that faults, counting from 1 (default 1)
 //     COUNT  how many matching calls in a row fault from FIRST on; 0: all of them (default 1).
@@ -89,6 +89,8 @@ std::unique_ptr<Rule> ParseRule(const std::string& spec) {
     rule->error = EIO;
   } else if (rule->kind == "EINTR") {
     rule->error = EINTR;
+  } else if (rule->kind == "ENOLCK") {
+    rule->error = ENOLCK;
   } else if (rule->kind == "short") {
     if (rule->op != ucp::IoOp::kRead && rule->op != ucp::IoOp::kWrite) {
       Refuse(spec, "a short transfer needs read or write");

@@ -9,7 +9,9 @@
 #            a failed append leaves no torn line (also after a short write) and no index
 #   view     faults in the view build at WORLD_SIZE=2 of a dp4 tag: EINTR and short transfers
 #            serve `ucp reshard`'s bytes; ENOSPC/EIO serve nothing (the original files pass
-#            through, no served file is left), and under UCP_STRICT=1 the opens fail with EIO
+#            through, no served file is left), and under UCP_STRICT=1 the opens fail with EIO;
+#            flock unsupported (ENOLCK on every flock: Lustre noflock) serves them through the
+#            lease that stands in for it
 #   atoms    faults in the atoms store (UCP_MODE=atoms, two ranks): EINTR and short transfers
 #            give the store of a run without faults; ENOSPC/EIO leave the index without a store
 #   durable  faults in the durable commit (UCP_DURABLE=1): EINTR is retried and `latest` is
@@ -222,7 +224,7 @@ case "$case_name" in
     for entry in \
       view:read:EINTR:1:0=served view:read:short:1:0=served view:write:EINTR:1:0=served \
       view:write:short:1:0=served view:open:EINTR:1:0=served view:sync:EINTR:1:0=served \
-      view:rename:EINTR:1:0=served \
+      view:rename:EINTR:1:0=served view:lock:ENOLCK:1:0=served view:lock:EIO=plain \
       view:read:EIO:2=plain view:write:ENOSPC=plain view:open:ENOSPC:2=plain \
       view:write:ENOSPC:2=plain view:write:EIO:2=plain view:sync:EIO=plain \
       view:rename:EIO:2=plain view:write:ENOSPC:2=eio; do
