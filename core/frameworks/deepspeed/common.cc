@@ -929,4 +929,58 @@ std::string BoundsText(const std::vector<uint64_t>& bounds) {
   return ListText(values);
 }
 
+Value* GroupStatesNode(Value* optimizer_state_dict, bool elastic, size_t g) {
+  Value* base =
+      optimizer_state_dict == nullptr ? nullptr : optimizer_state_dict->Get("base_optimizer_state");
+  if (base == nullptr) return nullptr;
+  if (elastic) return base->kind() == Kind::kList ? base->Item(g) : nullptr;
+  Value* all = base->Get("state");
+  if (all == nullptr || all->kind() != Kind::kDict) return nullptr;
+  for (auto& [key, value] : all->mutable_entries()) {
+    if (KeyText(key) == std::to_string(g)) return value;
+  }
+  return nullptr;
+}
+
+Result<Value*> PlanGroupPartitions(
+    pickle::Graph& graph, Value* dict, const TorchArchiveReader& reader, size_t g, bool elastic,
+    const GroupPartition& sizes,
+    const std::function<Result<std::vector<Segment>>(const std::string& state)>& segments_of,
+    std::map<std::string, std::vector<Segment>>& replaced) {
+  const std::string field = GroupStatesField(elastic, g);
+  UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
+  Value* states = GroupStatesNode(dict, elastic, g);
+  if (states == nullptr || states->kind() != Kind::kDict ||
+      states->entries().size() != template_states->entries().size()) {
+    return FieldError(reader, field, "not a dict of states");
+  }
+  for (size_t s = 0; s < states->entries().size(); ++s) {
+    const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
+    if (tensor == nullptr || tensor->shape.size() != 1) continue;
+    if (sizes.template_numel && tensor->numel() != *sizes.template_numel) {
+      return FieldError(reader, field + "/" + KeyText(template_states->entries()[s].first),
+                        "not a partition of " + std::to_string(*sizes.template_numel));
+    }
+    const std::string state = KeyText(states->entries()[s].first);
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, segments_of(state));
+    AppendZeros(segments, sizes.tail * ItemSize(tensor->dtype));
+    UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
+                         PartitionTensor(graph, *tensor, sizes.state_numel, sizes.partition));
+    replaced[tensor->storage->key] = std::move(segments);
+  }
+  // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the tensor
+  // but keeps the P-element storage it is a view of.
+  const std::string fp32_field =
+      std::string(kOsd) + "/single_partition_of_fp32_groups/" + std::to_string(g);
+  UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
+  const TorchTensor* fp32 = reader.TensorAt(fp32_node);
+  if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, segments_of("fp32"));
+  AppendZeros(segments, sizes.tail * ItemSize(fp32->dtype));
+  UCP_ASSIGN_OR_RETURN(Value * node,
+                       PartitionTensor(graph, *fp32, sizes.fp32_numel, sizes.partition));
+  replaced[fp32->storage->key] = std::move(segments);
+  return node;
+}
+
 }  // namespace ucp::deepspeed

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -313,6 +314,30 @@ void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTens
 // `file`) without its partitioned entries (base_optimizer_state, single_partition_of_fp32_groups,
 // param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
+
+// Group g's states in an optimizer_state_dict being planned (GroupStatesField's node), or null.
+pickle::Value* GroupStatesNode(pickle::Value* optimizer_state_dict, bool elastic, size_t g);
+
+// The sizes of one rank's partitions of a group in an optimizer file being planned.
+struct GroupPartition {
+  uint64_t partition = 0;                  // P: every partition tensor's storage
+  uint64_t state_numel = 0;                // each partition-shaped state's elements (StateNumel)
+  uint64_t fp32_numel = 0;                 // the fp32 master's elements (P, or P less the padding)
+  uint64_t tail = 0;                       // zero elements after the rank's real ones (its padding)
+  std::optional<uint64_t> template_numel;  // when set, the template's states must have it
+};
+// Plans group g of a rank's optimizer file: in `graph` (imported from the template `reader`,
+// `dict` its optimizer_state_dict) every partition-shaped state of the group becomes a tensor of
+// `sizes.state_numel` elements over a P-element storage and the fp32 partition one of
+// `sizes.fp32_numel`; their bytes are `segments_of(state)` (the rank's real elements; "fp32" for
+// the master) then `sizes.tail` zero elements, recorded in `replaced` by storage key. Returns the
+// new fp32 partition node, for SetPartitionFields. kCorrupt naming the field where the template
+// is not as expected.
+Result<pickle::Value*> PlanGroupPartitions(
+    pickle::Graph& graph, pickle::Value* dict, const TorchArchiveReader& reader, size_t g,
+    bool elastic, const GroupPartition& sizes,
+    const std::function<Result<std::vector<Segment>>(const std::string& state)>& segments_of,
+    std::map<std::string, std::vector<Segment>>& replaced);
 
 // DeepSpeed's pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced):
 // stage boundaries, num_parts + 1 entries, stage s holding layers [bounds[s], bounds[s+1]).

@@ -33,6 +33,7 @@ using deepspeed::FileKind;
 using deepspeed::FileName;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
+using deepspeed::GroupPartition;
 using deepspeed::IntField;
 using deepspeed::IntListField;
 using deepspeed::JsonOf;
@@ -61,6 +62,7 @@ using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::PartitionUniform;
+using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadMappings;
@@ -468,43 +470,18 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
   const uint64_t pad_elements = begin + p.partition - std::max(begin, real_end);
   std::map<std::string, std::vector<Segment>> replaced;
 
-  const std::string field = osd + "/base_optimizer_state/state/0";
-  UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
-  Value* states = nullptr;
-  if (Value* base = dict->Get("base_optimizer_state")) {
-    if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
-      for (auto& [key, value] : all->mutable_entries()) {
-        if (KeyText(key) == "0") states = value;
-      }
-    }
-  }
-  if (states == nullptr || states->kind() != Kind::kDict ||
-      states->entries().size() != template_states->entries().size()) {
-    return FieldError(reader, field, "not a dict of states");
-  }
-  for (size_t s = 0; s < states->entries().size(); ++s) {
-    const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
-    if (tensor == nullptr || tensor->shape.size() != 1) continue;
-    const std::string state = KeyText(states->entries()[s].first);
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                         FlatSegments(index, layout, state, begin, real_end));
-    AppendZeros(segments, pad_elements * ItemSize(tensor->dtype));
-    UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
-                         PartitionTensor(out.graph, *tensor, p.partition, p.partition));
-    replaced[tensor->storage->key] = std::move(segments);
-  }
-
-  // single_partition_of_fp32_groups: the padding stripped from the tensor, not its storage.
-  const std::string fp32_field = osd + "/single_partition_of_fp32_groups/0";
-  UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
-  const TorchTensor* fp32 = reader.TensorAt(fp32_node);
-  if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
-  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                       FlatSegments(index, layout, "fp32", begin, real_end));
-  AppendZeros(segments, pad_elements * ItemSize(fp32->dtype));
-  UCP_ASSIGN_OR_RETURN(Value * node,
-                       PartitionTensor(out.graph, *fp32, p.partition - padding, p.partition));
-  replaced[fp32->storage->key] = std::move(segments);
+  GroupPartition sizes;
+  sizes.partition = p.partition;
+  sizes.state_numel = p.partition;
+  sizes.fp32_numel = p.partition - padding;
+  sizes.tail = pad_elements;
+  UCP_ASSIGN_OR_RETURN(Value * node, PlanGroupPartitions(
+                                         out.graph, dict, reader, 0, /*elastic=*/false, sizes,
+                                         [&](const std::string& state) {
+                                           return FlatSegments(index, layout, state, begin,
+                                                               real_end);
+                                         },
+                                         replaced));
 
   UCP_RETURN_IF_ERROR(SetPartitionFields(
       out.graph, dict, {node}, {padding}, dp,

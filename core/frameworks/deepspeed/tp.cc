@@ -34,6 +34,7 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileName;
 using deepspeed::GroupLayout;
+using deepspeed::GroupPartition;
 using deepspeed::IntField;
 using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
@@ -62,6 +63,7 @@ using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::PartitionUniform;
+using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
@@ -1592,44 +1594,19 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
     const uint64_t padding = p.padding_of(r);
     const uint64_t real_end = std::min(begin + p.partition, layout.total);
     const uint64_t tail = begin + p.partition - std::max(begin, real_end);
-    const std::string field = osd + "/base_optimizer_state/state/" + std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
-    Value* states = nullptr;
-    if (Value* base = dict->Get("base_optimizer_state")) {
-      if (Value* all = base->Get("state"); all != nullptr && all->kind() == Kind::kDict) {
-        for (auto& [key, value] : all->mutable_entries()) {
-          if (KeyText(key) == std::to_string(g)) states = value;
-        }
-      }
-    }
-    if (states == nullptr || states->kind() != Kind::kDict ||
-        states->entries().size() != template_states->entries().size()) {
-      return FieldError(reader, field, "not a dict of states");
-    }
-    for (size_t s = 0; s < states->entries().size(); ++s) {
-      const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
-      if (tensor == nullptr || tensor->shape.size() != 1) continue;
-      const std::string state = KeyText(states->entries()[s].first);
-      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                           FlatSegments(index, facts, groups[g], t, state, begin, real_end));
-      AppendZeros(segments, tail * ItemSize(tensor->dtype));
-      UCP_ASSIGN_OR_RETURN(states->mutable_entries()[s].second,
-                           PartitionTensor(out.graph, *tensor, p.partition, p.partition));
-      replaced[tensor->storage->key] = std::move(segments);
-    }
-    // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
-    // tensor but keeps the P-element storage it is a view of.
-    const std::string fp32_field = osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
-    const TorchTensor* fp32 = reader.TensorAt(fp32_node);
-    if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
-    const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                         FlatSegments(index, facts, groups[g], t, "fp32", begin, real_end));
-    AppendZeros(segments, tail * ItemSize(fp32->dtype));
-    UCP_ASSIGN_OR_RETURN(Value * node, PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
+    GroupPartition sizes;
+    sizes.partition = p.partition;
+    sizes.state_numel = p.partition;
+    sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+    sizes.tail = tail;
+    UCP_ASSIGN_OR_RETURN(Value * node, PlanGroupPartitions(
+                                           out.graph, dict, reader, g, /*elastic=*/false, sizes,
+                                           [&](const std::string& state) {
+                                             return FlatSegments(index, facts, groups[g], t, state,
+                                                                 begin, real_end);
+                                           },
+                                           replaced));
     fp32_items.push_back(node);
-    replaced[fp32->storage->key] = std::move(segments);
     paddings.push_back(padding);
     mapping_items.push_back(
         MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));

@@ -31,6 +31,7 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
+using deepspeed::GroupPartition;
 using deepspeed::GroupStatesField;
 using deepspeed::IntField;
 using deepspeed::JsonOf;
@@ -56,6 +57,7 @@ using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PartitionTensor;
 using deepspeed::PidTuple;
+using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
@@ -95,20 +97,6 @@ Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32
     shapes.push_back(source.shapes[original[i]]);
   }
   return MakeLayout(std::move(names), std::move(shapes));
-}
-
-// The node of group g's states in an optimizer_state_dict imported into a graph, or null.
-Value* GroupStatesNode(Value* optimizer_state_dict, bool elastic, size_t g) {
-  Value* base =
-      optimizer_state_dict == nullptr ? nullptr : optimizer_state_dict->Get("base_optimizer_state");
-  if (base == nullptr) return nullptr;
-  if (elastic) return base->kind() == Kind::kList ? base->Item(g) : nullptr;
-  Value* all = base->Get("state");
-  if (all == nullptr || all->kind() != Kind::kDict) return nullptr;
-  for (auto& [key, value] : all->mutable_entries()) {
-    if (KeyText(key) == std::to_string(g)) return value;
-  }
-  return nullptr;
 }
 
 // The index's layout of every group (source flat order) and the facts PlanReshard needs.
@@ -600,50 +588,21 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
       const uint64_t padding = p.padding_of(r);
       const uint64_t real_end = std::min(begin + p.partition, layout.total);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
-      const std::string field = GroupStatesField(facts.elastic, g);
-      UCP_ASSIGN_OR_RETURN(const Value* template_states, Field(reader, field));
-      Value* states = GroupStatesNode(dict, facts.elastic, g);
-      if (states == nullptr || states->kind() != Kind::kDict ||
-          states->entries().size() != template_states->entries().size()) {
-        return FieldError(reader, field, "not a dict of states");
-      }
-      for (size_t s = 0; s < states->entries().size(); ++s) {
-        const TorchTensor* tensor = reader.TensorAt(template_states->entries()[s].second);
-        if (tensor == nullptr || tensor->shape.size() != 1) continue;
-        // The template is rank 0's file.
-        const uint64_t template_numel =
-            StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
-        if (tensor->numel() != template_numel) {
-          return FieldError(reader, field + "/" + KeyText(template_states->entries()[s].first),
-                            "not a partition of " + std::to_string(template_numel));
-        }
-        const std::string state = KeyText(states->entries()[s].first);
-        UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                             FlatSegments(index, layout, state, begin, real_end));
-        AppendZeros(segments,
-                    (begin + p.partition - std::max(begin, real_end)) * ItemSize(tensor->dtype));
-        UCP_ASSIGN_OR_RETURN(
-            states->mutable_entries()[s].second,
-            PartitionTensor(out.graph, *tensor, StateNumel(facts.elastic, p.partition, padding),
-                            p.partition));
-        replaced[tensor->storage->key] = std::move(segments);
-      }
-
-      // single_partition_of_fp32_groups: DeepSpeedZeroOptimizer strips the padding from the
-      // tensor but keeps the P-element storage it is a view of.
-      const std::string fp32_field = osd + "/single_partition_of_fp32_groups/" + std::to_string(g);
-      UCP_ASSIGN_OR_RETURN(const Value* fp32_node, Field(reader, fp32_field));
-      const TorchTensor* fp32 = reader.TensorAt(fp32_node);
-      if (fp32 == nullptr) return FieldError(reader, fp32_field, "not a tensor");
-      const uint64_t fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-      UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                           FlatSegments(index, layout, "fp32", begin, real_end));
-      AppendZeros(segments,
-                  (begin + p.partition - std::max(begin, real_end)) * ItemSize(fp32->dtype));
-      UCP_ASSIGN_OR_RETURN(Value * node,
-                           PartitionTensor(out.graph, *fp32, fp32_numel, p.partition));
-      fp32_items.push_back(node);
-      replaced[fp32->storage->key] = std::move(segments);
+      GroupPartition sizes;
+      sizes.partition = p.partition;
+      sizes.state_numel = StateNumel(facts.elastic, p.partition, padding);
+      sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+      sizes.tail = begin + p.partition - std::max(begin, real_end);
+      // The template is rank 0's file.
+      sizes.template_numel = StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
+      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
+                                             out.graph, dict, reader, g, facts.elastic, sizes,
+                                             [&](const std::string& state) {
+                                               return FlatSegments(index, layout, state, begin,
+                                                                   real_end);
+                                             },
+                                             replaced));
+      fp32_items.push_back(fp32);
 
       paddings.push_back(padding);
       mapping_items.push_back(
