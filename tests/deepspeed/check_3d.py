@@ -28,15 +28,7 @@ RUN_CONFIG_FIELDS = harness.RUN_CONFIG_FIELDS + ("args.micro_batch_size",)
 
 
 def compare_tags(case, save_dir, expected):
-    """save_dir (a `ucp reshard --out`) holds expected's files, as DeepSpeed wrote them."""
-    report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{case}: latest")
-    names = harness.files_under(expected)
-    report.check(harness.files_under(save_dir) == sorted(["latest"] + [f"{TAG}/{n}" for n in names]),
-                 f"{case}: files {harness.files_under(save_dir)} vs DeepSpeed's {names}")
-    for name in names:
-        report.diffs(harness.compare_files(f"{expected}/{name}", f"{save_dir}/{TAG}/{name}",
-                                           RUN_CONFIG_FIELDS, harness.UNORDERED_IN_RESAVES),
-                     f"{case}/{name}")
+    harness.compare_resaved(report, case, save_dir, expected, TAG, RUN_CONFIG_FIELDS)
 
 
 checked_without_resave = []
@@ -47,14 +39,8 @@ for config in ("3d_z1_fp32", "3d_bf16"):
     status, _, err = harness.run_ucp(ucp, "export", f"{source}/{TAG}", "--format",
                                      "deepspeed-universal", "--out", out)
     if report.check(status == 0, f"{config}: ucp export exit {status}: {err}"):
-        expected = f"{source}/{TAG}_universal"
-        names = harness.files_under(expected)
+        names = harness.compare_export(report, config, f"{source}/{TAG}_universal", out)
         report.check(len(names) > 200, f"{config}: {len(names)} files in DeepSpeed's export")
-        report.check(harness.files_under(out) == names,
-                     f"{config}: files {sorted(set(harness.files_under(out)) ^ set(names))} differ")
-        for name in names:
-            report.diffs(harness.compare_files(f"{expected}/{name}", f"{out}/{name}"),
-                         f"{config}/{name}")
 
     for tp, pp, dp in ((2, 2, 2), (2, 2, 1), (1, 2, 2), (2, 1, 2), (1, 1, 2)):
         case = f"tp{tp}pp{pp}dp{dp}_from_tp2pp2dp2"

@@ -32,26 +32,11 @@ out = f"{parent}/global_step5_universal"
 status, _, err = harness.run_ucp(ucp, "export", f"{source}/{TAG}", "--format",
                                  "deepspeed-universal", "--out", out)
 if report.check(status == 0, f"ucp export exit {status}: {err}"):
-    expected = f"{source}/global_step5_universal"
-    names = harness.files_under(expected)
-    report.check(harness.files_under(out) == names,
-                 f"export: files {sorted(set(harness.files_under(out)) ^ set(names))} differ")
-    for name in names:
-        report.diffs(harness.compare_files(f"{expected}/{name}", f"{out}/{name}"),
-                     f"export/{name}")
+    harness.compare_export(report, "export", f"{source}/global_step5_universal", out)
 
 
 def compare_tags(case, save_dir, expected):
-    """save_dir (a `ucp reshard --out`) holds expected's files, as DeepSpeed wrote them."""
-    report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{case}: latest")
-    names = harness.files_under(expected)
-    report.check(harness.files_under(save_dir) == sorted(["latest"] + [f"{TAG}/{n}" for n in names]),
-                 f"{case}: files {harness.files_under(save_dir)} vs DeepSpeed's {names}")
-    for name in names:
-        report.diffs(harness.compare_files(f"{expected}/{name}", f"{save_dir}/{TAG}/{name}",
-                                           harness.RUN_CONFIG_FIELDS,
-                                           harness.UNORDERED_IN_RESAVES),
-                     f"{case}/{name}")
+    harness.compare_resaved(report, case, save_dir, expected, TAG)
 
 
 for tp, dp in ((1, 2), (2, 1), (1, 1), (2, 2)):

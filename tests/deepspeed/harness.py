@@ -128,6 +128,31 @@ def compare_files(expected, actual, allowed=(), unordered=None):
                               unordered=unordered)
 
 
+def compare_export(report, what, expected, out):
+    """out holds expected's files (DeepSpeed's own export), every object and tensor identical;
+    returns expected's file names."""
+    names = files_under(expected)
+    report.check(files_under(out) == names,
+                 f"{what}: files {sorted(set(files_under(out)) ^ set(names))} differ")
+    for name in names:
+        report.diffs(compare_files(f"{expected}/{name}", f"{out}/{name}"), f"{what}/{name}")
+    return names
+
+
+def compare_resaved(report, case, save_dir, expected, tag, allowed=RUN_CONFIG_FIELDS):
+    """save_dir (a `ucp reshard --out`) holds the files of `expected` (DeepSpeed's resave of
+    `tag`) under save_dir/tag and `latest` naming it, object- and tensor-identical but for the
+    new run's `allowed` fields and the state order DeepSpeed's universal load leaves."""
+    report.check(read_bytes(f"{save_dir}/latest") == tag.encode(), f"{case}: latest")
+    names = files_under(expected)
+    report.check(files_under(save_dir) == sorted(["latest"] + [f"{tag}/{n}" for n in names]),
+                 f"{case}: files {files_under(save_dir)} vs DeepSpeed's {names}")
+    for name in names:
+        report.diffs(compare_files(f"{expected}/{name}", f"{save_dir}/{tag}/{name}", allowed,
+                                   UNORDERED_IN_RESAVES),
+                     f"{case}/{name}")
+
+
 def model_states_name(tag):
     """The file holding a tag's model states: mp_rank_00_model_states.pt (ZeRO-1/2) or rank 0's
     zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)."""
