@@ -98,9 +98,9 @@ Result<std::optional<OwnerLease>> OwnerLease::Acquire(const std::string& path,
   std::optional<Sighting> watched;
   auto watched_since = start;
   std::string last_owner;
+  const std::string record = NewLeaseRecord();
   while (true) {
     if (done && done()) return std::optional<OwnerLease>();
-    const std::string record = NewLeaseRecord();
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       const bool written =

@@ -1297,6 +1297,13 @@ Status AssignOwners(GridTag& grid, const std::vector<std::regex>& pipeline_repli
 
 constexpr std::string_view kTiedPrefix = "tied_modules.";
 
+// "tied_modules.<key>.<name>" taken apart: (key, name); nullopt for any other name.
+std::optional<std::pair<std::string, std::string>> SplitTiedName(const std::string& name) {
+  const size_t dot = name.find('.', kTiedPrefix.size());
+  if (!name.starts_with(kTiedPrefix) || dot == std::string::npos) return std::nullopt;
+  return std::pair{name.substr(kTiedPrefix.size(), dot - kTiedPrefix.size()), name.substr(dot + 1)};
+}
+
 Result<const LayerFile*> OpenLayerFile(GridTag& grid, const std::string& tag_dir,
                                        const std::string& name) {
   const auto found = grid.layer_files.find(name);
@@ -1357,14 +1364,13 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
             ms.module[name] = {it->second, file, layer_file->reader.path(), key};
             continue;
           }
-          const size_t dot = name.find('.', kTiedPrefix.size());
-          if (!name.starts_with(kTiedPrefix) || dot == std::string::npos) {
+          const std::optional<std::pair<std::string, std::string>> split = SplitTiedName(name);
+          if (!split) {
             return Status::Unsupported(Prefix(ms.reader.path()) + "param_shapes: " + name +
                                        ": neither \"<layer index>.<name>\" nor \"tied_modules."
                                        "<key>.<name>\": no layer file to find it in");
           }
-          tied[name.substr(kTiedPrefix.size(), dot - kTiedPrefix.size())].emplace_back(
-              name, name.substr(dot + 1));
+          tied[split->first].emplace_back(name, split->second);
         }
       }
       for (const auto& [key, names] : tied) {
@@ -1692,23 +1698,18 @@ struct PipelineLayers {
   std::vector<std::string> tied_order;                    // keys, by first appearance
 };
 
+// The key of a tied parameter's module; empty for any other name.
 std::string TiedKey(const std::string& name) {
-  const size_t dot = name.find('.', kTiedPrefix.size());
-  return name.substr(kTiedPrefix.size(), dot - kTiedPrefix.size());
+  const std::optional<std::pair<std::string, std::string>> split = SplitTiedName(name);
+  return split ? split->first : std::string();
 }
 
 Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFacts& facts) {
   PipelineLayers out;
-  const auto numel_of = [&](const std::string& name) -> uint64_t {
-    const Atom* atom = index.Find(name, "fp32");
-    uint64_t numel = 1;
-    for (const uint64_t d : atom->shape) numel *= d;
-    return numel;
-  };
   std::map<std::string, uint64_t> tied_file_layer;
   for (const IndexFacts::Layer& layer : facts.layers) {
-    for (const auto& [key, name] : layer.params) {
-      if (name.starts_with(kTiedPrefix)) tied_file_layer[TiedKey(name)] = layer.layer;
+    for (const auto& [in_layer, name] : layer.params) {
+      if (const std::string key = TiedKey(name); !key.empty()) tied_file_layer[key] = layer.layer;
     }
   }
   uint64_t visible = 0;
@@ -1719,8 +1720,7 @@ Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFac
   for (uint32_t s = 0; s < facts.stages.size(); ++s) {
     for (const std::vector<std::string>& group : facts.stages[s]) {
       for (const std::string& name : group) {
-        if (name.starts_with(kTiedPrefix)) {
-          const std::string key = TiedKey(name);
+        if (const std::string key = TiedKey(name); !key.empty()) {
           if (tied_stages[key].insert(s).second && tied_stages[key].size() == 1) {
             out.tied_order.push_back(key);
           }
@@ -1730,10 +1730,11 @@ Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFac
         if (!layer) {
           return Status::Corrupt("deepspeed: index: " + name + " is no pipeline parameter name");
         }
+        const Shape& shape = index.Find(name, "fp32")->shape;
+        UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(shape));
         out.source_stage[*layer] = s;
-        out.params[*layer] += numel_of(name);
-        out.signature[*layer] +=
-            name.substr(name.find('.')) + ShapeText(index.Find(name, "fp32")->shape) + ";";
+        out.params[*layer] += numel;
+        out.signature[*layer] += name.substr(name.find('.')) + ShapeText(shape) + ";";
       }
     }
   }
@@ -1741,7 +1742,9 @@ Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFac
   for (const std::string& key : out.tied_order) {
     uint64_t numel = 0;
     for (const auto& [name, map] : facts.maps) {
-      if (name.starts_with(kTiedPrefix) && TiedKey(name) == key) numel += numel_of(name);
+      if (TiedKey(name) != key) continue;
+      UCP_ASSIGN_OR_RETURN(const uint64_t more, NumElements(index.Find(name, "fp32")->shape));
+      numel += more;
     }
     const auto file = tied_file_layer.find(key);
     for (const uint32_t s : tied_stages[key]) {
@@ -1765,14 +1768,19 @@ Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFac
   return out;
 }
 
-// Whether stage bounds put every placed layer where `layers.source_stage` has it.
+// The stage holding `layer` when stage s holds [bounds[s], bounds[s+1]) (the last one the rest).
+uint32_t StageOfLayer(const std::vector<uint64_t>& bounds, uint64_t layer) {
+  uint32_t s = 0;
+  while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
+  return s;
+}
+
+// The stage `bounds` give every placed layer, in `layers.source_stage`'s order.
 std::vector<uint32_t> StageOfLayers(const PipelineLayers& layers,
                                     const std::vector<uint64_t>& bounds) {
   std::vector<uint32_t> stages;
   for (const auto& [layer, source] : layers.source_stage) {
-    uint32_t s = 0;
-    while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
-    stages.push_back(s);
+    stages.push_back(StageOfLayer(bounds, layer));
   }
   return stages;
 }
@@ -1800,7 +1808,7 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
     for (size_t g = 0; g < groups.size(); ++g) {
       std::vector<std::string> numbered;
       for (const std::string& name : facts.groups[g]) {
-        (name.starts_with(kTiedPrefix) ? groups[g] : numbered).push_back(name);
+        (TiedKey(name).empty() ? numbered : groups[g]).push_back(name);
       }
       groups[g].insert(groups[g].end(), numbered.begin(), numbered.end());
     }
@@ -1863,11 +1871,7 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
                                "pp is unknown");
   }
   const std::vector<uint64_t>& bounds = *chosen;
-  const auto stage_of = [&](uint64_t layer) {
-    uint32_t s = 0;
-    while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
-    return s;
-  };
+  const auto stage_of = [&](uint64_t layer) { return StageOfLayer(bounds, layer); };
   std::vector<StageNames> stages(pp, StageNames(facts.groups.size()));
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     for (uint32_t s = 0; s < pp; ++s) {
@@ -1876,7 +1880,7 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
         for (const uint64_t layer : layers.tied_layers.at(key)) here = here || stage_of(layer) == s;
         if (!here) continue;
         for (const std::string& name : facts.groups[g]) {
-          if (name.starts_with(kTiedPrefix) && TiedKey(name) == key) stages[s][g].push_back(name);
+          if (TiedKey(name) == key) stages[s][g].push_back(name);
         }
       }
       for (const std::string& name : facts.groups[g]) {
