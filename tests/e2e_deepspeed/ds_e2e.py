@@ -222,35 +222,33 @@ def launch(args, env, nproc, log, extra, config=None):
 
 # Seen twice in about 30 universal oracle runs on DeepSpeed 0.19.8 (three runs of the suite here),
 # which run without the preload, and not in 12 more run by hand: it trains every step and writes
-# its losses, then aborts at exit in C++ teardown (a std::thread still joinable). Seen once since
-# in a resume under the preload on 0.14.5 (a clean-clone CI run, e2e_deepspeed_z2_fp32_preload):
-# every step trained and its losses written, then the same abort; ucp's logs empty, as a process
-# that aborts before ucp's stop does not flush them. A resume under the preload starts none of
-# ucp's threads (they hash and index saves), and ucp's objects that own threads are never
-# destroyed, so nothing of ucp's is left joinable at exit.
+# its losses, then aborts at exit in C++ teardown (a std::thread still joinable). Seen since in a
+# resume under the preload on 0.14.5 (e2e_deepspeed_z2_fp32_preload) and in a save under the
+# preload on 0.14.5 (e2e_deepspeed_3d_save, a clean-clone CI run), each after its last step; not
+# in 7 runs of that save's trainer by hand. The trainers never call destroy_process_group, and
+# gloo's worker threads then meet the interpreter's finalization (pytorch/pytorch PR 179291
+# describes that abort). ucp's objects that own threads are never destroyed, so none of ucp's is
+# left joinable at exit.
 TEARDOWN_ABORT = 'terminate called without an active exception'
 
 
-def run_oracle(run):
-    """Runs `run` (a DeepSpeed run without the preload, returning (status, seconds, output)) once
-    more when it aborted at exit with TEARDOWN_ABORT, saying so."""
-    status, seconds, output = run()
-    if status != 0 and TEARDOWN_ABORT in output:
-        print(f'the run without the preload aborted at exit ("{TEARDOWN_ABORT}", DeepSpeed\'s '
-              f'teardown); running it again', flush=True)
-        status, seconds, output = run()
-    return status, seconds, output
+def save_dir_of(extra):
+    """The --save_dir a trainer's arguments `extra` name, or None."""
+    return extra[extra.index('--save_dir') + 1] if '--save_dir' in extra else None
 
 
-def run_resume(run, last_step):
-    """Runs `run`, a resume under the preload that saves nothing (returning (status, seconds,
-    output)), once more when it trained through `last_step` and then aborted at exit with
-    TEARDOWN_ABORT, saying so: the abort above, after everything the test compares. Any other
-    failure, an abort before the last step included, is the test's failure."""
+def run_past_teardown_abort(run, last_step, save_dir=None):
+    """Runs `run` (a DeepSpeed run through `last_step`, returning (status, seconds, output)) once
+    more when it trained through `last_step` and then aborted at exit with TEARDOWN_ABORT, saying
+    so: the abort above, after every loss the test compares. A saving run's `save_dir` is removed
+    first, so that the second run saves afresh. Any other failure, an abort before the last step
+    included, is the test's failure."""
     status, seconds, output = run()
     if status != 0 and TEARDOWN_ABORT in output and f'STEP {last_step} loss' in output:
-        print(f'the resume under the preload trained through step {last_step}, then aborted at '
-              f'exit ("{TEARDOWN_ABORT}"); running it again', flush=True)
+        print(f'the run trained through step {last_step}, then aborted at exit '
+              f'("{TEARDOWN_ABORT}"); running it again', flush=True)
+        if save_dir:
+            shutil.rmtree(save_dir, ignore_errors=True)
         status, seconds, output = run()
     return status, seconds, output
 
@@ -277,10 +275,11 @@ def step_save(args, env, work):
     runs = {}
     for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
                                     ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = launch(
+        status, seconds, output = run_past_teardown_abort(lambda: launch(
             args, run_env, SAVE_DP, os.path.join(work, f'{name}.log'),
             ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
-             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')])
+             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')]),
+            STEPS, os.path.join(work, save_dir))
         if status != 0:
             fail(f'DeepSpeed DP={SAVE_DP} training ({name}) exited {status}:\n{output[-3000:]}')
         runs[name] = losses(os.path.join(work, f'{name}.json'))
@@ -325,10 +324,10 @@ def step_universal(args, env, work):
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
     oracle_config = ORACLE_CONFIG.get(args.config, args.config)
-    status, seconds, output = run_oracle(lambda: launch(
+    status, seconds, output = run_past_teardown_abort(lambda: launch(
         args, env, RESUME_DP, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
-         '--out', os.path.join(work, 'universal.json')], config=oracle_config))
+         '--out', os.path.join(work, 'universal.json')], config=oracle_config), STEPS)
     if status != 0:
         fail(f'DeepSpeed universal load at DP={RESUME_DP} exited {status}:\n{output[-3000:]}')
     print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume '
@@ -336,10 +335,10 @@ def step_universal(args, env, work):
     print_losses(f'losses DP={RESUME_DP} universal', losses(os.path.join(work, 'universal.json')))
     if oracle_config != args.config:
         out = os.path.join(work, 'universal_as_saved.json')
-        status, _, output = run_oracle(lambda: launch(
+        status, _, output = run_past_teardown_abort(lambda: launch(
             args, env, RESUME_DP, os.path.join(work, 'universal_as_saved.log'),
             ['--steps', str(STEPS), '--load_dir', universal, '--load_tag', TAG, '--universal',
-             '--out', out]))
+             '--out', out]), STEPS)
         if status != 0:
             fail(f'DeepSpeed universal load in {args.config} exited {status}:\n{output[-3000:]}')
         print_losses(f'losses DP={RESUME_DP} universal in {args.config} (not the oracle)',
@@ -393,7 +392,7 @@ def check_weights_only(env, originals, served):
 def step_preload(args, env, work):
     logs = os.path.join(work, 'logs_preload')
     shutil.rmtree(logs, ignore_errors=True)
-    status, seconds, output = run_resume(lambda: launch(
+    status, seconds, output = run_past_teardown_abort(lambda: launch(
         args, preload_env(env, args.lib, logs), RESUME_DP, os.path.join(work, 'preload.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
          '--out', os.path.join(work, 'preload.json')]), STEPS)
@@ -444,10 +443,10 @@ def step_atoms(args, env, work):
     shutil.rmtree(ckpt, ignore_errors=True)
     logs = os.path.join(work, 'logs_atoms')
     shutil.rmtree(logs, ignore_errors=True)
-    status, seconds, output = launch(
+    status, seconds, output = run_past_teardown_abort(lambda: launch(
         args, dict(preload_env(env, args.lib, logs), UCP_MODE='atoms'), SAVE_DP,
         os.path.join(work, 'atoms_save.log'),
-        ['--steps', str(SAVE_AT), '--save_dir', ckpt, '--save_at', str(SAVE_AT)])
+        ['--steps', str(SAVE_AT), '--save_dir', ckpt, '--save_at', str(SAVE_AT)]), SAVE_AT, ckpt)
     if status != 0:
         fail(f'DeepSpeed DP={SAVE_DP} training with UCP_MODE=atoms exited {status}:\n{output[-3000:]}')
     tag_dir = os.path.join(ckpt, TAG)
@@ -470,7 +469,7 @@ def step_atoms(args, env, work):
         os.remove(os.path.join(tag_dir, name))
     logs = os.path.join(work, 'logs_atoms_resume')
     shutil.rmtree(logs, ignore_errors=True)
-    status, seconds, output = run_resume(lambda: launch(
+    status, seconds, output = run_past_teardown_abort(lambda: launch(
         args, preload_env(env, args.lib, logs), RESUME_DP, os.path.join(work, 'atoms_resume.log'),
         ['--steps', str(STEPS), '--load_dir', ckpt, '--out', os.path.join(work, 'atoms.json')]),
         STEPS)

@@ -30,7 +30,9 @@ def train(args, env, work, name, extra):
                LEGACY, 'train.py', '--stage', '2', '--dtype', 'fp32', '--steps', str(STEPS),
                '--out', out] + extra
     log = os.path.join(work, name + '.log')
-    status = ds_e2e.run_launcher(command, args.tools, env, log)[0]
+    status = ds_e2e.run_past_teardown_abort(
+        lambda: ds_e2e.run_launcher(command, args.tools, env, log), STEPS,
+        ds_e2e.save_dir_of(extra))[0]
     if status != 0:
         ds_e2e.fail(f'{name} exited {status}:\n{open(log, errors="replace").read()[-3000:]}')
     return {step: ds_e2e.float32_bits(value) for step, value in ds_e2e.losses(out).items()}

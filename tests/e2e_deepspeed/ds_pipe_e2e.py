@@ -99,10 +99,11 @@ def step_save(args, env, work):
     runs = {}
     for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
                                     ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = launch(
+        status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
             args, run_env, model.save, os.path.join(work, f'{name}.log'),
             ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
-             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')])
+             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')]),
+            STEPS, os.path.join(work, save_dir))
         if status != 0:
             fail(f'DeepSpeed {save} training ({name}) exited {status}:\n'
                  f'{output[-3000:]}')
@@ -145,10 +146,10 @@ def step_universal(args, env, work):
     convert_seconds = time.monotonic() - start
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
-    status, seconds, output = ds_e2e.run_oracle(lambda: launch(
+    status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
         args, env, MODELS[args.model].resume, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
-         '--out', os.path.join(work, 'universal.json')]))
+         '--out', os.path.join(work, 'universal.json')]), STEPS)
     if status != 0:
         fail(f'DeepSpeed universal load at {resume} exited {status}:\n'
              f'{output[-3000:]}')
@@ -169,7 +170,7 @@ def step_preload(args, env, work, megatron_args=False):
     run_env = preload_env(env, args.lib, logs)
     if not megatron_args:
         run_env['UCP_TOPOLOGY'] = f'tp={tp},pp={pp}'
-    status, seconds, output = ds_e2e.run_resume(lambda: launch(
+    status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
         args, run_env, model.resume, os.path.join(work, name + '.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
          '--out', os.path.join(work, name + '.json')], megatron_args), STEPS)

@@ -62,12 +62,8 @@ def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config
     def launch():
         return ds_e2e.run_launcher(command, args.tools, env, log)
 
-    if 'LD_PRELOAD' not in env:
-        status = ds_e2e.run_oracle(launch)[0]
-    elif '--save_dir' in extra:
-        status = launch()[0]
-    else:
-        status = ds_e2e.run_resume(launch, int(extra[extra.index('--steps') + 1]))[0]
+    status = ds_e2e.run_past_teardown_abort(
+        launch, int(extra[extra.index('--steps') + 1]), ds_e2e.save_dir_of(extra))[0]
     if status != 0:
         ds_e2e.fail(f'{name} at TP={tp} x DP={ranks // tp} exited {status}:\n'
                     f'{open(log, errors="replace").read()[-3000:]}\nucp logs:\n'
