@@ -22,6 +22,6 @@ if (($# == 0)) && [[ -n "$(ls tests/fuzz/*_fuzz.cc 2>/dev/null)" && "${UCP_SKIP_
 then
   fuzz_dir=${FUZZ_BUILD_DIR:-build-fuzz}
   CC=clang CXX=clang++ BUILD_DIR=$fuzz_dir tools/build.sh -DUCP_WERROR=OFF -DUCP_BUILD_TESTS=OFF \
-    -DUCP_BUILD_FUZZ=ON -DUCP_FUZZ_SECONDS="${UCP_FUZZ_SECONDS:-60}"
+    -DUCP_BUILD_FUZZ=ON -DUCP_FUZZ_SECONDS="${UCP_FUZZ_SECONDS:-30}"
   ctest --test-dir "$fuzz_dir" --output-on-failure -L fuzz
 fi
