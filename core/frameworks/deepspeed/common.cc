@@ -589,15 +589,22 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLay
   return segments;
 }
 
-Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
-                             const std::vector<const TorchTensor*>& per_rank, uint32_t first_file) {
+namespace {
+
+// Adds to `atom` (shape atom.shape) the fragments of flat state parameter k of `layout`: the
+// intersection of its range with every rank's partition of `p`, at the byte of that rank's
+// tensor (`tensor_of(rank)`, in index file ranks[r].file) where it starts.
+Status AddPartitionFragments(
+    Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
+    const std::vector<RankPartition>& ranks,
+    const std::function<const TorchTensor*(const RankPartition&)>& tensor_of) {
   const uint64_t off = layout.offsets[k];
   const uint64_t end = off + layout.numels[k];
   for (uint32_t r = 0; r < p.ranks; ++r) {
     const uint64_t lo = std::max(off, p.begin(r));
     const uint64_t hi = std::min(end, p.begin(r) + p.partition);
     if (lo >= hi) continue;
-    const TorchTensor* tensor = per_rank[r];
+    const TorchTensor* tensor = tensor_of(ranks[r]);
     UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo - off, hi - off, atom.shape));
     const std::optional<uint64_t> byte = CheckedMul(lo - p.begin(r), ItemSize(tensor->dtype));
     const std::optional<uint64_t> offset =
@@ -606,7 +613,39 @@ Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, co
       return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
                                 ": offset overflow");
     }
-    atom.fragments.push_back({first_file + r, *offset, tensor->dtype, std::move(region)});
+    atom.fragments.push_back({ranks[r].file, *offset, tensor->dtype, std::move(region)});
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AddParameterAtoms(std::vector<Atom>& atoms, const GroupLayout& layout, size_t k,
+                         const Partitioning& p, const std::vector<RankPartition>& ranks) {
+  const std::string& name = layout.names[k];
+  const RankPartition& first = ranks.front();
+  Atom fp32{name, "fp32", first.fp32->dtype, layout.shapes[k], {}};
+  UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, ranks,
+                                            [](const RankPartition& rank) { return rank.fp32; }));
+  atoms.push_back(std::move(fp32));
+  for (size_t s = 0; s < first.states->size(); ++s) {
+    const StateTensor& st = (*first.states)[s];
+    Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+    if (st.tensor->shape.empty()) {
+      // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+      const uint32_t r =
+          std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), p.ranks - 1);
+      const TorchTensor* tensor = (*ranks[r].states)[s].tensor;
+      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+      atom.fragments.push_back(
+          {ranks[r].file, tensor->file_offset(), tensor->dtype, std::move(whole)});
+    } else {
+      atom.shape = layout.shapes[k];
+      UCP_RETURN_IF_ERROR(AddPartitionFragments(
+          atom, layout, k, p, ranks,
+          [s](const RankPartition& rank) { return (*rank.states)[s].tensor; }));
+    }
+    atoms.push_back(std::move(atom));
   }
   return Status::Ok();
 }

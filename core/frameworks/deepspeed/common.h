@@ -229,12 +229,24 @@ pickle::Value* MappingsNode(pickle::Graph& graph, const std::vector<SliceMapping
 // `layout`, as segments of the index's files; kCorrupt when the index lacks an atom it needs.
 Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const GroupLayout& layout,
                                           std::string_view state, uint64_t begin, uint64_t end);
-// Adds to `atom` (shape atom.shape) the fragments of flat state parameter k of `layout`: the
-// intersection of its range with every rank's partition of `p`, at the byte of rank r's tensor
-// per_rank[r] (in index file first_file + r) where it starts; kOutOfRange when an offset
-// overflows.
-Status AddPartitionFragments(Atom& atom, const GroupLayout& layout, size_t k, const Partitioning& p,
-                             const std::vector<const TorchTensor*>& per_rank, uint32_t first_file);
+// One per-rank state tensor of a group: a partition-shaped state (1-d, P elements) or a 0-d one.
+struct StateTensor {
+  std::string key;
+  const TorchTensor* tensor = nullptr;
+};
+
+// One rank's partition of a parameter group, as read from its optimizer file.
+struct RankPartition {
+  const TorchTensor* fp32 = nullptr;                 // the fp32 master partition
+  const std::vector<StateTensor>* states = nullptr;  // the group's states, in one key order
+  uint32_t file = 0;                                 // the optimizer file's index in the index
+};
+// Appends to `atoms` the optimizer atoms of parameter k of `layout`, partitioned by `p` over
+// `ranks` (one per rank of p, all with ranks[0]'s state keys): "fp32" and every partition-shaped
+// state, fragments from every rank whose partition it meets, and every 0-d state (ds_to_universal's
+// step.pt) from the first rank holding the parameter. kOutOfRange when an offset overflows.
+Status AddParameterAtoms(std::vector<Atom>& atoms, const GroupLayout& layout, size_t k,
+                         const Partitioning& p, const std::vector<RankPartition>& ranks);
 
 // A model-states file mp_rank_XX_model_states.pt, read.
 struct ModelStates {
@@ -250,12 +262,6 @@ struct ModelStates {
 // (DpWorldSize) or param_shapes (a non-empty list of non-empty groups of torch.Size) is missing
 // or mistyped, or a group's element count overflows.
 Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name);
-
-// One per-rank state tensor of a group: a partition-shaped state (1-d, P elements) or a 0-d one.
-struct StateTensor {
-  std::string key;
-  const TorchTensor* tensor = nullptr;
-};
 
 // Parameter group g of an optimizer file.
 struct OptimGroup {

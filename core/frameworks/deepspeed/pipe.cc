@@ -18,7 +18,7 @@
 namespace ucp {
 namespace {
 
-using deepspeed::AddPartitionFragments;
+using deepspeed::AddParameterAtoms;
 using deepspeed::Bf16Prefix;
 using deepspeed::BoundsText;
 using deepspeed::CheckNoParameterAlignment;
@@ -65,6 +65,7 @@ using deepspeed::PartitionUniform;
 using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankPartition;
 using deepspeed::ReadMappings;
 using deepspeed::RefuseElasticForm;
 using deepspeed::RewrittenPartitionFields;
@@ -704,33 +705,14 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
     const uint32_t first_file = pp + s * dp;  // rank r's optimizer file: first_file + r
     const StageOptim* stage_optims = &optims[uint64_t{s} * dp];
+    std::vector<RankPartition> partitions;
+    for (uint32_t r = 0; r < dp; ++r) {
+      partitions.push_back({stage_optims[r].fp32, &stage_optims[r].states, first_file + r});
+    }
     for (size_t k = 0; k < layout.names.size(); ++k) {
       const std::string& name = layout.names[k];
       group.params.push_back(name);
-      Atom fp32{name, "fp32", stage_optims[0].fp32->dtype, layout.shapes[k], {}};
-      std::vector<const TorchTensor*> per_rank;
-      for (uint32_t r = 0; r < dp; ++r) per_rank.push_back(stage_optims[r].fp32);
-      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, first_file));
-      c.atoms.push_back(std::move(fp32));
-      for (size_t i = 0; i < stage_optims[0].states.size(); ++i) {
-        const StateTensor& st = stage_optims[0].states[i];
-        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
-        if (st.tensor->shape.empty()) {
-          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
-          const uint32_t r =
-              std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
-          const TorchTensor* tensor = stage_optims[r].states[i].tensor;
-          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
-          atom.fragments.push_back(
-              {first_file + r, tensor->file_offset(), tensor->dtype, std::move(whole)});
-        } else {
-          atom.shape = layout.shapes[k];
-          per_rank.clear();
-          for (uint32_t r = 0; r < dp; ++r) per_rank.push_back(stage_optims[r].states[i].tensor);
-          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, first_file));
-        }
-        c.atoms.push_back(std::move(atom));
-      }
+      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
 
       // bit16: the layer file's tensor of the parameter.
       const uint32_t layer = *NumberedLayer(name);

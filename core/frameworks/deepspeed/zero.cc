@@ -19,7 +19,7 @@ namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
-using deepspeed::AddPartitionFragments;
+using deepspeed::AddParameterAtoms;
 using deepspeed::Bf16Prefix;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckTarget;
@@ -60,6 +60,7 @@ using deepspeed::PidTuple;
 using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankPartition;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
 using deepspeed::RewrittenPartitionFields;
@@ -363,35 +364,16 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     }
     c.groups.push_back(std::move(group));
 
+    std::vector<RankPartition> partitions;
+    for (uint32_t r = 0; r < ms.dp; ++r) {
+      partitions.push_back({ranks[r].groups[g].fp32, &ranks[r].groups[g].states, 1 + r});
+    }
     for (size_t k = 0; k < layout.names.size(); ++k) {
       const std::string& name = layout.names[k];
       if (!seen.insert(name).second) {
         return FieldError(ms.reader, "param_shapes/" + gs + "/" + name, "listed twice");
       }
-      Atom fp32{name, "fp32", first.groups[g].fp32->dtype, layout.shapes[k], {}};
-      std::vector<const TorchTensor*> per_rank;
-      for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].fp32);
-      UCP_RETURN_IF_ERROR(AddPartitionFragments(fp32, layout, k, p, per_rank, 1));
-      c.atoms.push_back(std::move(fp32));
-
-      for (size_t s = 0; s < first.groups[g].states.size(); ++s) {
-        const StateTensor& st = first.groups[g].states[s];
-        Atom atom{name, st.key, st.tensor->dtype, {}, {}};
-        if (st.tensor->shape.empty()) {
-          // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
-          const uint32_t r = static_cast<uint32_t>(layout.offsets[k] / p.partition);
-          const TorchTensor* tensor = ranks[std::min(r, ms.dp - 1)].groups[g].states[s].tensor;
-          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
-          atom.fragments.push_back(
-              {1 + std::min(r, ms.dp - 1), tensor->file_offset(), tensor->dtype, std::move(whole)});
-        } else {
-          atom.shape = layout.shapes[k];
-          per_rank.clear();
-          for (const OptimStates& os : ranks) per_rank.push_back(os.groups[g].states[s].tensor);
-          UCP_RETURN_IF_ERROR(AddPartitionFragments(atom, layout, k, p, per_rank, 1));
-        }
-        c.atoms.push_back(std::move(atom));
-      }
+      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
 
       const auto it = module.find(name);
       if (it == module.end() || it->second == nullptr) {
