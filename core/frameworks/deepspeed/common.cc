@@ -805,6 +805,19 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
                           std::to_string(ms.dp) + " and " + std::to_string(groups) +
                           " parameter group(s) (a file of another save)");
   }
+  std::vector<GroupExpectation> expectations;
+  for (const GroupLayout& layout : ms.groups) {
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    expectations.push_back({&layout, p, os.entry.dp});
+  }
+  return CheckOptimGroups(os, first, expectations, ms.round_robin, "param_shapes in " + ms.name);
+}
+
+Status CheckOptimGroups(const OptimStates& os, const OptimStates& first,
+                        const std::vector<GroupExpectation>& groups, bool round_robin,
+                        const std::string& source) {
+  const TorchArchiveReader& r = os.reader;
+  const std::string osd(kOsd);
   if (os.zero_stage != first.zero_stage || os.bf16_optimizer != first.bf16_optimizer) {
     return FieldError(r, osd + "/zero_stage",
                       "differs from " + first.entry.name + " (a file of another save)");
@@ -815,16 +828,16 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
                           "'s is " + (first.elastic ? "elastic" : "rigid") +
                           " (a file of another save)");
   }
-  for (size_t g = 0; g < groups; ++g) {
+  for (size_t g = 0; g < groups.size(); ++g) {
     const std::string gs = std::to_string(g);
-    const GroupLayout& layout = ms.groups[g];
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
-    const uint64_t padding = p.padding_of(os.entry.dp);
-    if (os.group_paddings.size() != groups ||
+    const GroupLayout& layout = *groups[g].layout;
+    const Partitioning& p = groups[g].partitioning;
+    const uint64_t padding = p.padding_of(groups[g].rank);
+    if (os.group_paddings.size() != groups.size() ||
         static_cast<uint64_t>(os.group_paddings[g]) != padding) {
       return FieldError(r, osd + "/group_paddings",
                         ListText(os.group_paddings) + ", expected " + std::to_string(padding) +
-                            " for group " + gs + " from param_shapes in " + ms.name);
+                            " for group " + gs + " from " + source);
     }
     const OptimGroup& group = os.groups[g];
     const uint64_t fp32_numel = os.bf16_optimizer ? p.partition : p.partition - padding;
@@ -832,7 +845,7 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
         !group.fp32->contiguous()) {
       return FieldError(r, osd + "/single_partition_of_fp32_groups/" + gs,
                         "shape " + ShapeText(group.fp32->shape) + ", expected [" +
-                            std::to_string(fp32_numel) + "] from param_shapes in " + ms.name);
+                            std::to_string(fp32_numel) + "] from " + source);
     }
     if (group.states.size() != first.groups[g].states.size()) {
       return FieldError(r, GroupStatesField(os.elastic, g),
@@ -858,16 +871,16 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
       }
     }
     const std::vector<SliceMapping> expected =
-        ExpectedMappings(layout, p, os.entry.dp, ms.round_robin);
+        ExpectedMappings(layout, p, groups[g].rank, round_robin);
     const std::string field = osd + "/param_slice_mappings/" + gs;
     for (size_t i = 0; i < std::max(expected.size(), group.mappings.size()); ++i) {
       if (i < expected.size() && i < group.mappings.size() && expected[i] == group.mappings[i]) {
         continue;
       }
       if (i >= group.mappings.size()) {
-        return FieldError(r, field,
-                          "no entry for " + expected[i].name + ", which param_shapes in " +
-                              ms.name + " places in this partition");
+        return FieldError(
+            r, field,
+            "no entry for " + expected[i].name + ", which " + source + " places in this partition");
       }
       const SliceMapping& got = group.mappings[i];
       std::string want = "nothing";
@@ -877,8 +890,7 @@ Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const Opti
       }
       return FieldError(r, field + "/" + got.name,
                         "numel " + std::to_string(got.numel) + " start " +
-                            std::to_string(got.start) + ", but param_shapes in " + ms.name +
-                            " gives " + want);
+                            std::to_string(got.start) + ", but " + source + " gives " + want);
     }
   }
   return Status::Ok();

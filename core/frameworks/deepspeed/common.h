@@ -308,6 +308,20 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
 // shapes and dtypes): kCorrupt naming the field that disagrees; kUnsupported for a state that is
 // neither 0-d nor the partition.
 Status CheckOptimStates(const OptimStates& os, const ModelStates& ms, const OptimStates& first);
+// What one rank's optimizer file must hold for one parameter group: the group's layout, its
+// partitioning, and the file's partition index in it.
+struct GroupExpectation {
+  const GroupLayout* layout = nullptr;
+  Partitioning partitioning;
+  uint32_t rank = 0;
+};
+// CheckOptimStates's checks of `os` against `first` (zero_stage, optimizer, form, state keys,
+// shapes and dtypes) and, per group, against `groups` (group_paddings, partition sizes and the
+// param_slice_mappings DeepSpeed computes, with `round_robin`); `source` names where the layouts
+// come from, for the messages. ds_version and partition_count are the caller's to check.
+Status CheckOptimGroups(const OptimStates& os, const OptimStates& first,
+                        const std::vector<GroupExpectation>& groups, bool round_robin,
+                        const std::string& source);
 // Puts each group's states of `os` in `first`'s key order where both hold the same keys:
 // DeepSpeed's universal load fills them in no fixed order, so the files of one save made after it
 // may differ there. Other differences are left for CheckOptimStates to name.
