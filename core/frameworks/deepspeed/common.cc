@@ -650,6 +650,43 @@ Status AddParameterAtoms(std::vector<Atom>& atoms, const GroupLayout& layout, si
   return Status::Ok();
 }
 
+// Storages that are not such a buffer (no module view of the group, another element count, a
+// round-robin order that moves the views) are carried unchanged.
+Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reader, uint32_t file,
+                           const std::vector<GroupLayout>& source_layouts, uint32_t source_dp,
+                           uint32_t target_dp,
+                           std::map<std::string, std::vector<Segment>>& replaced) {
+  std::map<std::string, uint64_t> new_numel;
+  for (const GroupLayout& layout : source_layouts) {
+    if (layout.names.empty()) continue;
+    auto found = reader.Find("module/" + layout.names.front());
+    if (!found.ok()) continue;
+    const TorchTensor* view = reader.TensorAt(*found);
+    if (view == nullptr) continue;
+    const TorchStorage& storage = *view->storage;
+    UCP_ASSIGN_OR_RETURN(const Partitioning source, Partition(layout.total, source_dp));
+    UCP_ASSIGN_OR_RETURN(const Partitioning target, Partition(layout.total, target_dp));
+    if (storage.numel != source.padded || target.padded == source.padded) continue;
+    const uint64_t item = ItemSize(storage.dtype);
+    std::vector<Segment> segments = {
+        Segment{file, storage.offset, std::min(source.padded, target.padded) * item}};
+    if (target.padded > source.padded)
+      AppendZeros(segments, (target.padded - source.padded) * item);
+    replaced[storage.key] = std::move(segments);
+    new_numel[storage.key] = target.padded;
+  }
+  if (new_numel.empty()) return Status::Ok();
+  return pickle::ForEachReachable(graph.root(), [&](Value* node) -> Status {
+    const Value* pid = PidTuple(node);
+    if (pid == nullptr) return Status::Ok();
+    const auto it = new_numel.find(pid->Item(2)->data());
+    if (it != new_numel.end()) {
+      node->pid()->mutable_items()[4] = graph.Int(static_cast<int64_t>(it->second));
+    }
+    return Status::Ok();
+  });
+}
+
 Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
   UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
   ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};

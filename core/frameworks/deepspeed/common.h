@@ -248,6 +248,16 @@ struct RankPartition {
 Status AddParameterAtoms(std::vector<Atom>& atoms, const GroupLayout& layout, size_t k,
                          const Partitioning& p, const std::vector<RankPartition>& ranks);
 
+// DeepSpeed's module tensors are views of each group's flat bit16 buffer, padded at the end to a
+// multiple of 2·DP: at another DP only that padding changes. In `graph` (imported from `reader`,
+// index file `file`) each group of `source_layouts` whose module views show such a buffer gets
+// the storage DeepSpeed allocates at `target_dp` (zeros past the real elements; its segments in
+// `replaced`) and every persistent id naming it the new element count. Other storages are left.
+Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reader, uint32_t file,
+                           const std::vector<GroupLayout>& source_layouts, uint32_t source_dp,
+                           uint32_t target_dp,
+                           std::map<std::string, std::vector<Segment>>& replaced);
+
 // A model-states file mp_rank_XX_model_states.pt, read.
 struct ModelStates {
   std::string name;
