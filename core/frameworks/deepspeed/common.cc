@@ -687,6 +687,41 @@ Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reade
   });
 }
 
+Result<std::vector<const RankFile*>> OptimFilesByRank(const std::string& tag_dir,
+                                                      const TagListing& listing, uint32_t dp,
+                                                      const std::string& model) {
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  const std::string& prefix = listing.optim.front().prefix;
+  std::vector<const RankFile*> by_rank(dp, nullptr);
+  for (const RankFile& entry : listing.optim) {
+    if (entry.mp != 0) {
+      return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
+                                 ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
+    }
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= dp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "dp rank " +
+                             std::to_string(entry.dp) + " >= dp_world_size " + std::to_string(dp) +
+                             " of " + model + " (a file of another save)");
+    }
+    by_rank[entry.dp] = &entry;
+  }
+  for (uint32_t r = 0; r < dp; ++r) {
+    if (by_rank[r] == nullptr) {
+      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, 0)) +
+                              "not found (dp_world_size " + std::to_string(dp) + " in " + model +
+                              ")");
+    }
+  }
+  return by_rank;
+}
+
 Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::string& name) {
   UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
   ModelStates ms{name, std::move(reader), {}, 0, {}, std::nullopt, false};

@@ -122,4 +122,17 @@ std::string TpLayerStatesName(uint32_t layer, uint32_t tp) {
   return name;
 }
 
+std::string ExpertModelStatesName(uint32_t layer, uint32_t expert, uint32_t mp) {
+  char name[96];
+  std::snprintf(name, sizeof(name), "layer_%u_expert_%u_mp_rank_%02u_model_states.pt", layer,
+                expert, mp);
+  return name;
+}
+
+std::string ExpertOptimName(uint32_t ep, uint32_t mp) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "expp_rank_%u_mp_rank_%02u_optim_states.pt", ep, mp);
+  return name;
+}
+
 }  // namespace ucp::deepspeed

@@ -70,5 +70,10 @@ std::string OptimName(std::string_view prefix, uint32_t dp, uint32_t mp);
 std::string LayerStatesName(uint32_t layer);
 // layer_<layer:02>-model_<tp:02>-model_states.pt (a pipeline with tensor parallelism)
 std::string TpLayerStatesName(uint32_t layer, uint32_t tp);
+// layer_<layer>_expert_<expert>_mp_rank_<mp:02>_model_states.pt (DeepSpeed-MoE: MoE layer
+// `layer`'s global expert `expert`)
+std::string ExpertModelStatesName(uint32_t layer, uint32_t expert, uint32_t mp);
+// expp_rank_<ep>_mp_rank_<mp:02>_optim_states.pt (DeepSpeed-MoE: expert-parallel rank `ep`)
+std::string ExpertOptimName(uint32_t ep, uint32_t mp);
 
 }  // namespace ucp::deepspeed

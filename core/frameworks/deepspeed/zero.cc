@@ -48,6 +48,7 @@ using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimFilesByRank;
 using deepspeed::OptimizerOrder;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
@@ -278,34 +279,9 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
 
-  // One optimizer file per DP rank, all with one prefix and mp rank 00.
-  const std::string prefix = listing.optim.front().prefix;
-  std::map<uint32_t, const RankFile*> by_rank;
-  for (const RankFile& entry : listing.optim) {
-    if (entry.mp != 0) {
-      return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
-                                 ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
-    }
-    if (entry.prefix != prefix) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
-                             "\", but " + listing.optim.front().name + " has \"" + prefix +
-                             "\" (files of two saves)");
-    }
-    if (entry.dp >= ms.dp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "dp rank " +
-                             std::to_string(entry.dp) + " >= dp_world_size " +
-                             std::to_string(ms.dp) + " of " + ms.name +
-                             " (a file of another save)");
-    }
-    by_rank[entry.dp] = &entry;
-  }
-  for (uint32_t r = 0; r < ms.dp; ++r) {
-    if (!by_rank.contains(r)) {
-      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, 0)) +
-                              "not found (dp_world_size " + std::to_string(ms.dp) + " in " +
-                              ms.name + ")");
-    }
-  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
+                       OptimFilesByRank(tag_dir, listing, ms.dp, ms.name));
+  const std::string& prefix = by_rank.front()->prefix;
   std::vector<OptimStates> ranks;
   for (uint32_t r = 0; r < ms.dp; ++r) {
     UCP_ASSIGN_OR_RETURN(OptimStates os,
