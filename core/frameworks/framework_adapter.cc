@@ -1,5 +1,6 @@
 #include "core/frameworks/framework_adapter.h"
 
+#include "core/frameworks/deepspeed/moe.h"
 #include "core/frameworks/deepspeed/pipe.h"
 #include "core/frameworks/deepspeed/tp.h"
 #include "core/frameworks/deepspeed/zero.h"
@@ -8,13 +9,14 @@
 namespace ucp {
 
 const std::vector<const FrameworkAdapter*>& Adapters() {
+  static const DeepSpeedMoeAdapter* const kDeepSpeedMoe = new DeepSpeedMoeAdapter();
   static const DeepSpeedPipeAdapter* const kDeepSpeedPipe = new DeepSpeedPipeAdapter();
   static const DeepSpeedZero3Adapter* const kDeepSpeedZero3 = new DeepSpeedZero3Adapter();
   static const DeepSpeedTpAdapter* const kDeepSpeedTp = new DeepSpeedTpAdapter();
   static const DeepSpeedZeroAdapter* const kDeepSpeedZero = new DeepSpeedZeroAdapter();
   static const std::vector<const FrameworkAdapter*>* const kAdapters =
-      new std::vector<const FrameworkAdapter*>{kDeepSpeedPipe, kDeepSpeedZero3, kDeepSpeedTp,
-                                               kDeepSpeedZero};
+      new std::vector<const FrameworkAdapter*>{kDeepSpeedMoe, kDeepSpeedPipe, kDeepSpeedZero3,
+                                               kDeepSpeedTp, kDeepSpeedZero};
   return *kAdapters;
 }
 

@@ -60,7 +60,9 @@ Result<TagListing> ListTagToRead(const std::string& tag_dir) {
   return Status::Unsupported(
       Prefix(tag_dir) + "a DeepSpeed-MoE tag (" + std::to_string(listing.expert_files.size()) +
       " expert files, " + listing.expert_files.front() +
-      " first): expert parallelism is not supported yet; the tag is left as DeepSpeed wrote it");
+      " first): expert parallelism with pipeline or tensor parallelism or ZeRO-3 is not supported "
+      "yet (the deepspeed-moe adapter reads MoE tags of ZeRO-1/2 without them); the tag is left "
+      "as DeepSpeed wrote it");
 }
 Status FieldError(const TorchArchiveReader& reader, std::string_view field, std::string what) {
   return Status::Corrupt(Prefix(reader.path()) + std::string(field) + ": " + what);

@@ -214,7 +214,8 @@ Status RefuseTensorParallel(const AtomIndex& index, const std::string& tag_dir, 
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
-  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty()) {
+  if (!listing.ok() || !listing->zero3_model_states.empty() || !listing->layer_files.empty() ||
+      !listing->expert_files.empty()) {
     return false;
   }
   // Tensor-parallel tags (mp ranks > 0 without pipeline layer files) are DeepSpeedTpAdapter's.

@@ -1,0 +1,852 @@
+#include "core/frameworks/deepspeed/moe.h"
+
+#include <algorithm>
+#include <cctype>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/frameworks/deepspeed/common.h"
+#include "core/layout/region.h"
+#include "core/plan/copy_plan.h"
+#include "core/tag/file_hashing.h"
+
+namespace ucp {
+namespace {
+
+using deepspeed::AddParameterAtoms;
+using deepspeed::CheckOptimGroups;
+using deepspeed::CheckTarget;
+using deepspeed::CollectStorages;
+using deepspeed::DpWorldSize;
+using deepspeed::ExpectedMappings;
+using deepspeed::ExpertModelStatesName;
+using deepspeed::ExpertOptimName;
+using deepspeed::Field;
+using deepspeed::FieldError;
+using deepspeed::FileKind;
+using deepspeed::FlatSegments;
+using deepspeed::GroupExpectation;
+using deepspeed::GroupLayout;
+using deepspeed::GroupPartition;
+using deepspeed::IntField;
+using deepspeed::IntList;
+using deepspeed::IntListField;
+using deepspeed::JsonOf;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::ListTag;
+using deepspeed::ListText;
+using deepspeed::MakeLayout;
+using deepspeed::MappingsNode;
+using deepspeed::ModelStatesName;
+using deepspeed::OpenSource;
+using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimFilesByRank;
+using deepspeed::OptimName;
+using deepspeed::OptimStates;
+using deepspeed::OptionalField;
+using deepspeed::OrderStatesAs;
+using deepspeed::ParseFileName;
+using deepspeed::Partition;
+using deepspeed::Partitioning;
+using deepspeed::PlanGroupPartitions;
+using deepspeed::Prefix;
+using deepspeed::RankFile;
+using deepspeed::RankPartition;
+using deepspeed::ReadOptimStates;
+using deepspeed::ResizeModuleBuffers;
+using deepspeed::RewrittenPartitionFields;
+using deepspeed::ScalarValue;
+using deepspeed::SetDictItem;
+using deepspeed::SetPartitionFields;
+using deepspeed::ShapeText;
+using deepspeed::SliceMapping;
+using deepspeed::StateTensor;
+using deepspeed::TagListing;
+using deepspeed::TagName;
+using pickle::Kind;
+using pickle::Value;
+
+constexpr std::string_view kExpertStatesRole = "expert_states";
+constexpr std::string_view kExpertOptimRole = "expert_optim_states";
+// What precedes an expert's id in its parameters' names (DeepSpeed's moe_str_prefix).
+constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_experts.";
+constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
+// The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
+constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
+
+// Where an expert parameter's name holds the expert's id: digits [begin, end).
+struct ExpertIdAt {
+  size_t module_end = 0;  // the MoE module's name is name[0, module_end)
+  size_t begin = 0;
+  size_t end = 0;
+  uint32_t id = 0;
+};
+
+std::optional<ExpertIdAt> FindExpertId(const std::string& name) {
+  const size_t at = name.find(kExpertsInfix);
+  if (at == std::string::npos) return std::nullopt;
+  ExpertIdAt found{at, at + kExpertsInfix.size(), at + kExpertsInfix.size(), 0};
+  while (found.end < name.size() && std::isdigit(static_cast<unsigned char>(name[found.end]))) {
+    ++found.end;
+  }
+  const std::optional<uint32_t> id =
+      deepspeed::Decimal(std::string_view(name).substr(found.begin, found.end - found.begin));
+  if (!id) return std::nullopt;
+  found.id = *id;
+  return found;
+}
+
+std::string WithExpertId(const std::string& name, const ExpertIdAt& at, uint32_t id) {
+  return name.substr(0, at.begin) + std::to_string(id) + name.substr(at.end);
+}
+
+// The expert files of a tag, checked against num_experts.
+struct ExpertFiles {
+  uint32_t ep = 0;
+  std::vector<uint32_t> num_experts;                    // per MoE layer
+  std::map<std::pair<uint32_t, uint32_t>, bool> model;  // (layer, global expert) present
+};
+
+Result<ExpertFiles> ReadExpertFiles(const std::string& tag_dir, const TagListing& listing,
+                                    const TorchArchiveReader& model) {
+  ExpertFiles files;
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
+  if (counts.empty()) return FieldError(model, "num_experts", "empty: no MoE layer");
+  for (const int64_t n : counts) {
+    if (n <= 0 || n > (int64_t{1} << 20)) {
+      return FieldError(model, "num_experts", ListText(counts) + ": out of range");
+    }
+    files.num_experts.push_back(static_cast<uint32_t>(n));
+  }
+  std::set<uint32_t> ep_ranks;
+  for (const std::string& name : listing.expert_files) {
+    const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
+    if (!parsed || parsed->mp != 0) {
+      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
+                                 "an expert file of an mp rank above 0: MoE with tensor "
+                                 "parallelism is not supported");
+    }
+    if (parsed->kind == FileKind::kExpertOptimStates) {
+      ep_ranks.insert(parsed->dp);
+      continue;
+    }
+    if (parsed->layer >= files.num_experts.size() ||
+        parsed->expert >= files.num_experts[parsed->layer]) {
+      return Status::Corrupt(
+          Prefix(tag_dir + "/" + name) + "MoE layer " + std::to_string(parsed->layer) +
+          ", expert " + std::to_string(parsed->expert) + " is outside num_experts " +
+          ListText(counts) + " of " + model.path() + " (a file of another save)");
+    }
+    files.model[{parsed->layer, parsed->expert}] = true;
+  }
+  files.ep = static_cast<uint32_t>(ep_ranks.size());
+  for (uint32_t e = 0; e < files.ep; ++e) {
+    if (!ep_ranks.contains(e)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(e, 0)) +
+                              "not found (expp_rank files up to " +
+                              std::to_string(*ep_ranks.rbegin()) + " are)");
+    }
+  }
+  if (files.ep == 0) {
+    return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(0, 0)) + "not found");
+  }
+  for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
+    if (files.num_experts[layer] % files.ep != 0) {
+      return FieldError(model, "num_experts",
+                        ListText(counts) + ": layer " + std::to_string(layer) +
+                            "'s experts are not a multiple of the " + std::to_string(files.ep) +
+                            " expert-parallel ranks (expp_rank files)");
+    }
+    for (uint32_t g = 0; g < files.num_experts[layer]; ++g) {
+      if (!files.model.contains({layer, g})) {
+        return Status::NotFound(Prefix(tag_dir + "/" + ExpertModelStatesName(layer, g, 0)) +
+                                "not found (num_experts " + ListText(counts) + " in " +
+                                model.path() + ")");
+      }
+    }
+  }
+  return files;
+}
+
+// The expert-parallel size an expert group's name gives ("ep_size_<E>"), or nullopt.
+std::optional<uint32_t> ExpertGroupSize(const Value* param_group) {
+  const Value* name = param_group == nullptr ? nullptr : param_group->Get("name");
+  if (name == nullptr || name->kind() != Kind::kStr) return std::nullopt;
+  const std::string& text = name->data();
+  if (!text.starts_with(kExpertGroupNamePrefix)) return std::nullopt;
+  return deepspeed::Decimal(std::string_view(text).substr(kExpertGroupNamePrefix.size()));
+}
+
+bool IsExpertGroup(const Value* param_group) {
+  const Value* moe = param_group == nullptr ? nullptr : param_group->Get("moe");
+  return moe != nullptr && moe->kind() == Kind::kBool && moe->bool_value();
+}
+
+// The flat layout of group g over `ranks` (its partitions in partition order, each P elements)
+// from their param_slice_mappings: every parameter's fragments must follow one another, and the
+// parameters each other from element 0. Shapes from `shape_of` (nullopt: no such tensor).
+Result<GroupLayout> LayoutFromMappings(
+    const std::vector<const OptimStates*>& ranks, size_t g, uint64_t partition,
+    const std::function<std::optional<Shape>(const std::string&)>& shape_of) {
+  const std::string field = std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g);
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  uint64_t next = 0;  // the flat element where the next fragment must start
+  uint64_t param_numel = 0;
+  std::string open;  // the parameter whose fragments are being read
+  const auto close = [&](const OptimStates& os) -> Status {
+    if (open.empty()) return Status::Ok();
+    const std::optional<Shape> shape = shape_of(open);
+    if (!shape) return FieldError(os.reader, field + "/" + open, "no module tensor of that name");
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(*shape));
+    if (numel != param_numel) {
+      return FieldError(os.reader, field + "/" + open,
+                        std::to_string(param_numel) +
+                            " elements over the partitions, but its "
+                            "tensor is " +
+                            ShapeText(*shape));
+    }
+    names.push_back(open);
+    shapes.push_back(*shape);
+    open.clear();
+    return Status::Ok();
+  };
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const OptimStates& os = *ranks[r];
+    for (const SliceMapping& m : os.groups[g].mappings) {
+      const uint64_t flat = r * partition + m.start;
+      if (flat != next || m.numel == 0) {
+        return FieldError(os.reader, field + "/" + m.name,
+                          "numel " + std::to_string(m.numel) + " start " + std::to_string(m.start) +
+                              ": not where the group's previous fragment ends (flat element " +
+                              std::to_string(next) + ")");
+      }
+      if (m.name != open) {
+        UCP_RETURN_IF_ERROR(close(os));
+        if (std::find(names.begin(), names.end(), m.name) != names.end()) {
+          return FieldError(os.reader, field + "/" + m.name, "a second, separate fragment");
+        }
+        open = m.name;
+        param_numel = 0;
+      }
+      param_numel += m.numel;
+      next += m.numel;
+    }
+  }
+  UCP_RETURN_IF_ERROR(close(*ranks.back()));
+  return MakeLayout(std::move(names), std::move(shapes));
+}
+
+// A group's partition size P in `os`: the fp32 master's elements plus the padding it leaves
+// out (DeepSpeedZeroOptimizer) or not (BF16_Optimizer).
+uint64_t PartitionSize(const OptimStates& os, size_t g) {
+  const uint64_t fp32 = os.groups[g].fp32->numel();
+  if (os.bf16_optimizer || g >= os.group_paddings.size() || os.group_paddings[g] < 0) return fp32;
+  return fp32 + static_cast<uint64_t>(os.group_paddings[g]);
+}
+
+// Refusals by file name: ZeRO-3, pipeline and tensor-parallel tags.
+Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
+  if (!listing.zero3_model_states.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  if (!listing.layer_files.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "MoE with pipeline parallelism (layer files) is not supported");
+  }
+  if (listing.model_states.size() > 1) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "tp=" + std::to_string(listing.model_states.size()) +
+                               ": MoE with tensor parallelism is not supported");
+  }
+  if (!listing.model_states.contains(0)) {
+    return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
+  }
+  return Status::Ok();
+}
+
+// The index's facts PlanReshard needs.
+struct IndexFacts {
+  uint32_t dp = 0;
+  uint32_t ep = 0;
+  size_t expert_group = 0;
+  std::string prefix;
+  bool bf16_optimizer = false;
+  std::vector<GroupLayout> groups;  // dense groups as indexed; the expert group: all EP ranks
+  GroupLayout local;                // the expert group of one EP rank, under local names
+  uint32_t model_file = 0;
+  uint32_t optim_file = 0;
+  std::vector<uint32_t> copied_files;  // the expert files, copied as they are
+};
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  const std::string what = "deepspeed: index adapter_state: ";
+  if (c.adapter != DeepSpeedMoeAdapter::kName) {
+    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
+                                   std::string(DeepSpeedMoeAdapter::kName));
+  }
+  const nlohmann::json& state = c.adapter_state;
+  if (!state.is_object() || !state.contains("expert_parallel") ||
+      !state["expert_parallel"].is_number_unsigned() || !state.contains("expert_group") ||
+      !state["expert_group"].is_number_unsigned() || !state.contains("local_expert_params") ||
+      !state["local_expert_params"].is_array() || !state.contains("file_prefix") ||
+      !state["file_prefix"].is_string() || !state.contains("optimizer") ||
+      !state["optimizer"].is_string()) {
+    return Status::Corrupt(what +
+                           "expert_parallel, expert_group, local_expert_params, file_prefix or "
+                           "optimizer missing or mistyped");
+  }
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  facts.ep = state["expert_parallel"].get<uint32_t>();
+  facts.expert_group = state["expert_group"].get<size_t>();
+  facts.prefix = state["file_prefix"].get<std::string>();
+  facts.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
+  if (facts.ep == 0 || facts.dp % facts.ep != 0 || facts.expert_group >= c.groups.size() ||
+      (facts.prefix != "" && facts.prefix != "bf16_")) {
+    return Status::Corrupt(what + "expert_parallel " + std::to_string(facts.ep) +
+                           ", expert_group " + std::to_string(facts.expert_group) +
+                           " or file_prefix inconsistent with the index");
+  }
+  for (const ParamGroup& group : c.groups) {
+    std::vector<Shape> shapes;
+    for (const std::string& name : group.params) {
+      const Atom* atom = index.Find(name, "fp32");
+      if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
+      shapes.push_back(atom->shape);
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.params, std::move(shapes)));
+    facts.groups.push_back(std::move(layout));
+  }
+  const GroupLayout& experts = facts.groups[facts.expert_group];
+  const size_t per_rank = experts.names.size() / facts.ep;
+  std::vector<std::string> local;
+  for (const nlohmann::json& name : state["local_expert_params"]) {
+    if (!name.is_string()) return Status::Corrupt(what + "local_expert_params: not a string");
+    local.push_back(name.get<std::string>());
+  }
+  if (local.size() != per_rank || per_rank * facts.ep != experts.names.size()) {
+    return Status::Corrupt(what + "local_expert_params: " + std::to_string(local.size()) +
+                           " names for an expert group of " + std::to_string(experts.names.size()) +
+                           " parameters over " + std::to_string(facts.ep) +
+                           " expert-parallel ranks");
+  }
+  UCP_ASSIGN_OR_RETURN(
+      facts.local,
+      MakeLayout(std::move(local),
+                 std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
+  bool have_model = false;
+  bool have_optim = false;
+  for (const CarriedObject& carried : c.carried) {
+    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
+    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_model || !have_optim) {
+    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
+  }
+  for (uint32_t f = 0; f < c.files.size(); ++f) {
+    if (c.files[f].role == kExpertStatesRole || c.files[f].role == kExpertOptimRole) {
+      facts.copied_files.push_back(f);
+    }
+  }
+  return facts;
+}
+
+// EP rank e's expert layout under global names: the local layout's e-th slice of the index's.
+GroupLayout ExpertLayoutOf(const IndexFacts& facts, uint32_t e) {
+  const GroupLayout& all = facts.groups[facts.expert_group];
+  GroupLayout layout = facts.local;
+  const size_t n = facts.local.names.size();
+  layout.names.assign(all.names.begin() + e * n, all.names.begin() + (e + 1) * n);
+  return layout;
+}
+
+}  // namespace
+
+bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && !listing->expert_files.empty() && listing->zero3_model_states.empty() &&
+         listing->layer_files.empty();
+}
+
+Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  if (!listing.zero3_model_states.empty() || !listing.layer_files.empty() ||
+      listing.model_states.size() > 1) {
+    return RefuseListing(tag_dir, listing);
+  }
+  const std::string model_name = ModelStatesName(0);
+  UCP_ASSIGN_OR_RETURN(
+      const TorchArchiveReader model,
+      OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
+  // The expert-parallel size is in no file but the optimizer files' expert group name.
+  const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
+                                  [](const RankFile& entry) { return entry.dp == 0; });
+  const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
+  const std::string optim_name = OptimName(prefix, 0, 0);
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim,
+                       OpenWrittenModelStates(tag_dir, optim_name, first != listing.optim.end()));
+  UCP_ASSIGN_OR_RETURN(const Value* groups,
+                       Field(optim, std::string(kOsd) + "/base_optimizer_state/param_groups"));
+  std::optional<uint32_t> ep;
+  for (const Value* group : groups->items()) {
+    if (IsExpertGroup(group)) ep = ExpertGroupSize(group);
+  }
+  if (!ep || *ep == 0) {
+    return FieldError(optim, std::string(kOsd) + "/base_optimizer_state/param_groups",
+                      "no expert group named ep_size_<N>");
+  }
+  std::vector<std::string> files = {model_name};
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
+  for (size_t layer = 0; layer < counts.size(); ++layer) {
+    for (int64_t g = 0; g < counts[layer] && g < (int64_t{1} << 20); ++g) {
+      files.push_back(
+          ExpertModelStatesName(static_cast<uint32_t>(layer), static_cast<uint32_t>(g), 0));
+    }
+  }
+  for (uint32_t e = 0; e < *ep; ++e) files.push_back(ExpertOptimName(e, 0));
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
+                                                  const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  const std::string model_name = listing.model_states.at(0);
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       TorchArchiveReader::Open(tag_dir + "/" + model_name));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
+  if (mp != 1) {
+    return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
+                               ": MoE with tensor parallelism is not supported");
+  }
+  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ReadExpertFiles(tag_dir, listing, model));
+  const uint32_t ep = experts.ep;
+  if (dp % ep != 0) {
+    return FieldError(model, "dp_world_size",
+                      std::to_string(dp) + " is not a multiple of the " + std::to_string(ep) +
+                          " expert-parallel ranks (expp_rank files)");
+  }
+  const uint32_t expert_dp = dp / ep;
+
+  UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
+                       OptimFilesByRank(tag_dir, listing, dp, model_name));
+  const std::string& prefix = by_rank.front()->prefix;
+  size_t group_count = 0;
+  {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader probe,
+                         TorchArchiveReader::Open(tag_dir + "/" + by_rank.front()->name));
+    UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts,
+                         IntListField(probe, std::string(kOsd) + "/partition_count"));
+    group_count = counts.size();
+  }
+  std::vector<OptimStates> ranks;
+  for (uint32_t r = 0; r < dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(OptimStates os,
+                         ReadOptimStates(tag_dir, *by_rank[r], group_count, kZero3Refusal));
+    if (os.elastic) {
+      return Status::Unsupported(Prefix(os.reader.path()) + std::string(kOsd) +
+                                 "/base_optimizer_state: an elastic checkpoint; for MoE tags ucp "
+                                 "reads only the rigid form");
+    }
+    ranks.push_back(std::move(os));
+  }
+  for (OptimStates& os : ranks) OrderStatesAs(os, ranks.front());
+  const OptimStates& first = ranks.front();
+  if (const Value* rr =
+          OptionalField(first.reader, "ds_config/zero_optimization/round_robin_gradients");
+      rr != nullptr && rr->kind() == Kind::kBool && rr->bool_value()) {
+    return Status::Unsupported(Prefix(first.reader.path()) +
+                               "ds_config/zero_optimization/round_robin_gradients: with MoE "
+                               "not supported");
+  }
+
+  // Which group holds the experts, and that its name agrees with the expp_rank files.
+  std::optional<size_t> expert_group;
+  for (size_t g = 0; g < group_count; ++g) {
+    const Value* param_group = first.groups[g].param_group;
+    if (!IsExpertGroup(param_group)) continue;
+    const std::string field =
+        std::string(kOsd) + "/base_optimizer_state/param_groups/" + std::to_string(g);
+    if (expert_group) {
+      return Status::Unsupported(Prefix(first.reader.path()) + field +
+                                 ": a second expert group (MoE layers of several "
+                                 "expert-parallel sizes) is not supported");
+    }
+    if (ExpertGroupSize(param_group) != ep) {
+      return FieldError(first.reader, field + "/name",
+                        "not ep_size_" + std::to_string(ep) + ", the " + std::to_string(ep) +
+                            " expp_rank files' expert-parallel size");
+    }
+    expert_group = g;
+  }
+  if (!expert_group) {
+    return FieldError(first.reader, std::string(kOsd) + "/base_optimizer_state/param_groups",
+                      "no group with moe True, but the tag holds expert files");
+  }
+  std::vector<int64_t> partition_count;
+  for (size_t g = 0; g < group_count; ++g) {
+    partition_count.push_back(g == *expert_group ? expert_dp : dp);
+  }
+
+  // Shapes: the module's tensors, and the expert files' (by global name, with their file).
+  std::map<std::string, const TorchTensor*> module;
+  if (const Value* node = OptionalField(model, "module")) {
+    for (const auto& [name, value] : NamedChildren(node)) module[name] = model.TensorAt(value);
+  }
+  std::deque<TorchArchiveReader> expert_readers;
+  struct ExpertTensor {
+    const TorchTensor* tensor = nullptr;
+    uint32_t file = 0;
+  };
+  std::map<std::string, ExpertTensor> expert_tensors;
+  std::map<std::string, uint32_t> moe_layer_of;  // MoE module name → its layer index
+  std::vector<std::string> paths = {model_name};
+  for (const RankFile* entry : by_rank) paths.push_back(entry->name);
+  for (const auto& [key, present] : experts.model) {
+    const auto [layer, expert] = key;
+    const std::string name = ExpertModelStatesName(layer, expert, 0);
+    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
+    expert_readers.push_back(std::move(reader));
+    const TorchArchiveReader& r = expert_readers.back();
+    const uint32_t file = static_cast<uint32_t>(paths.size());
+    paths.push_back(name);
+    for (const auto& [param, value] : NamedChildren(r.root())) {
+      const TorchTensor* tensor = r.TensorAt(value);
+      const std::optional<ExpertIdAt> at = FindExpertId(param);
+      if (tensor == nullptr || !at || at->id != expert) {
+        return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
+      }
+      const std::string module_name = param.substr(0, at->module_end);
+      if (const auto [it, added] = moe_layer_of.emplace(module_name, layer);
+          !added && it->second != layer) {
+        return FieldError(r, param,
+                          "MoE module " + module_name + " is layer " + std::to_string(it->second) +
+                              " in other expert files");
+      }
+      expert_tensors[param] = {tensor, file};
+    }
+  }
+  for (uint32_t e = 0; e < ep; ++e) paths.push_back(ExpertOptimName(e, 0));
+
+  // A local expert parameter's global name on expert-parallel rank e (nullopt: not an expert's).
+  const auto global_name = [&](const std::string& local, uint32_t e) -> std::optional<std::string> {
+    const std::optional<ExpertIdAt> at = FindExpertId(local);
+    if (!at) return std::nullopt;
+    const auto layer = moe_layer_of.find(local.substr(0, at->module_end));
+    if (layer == moe_layer_of.end()) return std::nullopt;
+    const uint32_t per_rank = experts.num_experts[layer->second] / ep;
+    if (at->id >= per_rank) return std::nullopt;
+    return WithExpertId(local, *at, e * per_rank + at->id);
+  };
+
+  // Layouts: the dense groups over every rank; the expert group per EP rank, over its ranks.
+  std::vector<GroupLayout> dense(group_count);
+  std::vector<Partitioning> dense_p(group_count);
+  std::vector<const OptimStates*> all;
+  for (const OptimStates& os : ranks) all.push_back(&os);
+  for (size_t g = 0; g < group_count; ++g) {
+    if (g == *expert_group) continue;
+    UCP_ASSIGN_OR_RETURN(dense[g],
+                         LayoutFromMappings(all, g, PartitionSize(first, g),
+                                            [&](const std::string& name) -> std::optional<Shape> {
+                                              const auto it = module.find(name);
+                                              if (it == module.end() || it->second == nullptr) {
+                                                return std::nullopt;
+                                              }
+                                              return it->second->shape;
+                                            }));
+    UCP_ASSIGN_OR_RETURN(dense_p[g], Partition(dense[g].total, dp));
+  }
+  std::vector<GroupLayout> local(ep);   // per EP rank, local names
+  std::vector<GroupLayout> global(ep);  // per EP rank, global names
+  Partitioning expert_p;
+  for (uint32_t e = 0; e < ep; ++e) {
+    std::vector<const OptimStates*> members;
+    for (uint32_t i = 0; i < expert_dp; ++i) members.push_back(&ranks[e + i * ep]);
+    UCP_ASSIGN_OR_RETURN(
+        local[e],
+        LayoutFromMappings(members, *expert_group, PartitionSize(*members.front(), *expert_group),
+                           [&](const std::string& name) -> std::optional<Shape> {
+                             const std::optional<std::string> g = global_name(name, e);
+                             if (!g) return std::nullopt;
+                             const auto it = expert_tensors.find(*g);
+                             if (it == expert_tensors.end()) return std::nullopt;
+                             return it->second.tensor->shape;
+                           }));
+    if (local[e].names != local[0].names || local[e].shapes != local[0].shapes) {
+      return FieldError(
+          members.front()->reader,
+          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(*expert_group),
+          "other local experts than " + ranks[0].entry.name +
+              "'s (expert-parallel ranks must hold alike experts)");
+    }
+    std::vector<std::string> names;
+    for (const std::string& name : local[e].names) names.push_back(*global_name(name, e));
+    UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), local[e].shapes));
+  }
+  UCP_ASSIGN_OR_RETURN(expert_p, Partition(local[0].total, expert_dp));
+
+  const std::string source = "the param_slice_mappings of " + first.entry.name + "'s save";
+  for (uint32_t r = 0; r < dp; ++r) {
+    const OptimStates& os = ranks[r];
+    if (os.ds_version != first.ds_version) {
+      return FieldError(os.reader, std::string(kOsd) + "/ds_version",
+                        "\"" + os.ds_version + "\", but " + first.entry.name + " has \"" +
+                            first.ds_version + "\" (a file of another save)");
+    }
+    if (os.partition_count != partition_count) {
+      return FieldError(os.reader, std::string(kOsd) + "/partition_count",
+                        ListText(os.partition_count) + ", expected " + ListText(partition_count) +
+                            " (dp_world_size " + std::to_string(dp) + " in " + model_name + ", " +
+                            std::to_string(ep) + " expert-parallel ranks)");
+    }
+    std::vector<GroupExpectation> expectations;
+    for (size_t g = 0; g < group_count; ++g) {
+      if (g == *expert_group) {
+        expectations.push_back({&local[r % ep], expert_p, r / ep});
+      } else {
+        expectations.push_back({&dense[g], dense_p[g], r});
+      }
+    }
+    UCP_RETURN_IF_ERROR(CheckOptimGroups(os, first, expectations, false, source));
+  }
+
+  AtomIndexContents c;
+  c.framework = "deepspeed";
+  c.framework_version = first.ds_version;
+  c.adapter = std::string(kName);
+  c.adapter_schema = kSchema;
+  c.tag = TagName(tag_dir);
+  const int64_t zero_stage = first.zero_stage.value_or(1);
+  c.topology = {dp, 1, 1, dp, static_cast<uint32_t>(zero_stage)};
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::string role(kModelRole);
+    std::optional<RankCoordinates> rank;
+    if (i >= 1 && i <= dp) {
+      role = kOptimRole;
+      rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
+    } else if (i > dp) {
+      role = i + ep >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
+    }
+    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
+  }
+
+  std::set<std::string> seen;
+  for (size_t g = 0; g < group_count; ++g) {
+    ParamGroup group;
+    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) continue;
+      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+        group.scalars[st.key] = *value;
+      }
+    }
+    const bool experts_group = g == *expert_group;
+    for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
+      const GroupLayout& layout = experts_group ? global[e] : dense[g];
+      const Partitioning& p = experts_group ? expert_p : dense_p[g];
+      std::vector<RankPartition> partitions;
+      for (uint32_t i = 0; i < p.ranks; ++i) {
+        const uint32_t r = experts_group ? e + i * ep : i;
+        partitions.push_back({ranks[r].groups[g].fp32, &ranks[r].groups[g].states, 1 + r});
+      }
+      for (size_t k = 0; k < layout.names.size(); ++k) {
+        const std::string& name = layout.names[k];
+        if (!seen.insert(name).second) {
+          return FieldError(
+              first.reader,
+              std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name,
+              "a parameter of two groups");
+        }
+        group.params.push_back(name);
+        UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
+        const TorchTensor* bit16 = nullptr;
+        uint32_t file = 0;
+        if (experts_group) {
+          bit16 = expert_tensors.at(name).tensor;
+          file = expert_tensors.at(name).file;
+        } else {
+          bit16 = module.at(name);
+        }
+        if (!bit16->contiguous()) {
+          return Status::Corrupt(Prefix(tag_dir + "/" + paths[file]) + name + ": not contiguous");
+        }
+        UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
+        c.atoms.push_back({name,
+                           "bit16",
+                           bit16->dtype,
+                           bit16->shape,
+                           {{file, bit16->file_offset(), bit16->dtype, whole}}});
+      }
+    }
+    c.groups.push_back(std::move(group));
+  }
+
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < group_count; ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  c.carried = {{std::string(kModelRole), 0, {"dp_world_size"}},
+               {std::string(kOptimRole), 1, rewritten_optim}};
+  c.adapter_state = {
+      {"optimizer", first.bf16_optimizer ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer"},
+      {"file_prefix", prefix},
+      {"zero_stage", zero_stage},
+      {"expert_parallel", ep},
+      {"expert_group", *expert_group},
+      {"num_experts", experts.num_experts},
+      {"local_expert_params", local[0].names},
+  };
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
+                                                    const std::string& tag_dir,
+                                                    const Topology& target) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (target.tp > 1 || target.pp > 1) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
+                               " pp=" + std::to_string(target.pp) +
+                               ": MoE with tensor or pipeline parallelism is not supported");
+  }
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  const uint32_t m = target.dp;
+  if (m % facts.ep != 0) {
+    return Status::InvalidArgument(
+        "deepspeed: dp=" + std::to_string(m) + " is not a multiple of the tag's " +
+        std::to_string(facts.ep) +
+        " expert-parallel ranks (DeepSpeed requires it; the expert-parallel size is kept)");
+  }
+  const uint32_t expert_m = m / facts.ep;
+  std::vector<Partitioning> partitions;
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const bool experts = g == facts.expert_group;
+    const uint64_t total = experts ? facts.local.total : facts.groups[g].total;
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(total, experts ? expert_m : m));
+    if (p.padding > p.partition) {
+      return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
+                                 std::to_string(total) +
+                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
+    }
+    partitions.push_back(p);
+  }
+  std::vector<GroupLayout> expert_layouts;
+  for (uint32_t e = 0; e < facts.ep; ++e) expert_layouts.push_back(ExpertLayoutOf(facts, e));
+
+  OutputPlan plan;
+  {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                         OpenSource(index, tag_dir, facts.model_file));
+    ArchiveOutput out;
+    out.path = ModelStatesName(0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
+    std::vector<GroupLayout> dense;
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      if (g != facts.expert_group) dense.push_back(facts.groups[g]);
+    }
+    std::map<std::string, std::vector<Segment>> resized;
+    UCP_RETURN_IF_ERROR(
+        ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, m, resized));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.model_file, std::move(resized)));
+    plan.archives.push_back(std::move(out));
+  }
+  for (const uint32_t file : facts.copied_files) {
+    plan.copies.push_back({index.contents().files[file].path, file});
+  }
+
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  std::vector<uint64_t> counts;
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    counts.push_back(g == facts.expert_group ? expert_m : m);
+  }
+  for (uint32_t r = 0; r < m; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    if (dict == nullptr) return FieldError(reader, kOsd, "missing");
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<uint64_t> paddings;
+    std::vector<Value*> fp32_items;
+    std::vector<Value*> mapping_items;
+    std::vector<size_t> params_per_group;
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      const bool experts = g == facts.expert_group;
+      const GroupLayout& layout = experts ? expert_layouts[r % facts.ep] : facts.groups[g];
+      const Partitioning& p = partitions[g];
+      const uint32_t index_in_group = experts ? r / facts.ep : r;
+      const uint64_t begin = p.begin(index_in_group);
+      const uint64_t padding = p.padding_of(index_in_group);
+      const uint64_t real_end = std::min(begin + p.partition, layout.total);
+      UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
+                           Partition(layout.total, experts ? facts.dp / facts.ep : facts.dp));
+      GroupPartition sizes;
+      sizes.partition = p.partition;
+      sizes.state_numel = p.partition;
+      sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
+      sizes.tail = begin + p.partition - std::max(begin, real_end);
+      sizes.template_numel = source_p.partition;  // the template is rank 0's file
+      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
+                                             out.graph, dict, reader, g, false, sizes,
+                                             [&](const std::string& state) {
+                                               return FlatSegments(index, layout, state, begin,
+                                                                   real_end);
+                                             },
+                                             replaced));
+      fp32_items.push_back(fp32);
+      paddings.push_back(padding);
+      params_per_group.push_back(layout.names.size());
+      // DeepSpeed's mappings name an expert by its local id.
+      mapping_items.push_back(MappingsNode(
+          out.graph, ExpectedMappings(experts ? facts.local : layout, p, index_in_group, false)));
+    }
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+                                           std::move(mapping_items), params_per_group,
+                                           reader.path()));
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(dict, "partition_count", IntList(out.graph, counts), reader.path()));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return plan;
+}
+
+Result<OutputPlan> DeepSpeedMoeAdapter::PlanUniversalExport(const AtomIndex& /*index*/,
+                                                            const std::string& tag_dir) const {
+  return Status::Unsupported(
+      Prefix(tag_dir) +
+      "a DeepSpeed-MoE tag: DeepSpeed's universal checkpoint has no layout for expert "
+      "parallelism (ds_to_universal fails on these tags, deepspeedai/DeepSpeed#5716); reshard it "
+      "(`ucp reshard`) or resume it under the preload instead");
+}
+
+}  // namespace ucp

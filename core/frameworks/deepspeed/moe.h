@@ -1,0 +1,82 @@
+// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 1): DeepSpeed v0.14 checkpoints of models
+// with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms, resharded to any DP size that the
+// expert-parallel size divides.
+//
+// A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
+//   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
+//                                  non-expert tensors, views of the dense group's flat buffer),
+//                                  dp_world_size, mp_world_size, num_experts (per MoE layer, in
+//                                  module order); no param_shapes, ds_config or ds_version.
+//   layer_<L>_expert_<G>_mp_rank_00_model_states.pt
+//                                  MoE layer L's expert G (its GLOBAL id): that expert's module
+//                                  tensors, whole, named with the global id.
+//   expp_rank_<e>_mp_rank_00_optim_states.pt, e < E
+//                                  {'optimizer': None} under ZeRO; one per expert-parallel rank.
+//   [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt, r < N
+//                                  ZeRO-1/2 optimizer files (deepspeed_zero.h) whose groups are
+//                                  dense ones, partitioned over all N ranks, and one expert group
+//                                  (param_groups[g]: moe True, name "ep_size_<E>").
+// DeepSpeed's expert-parallel groups are runs of E consecutive ranks: rank r is expert-parallel
+// rank e = r mod E and holds global experts [e·n_L, (e+1)·n_L) of each MoE layer L (n_L =
+// num_experts[L] / E) as its LOCAL experts 0 .. n_L-1. Its expert group holds those, under their
+// local ids, partitioned over the expert-data-parallel group of e (the N/E ranks r' ≡ e mod E,
+// partition index r' div E) by ZeRO's rule. With no param_shapes, each group's flat layout comes
+// from the ranks' param_slice_mappings, the shapes from the module tensors and the expert files;
+// every rank's mappings, paddings and partition sizes are then checked against DeepSpeed's rules.
+//
+// Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name), "fp32", every
+// per-parameter optimizer state, "step" (the group's 0-d step) and "bit16" (the module tensor or
+// the expert file's).
+//
+// Reshard keeps E: the expert files are copied, the model states get the target's dp_world_size
+// and dense buffer, and each target rank an optimizer file. ds_to_universal fails on these tags
+// (it takes expp_rank_0's {'optimizer': None} for ZeRO's file; deepspeedai/DeepSpeed#5716), so
+// DeepSpeed's universal format has no layout for MoE and PlanUniversalExport is kUnsupported.
+// Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
+// expert-parallel sizes, tensor or pipeline parallelism.
+//
+// Thread-safety: stateless; every method may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/frameworks/framework_adapter.h"
+
+namespace ucp {
+
+class DeepSpeedMoeAdapter final : public FrameworkAdapter {
+ public:
+  static constexpr std::string_view kName = "deepspeed-moe";
+  static constexpr uint32_t kSchema = 1;
+
+  std::string_view name() const override { return kName; }
+  uint32_t schema() const override { return kSchema; }
+
+  // True when `tag_dir` holds DeepSpeed-MoE expert files and no ZeRO-3 or pipeline file.
+  bool Recognizes(const std::string& tag_dir) const override;
+
+  // The model states, every expert file num_experts names, one expp_rank file per
+  // expert-parallel rank and one optimizer file per DP rank. E is read from rank 0's optimizer
+  // file (its expert group's name): kFailedPrecondition until it and the model states are
+  // complete archives.
+  Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
+
+  // Validates the tag as the header says: kNotFound naming a missing file, kCorrupt naming the
+  // file and field that disagree, kUnsupported for what is refused.
+  Result<AtomIndex> BuildIndex(const std::string& tag_dir,
+                               const IndexOptions& options) const override;
+
+  // The files DeepSpeed v0.14.5 writes at DP size target.dp with the source's E: kInvalidArgument
+  // when E does not divide target.dp (DeepSpeed cannot run there), kUnsupported for tp or pp > 1.
+  Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
+                                 const Topology& target) const override;
+
+  // kUnsupported: see the header.
+  Result<OutputPlan> PlanUniversalExport(const AtomIndex& index,
+                                         const std::string& tag_dir) const override;
+};
+
+}  // namespace ucp
