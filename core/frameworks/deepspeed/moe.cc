@@ -79,6 +79,10 @@ constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_exp
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
 // The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
 constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
+// The ds_config entry that puts data-parallel before expert-parallel ranks (default false).
+constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
+// Bounds a corrupt num_experts entry (and the file names it makes).
+constexpr int64_t kMaxExperts = int64_t{1} << 20;
 
 // Where an expert parameter's name holds the expert's id: digits [begin, end).
 struct ExpertIdAt {
@@ -106,25 +110,24 @@ std::string WithExpertId(const std::string& name, const ExpertIdAt& at, uint32_t
   return name.substr(0, at.begin) + std::to_string(id) + name.substr(at.end);
 }
 
-// The expert files of a tag, checked against num_experts.
+// The expert files of a tag.
 struct ExpertFiles {
-  uint32_t ep = 0;
-  std::vector<uint32_t> num_experts;                    // per MoE layer
-  std::map<std::pair<uint32_t, uint32_t>, bool> model;  // (layer, global expert) present
+  std::vector<uint32_t> num_experts;              // per MoE layer, from the model states
+  std::set<std::pair<uint32_t, uint32_t>> model;  // (layer, global expert) of each file
+  std::set<uint32_t> optim;                       // the expp_rank files' expert-parallel ranks
 };
 
-Result<ExpertFiles> ReadExpertFiles(const std::string& tag_dir, const TagListing& listing,
+Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
                                     const TorchArchiveReader& model) {
   ExpertFiles files;
   UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
   if (counts.empty()) return FieldError(model, "num_experts", "empty: no MoE layer");
   for (const int64_t n : counts) {
-    if (n <= 0 || n > (int64_t{1} << 20)) {
+    if (n <= 0 || n > kMaxExperts) {
       return FieldError(model, "num_experts", ListText(counts) + ": out of range");
     }
     files.num_experts.push_back(static_cast<uint32_t>(n));
   }
-  std::set<uint32_t> ep_ranks;
   for (const std::string& name : listing.expert_files) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
     if (!parsed || parsed->mp != 0) {
@@ -133,7 +136,7 @@ Result<ExpertFiles> ReadExpertFiles(const std::string& tag_dir, const TagListing
                                  "parallelism is not supported");
     }
     if (parsed->kind == FileKind::kExpertOptimStates) {
-      ep_ranks.insert(parsed->dp);
+      files.optim.insert(parsed->dp);
       continue;
     }
     if (parsed->layer >= files.num_experts.size() ||
@@ -143,25 +146,23 @@ Result<ExpertFiles> ReadExpertFiles(const std::string& tag_dir, const TagListing
           ", expert " + std::to_string(parsed->expert) + " is outside num_experts " +
           ListText(counts) + " of " + model.path() + " (a file of another save)");
     }
-    files.model[{parsed->layer, parsed->expert}] = true;
+    files.model.insert({parsed->layer, parsed->expert});
   }
-  files.ep = static_cast<uint32_t>(ep_ranks.size());
-  for (uint32_t e = 0; e < files.ep; ++e) {
-    if (!ep_ranks.contains(e)) {
-      return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(e, 0)) +
-                              "not found (expp_rank files up to " +
-                              std::to_string(*ep_ranks.rbegin()) + " are)");
-    }
-  }
-  if (files.ep == 0) {
-    return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(0, 0)) + "not found");
-  }
+  return files;
+}
+
+// `files` against the expert-parallel size `ep`: every MoE layer's experts a multiple of it, every
+// expert's file present, and expp_rank files (DeepSpeed 0.14 writes them, {'optimizer': None}
+// under ZeRO; later releases none) for exactly the ranks below it when there are any.
+Status CheckExpertFiles(const std::string& tag_dir, const ExpertFiles& files, uint32_t ep,
+                        const TorchArchiveReader& model) {
+  const std::vector<int64_t> counts(files.num_experts.begin(), files.num_experts.end());
   for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
-    if (files.num_experts[layer] % files.ep != 0) {
+    if (files.num_experts[layer] % ep != 0) {
       return FieldError(model, "num_experts",
                         ListText(counts) + ": layer " + std::to_string(layer) +
-                            "'s experts are not a multiple of the " + std::to_string(files.ep) +
-                            " expert-parallel ranks (expp_rank files)");
+                            "'s experts are not a multiple of the expert-parallel size " +
+                            std::to_string(ep));
     }
     for (uint32_t g = 0; g < files.num_experts[layer]; ++g) {
       if (!files.model.contains({layer, g})) {
@@ -171,7 +172,20 @@ Result<ExpertFiles> ReadExpertFiles(const std::string& tag_dir, const TagListing
       }
     }
   }
-  return files;
+  if (files.optim.empty()) return Status::Ok();
+  for (uint32_t e = 0; e < ep; ++e) {
+    if (!files.optim.contains(e)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(e, 0)) +
+                              "not found (the expert-parallel size is " + std::to_string(ep) +
+                              " and other expp_rank files are there)");
+    }
+  }
+  if (*files.optim.rbegin() >= ep) {
+    return Status::Corrupt(Prefix(tag_dir + "/" + ExpertOptimName(*files.optim.rbegin(), 0)) +
+                           "an expert-parallel rank beyond the expert-parallel size " +
+                           std::to_string(ep) + " (a file of another save)");
+  }
+  return Status::Ok();
 }
 
 // The expert-parallel size an expert group's name gives ("ep_size_<E>"), or nullopt.
@@ -388,33 +402,21 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
       const TorchArchiveReader model,
       OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
-  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
-  // The expert-parallel size is in no file but the optimizer files' expert group name.
+  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
   const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
                                   [](const RankFile& entry) { return entry.dp == 0; });
   const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
-  const std::string optim_name = OptimName(prefix, 0, 0);
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim,
-                       OpenWrittenModelStates(tag_dir, optim_name, first != listing.optim.end()));
-  UCP_ASSIGN_OR_RETURN(const Value* groups,
-                       Field(optim, std::string(kOsd) + "/base_optimizer_state/param_groups"));
-  std::optional<uint32_t> ep;
-  for (const Value* group : groups->items()) {
-    if (IsExpertGroup(group)) ep = ExpertGroupSize(group);
-  }
-  if (!ep || *ep == 0) {
-    return FieldError(optim, std::string(kOsd) + "/base_optimizer_state/param_groups",
-                      "no expert group named ep_size_<N>");
-  }
   std::vector<std::string> files = {model_name};
   for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
-  for (size_t layer = 0; layer < counts.size(); ++layer) {
-    for (int64_t g = 0; g < counts[layer] && g < (int64_t{1} << 20); ++g) {
-      files.push_back(
-          ExpertModelStatesName(static_cast<uint32_t>(layer), static_cast<uint32_t>(g), 0));
+  for (uint32_t layer = 0; layer < experts.num_experts.size(); ++layer) {
+    for (uint32_t g = 0; g < experts.num_experts[layer]; ++g) {
+      files.push_back(ExpertModelStatesName(layer, g, 0));
     }
   }
-  for (uint32_t e = 0; e < *ep; ++e) files.push_back(ExpertOptimName(e, 0));
+  // Whether a release writes expp_rank files is in no file: those there belong to the save. A
+  // rank writes its own before its optimizer file, so once every optimizer file is closed (what
+  // a caller waits for) each is listed.
+  for (const uint32_t e : experts.optim) files.push_back(ExpertOptimName(e, 0));
   return files;
 }
 
@@ -431,14 +433,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
     return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
                                ": MoE with tensor parallelism is not supported");
   }
-  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ReadExpertFiles(tag_dir, listing, model));
-  const uint32_t ep = experts.ep;
-  if (dp % ep != 0) {
-    return FieldError(model, "dp_world_size",
-                      std::to_string(dp) + " is not a multiple of the " + std::to_string(ep) +
-                          " expert-parallel ranks (expp_rank files)");
-  }
-  const uint32_t expert_dp = dp / ep;
+  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
 
   UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
                        OptimFilesByRank(tag_dir, listing, dp, model_name));
@@ -472,8 +467,18 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                                "not supported");
   }
 
-  // Which group holds the experts, and that its name agrees with the expp_rank files.
+  if (const Value* order =
+          OptionalField(first.reader, "ds_config/" + std::string(kDataBeforeExpert));
+      order != nullptr && order->kind() == Kind::kBool && order->bool_value()) {
+    return Status::Unsupported(Prefix(first.reader.path()) + "ds_config/" +
+                               std::string(kDataBeforeExpert) +
+                               ": the data-before-expert rank order is not supported (ucp reads "
+                               "DeepSpeed's default, expert-parallel groups of consecutive ranks)");
+  }
+
+  // Which group holds the experts; its name gives the expert-parallel size.
   std::optional<size_t> expert_group;
+  uint32_t ep = 0;
   for (size_t g = 0; g < group_count; ++g) {
     const Value* param_group = first.groups[g].param_group;
     if (!IsExpertGroup(param_group)) continue;
@@ -484,17 +489,20 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                                  ": a second expert group (MoE layers of several "
                                  "expert-parallel sizes) is not supported");
     }
-    if (ExpertGroupSize(param_group) != ep) {
+    const std::optional<uint32_t> size = ExpertGroupSize(param_group);
+    if (!size || *size == 0 || dp % *size != 0) {
       return FieldError(first.reader, field + "/name",
-                        "not ep_size_" + std::to_string(ep) + ", the " + std::to_string(ep) +
-                            " expp_rank files' expert-parallel size");
+                        "not ep_size_<N> with N dividing dp_world_size " + std::to_string(dp));
     }
     expert_group = g;
+    ep = *size;
   }
   if (!expert_group) {
     return FieldError(first.reader, std::string(kOsd) + "/base_optimizer_state/param_groups",
                       "no group with moe True, but the tag holds expert files");
   }
+  UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, experts, ep, model));
+  const uint32_t expert_dp = dp / ep;
   std::vector<int64_t> partition_count;
   for (size_t g = 0; g < group_count; ++g) {
     partition_count.push_back(g == *expert_group ? expert_dp : dp);
@@ -514,8 +522,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
   std::map<std::string, uint32_t> moe_layer_of;  // MoE module name → its layer index
   std::vector<std::string> paths = {model_name};
   for (const RankFile* entry : by_rank) paths.push_back(entry->name);
-  for (const auto& [key, present] : experts.model) {
-    const auto [layer, expert] = key;
+  for (const auto& [layer, expert] : experts.model) {
     const std::string name = ExpertModelStatesName(layer, expert, 0);
     UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
     expert_readers.push_back(std::move(reader));
@@ -538,7 +545,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
       expert_tensors[param] = {tensor, file};
     }
   }
-  for (uint32_t e = 0; e < ep; ++e) paths.push_back(ExpertOptimName(e, 0));
+  for (const uint32_t e : experts.optim) paths.push_back(ExpertOptimName(e, 0));
 
   // A local expert parameter's global name on expert-parallel rank e (nullopt: not an expert's).
   const auto global_name = [&](const std::string& local, uint32_t e) -> std::optional<std::string> {
@@ -640,7 +647,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
       role = kOptimRole;
       rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
     } else if (i > dp) {
-      role = i + ep >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
+      role = i + experts.optim.size() >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
     }
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
   }

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Real DeepSpeed-MoE end to end under LD_PRELOAD=libucp.so (CPU, gloo).
+
+train_moe.py of ../shared/tools/deepspeed-cpu: train.py's model with each block's MLP a
+deepspeed.moe.layer.MoE of 4 experts at expert-parallel size 2 (top-1, no token dropping, no
+random gating: the function does not depend on the layout), ZeRO-2, fp32, a fixed global batch.
+Saved at DP=4, resumed at DP=2, where DeepSpeed refuses the plain load ("used a DP world size of
+4 but the current world size is 2") and has no universal path (ds_to_universal fails on MoE
+tags). One CTest test per step, sharing WORK:
+
+  save     DP=4 without and with the preload: steps 1..STEPS, saves tag global_step<SAVE_AT>;
+           under the preload the save must leave a committed index, DeepSpeed's files byte for
+           byte those of the run without it, and the same losses.
+  preload  the plain load_checkpoint at DP=2 under the preload, steps SAVE_AT+1..STEPS. With no
+           DeepSpeed oracle, the losses are held to the uninterrupted DP=4 run's within
+           TOLERANCE, and the served files must be the bytes `ucp reshard --to dp=2` writes.
+
+Usage: ds_moe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
+                      [--required]
+Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+import ds_e2e
+from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
+
+SAVE_AT, STEPS = 3, 6
+TAG = f'global_step{SAVE_AT}'
+SAVE_DP, RESUME_DP = 4, 2
+TRAINER = ['train_moe.py', '--stage', '2', '--experts', '4', '--ep', '2', '--k', '1']
+# |Δloss| allowed against the uninterrupted DP=4 run: float32 summation over 2 against 4 partial
+# gradients (the fixtures' uninterrupted DP=4 and DP=2 runs differ by up to 4.8e-7).
+TOLERANCE = 1e-5
+
+
+def launch(args, env, nproc, name, extra):
+    command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + TRAINER + \
+        ['--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
+    return ds_e2e.run_past_teardown_abort(
+        lambda: ds_e2e.run_launcher(command, args.tools, env, os.path.join(args.work, name + '.log')),
+        STEPS, ds_e2e.save_dir_of(extra))
+
+
+def step_save(args, env):
+    work = args.work
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    logs = os.path.join(work, 'logs_save')
+    runs = {}
+    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
+                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
+        status, seconds, output = launch(
+            args, run_env, SAVE_DP, name,
+            ['--save_dir', os.path.join(work, save_dir), '--save_at', str(SAVE_AT)])
+        if status != 0:
+            fail(f'DeepSpeed DP={SAVE_DP} MoE training ({name}) exited {status}:\n{output[-3000:]}')
+        runs[name] = losses(os.path.join(work, f'{name}.json'))
+        print(f'DP={SAVE_DP} run {"under" if name == "save" else "without"} the preload: '
+              f'{seconds:.1f} s')
+    print_losses(f'losses DP={SAVE_DP}', runs['save'])
+    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
+            {s: float32_bits(v) for s, v in runs['plain'].items()}:
+        fail('the preload changed the losses of the saving run')
+    tag_dir = os.path.join(work, 'ckpt', TAG)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not os.path.isfile(index):
+        fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
+    files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    if not any(n.startswith('layer_0_expert_') for n in files):
+        fail(f'no expert files among {files}')
+    for name in files:
+        plain = os.path.join(work, 'ckpt_plain', TAG, name)
+        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
+            fail(f'{name} saved under the preload differs from {plain}')
+    inspect = subprocess.run([args.ucp, 'inspect', tag_dir], capture_output=True, text=True)
+    if 'adapter deepspeed-moe' not in inspect.stdout:
+        fail(f'the index is not the deepspeed-moe adapter\'s:\n{inspect.stdout[:500]}'
+             f'{inspect.stderr}')
+    print(f'index committed by the deepspeed-moe adapter; {len(files)} files byte-identical to '
+          f'the run without the preload')
+
+
+def step_preload(args, env):
+    work = args.work
+    logs = os.path.join(work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    status, seconds, output = launch(args, preload_env(env, args.lib, logs), RESUME_DP, 'preload',
+                                     ['--load_dir', os.path.join(work, 'ckpt')])
+    if status != 0:
+        fail(f'plain load_checkpoint at DP={RESUME_DP} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    print(f'DP={RESUME_DP} plain resume under the preload: {seconds:.1f} s')
+    got = losses(os.path.join(work, 'preload.json'))
+    full = losses(os.path.join(work, 'plain.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    if sorted(got) != steps:
+        fail(f'resumed steps {sorted(got)}, expected {steps}')
+    print_losses('losses preload', got)
+    print_losses(f'losses DP={SAVE_DP} uninterrupted', {s: full[s] for s in steps})
+    worst = max(abs(got[s] - full[s]) for s in steps)
+    if worst > TOLERANCE:
+        fail(f'max |Δloss| {worst:.3g} against the uninterrupted run exceeds {TOLERANCE}')
+    print(f'max |Δloss| against the uninterrupted DP={SAVE_DP} run: {worst:.3g}')
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', f'tp1-pp1-dp{RESUME_DP}')
+    resharded = os.path.join(work, 'reshard')
+    shutil.rmtree(resharded, ignore_errors=True)
+    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to',
+                    f'dp={RESUME_DP}', '--out', resharded], check=True, stdout=subprocess.DEVNULL)
+    resharded = os.path.join(resharded, TAG)
+    # The expert files are the saved ones, passed through; the others are made for DP=2.
+    served = sorted(n for n in os.listdir(resharded)
+                    if n.endswith('.pt') and not n.startswith(('layer_', 'expp_')))
+    for name in served:
+        stored = os.path.join(view, 'served.' + name)
+        if not os.path.isfile(stored):
+            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
+                 f'{log_tail(logs)}')
+        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{stored} differs from `ucp reshard`\'s {name}')
+    print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('step', choices=['save', 'preload'])
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
+    if not os.path.isfile(os.path.join(args.tools, TRAINER[0])):
+        ds_e2e.skip(f'no DeepSpeed trainer {TRAINER[0]} at {args.tools}')
+    env = ds_e2e.trainer_environment(args)
+    args.work = os.path.join(args.work, 'moe')
+    if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
+        fail(f'no saved checkpoint in {args.work} (run the save step first)')
+    {'save': step_save, 'preload': step_preload}[args.step](args, env)
+
+
+if __name__ == '__main__':
+    main()
