@@ -433,6 +433,12 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
     return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
                                ": MoE with tensor parallelism is not supported");
   }
+  if (const Value* autoep = OptionalField(model, "ds_autoep_layers");
+      autoep != nullptr && autoep->kind() != Kind::kNone) {
+    return Status::Unsupported(Prefix(model.path()) +
+                               "ds_autoep_layers: DeepSpeed's AutoEP layers (fused experts) are "
+                               "not supported; ucp reads deepspeed.moe.layer.MoE's experts");
+  }
   UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
 
   UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,

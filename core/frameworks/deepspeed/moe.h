@@ -11,11 +11,13 @@
 //                                  MoE layer L's expert G (its GLOBAL id): that expert's module
 //                                  tensors, whole, named with the global id.
 //   expp_rank_<e>_mp_rank_00_optim_states.pt, e < E
-//                                  {'optimizer': None} under ZeRO; one per expert-parallel rank.
+//                                  {'optimizer': None} under ZeRO; one per expert-parallel rank
+//                                  (DeepSpeed 0.14; 0.19 writes none).
 //   [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt, r < N
 //                                  ZeRO-1/2 optimizer files (deepspeed_zero.h) whose groups are
 //                                  dense ones, partitioned over all N ranks, and one expert group
-//                                  (param_groups[g]: moe True, name "ep_size_<E>").
+//                                  (param_groups[g]: moe True, name "ep_size_<E>": where E is
+//                                  read).
 // DeepSpeed's expert-parallel groups are runs of E consecutive ranks: rank r is expert-parallel
 // rank e = r mod E and holds global experts [e·n_L, (e+1)·n_L) of each MoE layer L (n_L =
 // num_experts[L] / E) as its LOCAL experts 0 .. n_L-1. Its expert group holds those, under their
@@ -33,7 +35,9 @@
 // (it takes expp_rank_0's {'optimizer': None} for ZeRO's file; deepspeedai/DeepSpeed#5716), so
 // DeepSpeed's universal format has no layout for MoE and PlanUniversalExport is kUnsupported.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
-// expert-parallel sizes, tensor or pipeline parallelism.
+// expert-parallel sizes, the data-before-expert rank order, DeepSpeed's AutoEP layers
+// (ds_autoep_layers), tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no expp_rank
+// files under ZeRO, and param_shapes in the model states (not needed, not read).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -58,10 +62,10 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
   // True when `tag_dir` holds DeepSpeed-MoE expert files and no ZeRO-3 or pipeline file.
   bool Recognizes(const std::string& tag_dir) const override;
 
-  // The model states, every expert file num_experts names, one expp_rank file per
-  // expert-parallel rank and one optimizer file per DP rank. E is read from rank 0's optimizer
-  // file (its expert group's name): kFailedPrecondition until it and the model states are
-  // complete archives.
+  // The model states, one optimizer file per DP rank, every expert file num_experts names and
+  // the expp_rank files there (whether a release writes them is in no file; a rank writes its
+  // own before its optimizer file). kFailedPrecondition until the model states are a complete
+  // archive.
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag as the header says: kNotFound naming a missing file, kCorrupt naming the
