@@ -970,6 +970,33 @@ Status CheckOptimGroups(const OptimStates& os, const OptimStates& first,
   return Status::Ok();
 }
 
+ParamGroup GroupSettings(const Value* param_group, const TorchArchiveReader& reader,
+                         const std::vector<StateTensor>& states) {
+  ParamGroup group;
+  if (param_group != nullptr) {
+    for (const auto& [key, value] : NamedChildren(param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+  }
+  for (const StateTensor& st : states) {
+    if (!st.tensor->shape.empty()) continue;
+    if (std::optional<nlohmann::json> value = ScalarValue(reader, *st.tensor)) {
+      group.scalars[st.key] = *value;
+    }
+  }
+  return group;
+}
+
+Result<GroupLayout> IndexedLayout(const AtomIndex& index, const std::vector<std::string>& names) {
+  std::vector<Shape> shapes;
+  for (const std::string& name : names) {
+    const Atom* atom = index.Find(name, "fp32");
+    if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
+    shapes.push_back(atom->shape);
+  }
+  return MakeLayout(names, std::move(shapes));
+}
+
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file) {
   const std::string osd(kOsd);
   ArchiveOutput out;

@@ -353,6 +353,15 @@ void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTens
 // param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
 
+// A parameter group of the index without its params: the hyperparameters of `param_group` (a
+// torch param_groups entry, every key but params; none when null, as in an elastic file) and the
+// value of each 0-d state of `states` (read from `reader`) as a scalar.
+ParamGroup GroupSettings(const pickle::Value* param_group, const TorchArchiveReader& reader,
+                         const std::vector<StateTensor>& states);
+// The flat layout of `names` in that order, with the shapes of their "fp32" atoms in `index`;
+// kCorrupt when one has none.
+Result<GroupLayout> IndexedLayout(const AtomIndex& index, const std::vector<std::string>& names);
+
 // Group g's states in an optimizer_state_dict being planned (GroupStatesField's node), or null.
 pickle::Value* GroupStatesNode(pickle::Value* optimizer_state_dict, bool elastic, size_t g);
 

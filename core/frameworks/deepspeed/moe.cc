@@ -25,17 +25,17 @@ using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
-using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
 using deepspeed::GroupExpectation;
 using deepspeed::GroupLayout;
 using deepspeed::GroupPartition;
+using deepspeed::GroupSettings;
+using deepspeed::IndexedLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::IntListField;
-using deepspeed::JsonOf;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -61,7 +61,6 @@ using deepspeed::RankPartition;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
-using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -330,13 +329,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
                            " or file_prefix inconsistent with the index");
   }
   for (const ParamGroup& group : c.groups) {
-    std::vector<Shape> shapes;
-    for (const std::string& name : group.params) {
-      const Atom* atom = index.Find(name, "fp32");
-      if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
-      shapes.push_back(atom->shape);
-    }
-    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.params, std::move(shapes)));
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, IndexedLayout(index, group.params));
     facts.groups.push_back(std::move(layout));
   }
   const GroupLayout& experts = facts.groups[facts.expert_group];
@@ -660,16 +653,8 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
 
   std::set<std::string> seen;
   for (size_t g = 0; g < group_count; ++g) {
-    ParamGroup group;
-    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
-      if (key != "params") group.hyperparameters[key] = JsonOf(value);
-    }
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) continue;
-      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
-        group.scalars[st.key] = *value;
-      }
-    }
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
     const bool experts_group = g == *expert_group;
     for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
       const GroupLayout& layout = experts_group ? global[e] : dense[g];

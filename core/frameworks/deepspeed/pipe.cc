@@ -34,9 +34,9 @@ using deepspeed::FileName;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::GroupPartition;
+using deepspeed::GroupSettings;
 using deepspeed::IntField;
 using deepspeed::IntListField;
-using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kLayerRole;
 using deepspeed::kModelRole;
@@ -60,7 +60,6 @@ using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
-using deepspeed::PartitionTensor;
 using deepspeed::PartitionUniform;
 using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
@@ -69,7 +68,6 @@ using deepspeed::RankPartition;
 using deepspeed::ReadMappings;
 using deepspeed::RefuseElasticForm;
 using deepspeed::RewrittenPartitionFields;
-using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeOf;
@@ -685,16 +683,8 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
   }
 
-  ParamGroup group;
-  for (const auto& [key, value] : NamedChildren(optims.front().param_group)) {
-    if (key != "params") group.hyperparameters[key] = JsonOf(value);
-  }
-  for (const StateTensor& st : optims.front().states) {
-    if (!st.tensor->shape.empty()) continue;
-    if (std::optional<nlohmann::json> value = ScalarValue(optims.front().reader, *st.tensor)) {
-      group.scalars[st.key] = *value;
-    }
-  }
+  ParamGroup group =
+      GroupSettings(optims.front().param_group, optims.front().reader, optims.front().states);
 
   std::map<uint32_t, TorchArchiveReader> layer_readers;
   nlohmann::json stage_sizes = nlohmann::json::array();

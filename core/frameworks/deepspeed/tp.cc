@@ -35,8 +35,8 @@ using deepspeed::FieldError;
 using deepspeed::FileName;
 using deepspeed::GroupLayout;
 using deepspeed::GroupPartition;
+using deepspeed::GroupSettings;
 using deepspeed::IntField;
-using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kLayerRole;
 using deepspeed::kModelRole;
@@ -61,7 +61,6 @@ using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
-using deepspeed::PartitionTensor;
 using deepspeed::PartitionUniform;
 using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
@@ -70,7 +69,6 @@ using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
 using deepspeed::RefuseElasticForm;
 using deepspeed::RewrittenPartitionFields;
-using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -2098,16 +2096,8 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   // 4. The atoms of each parameter from its owning stage's files, groups in stage order.
   nlohmann::json params = nlohmann::json::object();
   for (size_t g = 0; g < ms0.groups.size(); ++g) {
-    ParamGroup group;
-    for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
-      if (key != "params") group.hyperparameters[key] = JsonOf(value);
-    }
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) continue;
-      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
-        group.scalars[st.key] = *value;
-      }
-    }
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
     for (uint32_t s = 0; s < pp; ++s) {
       const TpTag& stage = grid.stages[s];
       const GroupLayout& layout = stage.models[0].groups[g];

@@ -27,14 +27,14 @@ using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
-using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::GroupPartition;
+using deepspeed::GroupSettings;
 using deepspeed::GroupStatesField;
+using deepspeed::IndexedLayout;
 using deepspeed::IntField;
-using deepspeed::JsonOf;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
@@ -56,8 +56,6 @@ using deepspeed::OptionalField;
 using deepspeed::OrderStatesAs;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
-using deepspeed::PartitionTensor;
-using deepspeed::PidTuple;
 using deepspeed::PlanGroupPartitions;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
@@ -67,7 +65,6 @@ using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
-using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -154,13 +151,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
   }
   for (const ParamGroup& group : c.groups) {
-    std::vector<Shape> shapes;
-    for (const std::string& name : group.params) {
-      const Atom* atom = index.Find(name, "fp32");
-      if (atom == nullptr) return Status::Corrupt("deepspeed: index: no fp32 atom of " + name);
-      shapes.push_back(atom->shape);
-    }
-    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.params, std::move(shapes)));
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, IndexedLayout(index, group.params));
     facts.groups.push_back(std::move(layout));
   }
   return facts;
@@ -326,20 +317,10 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     const GroupLayout& layout = ms.groups[g];
     UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
     const std::string gs = std::to_string(g);
-    ParamGroup group;
-    group.params = layout.names;
     // An elastic file keeps no param_groups, so no hyperparameters.
-    if (first.groups[g].param_group != nullptr) {
-      for (const auto& [key, value] : NamedChildren(first.groups[g].param_group)) {
-        if (key != "params") group.hyperparameters[key] = JsonOf(value);
-      }
-    }
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) continue;
-      if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
-        group.scalars[st.key] = *value;
-      }
-    }
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
+    group.params = layout.names;
     c.groups.push_back(std::move(group));
 
     std::vector<RankPartition> partitions;
