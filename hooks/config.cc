@@ -78,7 +78,7 @@ Status ParseRoots(const EnvLookup& lookup, std::vector<std::string>* out) {
 Status ParseTopology(const EnvLookup& lookup, TopologyOverride* out) {
   constexpr const char* kName = "UCP_TOPOLOGY";
   constexpr std::string_view kExpected =
-      "comma-separated tp=N, pp=N, dp=N with N a positive integer, each key at most once";
+      "comma-separated tp=N, pp=N, dp=N, ep=N with N a positive integer, each key at most once";
   const std::string_view value = Lookup(lookup, kName);
   if (value.empty()) return Status::Ok();
   TopologyOverride topology;
@@ -94,6 +94,7 @@ Status ParseTopology(const EnvLookup& lookup, TopologyOverride* out) {
     std::optional<int>* slot = key == "tp"   ? &topology.tp
                                : key == "pp" ? &topology.pp
                                : key == "dp" ? &topology.dp
+                               : key == "ep" ? &topology.ep
                                              : nullptr;
     int degree = 0;
     const auto [rest, error] =

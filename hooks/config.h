@@ -40,8 +40,9 @@ struct TopologyOverride {
   std::optional<int> tp;
   std::optional<int> pp;
   std::optional<int> dp;
+  std::optional<int> ep;  // an MoE tag's expert-parallel size at the resume
 
-  bool empty() const { return !tp && !pp && !dp; }
+  bool empty() const { return !tp && !pp && !dp && !ep; }
   friend bool operator==(const TopologyOverride&, const TopologyOverride&) = default;
 };
 

@@ -84,7 +84,11 @@ void AddReshardCommand(CLI::App& app, Run* run) {
       app.add_subcommand("reshard", "Write the tag as its framework saves it at another topology");
   command->add_option("tagdir", options->tag_dir, "the tag directory, e.g. ckpt/global_step5")
       ->required();
-  command->add_option("--to", options->to, "target topology: dp=N[,tp=N,pp=N,world=N]")->required();
+  command
+      ->add_option(
+          "--to", options->to,
+          "target topology: dp=N[,tp=N,pp=N,ep=N,world=N] (ep: an MoE tag's expert-parallel size)")
+      ->required();
   command->add_option("--out", options->out, "save directory: gets <tag>/ and latest")->required();
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");
   command->add_flag("--force", options->force, "replace an existing SAVEDIR/<tag>");

@@ -36,8 +36,9 @@ Result<TopologySpec> ParseTopologySpec(std::string_view text) {
         start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     const size_t equals = pair.find('=');
     if (equals == std::string_view::npos) {
-      return Status::InvalidArgument("--to: \"" + std::string(pair) +
-                                     "\": expected KEY=VALUE with KEY one of dp, tp, pp, world");
+      return Status::InvalidArgument(
+          "--to: \"" + std::string(pair) +
+          "\": expected KEY=VALUE with KEY one of dp, tp, pp, ep, world");
     }
     const std::string_view key = pair.substr(0, equals);
     UCP_ASSIGN_OR_RETURN(const uint32_t value, ParseCount(key, pair.substr(equals + 1)));
@@ -52,9 +53,11 @@ Result<TopologySpec> ParseTopologySpec(std::string_view text) {
       slot = &spec.pp;
     } else if (key == "world") {
       slot = &spec.world;
+    } else if (key == "ep") {
+      slot = &spec.ep;
     } else {
       return Status::InvalidArgument("--to: unknown key \"" + std::string(key) +
-                                     "\" (known: dp, tp, pp, world)");
+                                     "\" (known: dp, tp, pp, ep, world)");
     }
     if (slot != nullptr) {
       if (slot->has_value()) {
@@ -74,6 +77,7 @@ Result<Topology> ResolveTopology(const TopologySpec& spec, const Topology& sourc
   target.dp = spec.dp;
   target.tp = spec.tp.value_or(source.tp);
   target.pp = spec.pp.value_or(source.pp);
+  target.ep = spec.ep.value_or(0);
   const auto dp_tp = CheckedMul<uint64_t>(target.dp, target.tp);
   const auto ranks = dp_tp ? CheckedMul<uint64_t>(*dp_tp, target.pp) : std::nullopt;
   if (!ranks || *ranks > UINT32_MAX) {
@@ -93,7 +97,9 @@ Result<Topology> ResolveTopology(const TopologySpec& spec, const Topology& sourc
 
 std::string TopologyText(const Topology& topology) {
   return "dp=" + std::to_string(topology.dp) + " tp=" + std::to_string(topology.tp) +
-         " pp=" + std::to_string(topology.pp) + " world=" + std::to_string(topology.world) +
+         " pp=" + std::to_string(topology.pp) +
+         (topology.ep != 0 ? " ep=" + std::to_string(topology.ep) : std::string()) +
+         " world=" + std::to_string(topology.world) +
          " zero_stage=" + std::to_string(topology.zero_stage);
 }
 

@@ -99,6 +99,9 @@ struct Topology {
   uint32_t pp = 1;
   uint32_t world = 1;
   uint32_t zero_stage = 0;
+  // A target's expert-parallel size; 0: the tag's own. Only MoE tags have one (their adapter
+  // keeps the source's in adapter_state); an index never stores this field.
+  uint32_t ep = 0;
   bool operator==(const Topology&) const = default;
 };
 

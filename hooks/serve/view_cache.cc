@@ -162,8 +162,10 @@ std::string StoredName(std::string_view name) {
 }
 
 std::string ViewName(const Topology& topology) {
+  // ep only when given, so that the views of tags without experts keep their names.
   return "tp" + std::to_string(topology.tp) + "-pp" + std::to_string(topology.pp) + "-dp" +
-         std::to_string(topology.dp);
+         std::to_string(topology.dp) +
+         (topology.ep != 0 ? "-ep" + std::to_string(topology.ep) : std::string());
 }
 
 std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,

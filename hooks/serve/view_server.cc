@@ -137,7 +137,9 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
     UCP_LOG_WARN("serve: {}: topology: {}", tag_dir, warning);
   }
   const Topology& target = current->topology;
-  const bool same = target.dp == source.dp && target.tp == source.tp && target.pp == source.pp;
+  // An expert-parallel size given (ep != 0) is the adapter's to compare with the tag's.
+  const bool same =
+      target.dp == source.dp && target.tp == source.tp && target.pp == source.pp && target.ep == 0;
   // With the framework's files gone, the atoms store stands in for them, at any topology.
   Result<std::optional<AtomIndex>> readable = ReadableSources(index, tag_dir);
   if (same && (!readable.ok() || !readable->has_value())) {

@@ -119,6 +119,10 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
   current.topology.pp = pp;
   current.topology.world = static_cast<uint32_t>(world_size);
   current.topology.zero_stage = source.zero_stage;
+  if (const std::optional<uint32_t> ep = positive(override_spec.ep)) {
+    current.topology.ep = *ep;
+    evidence.push_back(Degree("ep", *ep, "UCP_TOPOLOGY"));
+  }
   if (world && world->rank && static_cast<uint64_t>(*world->rank) < world_size) {
     current.global_rank = world->rank;
   }

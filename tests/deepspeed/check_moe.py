@@ -14,8 +14,10 @@ there is no resave to compare with. What must hold instead:
   rank of its expert-data-parallel group; the expert files and module tensors unchanged.
 - Round trips dp4 -> dp2 -> dp4 and dp2 -> dp4 -> dp2 give back DeepSpeed's own files, every
   object and tensor bit-identical.
-- The universal export, a DP the expert-parallel size does not divide, tensor parallelism and a
-  tag missing an expert file are refused, naming the reason.
+- The universal export, a DP the expert-parallel size does not divide, another expert-parallel
+  size (DeepSpeed 0.14.5 scales expert gradients by it, so its Adam moments would not fit),
+  tensor parallelism and a tag missing an expert file are refused, naming the reason. (A change
+  of the expert-parallel size is checked live on the current release: ds_moe_e2e.py.)
 """
 
 import os
@@ -127,12 +129,20 @@ for config in ("moe_z1_fp32", "moe_z2_fp32"):
         if reshard(f"{there}/{TAG}", f"dp={source_dp}", back, f"{what} -> dp{source_dp}"):
             harness.compare_resaved(report, f"{what} -> dp{source_dp}", back, source, TAG, ())
 
-for to, words in (("dp=3", "not a multiple of the tag's 2 expert-parallel ranks"),
+for to, words in (("dp=3", "not a multiple of the expert-parallel size 2 (the tag's)"),
+                  ("dp=2,ep=1", "scales expert gradients (and Adam's moments) by that size"),
                   ("tp=2,dp=2", "MoE with tensor or pipeline parallelism is not supported")):
     save_dir = harness.fresh_dir(f"{work}/refused")
     status, _, err = harness.run_ucp(ucp, "reshard", f"{fixtures}/moe_z2_fp32/dp4/{TAG}", "--to",
                                      to, "--out", save_dir)
     report.check(status != 0 and words in err, f"--to {to}: not refused as expected: {err}")
+
+# An expert-parallel size for a tag without experts.
+save_dir = harness.fresh_dir(f"{work}/refused")
+status, _, err = harness.run_ucp(ucp, "reshard", f"{fixtures}/z2_fp32/dp4/{TAG}", "--to",
+                                 "dp=2,ep=2", "--out", save_dir)
+report.check(status != 0 and "ep=2: the tag has no experts" in err,
+             f"ep on a tag without experts: not refused as expected: {err}")
 
 copy = harness.copy_tag(f"{fixtures}/moe_z2_fp32/dp4/{TAG}", f"{work}/missing/{TAG}")
 os.remove(f"{copy}/layer_1_expert_3_mp_rank_00_model_states.pt")

@@ -14,6 +14,9 @@ tags). One CTest test per step, sharing WORK:
   preload  the plain load_checkpoint at DP=2 under the preload, steps SAVE_AT+1..STEPS. With no
            DeepSpeed oracle, the losses are held to the uninterrupted DP=4 run's within
            TOLERANCE, and the served files must be the bytes `ucp reshard --to dp=2` writes.
+  preload_ep1  the same at DP=2 with the trainer at expert-parallel size 1 (every rank holds all
+           4 experts), told to ucp by UCP_TOPOLOGY=ep=1; served files `ucp reshard --to
+           dp=2,ep=1`'s.
 
 Usage: ds_moe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
                       [--required]
@@ -31,15 +34,17 @@ from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_loss
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
 SAVE_DP, RESUME_DP = 4, 2
-TRAINER = ['train_moe.py', '--stage', '2', '--experts', '4', '--ep', '2', '--k', '1']
+SAVE_EP = 2
+TRAINER = ['train_moe.py', '--stage', '2', '--experts', '4', '--k', '1']
 # |Δloss| allowed against the uninterrupted DP=4 run: float32 summation over 2 against 4 partial
 # gradients (the fixtures' uninterrupted DP=4 and DP=2 runs differ by up to 4.8e-7).
 TOLERANCE = 1e-5
 
 
-def launch(args, env, nproc, name, extra):
+def launch(args, env, nproc, name, extra, ep=SAVE_EP):
     command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + TRAINER + \
-        ['--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
+        ['--ep', str(ep), '--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + \
+        extra
     return ds_e2e.run_past_teardown_abort(
         lambda: ds_e2e.run_launcher(command, args.tools, env, os.path.join(args.work, name + '.log')),
         STEPS, ds_e2e.save_dir_of(extra))
@@ -84,17 +89,24 @@ def step_save(args, env):
           f'the run without the preload')
 
 
-def step_preload(args, env):
+def step_preload(args, env, ep=None):
+    """The resume at DP=2 under the preload; with `ep`, at that expert-parallel size."""
     work = args.work
-    logs = os.path.join(work, 'logs_preload')
+    name = 'preload' if ep is None else f'preload_ep{ep}'
+    logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
-    status, seconds, output = launch(args, preload_env(env, args.lib, logs), RESUME_DP, 'preload',
-                                     ['--load_dir', os.path.join(work, 'ckpt')])
+    run_env = preload_env(env, args.lib, logs)
+    if ep is not None:
+        run_env['UCP_TOPOLOGY'] = f'ep={ep}'
+    status, seconds, output = launch(args, run_env, RESUME_DP, name,
+                                     ['--load_dir', os.path.join(work, 'ckpt')],
+                                     SAVE_EP if ep is None else ep)
+    where = f'DP={RESUME_DP}' + ('' if ep is None else f' and expert-parallel size {ep}')
     if status != 0:
-        fail(f'plain load_checkpoint at DP={RESUME_DP} under the preload exited {status}:\n'
+        fail(f'plain load_checkpoint at {where} under the preload exited {status}:\n'
              f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
-    print(f'DP={RESUME_DP} plain resume under the preload: {seconds:.1f} s')
-    got = losses(os.path.join(work, 'preload.json'))
+    print(f'{where}: plain resume under the preload: {seconds:.1f} s')
+    got = losses(os.path.join(work, name + '.json'))
     full = losses(os.path.join(work, 'plain.json'))
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     if sorted(got) != steps:
@@ -105,13 +117,15 @@ def step_preload(args, env):
     if worst > TOLERANCE:
         fail(f'max |Δloss| {worst:.3g} against the uninterrupted run exceeds {TOLERANCE}')
     print(f'max |Δloss| against the uninterrupted DP={SAVE_DP} run: {worst:.3g}')
-    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', f'tp1-pp1-dp{RESUME_DP}')
-    resharded = os.path.join(work, 'reshard')
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views',
+                        f'tp1-pp1-dp{RESUME_DP}' + ('' if ep is None else f'-ep{ep}'))
+    to = f'dp={RESUME_DP}' + ('' if ep is None else f',ep={ep}')
+    resharded = os.path.join(work, 'reshard_' + name)
     shutil.rmtree(resharded, ignore_errors=True)
-    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to',
-                    f'dp={RESUME_DP}', '--out', resharded], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to', to, '--out',
+                    resharded], check=True, stdout=subprocess.DEVNULL)
     resharded = os.path.join(resharded, TAG)
-    # The expert files are the saved ones, passed through; the others are made for DP=2.
+    # The expert files are the saved ones, passed through; the others are made for the target.
     served = sorted(n for n in os.listdir(resharded)
                     if n.endswith('.pt') and not n.startswith(('layer_', 'expp_')))
     for name in served:
@@ -121,12 +135,12 @@ def step_preload(args, env):
                  f'{log_tail(logs)}')
         if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
             fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
+    print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'preload'])
+    parser.add_argument('step', choices=['save', 'preload', 'preload_ep1'])
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     if not os.path.isfile(os.path.join(args.tools, TRAINER[0])):
@@ -135,7 +149,8 @@ def main():
     args.work = os.path.join(args.work, 'moe')
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
         fail(f'no saved checkpoint in {args.work} (run the save step first)')
-    {'save': step_save, 'preload': step_preload}[args.step](args, env)
+    {'save': step_save, 'preload': step_preload,
+     'preload_ep1': lambda *a: step_preload(*a, ep=1)}[args.step](args, env)
 
 
 if __name__ == '__main__':

@@ -463,6 +463,13 @@ Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& 
   return Status::Ok();
 }
 
+Status RefuseExpertParallel(const Topology& target) {
+  if (target.ep == 0) return Status::Ok();
+  return Status::Unsupported("deepspeed: ep=" + std::to_string(target.ep) +
+                             ": the tag has no experts (an expert-parallel size applies to "
+                             "DeepSpeed-MoE tags only)");
+}
+
 Status CheckTarget(const Topology& target) {
   if (target.tp != 1) {
     return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
@@ -291,11 +293,13 @@ struct IndexFacts {
   size_t expert_group = 0;
   std::string prefix;
   bool bf16_optimizer = false;
-  std::vector<GroupLayout> groups;  // dense groups as indexed; the expert group: all EP ranks
-  GroupLayout local;                // the expert group of one EP rank, under local names
+  std::vector<GroupLayout> groups;    // dense groups as indexed; the expert group: all EP ranks
+  GroupLayout local;                  // the expert group of one EP rank, under local names
+  std::vector<uint32_t> num_experts;  // per MoE layer
   uint32_t model_file = 0;
   uint32_t optim_file = 0;
-  std::vector<uint32_t> copied_files;  // the expert files, copied as they are
+  std::vector<uint32_t> expert_files;  // layer_<L>_expert_<G> files, the same at any E
+  std::vector<uint32_t> expp_files;    // expp_rank_<e> files, in e order
 };
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
@@ -311,10 +315,11 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
       !state["expert_group"].is_number_unsigned() || !state.contains("local_expert_params") ||
       !state["local_expert_params"].is_array() || !state.contains("file_prefix") ||
       !state["file_prefix"].is_string() || !state.contains("optimizer") ||
-      !state["optimizer"].is_string()) {
+      !state["optimizer"].is_string() || !state.contains("num_experts") ||
+      !state["num_experts"].is_array()) {
     return Status::Corrupt(what +
-                           "expert_parallel, expert_group, local_expert_params, file_prefix or "
-                           "optimizer missing or mistyped");
+                           "expert_parallel, expert_group, local_expert_params, num_experts, "
+                           "file_prefix or optimizer missing or mistyped");
   }
   IndexFacts facts;
   facts.dp = c.topology.dp;
@@ -322,6 +327,12 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   facts.expert_group = state["expert_group"].get<size_t>();
   facts.prefix = state["file_prefix"].get<std::string>();
   facts.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
+  for (const nlohmann::json& n : state["num_experts"]) {
+    if (!n.is_number_unsigned() || n.get<uint64_t>() == 0 || n.get<uint64_t>() > kMaxExperts) {
+      return Status::Corrupt(what + "num_experts: not a list of expert counts");
+    }
+    facts.num_experts.push_back(n.get<uint32_t>());
+  }
   if (facts.ep == 0 || facts.dp % facts.ep != 0 || facts.expert_group >= c.groups.size() ||
       (facts.prefix != "" && facts.prefix != "bf16_")) {
     return Status::Corrupt(what + "expert_parallel " + std::to_string(facts.ep) +
@@ -359,20 +370,151 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
   }
   for (uint32_t f = 0; f < c.files.size(); ++f) {
-    if (c.files[f].role == kExpertStatesRole || c.files[f].role == kExpertOptimRole) {
-      facts.copied_files.push_back(f);
-    }
+    if (c.files[f].role == kExpertStatesRole) facts.expert_files.push_back(f);
+    if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);
   }
   return facts;
 }
 
-// EP rank e's expert layout under global names: the local layout's e-th slice of the index's.
-GroupLayout ExpertLayoutOf(const IndexFacts& facts, uint32_t e) {
-  const GroupLayout& all = facts.groups[facts.expert_group];
-  GroupLayout layout = facts.local;
-  const size_t n = facts.local.names.size();
-  layout.names.assign(all.names.begin() + e * n, all.names.begin() + (e + 1) * n);
-  return layout;
+// The expert group at expert-parallel size `ep`: one rank's layout under local expert ids, and
+// each rank's under global ids.
+struct ExpertLayouts {
+  GroupLayout local;
+  std::vector<GroupLayout> global;
+};
+
+// DeepSpeed's expert group holds, MoE layer after MoE layer (module order, which is the layer
+// order of num_experts), each local expert's parameters in the expert's own order. So the
+// source's local layout gives each MoE module's per-expert parameters (those of its local expert
+// 0), and those the layout at any `ep` that divides every layer's experts.
+Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
+  struct Module {
+    std::string prefix;                                 // the parameter names up to the expert id
+    std::vector<std::pair<std::string, Shape>> params;  // after the id, of local expert 0
+    uint32_t experts = 0;                               // local experts seen
+  };
+  std::vector<Module> modules;
+  const std::string what = "deepspeed: index adapter_state: local_expert_params: ";
+  for (size_t k = 0; k < facts.local.names.size(); ++k) {
+    const std::string& name = facts.local.names[k];
+    const std::optional<ExpertIdAt> at = FindExpertId(name);
+    if (!at) return Status::Corrupt(what + name + ": no expert id");
+    const std::string prefix = name.substr(0, at->begin);
+    if (modules.empty() || modules.back().prefix != prefix) modules.push_back({prefix, {}, 0});
+    Module& module = modules.back();
+    if (at->id == 0) module.params.emplace_back(name.substr(at->end), facts.local.shapes[k]);
+    module.experts = std::max(module.experts, at->id + 1);
+  }
+  if (modules.size() != facts.num_experts.size()) {
+    return Status::Corrupt(what + std::to_string(modules.size()) +
+                           " MoE modules, but num_experts " + "lists " +
+                           std::to_string(facts.num_experts.size()) + " layers");
+  }
+  for (size_t layer = 0; layer < modules.size(); ++layer) {
+    if (modules[layer].experts * facts.ep != facts.num_experts[layer]) {
+      return Status::Corrupt(
+          what + modules[layer].prefix + ": " + std::to_string(modules[layer].experts) +
+          " local experts, but num_experts gives " + std::to_string(facts.num_experts[layer]) +
+          " over " + std::to_string(facts.ep) + " expert-parallel ranks");
+    }
+    if (facts.num_experts[layer] % ep != 0) {
+      return Status::InvalidArgument(
+          "deepspeed: ep=" + std::to_string(ep) + ": MoE layer " + std::to_string(layer) + "'s " +
+          std::to_string(facts.num_experts[layer]) + " experts are not a multiple of it");
+    }
+  }
+  ExpertLayouts layouts;
+  std::vector<std::string> local;
+  std::vector<Shape> shapes;
+  std::vector<std::vector<std::string>> global(ep);
+  for (size_t layer = 0; layer < modules.size(); ++layer) {
+    const uint32_t per_rank = facts.num_experts[layer] / ep;
+    for (uint32_t k = 0; k < per_rank; ++k) {
+      for (const auto& [rest, shape] : modules[layer].params) {
+        local.push_back(modules[layer].prefix + std::to_string(k) + rest);
+        shapes.push_back(shape);
+        for (uint32_t e = 0; e < ep; ++e) {
+          global[e].push_back(modules[layer].prefix + std::to_string(e * per_rank + k) + rest);
+        }
+      }
+    }
+  }
+  for (uint32_t e = 0; e < ep; ++e) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(global[e]), shapes));
+    layouts.global.push_back(std::move(layout));
+  }
+  UCP_ASSIGN_OR_RETURN(layouts.local, MakeLayout(std::move(local), std::move(shapes)));
+  return layouts;
+}
+
+// The model states' param_shapes, where a release records them (0.19): the expert group's entry
+// lists one rank's experts under local ids, so at another E it becomes `local`'s names, each
+// with the shape entry of its counterpart in local expert 0 (as the release pickled it).
+Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                            size_t expert_group, const GroupLayout& local) {
+  Value* shapes = root->Get("param_shapes");
+  if (shapes == nullptr || shapes->kind() == Kind::kNone) return Status::Ok();
+  Value* group = shapes->Item(expert_group);
+  const std::string field = "param_shapes/" + std::to_string(expert_group);
+  if (group == nullptr || group->kind() != Kind::kObject) {
+    return FieldError(reader, field, "not an OrderedDict");
+  }
+  std::map<std::string, Value*> saved;
+  for (const pickle::Mutation& mutation : group->mutations()) {
+    if (mutation.op == pickle::Mutation::Op::kSetItem) {
+      saved.emplace(KeyText(mutation.first), mutation.second);
+    }
+  }
+  std::vector<pickle::Mutation> items;
+  for (const std::string& name : local.names) {
+    const std::optional<ExpertIdAt> at = FindExpertId(name);
+    const auto first = at ? saved.find(WithExpertId(name, *at, 0)) : saved.end();
+    if (first == saved.end()) {
+      return FieldError(reader, field, "no entry for local expert 0's counterpart of " + name);
+    }
+    items.push_back({pickle::Mutation::Op::kSetItem, graph.Str(name), first->second});
+  }
+  for (const pickle::Mutation& mutation : group->mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
+  }
+  group->mutable_mutations() = std::move(items);
+  return Status::Ok();
+}
+
+// DeepSpeed before 0.15.4 divided an expert's ZeRO-1/2 gradient by its expert-data-parallel size,
+// not the DP size (deepspeedai/DeepSpeed#6545, fixed by #6546 in 0.15.4): the gradients, and so
+// Adam's moments, scale with E. Moments saved at one E then do not fit a run at another (0.14.5,
+// E 2 -> 1: 5.2e-3 off the uninterrupted run's loss two steps on; 1.5e-6 with the moments
+// rescaled by hand), so a change of E is refused for such tags.
+Status RefuseOldExpertGradientScale(const AtomIndex& index, uint32_t ep, uint32_t source_ep) {
+  const std::string& version = index.contents().framework_version;
+  int major = 0, minor = 0, patch = 0;
+  const bool parsed = std::sscanf(version.c_str(), "%d.%d.%d", &major, &minor, &patch) == 3;
+  if (parsed && std::make_tuple(major, minor, patch) >= std::make_tuple(0, 15, 4)) {
+    return Status::Ok();
+  }
+  return Status::Unsupported(
+      "deepspeed: ep=" + std::to_string(ep) + ": the tag was saved at expert-parallel size " +
+      std::to_string(source_ep) + " by DeepSpeed " + version +
+      ", which scales expert gradients (and Adam's moments) by that size "
+      "(deepspeedai/DeepSpeed#6545, fixed in 0.15.4); its optimizer state would not fit a run at "
+      "another size. Resume it at ep=" +
+      std::to_string(source_ep));
+}
+
+// At another E the expp_rank files are made from the source's: refused unless they hold no
+// optimizer state ({'optimizer': None}, as every ZeRO run writes them).
+Status CheckNoExpertOptimizer(const AtomIndex& index, const std::string& tag_dir,
+                              const IndexFacts& facts) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.expp_files.front()));
+  const Value* optimizer = OptionalField(reader, "optimizer");
+  if (optimizer == nullptr || optimizer->kind() != Kind::kNone) {
+    return Status::Unsupported(Prefix(reader.path()) +
+                               "optimizer: not None; expert optimizer states outside ZeRO's files "
+                               "cannot be placed at another expert-parallel size");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -732,17 +874,19 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   }
   UCP_RETURN_IF_ERROR(CheckTarget(target));
   const uint32_t m = target.dp;
-  if (m % facts.ep != 0) {
+  const uint32_t ep = target.ep != 0 ? target.ep : facts.ep;
+  if (m % ep != 0) {
     return Status::InvalidArgument(
-        "deepspeed: dp=" + std::to_string(m) + " is not a multiple of the tag's " +
-        std::to_string(facts.ep) +
-        " expert-parallel ranks (DeepSpeed requires it; the expert-parallel size is kept)");
+        "deepspeed: dp=" + std::to_string(m) + " is not a multiple of the expert-parallel size " +
+        std::to_string(ep) + (target.ep != 0 ? "" : " (the tag's)") + ": DeepSpeed requires it");
   }
-  const uint32_t expert_m = m / facts.ep;
+  if (ep != facts.ep) UCP_RETURN_IF_ERROR(RefuseOldExpertGradientScale(index, ep, facts.ep));
+  UCP_ASSIGN_OR_RETURN(const ExpertLayouts experts_at, ExpertLayoutsAt(facts, ep));
+  const uint32_t expert_m = m / ep;
   std::vector<Partitioning> partitions;
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     const bool experts = g == facts.expert_group;
-    const uint64_t total = experts ? facts.local.total : facts.groups[g].total;
+    const uint64_t total = experts ? experts_at.local.total : facts.groups[g].total;
     UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(total, experts ? expert_m : m));
     if (p.padding > p.partition) {
       return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
@@ -751,9 +895,6 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     }
     partitions.push_back(p);
   }
-  std::vector<GroupLayout> expert_layouts;
-  for (uint32_t e = 0; e < facts.ep; ++e) expert_layouts.push_back(ExpertLayoutOf(facts, e));
-
   OutputPlan plan;
   {
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
@@ -770,12 +911,24 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     std::map<std::string, std::vector<Segment>> resized;
     UCP_RETURN_IF_ERROR(
         ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, m, resized));
+    if (ep != facts.ep) {
+      UCP_RETURN_IF_ERROR(
+          SetLocalExpertShapes(out.graph, root, reader, facts.expert_group, experts_at.local));
+    }
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.model_file, std::move(resized)));
     plan.archives.push_back(std::move(out));
   }
-  for (const uint32_t file : facts.copied_files) {
+  // The expert files name experts by global id: the same at any E.
+  for (const uint32_t file : facts.expert_files) {
     plan.copies.push_back({index.contents().files[file].path, file});
+  }
+  // expp_rank files ({'optimizer': None} under ZeRO, alike on every rank): one per target rank.
+  if (!facts.expp_files.empty()) {
+    if (ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
+    for (uint32_t e = 0; e < ep; ++e) {
+      plan.copies.push_back({ExpertOptimName(e, 0), facts.expp_files[e % facts.expp_files.size()]});
+    }
   }
 
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
@@ -798,14 +951,15 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     std::vector<size_t> params_per_group;
     for (size_t g = 0; g < facts.groups.size(); ++g) {
       const bool experts = g == facts.expert_group;
-      const GroupLayout& layout = experts ? expert_layouts[r % facts.ep] : facts.groups[g];
+      const GroupLayout& layout = experts ? experts_at.global[r % ep] : facts.groups[g];
       const Partitioning& p = partitions[g];
-      const uint32_t index_in_group = experts ? r / facts.ep : r;
+      const uint32_t index_in_group = experts ? r / ep : r;
       const uint64_t begin = p.begin(index_in_group);
       const uint64_t padding = p.padding_of(index_in_group);
       const uint64_t real_end = std::min(begin + p.partition, layout.total);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
-                           Partition(layout.total, experts ? facts.dp / facts.ep : facts.dp));
+                           Partition(experts ? facts.local.total : layout.total,
+                                     experts ? facts.dp / facts.ep : facts.dp));
       GroupPartition sizes;
       sizes.partition = p.partition;
       sizes.state_numel = p.partition;
@@ -824,13 +978,32 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
       params_per_group.push_back(layout.names.size());
       // DeepSpeed's mappings name an expert by its local id.
       mapping_items.push_back(MappingsNode(
-          out.graph, ExpectedMappings(experts ? facts.local : layout, p, index_in_group, false)));
+          out.graph,
+          ExpectedMappings(experts ? experts_at.local : layout, p, index_in_group, false)));
     }
     UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
                                            std::move(mapping_items), params_per_group,
                                            reader.path()));
     UCP_RETURN_IF_ERROR(
         SetDictItem(dict, "partition_count", IntList(out.graph, counts), reader.path()));
+    if (ep != facts.ep) {
+      // DeepSpeed names the expert group after the expert-parallel size.
+      Value* group = nullptr;
+      if (Value* base = dict->Get("base_optimizer_state"); base != nullptr) {
+        if (Value* groups = base->Get("param_groups"); groups != nullptr) {
+          group = groups->Item(facts.expert_group);
+        }
+      }
+      if (group == nullptr) {
+        return FieldError(reader,
+                          std::string(kOsd) + "/base_optimizer_state/param_groups/" +
+                              std::to_string(facts.expert_group),
+                          "missing");
+      }
+      UCP_RETURN_IF_ERROR(SetDictItem(
+          group, "name", out.graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep)),
+          reader.path()));
+    }
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));

@@ -30,10 +30,16 @@
 // per-parameter optimizer state, "step" (the group's 0-d step) and "bit16" (the module tensor or
 // the expert file's).
 //
-// Reshard keeps E: the expert files are copied, the model states get the target's dp_world_size
-// and dense buffer, and each target rank an optimizer file. ds_to_universal fails on these tags
-// (it takes expp_rank_0's {'optimizer': None} for ZeRO's file; deepspeedai/DeepSpeed#5716), so
-// DeepSpeed's universal format has no layout for MoE and PlanUniversalExport is kUnsupported.
+// Reshard: the expert files are copied (global ids are the same at any E), the model states get
+// the target's dp_world_size and dense buffer, each target rank an optimizer file and, where the
+// source had them, each target expert-parallel rank an expp_rank file. The target's E is
+// Topology::ep, or the source's when 0; at another E the expert group is laid out anew (MoE layer
+// after layer, local expert after local expert), renamed ep_size_<E>, and 0.19's param_shapes
+// entry lists the new local names. A change of E is refused for tags of DeepSpeed before 0.15.4,
+// which scales expert gradients, and so Adam's moments, by E (deepspeedai/DeepSpeed#6545).
+// ds_to_universal fails on these tags (it takes expp_rank_0's {'optimizer': None} for ZeRO's
+// file; deepspeedai/DeepSpeed#5716), so DeepSpeed's universal format has no layout for MoE and
+// PlanUniversalExport is kUnsupported.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
 // expert-parallel sizes, the data-before-expert rank order, DeepSpeed's AutoEP layers
 // (ds_autoep_layers), tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no expp_rank
@@ -73,8 +79,10 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
   Result<AtomIndex> BuildIndex(const std::string& tag_dir,
                                const IndexOptions& options) const override;
 
-  // The files DeepSpeed v0.14.5 writes at DP size target.dp with the source's E: kInvalidArgument
-  // when E does not divide target.dp (DeepSpeed cannot run there), kUnsupported for tp or pp > 1.
+  // The files DeepSpeed writes at DP size target.dp and expert-parallel size target.ep (0: the
+  // source's): kInvalidArgument when that E does not divide target.dp or a layer's experts
+  // (DeepSpeed cannot run there), kUnsupported for tp or pp > 1 and for a change of E on a tag of
+  // DeepSpeed before 0.15.4.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

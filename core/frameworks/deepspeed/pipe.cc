@@ -67,6 +67,7 @@ using deepspeed::RankFile;
 using deepspeed::RankPartition;
 using deepspeed::ReadMappings;
 using deepspeed::RefuseElasticForm;
+using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
@@ -773,6 +774,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
                                                      const std::string& tag_dir,
                                                      const Topology& target) const {
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   UCP_RETURN_IF_ERROR(CheckPipeTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const Placement placement, TargetPlacement(facts, target.pp));

@@ -68,6 +68,7 @@ using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
 using deepspeed::RefuseElasticForm;
+using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
@@ -2251,6 +2252,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                                    const std::string& tag_dir,
                                                    const Topology& target) const {
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   if (target.dp == 0 || target.tp == 0 || target.pp == 0) {
     return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
                                    " tp=" + std::to_string(target.tp) +

@@ -62,6 +62,7 @@ using deepspeed::RankFile;
 using deepspeed::RankPartition;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::RefuseExpertParallel;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
@@ -398,6 +399,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
                                                      const std::string& tag_dir,
                                                      const Topology& target) const {
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   if (target.tp > 1 && target.pp == 1) {
     return RefuseTensorParallel(index, tag_dir, facts.model_file, target.tp);

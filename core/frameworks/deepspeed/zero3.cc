@@ -28,6 +28,10 @@ using deepspeed::GroupLayout;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
+using deepspeed::kModelRole;
+using deepspeed::kOptimRole;
+using deepspeed::kOsd;
+using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
@@ -38,6 +42,7 @@ using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RefuseExpertParallel;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
@@ -49,10 +54,6 @@ using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::Zero3ModelStatesName;
 using deepspeed::ZeroStageOf;
-using deepspeed::kModelRole;
-using deepspeed::kOptimRole;
-using deepspeed::kOsd;
-using deepspeed::kUniversalRole;
 using pickle::Kind;
 using pickle::Value;
 
@@ -855,6 +856,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const std::string& tag_dir,
                                                       const Topology& target) const {
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   UCP_RETURN_IF_ERROR(CheckTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   const uint32_t m = target.dp;

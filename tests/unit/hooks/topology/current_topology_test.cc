@@ -52,6 +52,20 @@ TEST(CurrentTopologyTest, LauncherWorldSizeGivesDpWithSourceTpPp) {
   EXPECT_THAT(current->warnings, IsEmpty());
 }
 
+TEST(CurrentTopologyTest, ExpertParallelSizeOnlyFromUcpTopology) {
+  const FakeEnv env(Vars{{"WORLD_SIZE", "2"}});
+  Result<CurrentTopology> plain = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->topology.ep, 0u);  // the tag's own
+  TopologyOverride given;
+  given.ep = 1;
+  Result<CurrentTopology> current = ResolveCurrentTopology(given, {}, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ(current->topology.ep, 1u);
+  EXPECT_EQ(current->topology.dp, 2u);
+  EXPECT_THAT(current->evidence, HasSubstr("ep=1 (UCP_TOPOLOGY)"));
+}
+
 TEST(CurrentTopologyTest, SourceTpAndPpDivideTheWorld) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "8"}});
   Result<CurrentTopology> current =
