@@ -119,9 +119,17 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
   current.topology.pp = pp;
   current.topology.world = static_cast<uint32_t>(world_size);
   current.topology.zero_stage = source.zero_stage;
-  if (const std::optional<uint32_t> ep = positive(override_spec.ep)) {
+  // The expert-parallel size only where something states it: 0 leaves an MoE tag's own.
+  const std::optional<uint32_t> ep_given = positive(override_spec.ep);
+  if (ep_given && trainer.ep && *ep_given != *trainer.ep) {
+    current.warnings.push_back("UCP_TOPOLOGY gives ep=" + std::to_string(*ep_given) +
+                               " but the trainer's " + trainer.ep_evidence +
+                               "; using UCP_TOPOLOGY's");
+  }
+  if (const std::optional<uint32_t> ep = ep_given ? ep_given : trainer.ep) {
     current.topology.ep = *ep;
-    evidence.push_back(Degree("ep", *ep, "UCP_TOPOLOGY"));
+    evidence.push_back(
+        Degree("ep", *ep, ep_given ? std::string("UCP_TOPOLOGY") : trainer.ep_evidence));
   }
   if (world && world->rank && static_cast<uint64_t>(*world->rank) < world_size) {
     current.global_rank = world->rank;

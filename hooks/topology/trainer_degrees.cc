@@ -15,6 +15,8 @@ namespace {
 
 constexpr std::string_view kTensorFlag = "--tensor-model-parallel-size";
 constexpr std::string_view kPipelineFlag = "--pipeline-model-parallel-size";
+constexpr std::string_view kExpertFlag = "--expert-model-parallel-size";
+constexpr std::string_view kExpertWorldFlag = "--ep-world-size";
 constexpr std::string_view kConfigFlags[] = {"--deepspeed_config", "--deepspeed"};
 
 std::optional<uint32_t> PositiveInt(std::string_view text) {
@@ -79,7 +81,9 @@ Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& argu
   for (size_t i = 0; i < arguments.size(); ++i) {
     for (const auto& [flag, degree, evidence] :
          {std::tuple{kTensorFlag, &degrees.tp, &degrees.tp_evidence},
-          std::tuple{kPipelineFlag, &degrees.pp, &degrees.pp_evidence}}) {
+          std::tuple{kPipelineFlag, &degrees.pp, &degrees.pp_evidence},
+          std::tuple{kExpertFlag, &degrees.ep, &degrees.ep_evidence},
+          std::tuple{kExpertWorldFlag, &degrees.ep, &degrees.ep_evidence}}) {
       std::optional<std::string> value = FlagValue(arguments, i, flag);
       if (!value) continue;
       *degree = PositiveInt(*value);

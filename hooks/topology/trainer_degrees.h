@@ -4,7 +4,8 @@
 // Read from the process's arguments:
 //   --tensor-model-parallel-size N, --pipeline-model-parallel-size N (Megatron-LM's and
 //     Megatron-DeepSpeed's flags; "--flag N" or "--flag=N"; the last one given counts, as with
-//     argparse);
+//     argparse); the expert-parallel size from --expert-model-parallel-size N (Megatron-LM's) or
+//     --ep-world-size N (DeepSpeed's MoE examples and Megatron-DeepSpeed's);
 //   the DeepSpeed config file it names, --deepspeed_config PATH (DeepSpeed's own argument) or
 //     --deepspeed PATH (the Hugging Face Trainer's), a path ending in ".json": its
 //     tensor_parallel.autotp_size (DeepSpeed's AutoTP training) gives tp.
@@ -28,8 +29,10 @@ namespace ucp::hooks {
 struct TrainerDegrees {
   std::optional<uint32_t> tp;
   std::optional<uint32_t> pp;
+  std::optional<uint32_t> ep;
   std::string tp_evidence;  // e.g. "--tensor-model-parallel-size 2", "ds.json tensor_parallel..."
   std::string pp_evidence;
+  std::string ep_evidence;
 };
 
 // Reads a (small) file whole; a failure names the file.

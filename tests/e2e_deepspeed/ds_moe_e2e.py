@@ -15,8 +15,9 @@ tags). One CTest test per step, sharing WORK:
            DeepSpeed oracle, the losses are held to the uninterrupted DP=4 run's within
            TOLERANCE, and the served files must be the bytes `ucp reshard --to dp=2` writes.
   preload_ep1  the same at DP=2 with the trainer at expert-parallel size 1 (every rank holds all
-           4 experts), told to ucp by UCP_TOPOLOGY=ep=1; served files `ucp reshard --to
-           dp=2,ep=1`'s.
+           4 experts), stated only on its command line as Megatron-LM's
+           --expert-model-parallel-size 1 (megatron_args.py): ucp's log must name it as the
+           evidence; served files `ucp reshard --to dp=2,ep=1`'s.
 
 Usage: ds_moe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
                       [--required]
@@ -41,10 +42,16 @@ TRAINER = ['train_moe.py', '--stage', '2', '--experts', '4', '--k', '1']
 TOLERANCE = 1e-5
 
 
-def launch(args, env, nproc, name, extra, ep=SAVE_EP):
-    command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + TRAINER + \
-        ['--ep', str(ep), '--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + \
-        extra
+MEGATRON_ARGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'megatron_args.py')
+EP_FLAG = '--expert-model-parallel-size'
+
+
+def launch(args, env, nproc, name, extra, ep=None):
+    """train_moe.py at `nproc` ranks: at SAVE_EP, or with `ep` given as Megatron's flag."""
+    trainer = TRAINER + ['--ep', str(SAVE_EP)] if ep is None else \
+        [MEGATRON_ARGS] + TRAINER + [EP_FLAG, str(ep)]
+    command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + trainer + \
+        ['--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
     return ds_e2e.run_past_teardown_abort(
         lambda: ds_e2e.run_launcher(command, args.tools, env, os.path.join(args.work, name + '.log')),
         STEPS, ds_e2e.save_dir_of(extra))
@@ -95,17 +102,20 @@ def step_preload(args, env, ep=None):
     name = 'preload' if ep is None else f'preload_ep{ep}'
     logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
-    run_env = preload_env(env, args.lib, logs)
-    if ep is not None:
-        run_env['UCP_TOPOLOGY'] = f'ep={ep}'
-    status, seconds, output = launch(args, run_env, RESUME_DP, name,
-                                     ['--load_dir', os.path.join(work, 'ckpt')],
-                                     SAVE_EP if ep is None else ep)
+    status, seconds, output = launch(args, preload_env(env, args.lib, logs), RESUME_DP, name,
+                                     ['--load_dir', os.path.join(work, 'ckpt')], ep)
     where = f'DP={RESUME_DP}' + ('' if ep is None else f' and expert-parallel size {ep}')
     if status != 0:
         fail(f'plain load_checkpoint at {where} under the preload exited {status}:\n'
              f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
     print(f'{where}: plain resume under the preload: {seconds:.1f} s')
+    if ep is not None:
+        said = f'ep={ep} ({EP_FLAG} {ep})'
+        logged = ''.join(open(os.path.join(logs, n), errors='replace').read()
+                         for n in sorted(os.listdir(logs)))
+        if said not in logged:
+            fail(f'no ucp log names {said!r} as the evidence of the target:\n{log_tail(logs)}')
+        print(f'ucp took the target from the trainer: {said}')
     got = losses(os.path.join(work, name + '.json'))
     full = losses(os.path.join(work, 'plain.json'))
     steps = list(range(SAVE_AT + 1, STEPS + 1))

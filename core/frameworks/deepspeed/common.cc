@@ -464,7 +464,7 @@ Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& 
 }
 
 Status RefuseExpertParallel(const Topology& target) {
-  if (target.ep == 0) return Status::Ok();
+  if (target.ep <= 1) return Status::Ok();
   return Status::Unsupported("deepspeed: ep=" + std::to_string(target.ep) +
                              ": the tag has no experts (an expert-parallel size applies to "
                              "DeepSpeed-MoE tags only)");

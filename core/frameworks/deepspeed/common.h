@@ -172,8 +172,9 @@ Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& a
 Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
                            const std::string& states_field, const std::vector<std::string>& names,
                            std::map<std::string, bool>& out);
-// kUnsupported when `target` names an expert-parallel size (Topology::ep): a tag without experts
-// has none to place.
+// kUnsupported when `target` names an expert-parallel size above 1 (Topology::ep): a tag without
+// experts has none to place (at 1, as a trainer without MoE layers may state it, there is nothing
+// to do).
 Status RefuseExpertParallel(const Topology& target);
 // A DeepSpeed data-parallel target: tp = pp = 1 (kUnsupported otherwise), dp > 0, world 0 or dp
 // (kInvalidArgument / kUnsupported otherwise).

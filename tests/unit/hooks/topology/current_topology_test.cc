@@ -66,6 +66,25 @@ TEST(CurrentTopologyTest, ExpertParallelSizeOnlyFromUcpTopology) {
   EXPECT_THAT(current->evidence, HasSubstr("ep=1 (UCP_TOPOLOGY)"));
 }
 
+TEST(CurrentTopologyTest, ExpertParallelSizeFromTheTrainerUnlessUcpTopologySaysOtherwise) {
+  const FakeEnv env(Vars{{"WORLD_SIZE", "2"}});
+  TrainerDegrees trainer;
+  trainer.ep = 2;
+  trainer.ep_evidence = "--ep-world-size 2";
+  Result<CurrentTopology> stated = ResolveCurrentTopology({}, trainer, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(stated.ok()) << stated.status().ToString();
+  EXPECT_EQ(stated->topology.ep, 2u);
+  EXPECT_THAT(stated->evidence, HasSubstr("ep=2 (--ep-world-size 2)"));
+  TopologyOverride given;
+  given.ep = 1;
+  Result<CurrentTopology> overridden =
+      ResolveCurrentTopology(given, trainer, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(overridden.ok()) << overridden.status().ToString();
+  EXPECT_EQ(overridden->topology.ep, 1u);
+  ASSERT_THAT(overridden->warnings, SizeIs(1));
+  EXPECT_THAT(overridden->warnings[0], HasSubstr("but the trainer's --ep-world-size 2"));
+}
+
 TEST(CurrentTopologyTest, SourceTpAndPpDivideTheWorld) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "8"}});
   Result<CurrentTopology> current =

@@ -38,6 +38,22 @@ TEST(TrainerDegreesTest, MegatronFlagsInBothSpellingsTheLastOneCounting) {
   EXPECT_EQ(degrees->pp_evidence, "--pipeline-model-parallel-size 2");
 }
 
+TEST(TrainerDegreesTest, ExpertParallelSizeFromMegatronOrDeepSpeedFlags) {
+  Result<TrainerDegrees> megatron =
+      Degrees({"python", "pretrain_gpt.py", "--expert-model-parallel-size", "4"});
+  ASSERT_TRUE(megatron.ok()) << megatron.status().ToString();
+  EXPECT_EQ(megatron->ep, 4u);
+  EXPECT_EQ(megatron->ep_evidence, "--expert-model-parallel-size 4");
+  Result<TrainerDegrees> deepspeed =
+      Degrees({"python", "train.py", "--moe", "--ep-world-size=2", "--num-experts", "8"});
+  ASSERT_TRUE(deepspeed.ok()) << deepspeed.status().ToString();
+  EXPECT_EQ(deepspeed->ep, 2u);
+  EXPECT_EQ(deepspeed->ep_evidence, "--ep-world-size 2");
+  EXPECT_FALSE(deepspeed->tp.has_value());
+  Result<TrainerDegrees> bad = Degrees({"python", "train.py", "--ep-world-size", "0"});
+  EXPECT_EQ(bad.status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(TrainerDegreesTest, ArgumentsThatStateNothingGiveNothing) {
   Result<TrainerDegrees> degrees =
       Degrees({"python", "train.py", "--tp", "2", "--deepspeed", "--pipeline-model-parallel-size"});
