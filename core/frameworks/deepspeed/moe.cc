@@ -517,52 +517,47 @@ Status CheckNoExpertOptimizer(const AtomIndex& index, const std::string& tag_dir
   return Status::Ok();
 }
 
-}  // namespace
+// A DeepSpeed-MoE tag as BuildIndex's phases read it.
+struct MoeTag {
+  std::string dir;
+  std::string model_name;
+  std::optional<TorchArchiveReader> model;
+  uint32_t dp = 0;
+  uint32_t ep = 0;
+  uint32_t expert_dp = 0;  // dp / ep: the ranks each expert group is partitioned over
+  size_t groups = 0;
+  size_t expert_group = 0;
+  std::string prefix;  // the optimizer files' ("" or "bf16_")
+  ExpertFiles experts;
+  std::vector<OptimStates> ranks;
+  std::vector<std::string> paths;  // the index's files: model, optimizers, experts, expp
+  std::map<std::string, const TorchTensor*> module;
+  std::deque<TorchArchiveReader> expert_readers;  // a deque: the tensors below point into them
+  struct ExpertTensor {
+    const TorchTensor* tensor = nullptr;
+    uint32_t file = 0;
+  };
+  std::map<std::string, ExpertTensor> expert_tensors;  // by global name
+  std::map<std::string, uint32_t> moe_layer_of;        // MoE module name → its layer index
+  std::vector<GroupLayout> dense;                      // per group; the expert group's empty
+  std::vector<Partitioning> dense_p;
+  std::vector<GroupLayout> local;   // per EP rank, local names
+  std::vector<GroupLayout> global;  // per EP rank, global names
+  Partitioning expert_p;
+};
 
-bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
-  Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && !listing->expert_files.empty() && listing->zero3_model_states.empty() &&
-         listing->layer_files.empty();
-}
-
-Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
-    const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  if (!listing.zero3_model_states.empty() || !listing.layer_files.empty() ||
-      listing.model_states.size() > 1) {
-    return RefuseListing(tag_dir, listing);
-  }
-  const std::string model_name = ModelStatesName(0);
-  UCP_ASSIGN_OR_RETURN(
-      const TorchArchiveReader model,
-      OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
-  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
-  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
-  const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
-                                  [](const RankFile& entry) { return entry.dp == 0; });
-  const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
-  std::vector<std::string> files = {model_name};
-  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
-  for (uint32_t layer = 0; layer < experts.num_experts.size(); ++layer) {
-    for (uint32_t g = 0; g < experts.num_experts[layer]; ++g) {
-      files.push_back(ExpertModelStatesName(layer, g, 0));
-    }
-  }
-  // Whether a release writes expp_rank files is in no file: those there belong to the save. A
-  // rank writes its own before its optimizer file, so once every optimizer file is closed (what
-  // a caller waits for) each is listed.
-  for (const uint32_t e : experts.optim) files.push_back(ExpertOptimName(e, 0));
-  return files;
-}
-
-Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
-                                                  const IndexOptions& options) const {
+// Phase 1: the model states, the expert files' names and every rank's optimizer file, with
+// what is refused; the expert group and the expert-parallel size its name gives.
+Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
+  tag.dir = tag_dir;
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
-  const std::string model_name = listing.model_states.at(0);
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
-                       TorchArchiveReader::Open(tag_dir + "/" + model_name));
+  tag.model_name = listing.model_states.at(0);
+  UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
+                       TorchArchiveReader::Open(tag_dir + "/" + tag.model_name));
+  const TorchArchiveReader& model = tag.model.emplace(std::move(opened));
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+  tag.dp = dp;
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
   if (mp != 1) {
     return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
@@ -574,11 +569,11 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                                "ds_autoep_layers: DeepSpeed's AutoEP layers (fused experts) are "
                                "not supported; ucp reads deepspeed.moe.layer.MoE's experts");
   }
-  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
+  UCP_ASSIGN_OR_RETURN(tag.experts, ListExpertFiles(tag_dir, listing, model));
 
   UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
-                       OptimFilesByRank(tag_dir, listing, dp, model_name));
-  const std::string& prefix = by_rank.front()->prefix;
+                       OptimFilesByRank(tag_dir, listing, dp, tag.model_name));
+  tag.prefix = by_rank.front()->prefix;
   size_t group_count = 0;
   {
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader probe,
@@ -587,7 +582,8 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                          IntListField(probe, std::string(kOsd) + "/partition_count"));
     group_count = counts.size();
   }
-  std::vector<OptimStates> ranks;
+  tag.groups = group_count;
+  std::vector<OptimStates>& ranks = tag.ranks;
   for (uint32_t r = 0; r < dp; ++r) {
     UCP_ASSIGN_OR_RETURN(OptimStates os,
                          ReadOptimStates(tag_dir, *by_rank[r], group_count, kZero3Refusal));
@@ -642,32 +638,28 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
     return FieldError(first.reader, std::string(kOsd) + "/base_optimizer_state/param_groups",
                       "no group with moe True, but the tag holds expert files");
   }
-  UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, experts, ep, model));
-  const uint32_t expert_dp = dp / ep;
-  std::vector<int64_t> partition_count;
-  for (size_t g = 0; g < group_count; ++g) {
-    partition_count.push_back(g == *expert_group ? expert_dp : dp);
-  }
+  UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, tag.experts, ep, model));
+  tag.ep = ep;
+  tag.expert_dp = dp / ep;
+  tag.expert_group = *expert_group;
+  return Status::Ok();
+}
 
+// Phase 2: the module's tensors and each expert file's, by global name.
+Status ReadExpertTensors(MoeTag& tag) {
   // Shapes: the module's tensors, and the expert files' (by global name, with their file).
-  std::map<std::string, const TorchTensor*> module;
+  const TorchArchiveReader& model = *tag.model;
   if (const Value* node = OptionalField(model, "module")) {
-    for (const auto& [name, value] : NamedChildren(node)) module[name] = model.TensorAt(value);
+    for (const auto& [name, value] : NamedChildren(node)) tag.module[name] = model.TensorAt(value);
   }
-  std::deque<TorchArchiveReader> expert_readers;
-  struct ExpertTensor {
-    const TorchTensor* tensor = nullptr;
-    uint32_t file = 0;
-  };
-  std::map<std::string, ExpertTensor> expert_tensors;
-  std::map<std::string, uint32_t> moe_layer_of;  // MoE module name → its layer index
-  std::vector<std::string> paths = {model_name};
-  for (const RankFile* entry : by_rank) paths.push_back(entry->name);
-  for (const auto& [layer, expert] : experts.model) {
+  std::vector<std::string>& paths = tag.paths;
+  paths = {tag.model_name};
+  for (const OptimStates& os : tag.ranks) paths.push_back(os.entry.name);
+  for (const auto& [layer, expert] : tag.experts.model) {
     const std::string name = ExpertModelStatesName(layer, expert, 0);
-    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag_dir + "/" + name));
-    expert_readers.push_back(std::move(reader));
-    const TorchArchiveReader& r = expert_readers.back();
+    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag.dir + "/" + name));
+    tag.expert_readers.push_back(std::move(reader));
+    const TorchArchiveReader& r = tag.expert_readers.back();
     const uint32_t file = static_cast<uint32_t>(paths.size());
     paths.push_back(name);
     for (const auto& [param, value] : NamedChildren(r.root())) {
@@ -677,66 +669,78 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
         return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
       }
       const std::string module_name = param.substr(0, at->module_end);
-      if (const auto [it, added] = moe_layer_of.emplace(module_name, layer);
+      if (const auto [it, added] = tag.moe_layer_of.emplace(module_name, layer);
           !added && it->second != layer) {
         return FieldError(r, param,
                           "MoE module " + module_name + " is layer " + std::to_string(it->second) +
                               " in other expert files");
       }
-      expert_tensors[param] = {tensor, file};
+      tag.expert_tensors[param] = {tensor, file};
     }
   }
-  for (const uint32_t e : experts.optim) paths.push_back(ExpertOptimName(e, 0));
+  for (const uint32_t e : tag.experts.optim) paths.push_back(ExpertOptimName(e, 0));
+  return Status::Ok();
+}
 
+// Phase 3: each group's flat layout from the ranks' param_slice_mappings: the dense groups over
+// every rank, the expert group per expert-parallel rank over its expert-data-parallel ranks.
+Status LayOutGroups(MoeTag& tag) {
   // A local expert parameter's global name on expert-parallel rank e (nullopt: not an expert's).
+  const uint32_t ep = tag.ep;
+  const size_t group_count = tag.groups;
+  const std::vector<OptimStates>& ranks = tag.ranks;
+  const OptimStates& first = ranks.front();
   const auto global_name = [&](const std::string& local, uint32_t e) -> std::optional<std::string> {
     const std::optional<ExpertIdAt> at = FindExpertId(local);
     if (!at) return std::nullopt;
-    const auto layer = moe_layer_of.find(local.substr(0, at->module_end));
-    if (layer == moe_layer_of.end()) return std::nullopt;
-    const uint32_t per_rank = experts.num_experts[layer->second] / ep;
+    const auto layer = tag.moe_layer_of.find(local.substr(0, at->module_end));
+    if (layer == tag.moe_layer_of.end()) return std::nullopt;
+    const uint32_t per_rank = tag.experts.num_experts[layer->second] / ep;
     if (at->id >= per_rank) return std::nullopt;
     return WithExpertId(local, *at, e * per_rank + at->id);
   };
 
   // Layouts: the dense groups over every rank; the expert group per EP rank, over its ranks.
-  std::vector<GroupLayout> dense(group_count);
-  std::vector<Partitioning> dense_p(group_count);
+  std::vector<GroupLayout>& dense = tag.dense;
+  std::vector<Partitioning>& dense_p = tag.dense_p;
+  dense.resize(group_count);
+  dense_p.resize(group_count);
   std::vector<const OptimStates*> all;
   for (const OptimStates& os : ranks) all.push_back(&os);
   for (size_t g = 0; g < group_count; ++g) {
-    if (g == *expert_group) continue;
+    if (g == tag.expert_group) continue;
     UCP_ASSIGN_OR_RETURN(dense[g],
                          LayoutFromMappings(all, g, PartitionSize(first, g),
                                             [&](const std::string& name) -> std::optional<Shape> {
-                                              const auto it = module.find(name);
-                                              if (it == module.end() || it->second == nullptr) {
+                                              const auto it = tag.module.find(name);
+                                              if (it == tag.module.end() || it->second == nullptr) {
                                                 return std::nullopt;
                                               }
                                               return it->second->shape;
                                             }));
-    UCP_ASSIGN_OR_RETURN(dense_p[g], Partition(dense[g].total, dp));
+    UCP_ASSIGN_OR_RETURN(dense_p[g], Partition(dense[g].total, tag.dp));
   }
-  std::vector<GroupLayout> local(ep);   // per EP rank, local names
-  std::vector<GroupLayout> global(ep);  // per EP rank, global names
-  Partitioning expert_p;
+  std::vector<GroupLayout>& local = tag.local;
+  std::vector<GroupLayout>& global = tag.global;
+  local.resize(ep);
+  global.resize(ep);
   for (uint32_t e = 0; e < ep; ++e) {
     std::vector<const OptimStates*> members;
-    for (uint32_t i = 0; i < expert_dp; ++i) members.push_back(&ranks[e + i * ep]);
+    for (uint32_t i = 0; i < tag.expert_dp; ++i) members.push_back(&ranks[e + i * ep]);
     UCP_ASSIGN_OR_RETURN(
-        local[e],
-        LayoutFromMappings(members, *expert_group, PartitionSize(*members.front(), *expert_group),
-                           [&](const std::string& name) -> std::optional<Shape> {
-                             const std::optional<std::string> g = global_name(name, e);
-                             if (!g) return std::nullopt;
-                             const auto it = expert_tensors.find(*g);
-                             if (it == expert_tensors.end()) return std::nullopt;
-                             return it->second.tensor->shape;
-                           }));
+        local[e], LayoutFromMappings(members, tag.expert_group,
+                                     PartitionSize(*members.front(), tag.expert_group),
+                                     [&](const std::string& name) -> std::optional<Shape> {
+                                       const std::optional<std::string> g = global_name(name, e);
+                                       if (!g) return std::nullopt;
+                                       const auto it = tag.expert_tensors.find(*g);
+                                       if (it == tag.expert_tensors.end()) return std::nullopt;
+                                       return it->second.tensor->shape;
+                                     }));
     if (local[e].names != local[0].names || local[e].shapes != local[0].shapes) {
       return FieldError(
           members.front()->reader,
-          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(*expert_group),
+          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(tag.expert_group),
           "other local experts than " + ranks[0].entry.name +
               "'s (expert-parallel ranks must hold alike experts)");
     }
@@ -744,11 +748,20 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
     for (const std::string& name : local[e].names) names.push_back(*global_name(name, e));
     UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), local[e].shapes));
   }
-  UCP_ASSIGN_OR_RETURN(expert_p, Partition(local[0].total, expert_dp));
+  UCP_ASSIGN_OR_RETURN(tag.expert_p, Partition(local[0].total, tag.expert_dp));
+  return Status::Ok();
+}
 
+// Phase 4: every rank's optimizer file against the layouts by DeepSpeed's rules.
+Status CheckRanks(const MoeTag& tag) {
+  const OptimStates& first = tag.ranks.front();
+  std::vector<int64_t> partition_count;
+  for (size_t g = 0; g < tag.groups; ++g) {
+    partition_count.push_back(g == tag.expert_group ? tag.expert_dp : tag.dp);
+  }
   const std::string source = "the param_slice_mappings of " + first.entry.name + "'s save";
-  for (uint32_t r = 0; r < dp; ++r) {
-    const OptimStates& os = ranks[r];
+  for (uint32_t r = 0; r < tag.dp; ++r) {
+    const OptimStates& os = tag.ranks[r];
     if (os.ds_version != first.ds_version) {
       return FieldError(os.reader, std::string(kOsd) + "/ds_version",
                         "\"" + os.ds_version + "\", but " + first.entry.name + " has \"" +
@@ -757,30 +770,38 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
     if (os.partition_count != partition_count) {
       return FieldError(os.reader, std::string(kOsd) + "/partition_count",
                         ListText(os.partition_count) + ", expected " + ListText(partition_count) +
-                            " (dp_world_size " + std::to_string(dp) + " in " + model_name + ", " +
-                            std::to_string(ep) + " expert-parallel ranks)");
+                            " (dp_world_size " + std::to_string(tag.dp) + " in " + tag.model_name +
+                            ", " + std::to_string(tag.ep) + " expert-parallel ranks)");
     }
     std::vector<GroupExpectation> expectations;
-    for (size_t g = 0; g < group_count; ++g) {
-      if (g == *expert_group) {
-        expectations.push_back({&local[r % ep], expert_p, r / ep});
+    for (size_t g = 0; g < tag.groups; ++g) {
+      if (g == tag.expert_group) {
+        expectations.push_back({&tag.local[r % tag.ep], tag.expert_p, r / tag.ep});
       } else {
-        expectations.push_back({&dense[g], dense_p[g], r});
+        expectations.push_back({&tag.dense[g], tag.dense_p[g], r});
       }
     }
     UCP_RETURN_IF_ERROR(CheckOptimGroups(os, first, expectations, false, source));
   }
+  return Status::Ok();
+}
 
+// Phase 5: the index: files, groups, atoms (experts under global names), carried objects.
+Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
+  const OptimStates& first = tag.ranks.front();
+  const std::vector<std::string>& paths = tag.paths;
+  const uint32_t dp = tag.dp;
+  const uint32_t ep = tag.ep;
   AtomIndexContents c;
   c.framework = "deepspeed";
   c.framework_version = first.ds_version;
-  c.adapter = std::string(kName);
-  c.adapter_schema = kSchema;
-  c.tag = TagName(tag_dir);
+  c.adapter = std::string(DeepSpeedMoeAdapter::kName);
+  c.adapter_schema = DeepSpeedMoeAdapter::kSchema;
+  c.tag = TagName(tag.dir);
   const int64_t zero_stage = first.zero_stage.value_or(1);
   c.topology = {dp, 1, 1, dp, static_cast<uint32_t>(zero_stage)};
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+                       HashTagFiles(tag.dir, paths, {options.threads, options.trust_journal}));
   for (size_t i = 0; i < paths.size(); ++i) {
     std::string role(kModelRole);
     std::optional<RankCoordinates> rank;
@@ -788,23 +809,24 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
       role = kOptimRole;
       rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
     } else if (i > dp) {
-      role = i + experts.optim.size() >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
+      role = i + tag.experts.optim.size() >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
     }
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
   }
 
   std::set<std::string> seen;
-  for (size_t g = 0; g < group_count; ++g) {
+  for (size_t g = 0; g < tag.groups; ++g) {
     ParamGroup group =
         GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
-    const bool experts_group = g == *expert_group;
+    const bool experts_group = g == tag.expert_group;
     for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
-      const GroupLayout& layout = experts_group ? global[e] : dense[g];
-      const Partitioning& p = experts_group ? expert_p : dense_p[g];
+      const GroupLayout& layout = experts_group ? tag.global[e] : tag.dense[g];
+      const Partitioning& p = experts_group ? tag.expert_p : tag.dense_p[g];
       std::vector<RankPartition> partitions;
       for (uint32_t i = 0; i < p.ranks; ++i) {
         const uint32_t r = experts_group ? e + i * ep : i;
-        partitions.push_back({ranks[r].groups[g].fp32, &ranks[r].groups[g].states, 1 + r});
+        const OptimStates& os = tag.ranks[r];
+        partitions.push_back({os.groups[g].fp32, &os.groups[g].states, 1 + r});
       }
       for (size_t k = 0; k < layout.names.size(); ++k) {
         const std::string& name = layout.names[k];
@@ -819,13 +841,13 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
         const TorchTensor* bit16 = nullptr;
         uint32_t file = 0;
         if (experts_group) {
-          bit16 = expert_tensors.at(name).tensor;
-          file = expert_tensors.at(name).file;
+          bit16 = tag.expert_tensors.at(name).tensor;
+          file = tag.expert_tensors.at(name).file;
         } else {
-          bit16 = module.at(name);
+          bit16 = tag.module.at(name);
         }
         if (!bit16->contiguous()) {
-          return Status::Corrupt(Prefix(tag_dir + "/" + paths[file]) + name + ": not contiguous");
+          return Status::Corrupt(Prefix(tag.dir + "/" + paths[file]) + name + ": not contiguous");
         }
         UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
         c.atoms.push_back({name,
@@ -839,7 +861,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
   }
 
   std::vector<std::string> rewritten_optim;
-  for (size_t g = 0; g < group_count; ++g) {
+  for (size_t g = 0; g < tag.groups; ++g) {
     for (const StateTensor& st : first.groups[g].states) {
       if (!st.tensor->shape.empty()) {
         rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
@@ -853,14 +875,62 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                {std::string(kOptimRole), 1, rewritten_optim}};
   c.adapter_state = {
       {"optimizer", first.bf16_optimizer ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer"},
-      {"file_prefix", prefix},
+      {"file_prefix", tag.prefix},
       {"zero_stage", zero_stage},
       {"expert_parallel", ep},
-      {"expert_group", *expert_group},
-      {"num_experts", experts.num_experts},
-      {"local_expert_params", local[0].names},
+      {"expert_group", tag.expert_group},
+      {"num_experts", tag.experts.num_experts},
+      {"local_expert_params", tag.local[0].names},
   };
-  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+  return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
+}
+
+}  // namespace
+
+bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && !listing->expert_files.empty() && listing->zero3_model_states.empty() &&
+         listing->layer_files.empty();
+}
+
+Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  if (!listing.zero3_model_states.empty() || !listing.layer_files.empty() ||
+      listing.model_states.size() > 1) {
+    return RefuseListing(tag_dir, listing);
+  }
+  const std::string model_name = ModelStatesName(0);
+  UCP_ASSIGN_OR_RETURN(
+      const TorchArchiveReader model,
+      OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
+  const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
+                                  [](const RankFile& entry) { return entry.dp == 0; });
+  const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
+  std::vector<std::string> files = {model_name};
+  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
+  for (uint32_t layer = 0; layer < experts.num_experts.size(); ++layer) {
+    for (uint32_t g = 0; g < experts.num_experts[layer]; ++g) {
+      files.push_back(ExpertModelStatesName(layer, g, 0));
+    }
+  }
+  // Whether a release writes expp_rank files is in no file: those there belong to the save. A
+  // rank writes its own before its optimizer file, so once every optimizer file is closed (what
+  // a caller waits for) each is listed.
+  for (const uint32_t e : experts.optim) files.push_back(ExpertOptimName(e, 0));
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
+                                                  const IndexOptions& options) const {
+  MoeTag tag;
+  UCP_RETURN_IF_ERROR(ReadSave(tag_dir, tag));
+  UCP_RETURN_IF_ERROR(ReadExpertTensors(tag));
+  UCP_RETURN_IF_ERROR(LayOutGroups(tag));
+  UCP_RETURN_IF_ERROR(CheckRanks(tag));
+  return MakeIndex(tag, options);
 }
 
 Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
