@@ -335,10 +335,10 @@ Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::s
 }
 
 Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*> fp32_partitions,
-                          const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
+                          const std::vector<uint64_t>& group_paddings,
+                          const std::vector<uint64_t>& partition_counts,
                           std::vector<Value*> mappings, const std::vector<size_t>& params_per_group,
                           const std::string& where) {
-  const size_t groups = group_paddings.size();
   if (dict != nullptr && dict->kind() == Kind::kDict &&
       dict->Get(kParamAlignmentPaddings) != nullptr) {
     std::vector<Value*> per_group;
@@ -351,9 +351,8 @@ Status SetPartitionFields(pickle::Graph& graph, Value* dict, std::vector<Value*>
   UCP_RETURN_IF_ERROR(SetDictItem(dict, "single_partition_of_fp32_groups",
                                   graph.List(std::move(fp32_partitions)), where));
   UCP_RETURN_IF_ERROR(SetDictItem(dict, "group_paddings", IntList(graph, group_paddings), where));
-  UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count",
-                                  IntList(graph, std::vector<uint64_t>(groups, partition_count)),
-                                  where));
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(dict, "partition_count", IntList(graph, partition_counts), where));
   return SetDictItem(dict, "param_slice_mappings", graph.List(std::move(mappings)), where);
 }
 

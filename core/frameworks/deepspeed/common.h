@@ -135,13 +135,15 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
 // Writes a ZeRO-1/2 rank's partition fields into its optimizer_state_dict `dict`, one entry per
 // group: single_partition_of_fp32_groups (`fp32_partitions`), group_paddings, partition_count
-// (`partition_count` for every group) and param_slice_mappings (`mappings`), and, where the
+// (`partition_counts`: the ranks each group is partitioned over) and param_slice_mappings
+// (`mappings`), and, where the
 // file has it (DeepSpeed >= 0.19), param_alignment_paddings: a zero after each of the
 // `params_per_group` parameters (CheckNoParameterAlignment admitted only such files). kCorrupt
 // naming `where` when `dict` lacks one of the first four.
 Status SetPartitionFields(pickle::Graph& graph, pickle::Value* dict,
                           std::vector<pickle::Value*> fp32_partitions,
-                          const std::vector<uint64_t>& group_paddings, uint64_t partition_count,
+                          const std::vector<uint64_t>& group_paddings,
+                          const std::vector<uint64_t>& partition_counts,
                           std::vector<pickle::Value*> mappings,
                           const std::vector<size_t>& params_per_group, const std::string& where);
 // The fields of a ZeRO-1/2 optimizer file that SetPartitionFields rewrites, as paths under the

@@ -36,7 +36,6 @@ using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
 using deepspeed::IndexedLayout;
 using deepspeed::IntField;
-using deepspeed::IntList;
 using deepspeed::IntListField;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
@@ -1051,11 +1050,9 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
           out.graph,
           ExpectedMappings(experts ? experts_at.local : layout, p, index_in_group, false)));
     }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, counts,
                                            std::move(mapping_items), params_per_group,
                                            reader.path()));
-    UCP_RETURN_IF_ERROR(
-        SetDictItem(dict, "partition_count", IntList(out.graph, counts), reader.path()));
     if (ep != facts.ep) {
       // DeepSpeed names the expert group after the expert-parallel size.
       Value* group = nullptr;

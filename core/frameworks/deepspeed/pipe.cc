@@ -484,7 +484,7 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
                                          replaced));
 
   UCP_RETURN_IF_ERROR(SetPartitionFields(
-      out.graph, dict, {node}, {padding}, dp,
+      out.graph, dict, {node}, {padding}, {dp},
       {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))},
       {layout.names.size()}, reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,

@@ -1616,9 +1616,9 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
     mapping_items.push_back(
         MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
   }
-  UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
-                                         std::move(mapping_items), params_per_group,
-                                         reader.path()));
+  UCP_RETURN_IF_ERROR(SetPartitionFields(
+      out.graph, dict, std::move(fp32_items), paddings, std::vector<uint64_t>(paddings.size(), m),
+      std::move(mapping_items), params_per_group, reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
   return out;

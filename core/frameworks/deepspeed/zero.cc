@@ -514,9 +514,9 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
     if (template_dict == nullptr || dict == nullptr) {
       return FieldError(reader, osd, "missing");
     }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, m,
-                                           std::move(mapping_items), params_per_group,
-                                           reader.path()));
+    UCP_RETURN_IF_ERROR(SetPartitionFields(
+        out.graph, dict, std::move(fp32_items), paddings, std::vector<uint64_t>(paddings.size(), m),
+        std::move(mapping_items), params_per_group, reader.path()));
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));
