@@ -311,13 +311,12 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const nlohmann::json& state = c.adapter_state;
   if (!state.is_object() || !state.contains("expert_parallel") ||
       !state["expert_parallel"].is_number_unsigned() || !state.contains("expert_group") ||
-      !state["expert_group"].is_number_unsigned() || !state.contains("local_expert_params") ||
-      !state["local_expert_params"].is_array() || !state.contains("file_prefix") ||
+      !state["expert_group"].is_number_unsigned() || !state.contains("file_prefix") ||
       !state["file_prefix"].is_string() || !state.contains("optimizer") ||
       !state["optimizer"].is_string() || !state.contains("num_experts") ||
       !state["num_experts"].is_array()) {
     return Status::Corrupt(what +
-                           "expert_parallel, expert_group, local_expert_params, num_experts, "
+                           "expert_parallel, expert_group, num_experts, "
                            "file_prefix or optimizer missing or mistyped");
   }
   IndexFacts facts;
@@ -342,22 +341,17 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, IndexedLayout(index, group.params));
     facts.groups.push_back(std::move(layout));
   }
+  // Expert-parallel rank 0's experts come first, and their global ids are their local ones.
   const GroupLayout& experts = facts.groups[facts.expert_group];
   const size_t per_rank = experts.names.size() / facts.ep;
-  std::vector<std::string> local;
-  for (const nlohmann::json& name : state["local_expert_params"]) {
-    if (!name.is_string()) return Status::Corrupt(what + "local_expert_params: not a string");
-    local.push_back(name.get<std::string>());
-  }
-  if (local.size() != per_rank || per_rank * facts.ep != experts.names.size()) {
-    return Status::Corrupt(what + "local_expert_params: " + std::to_string(local.size()) +
-                           " names for an expert group of " + std::to_string(experts.names.size()) +
-                           " parameters over " + std::to_string(facts.ep) +
-                           " expert-parallel ranks");
+  if (per_rank * facts.ep != experts.names.size()) {
+    return Status::Corrupt("deepspeed: index: an expert group of " +
+                           std::to_string(experts.names.size()) + " parameters over " +
+                           std::to_string(facts.ep) + " expert-parallel ranks");
   }
   UCP_ASSIGN_OR_RETURN(
       facts.local,
-      MakeLayout(std::move(local),
+      MakeLayout(std::vector<std::string>(experts.names.begin(), experts.names.begin() + per_rank),
                  std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
   bool have_model = false;
   bool have_optim = false;
@@ -393,7 +387,7 @@ Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
     uint32_t experts = 0;                               // local experts seen
   };
   std::vector<Module> modules;
-  const std::string what = "deepspeed: index adapter_state: local_expert_params: ";
+  const std::string what = "deepspeed: index: expert group: ";
   for (size_t k = 0; k < facts.local.names.size(); ++k) {
     const std::string& name = facts.local.names[k];
     const std::optional<ExpertIdAt> at = FindExpertId(name);
@@ -879,7 +873,6 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
       {"expert_parallel", ep},
       {"expert_group", tag.expert_group},
       {"num_experts", tag.experts.num_experts},
-      {"local_expert_params", tag.local[0].names},
   };
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
