@@ -225,9 +225,9 @@ def launch(args, env, nproc, log, extra, config=None):
 # its losses, then aborts at exit in C++ teardown (a std::thread still joinable). Seen since in a
 # resume under the preload on 0.14.5 (e2e_deepspeed_z2_fp32_preload) and in a save under the
 # preload on 0.14.5 (e2e_deepspeed_3d_save, a clean-clone CI run), each after its last step; not
-# in 7 runs of that save's trainer by hand. The trainers never call destroy_process_group, and
-# gloo's worker threads then meet the interpreter's finalization (pytorch/pytorch PR 179291
-# describes that abort). ucp's objects that own threads are never destroyed, so none of ucp's is
+# in 12 runs of that save's trainer by hand (without the preload). The trainers never call
+# destroy_process_group, and gloo's worker threads then meet the interpreter's finalization
+# (pytorch/pytorch PR 179291 describes that abort). ucp's objects that own threads are never destroyed, so none of ucp's is
 # left joinable at exit.
 TEARDOWN_ABORT = 'terminate called without an active exception'
 
