@@ -42,7 +42,7 @@ std::optional<FileDigest> JournalDigest(const std::map<std::string, JournalRecor
   if (static_cast<uint64_t>(st.st_size) != it->second.size || mtime_ns > it->second.time_ns) {
     return std::nullopt;
   }
-  return FileDigest{it->second.size, it->second.xxh3};
+  return FileDigest{it->second.size, it->second.xxh3, it->second.chunks};
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <span>
 
 #include "core/io/fault_injection.h"
+#include "core/util/chunked_xxh3.h"
 #include "core/util/xxh3.h"
 
 namespace ucp {
@@ -123,6 +124,22 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
     if (!durable->is_boolean()) return Status::Corrupt("\"durable\" is not a boolean");
     record.durable = durable->get<bool>();
   }
+  const Json* chunk_bytes = member("chunk_bytes");
+  const Json* chunks = member("chunks");
+  if ((chunk_bytes == nullptr) != (chunks == nullptr)) {
+    return Status::Corrupt("\"chunk_bytes\" and \"chunks\" come together");
+  }
+  if (chunk_bytes != nullptr) {
+    if (!chunk_bytes->is_number_unsigned() || chunk_bytes->get<uint64_t>() == 0) {
+      return Status::Corrupt("\"chunk_bytes\" is not a positive integer");
+    }
+    if (!chunks->is_string()) return Status::Corrupt("\"chunks\" is not a string");
+    record.chunks.chunk_bytes = chunk_bytes->get<uint64_t>();
+    UCP_ASSIGN_OR_RETURN(record.chunks.hashes, ParseChunkHashes(chunks->get<std::string>()));
+    if (const std::string wrong = ChunkHashesMismatch(record.chunks, record.size); !wrong.empty()) {
+      return Status::Corrupt("\"chunks\": " + wrong);
+    }
+  }
   return record;
 }
 
@@ -183,6 +200,10 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
     json["framework"] = record.framework;
     json["role"] = FileRoleName(record.role);
     if (record.durable) json["durable"] = true;
+    if (record.chunks.recorded()) {
+      json["chunk_bytes"] = record.chunks.chunk_bytes;
+      json["chunks"] = FormatChunkHashes(record.chunks.hashes);
+    }
     return json.dump() + "\n";
   } catch (const std::exception& error) {
     return Status::InvalidArgument("journal: record for \"" + record.path + "\": " + error.what());
@@ -241,18 +262,14 @@ Result<FileDigest> HashFile(const File& file) {
   constexpr size_t kChunk = 1 << 20;
   std::unique_ptr<std::byte[]> buffer(new (std::nothrow) std::byte[kChunk]);
   if (buffer == nullptr) return Status::Internal("hash: " + file.path() + ": out of memory");
-  XXH3_state_t state;
-  XXH3_64bits_reset(&state);
-  FileDigest digest;
+  ChunkedXxh3 hash;
   for (;;) {
     UCP_ASSIGN_OR_RETURN(const size_t n,
-                         file.ReadSomeAt(digest.size, std::span(buffer.get(), kChunk)));
+                         file.ReadSomeAt(hash.size(), std::span(buffer.get(), kChunk)));
     if (n == 0) break;
-    Xxh3Update(state, buffer.get(), n);
-    digest.size += n;
+    hash.Update(buffer.get(), n);
   }
-  digest.xxh3 = XXH3_64bits_digest(&state);
-  return digest;
+  return FileDigest{hash.size(), hash.Whole(), hash.Chunks()};
 }
 
 Result<FileDigest> HashFile(const std::string& path) {

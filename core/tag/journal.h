@@ -23,7 +23,11 @@
 //   "time_ns"    wall-clock time of the close, nanoseconds since the Unix epoch
 //   "framework"  the layout that recognised the file ("deepspeed", "megatron", "dcp")
 //   "role"       "data" (a checkpoint file) or "commit" (the framework's commit signal)
-// Optional member (readers that do not know it ignore it, as the rule above says):
+// Optional members (readers that do not know them ignore them, as the rule above says):
+//   "chunk_bytes", "chunks"
+//                together: the file's chunk hashes (core/util/chunked_xxh3.h), XXH3-64 of each
+//                chunk_bytes-long piece, the last one possibly shorter, as 16 lowercase hex
+//                digits each, concatenated (ceil(size / chunk_bytes) of them)
 //   "durable"    true: under UCP_DURABLE, the writing process fsynced the file and its
 //                directories after the close that the record's other members describe; the
 //                record repeats that close's record member for member (same "time_ns"), so a
@@ -42,6 +46,7 @@
 
 #include "core/frameworks/checkpoint_layout.h"
 #include "core/io/file.h"
+#include "core/util/chunked_xxh3.h"
 #include "core/util/status.h"
 
 namespace ucp {
@@ -55,7 +60,8 @@ struct JournalRecord {
   int64_t time_ns = 0;
   std::string framework;
   FileRole role = FileRole::kData;
-  bool durable = false;  // "durable": true; written only when true
+  bool durable = false;     // "durable": true; written only when true
+  ChunkHashes chunks = {};  // written only when recorded
 };
 
 // "<tag_dir>/.ucp".
@@ -86,10 +92,11 @@ struct JournalContents {
 // Parses one journal file's bytes; `name` only labels messages. kCorrupt names the line.
 Result<JournalContents> ParseJournal(std::string_view name, std::string_view bytes);
 
-// A file's size and XXH3-64, read from disk.
+// A file's size, XXH3-64 and chunk hashes.
 struct FileDigest {
   uint64_t size = 0;
   uint64_t xxh3 = 0;
+  ChunkHashes chunks = {};
 };
 
 // Reads `file` from its start to its end and hashes it.

@@ -11,9 +11,9 @@
 #include <filesystem>
 
 #include "core/tag/journal.h"
+#include "core/util/chunked_xxh3.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
-#include "core/util/xxh3.h"
 #include "hooks/save/durable_commit.h"
 
 namespace ucp::hooks {
@@ -73,7 +73,7 @@ struct SaveTracker::OpenFile {
   std::atomic<int> fds{1};
 
   std::mutex mutex;
-  XXH3_state_t hash;      // guarded by mutex
+  ChunkedXxh3 hash;       // guarded by mutex
   uint64_t hashed = 0;    // bytes fed to `hash`: [0, hashed) of the file
   uint64_t position = 0;  // the file position that write() uses
   bool append = false;    // O_APPEND: every write lands at the end
@@ -90,7 +90,7 @@ struct SaveTracker::HashJob {
     size_t left = size;
     for (const struct iovec& piece : pieces) {
       const size_t take = std::min(left, piece.iov_len);
-      Xxh3Update(state, piece.iov_base, take);
+      state.Update(piece.iov_base, take);
       left -= take;
     }
     phase.store(kDone, std::memory_order_release);
@@ -114,7 +114,7 @@ struct SaveTracker::HashJob {
   }
 
   std::atomic<int> phase{kQueued};
-  XXH3_state_t state;  // the file's hash at the begin of the write, then with its bytes
+  ChunkedXxh3 state;  // the file's hash at the begin of the write, then with its bytes
   std::vector<struct iovec> pieces;
   size_t size = 0;
 };
@@ -198,7 +198,6 @@ bool SaveTracker::OnOpenForWrite(int fd, std::string_view path, bool truncated, 
     }
     // `new`, not make_shared: XXH3_state_t is over-aligned.
     std::shared_ptr<OpenFile> file(new OpenFile(path, std::move(*match)));
-    XXH3_64bits_reset(&file->hash);
     file->append = append;
     // Hashing on the fly needs the file to start empty at the first write; otherwise (appending
     // to an existing file, fdopen of a moved fd) the close hashes the file from disk.
@@ -245,7 +244,7 @@ void SaveTracker::OnWriteBegin(int fd, int64_t offset, const struct iovec* iov, 
       if (file->streaming && write.start == file->hashed && size >= kParallelHashBytes) {
         // `new`, not make_shared: XXH3_state_t is over-aligned.
         write.job.reset(new HashJob);
-        XXH3_copyState(&write.job->state, &file->hash);
+        write.job->state = file->hash;
         write.job->pieces.assign(iov, iov + std::max(iovcnt, 0));
         write.job->size = size;
       }
@@ -283,14 +282,14 @@ void SaveTracker::OnWriteEnd(int fd, ssize_t ret) {
       return;
     }
     if (write.job != nullptr && written == write.size) {
-      XXH3_copyState(&file.hash, &write.job->state);
+      file.hash = std::move(write.job->state);
       file.hashed += written;
       return;
     }
     size_t left = std::min<uint64_t>(written, write.size);
     for (int i = 0; i < write.iovcnt && left > 0; ++i) {
       const size_t take = std::min(left, write.iov[i].iov_len);
-      Xxh3Update(file.hash, write.iov[i].iov_base, take);
+      file.hash.Update(write.iov[i].iov_base, take);
       left -= take;
     }
     file.hashed += written - left;
@@ -385,7 +384,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   FileDigest digest;
   if (file.streaming && file.hashed == static_cast<uint64_t>(st.st_size)) {
-    digest = {file.hashed, XXH3_64bits_digest(&file.hash)};
+    digest = {file.hashed, file.hash.Whole(), file.hash.Chunks()};
   } else {
     UCP_LOG_DEBUG("save: {}: {} of {} bytes hashed on the fly; hashing from disk", file.path,
                   file.hashed, st.st_size);
@@ -400,6 +399,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   record.path = file.path.substr(file.match.tag_dir.size() + 1);
   record.size = digest.size;
   record.xxh3 = digest.xxh3;
+  record.chunks = digest.chunks;
   record.rank = LauncherRank();
   record.pid = ::getpid();
   record.time_ns = WallTimeNs();
@@ -412,8 +412,8 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
                 FormatXxh3(digest.xxh3));
-  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,
-                             digest.size,          digest.xxh3,        record.time_ns};
+  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,  digest.size,
+                             digest.xxh3,          record.time_ns,     record.chunks};
   for (CommitListener* listener : Listeners()) listener->OnFileSaved(event);
 }
 

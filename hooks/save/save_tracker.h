@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "core/frameworks/checkpoint_layout.h"
+#include "core/util/chunked_xxh3.h"
 #include "hooks/events.h"
 #include "hooks/save/stack_detect.h"
 
@@ -70,7 +71,8 @@ struct SavedFileEvent {
   std::string path;  // relative to tag_dir
   uint64_t size = 0;
   uint64_t xxh3 = 0;
-  int64_t time_ns = 0;  // the journal record's "time_ns"
+  int64_t time_ns = 0;      // the journal record's "time_ns"
+  ChunkHashes chunks = {};  // the journal record's, when recorded
 };
 
 class CommitListener {

@@ -1,5 +1,6 @@
 #include "core/tag/journal.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@ namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::HasSubstr;
 
 class JournalTest : public ::testing::Test {
  protected:
@@ -49,6 +51,7 @@ void ExpectSameRecord(const JournalRecord& a, const JournalRecord& b) {
   EXPECT_EQ(a.time_ns, b.time_ns);
   EXPECT_EQ(a.framework, b.framework);
   EXPECT_EQ(a.role, b.role);
+  EXPECT_EQ(a.chunks, b.chunks);
 }
 
 TEST_F(JournalTest, AppendsOneLinePerRecordAndReadsThemBack) {
@@ -134,6 +137,33 @@ TEST_F(JournalTest, MalformedLinesAreErrorsNamingTheLine) {
     EXPECT_NE(contents.status().message().find(expected), std::string::npos)
         << contents.status().message();
   }
+}
+
+TEST_F(JournalTest, ChunkHashesRoundTripAndMustFitTheSize) {
+  JournalRecord record = Record("zero_pp_rank_0_mp_rank_00_optim_states.pt", 2500);
+  record.chunks = {1000, {0x1111, 0x2222, 0xabcdef0123456789ull}};
+  const auto line = EncodeJournalRecord(record);
+  ASSERT_TRUE(line.ok());
+  EXPECT_NE(line->find(",\"chunk_bytes\":1000,\"chunks\":\"0000000000001111000000000000222"
+                       "2abcdef0123456789\"}"),
+            std::string::npos)
+      << *line;
+  const auto contents = ParseJournal("j", *line);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  ExpectSameRecord(contents->records.at(0), record);
+
+  const auto corrupt = [&](std::string_view from, std::string_view to) {
+    std::string changed = *line;
+    changed.replace(changed.find(from), from.size(), to);
+    return ParseJournal("j", changed).status();
+  };
+  EXPECT_THAT(corrupt("\"chunk_bytes\":1000", "\"chunk_bytes\":500").message(),
+              HasSubstr("\"chunks\": 3 chunk hashes for 2500 bytes in chunks of 500 (5 chunks)"));
+  EXPECT_THAT(corrupt("\"chunk_bytes\":1000,", "").message(),
+              HasSubstr("\"chunk_bytes\" and \"chunks\" come together"));
+  EXPECT_THAT(corrupt("\"chunk_bytes\":1000", "\"chunk_bytes\":0").message(),
+              HasSubstr("\"chunk_bytes\" is not a positive integer"));
+  EXPECT_THAT(corrupt("\"chunks\":\"0", "\"chunks\":\"X").message(), HasSubstr("hex digit"));
 }
 
 TEST_F(JournalTest, UnknownMembersAreIgnored) {

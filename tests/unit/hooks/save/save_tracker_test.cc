@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cstdio>
@@ -16,6 +17,7 @@
 
 #include "core/tag/journal.h"
 #include "hooks/save/durable_commit.h"
+#include "tests/unit/core/test_bytes.h"
 
 namespace ucp::hooks {
 namespace {
@@ -105,6 +107,18 @@ class SaveTrackerTest : public ::testing::Test {
     return contents->records;
   }
 
+  // XXH3-64 of each kHashChunkBytes slice of the file at `path`, one call each: the reference
+  // for a record's chunk hashes.
+  static ChunkHashes SliceHashesOf(const std::string& path) {
+    const std::string bytes = testing::ReadAll(path);
+    ChunkHashes chunks{kHashChunkBytes, {}};
+    for (size_t at = 0; at < bytes.size(); at += kHashChunkBytes) {
+      chunks.hashes.push_back(
+          XXH3_64bits(bytes.data() + at, std::min<size_t>(kHashChunkBytes, bytes.size() - at)));
+    }
+    return chunks;
+  }
+
   // The one journal record of `name`, checked against the file on disk and xxhsum.
   void ExpectJournaled(const std::string& name) const {
     const std::string path = tag_dir_ + "/" + name;
@@ -114,6 +128,7 @@ class SaveTrackerTest : public ::testing::Test {
       ++found;
       EXPECT_EQ(record.size, fs::file_size(path)) << name;
       EXPECT_EQ(FormatXxh3(record.xxh3), XxhsumH3(path)) << name;
+      EXPECT_EQ(record.chunks, SliceHashesOf(path)) << name;
       EXPECT_EQ(record.framework, "deepspeed");
       EXPECT_EQ(record.role, FileRole::kData);
       EXPECT_EQ(record.pid, ::getpid());
@@ -157,6 +172,7 @@ TEST_F(SaveTrackerTest, SequentialWritesAreHashedOnTheFly) {
   EXPECT_EQ(records[0].size, fs::file_size(copy));
   EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy));
   EXPECT_NE(FormatXxh3(records[0].xxh3), XxhsumH3(tag_dir_ + "/" + name));
+  EXPECT_EQ(records[0].chunks, SliceHashesOf(copy));
 }
 
 TEST_F(SaveTrackerTest, BigWritesAreHashedWhileTheKernelCopiesThem) {
@@ -180,6 +196,9 @@ TEST_F(SaveTrackerTest, BigWritesAreHashedWhileTheKernelCopiesThem) {
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].size, fs::file_size(copy));
   EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy)) << "not hashed on the fly";
+  // Chunk boundaries fall inside the hasher's jobs and between writes.
+  EXPECT_EQ(records[0].chunks, SliceHashesOf(copy));
+  EXPECT_EQ(records[0].chunks.hashes.size(), 6u);
 }
 
 TEST_F(SaveTrackerTest, AShortOrFailedBigWriteHashesOnlyWhatLanded) {
@@ -203,6 +222,7 @@ TEST_F(SaveTrackerTest, AShortOrFailedBigWriteHashesOnlyWhatLanded) {
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].size, big.size());
   EXPECT_EQ(FormatXxh3(records[0].xxh3), XxhsumH3(copy)) << "not hashed on the fly";
+  EXPECT_EQ(records[0].chunks, SliceHashesOf(copy));
 }
 
 TEST_F(SaveTrackerTest, TwoThreadsWritingOneFileAtItsPositionAtOnce) {
