@@ -135,13 +135,14 @@ Result<JobPartResult> ExecuteJobPart(OutputPlan plan, const AtomIndex& index,
   UCP_ASSIGN_OR_RETURN(const std::vector<PlannedOutput> outputs, ListOutputs(plan, index));
   const std::vector<uint32_t> owners = DivideOutputs(outputs, part.parts);
   const OutputPlan share = ShareOf(std::move(plan), owners, part.rank);
-  UCP_RETURN_IF_ERROR(VerifySources(index, FilesRead(index, share), tag_dir, "source check"));
+  UCP_RETURN_IF_ERROR(CheckSourcesBeforeReading(index, share, tag_dir, "source check"));
   const bool owner = part.rank == 0;
   UCP_ASSIGN_OR_RETURN(
       StagedDirectory staged,
       StagedDirectory::CreateShared(final_path, JobKey(outputs, index, part.parts), owner));
   ExecuteOptions execute;
   execute.threads = threads;
+  execute.locate_damage = LocateDamageWith(index, tag_dir);
   UCP_RETURN_IF_ERROR(ExecutePlan(share, index, tag_dir, staged.path(), execute));
   JobPartResult result;
   result.files_written =

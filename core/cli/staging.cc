@@ -149,12 +149,13 @@ Status StagedDirectory::Commit(bool replace) {
 Status ExecuteStaged(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,
                      const std::string& final_path, unsigned threads, bool force,
                      std::string_view command) {
-  UCP_RETURN_IF_ERROR(VerifySources(index, FilesRead(index, plan), tag_dir, "source check"));
+  UCP_RETURN_IF_ERROR(CheckSourcesBeforeReading(index, plan, tag_dir, "source check"));
   UCP_ASSIGN_OR_RETURN(StagedDirectory staged, StagedDirectory::Create(final_path));
   Progress progress{std::string(command)};
   ExecuteOptions execute;
   execute.threads = threads;
   execute.progress = progress.Callback();
+  execute.locate_damage = LocateDamageWith(index, tag_dir);
   const Status status = ExecutePlan(plan, index, tag_dir, staged.path(), execute);
   progress.Finish();
   UCP_RETURN_IF_ERROR(status);

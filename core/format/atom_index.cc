@@ -1,5 +1,6 @@
 #include "core/format/atom_index.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <initializer_list>
 #include <set>
@@ -13,6 +14,9 @@
 
 namespace ucp {
 namespace {
+
+// Enough names to find damage with; the rest are counted.
+constexpr size_t kMaxNamedAtoms = 4;
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
@@ -134,7 +138,10 @@ class DocumentReader {
 
 Result<IndexedFile> ReadFileEntry(const DocumentReader& doc, const Json& value,
                                   const std::string& path, uint64_t version) {
-  if (version >= 2) {
+  if (version >= 3) {
+    UCP_RETURN_IF_ERROR(doc.Object(
+        value, path, {"path", "size", "xxh3", "role", "rank", "copy_of", "chunk_bytes", "chunks"}));
+  } else if (version >= 2) {
     UCP_RETURN_IF_ERROR(
         doc.Object(value, path, {"path", "size", "xxh3", "role", "rank", "copy_of"}));
   } else {
@@ -160,6 +167,17 @@ Result<IndexedFile> ReadFileEntry(const DocumentReader& doc, const Json& value,
   }
   if (value.contains("copy_of")) {
     UCP_ASSIGN_OR_RETURN(file.copy_of, doc.U32(value, path, "copy_of"));
+  }
+  if (value.contains("chunk_bytes") != value.contains("chunks")) {
+    return doc.Error(Member(path, "chunks"), "\"chunk_bytes\" and \"chunks\" come together");
+  }
+  if (value.contains("chunks")) {
+    UCP_ASSIGN_OR_RETURN(file.chunks.chunk_bytes, doc.U64(value, path, "chunk_bytes"));
+    if (file.chunks.chunk_bytes == 0) return doc.Error(Member(path, "chunk_bytes"), "0");
+    UCP_ASSIGN_OR_RETURN(const std::string chunks, doc.String(value, path, "chunks"));
+    Result<std::vector<uint64_t>> hashes = ParseChunkHashes(chunks);
+    if (!hashes.ok()) return doc.Error(Member(path, "chunks"), hashes.status().message());
+    file.chunks.hashes = std::move(hashes).value();
   }
   return file;
 }
@@ -491,6 +509,9 @@ Result<AtomIndex> AtomIndex::Create(AtomIndexContents contents, std::string sour
       return error(Member(path, "path"), "\"" + file.path + "\" is listed twice");
     }
     if (file.role.empty()) return error(Member(path, "role"), "empty");
+    if (const std::string wrong = ChunkHashesMismatch(file.chunks, file.size); !wrong.empty()) {
+      return error(Member(path, "chunks"), wrong);
+    }
     if (file.rank && (file.rank->dp >= topology.dp || file.rank->tp >= topology.tp ||
                       file.rank->pp >= topology.pp)) {
       return error(Member(path, "rank"), "outside the topology");
@@ -636,6 +657,7 @@ Result<AtomIndex> AtomIndex::OverStore() const {
       original.path = file.path;
       original.size = file.size;
       original.xxh3 = file.xxh3;
+      original.chunks = file.chunks;
     }
   }
   for (CarriedObject& carried : over.carried) carried.file = new_file[carried.file];
@@ -652,7 +674,9 @@ std::string AtomIndex::ToJson() const {
   const AtomIndexContents& c = contents_;
   OrderedJson root = OrderedJson::object();
   root["format"] = kAtomIndexFormat;
-  root["version"] = c.store ? 2 : 1;
+  const bool chunked = std::any_of(c.files.begin(), c.files.end(),
+                                   [](const IndexedFile& file) { return file.chunks.recorded(); });
+  root["version"] = chunked ? 3 : c.store ? 2 : 1;
   root["framework"] = {{"name", c.framework}, {"version", c.framework_version}};
   root["adapter"] = {{"name", c.adapter}, {"schema", c.adapter_schema}};
   root["tag"] = c.tag;
@@ -671,6 +695,10 @@ std::string AtomIndex::ToJson() const {
       entry["rank"] = {{"dp", file.rank->dp}, {"tp", file.rank->tp}, {"pp", file.rank->pp}};
     }
     if (file.copy_of) entry["copy_of"] = *file.copy_of;
+    if (file.chunks.recorded()) {
+      entry["chunk_bytes"] = file.chunks.chunk_bytes;
+      entry["chunks"] = FormatChunkHashes(file.chunks.hashes);
+    }
     files.push_back(std::move(entry));
   }
   root["files"] = std::move(files);
@@ -732,6 +760,27 @@ Status AtomIndex::Write(const std::string& path) const {
     return SyncDirectory(parent.empty() ? "." : parent).WithContext("atom index " + path);
   }
   return Status::Ok();
+}
+
+std::string AtomsWithin(const AtomIndex& index, uint32_t file, uint64_t begin, uint64_t end) {
+  std::vector<std::string> names;
+  for (const Atom& atom : index.atoms()) {
+    for (const Fragment& fragment : atom.fragments) {
+      const uint64_t length = fragment.region.numel() * ItemSize(fragment.dtype);
+      if (fragment.file == file && fragment.offset < end && begin < fragment.offset + length) {
+        names.push_back(atom.state + " of " + atom.param);
+        break;
+      }
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kMaxNamedAtoms; ++i) {
+    out += (i == 0 ? "" : ", ") + names[i];
+  }
+  if (names.size() > kMaxNamedAtoms) {
+    out += " and " + std::to_string(names.size() - kMaxNamedAtoms) + " more";
+  }
+  return out;
 }
 
 }  // namespace ucp

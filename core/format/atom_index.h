@@ -42,6 +42,12 @@
 // has "consolidated", every carried file has exactly one copy, and the store's files lie in its
 // directory; without one, neither member appears.
 //
+// Version 3 adds chunk hashes to files (optional per file; an index is written as version 3 when
+// any file has them): "chunk_bytes" and "chunks", as in the save journal (core/tag/journal.h):
+// XXH3-64 of each chunk_bytes-long piece of the file, the last one possibly shorter, 16 lower-case
+// hex digits each, concatenated. Readers check the byte ranges they read against them; a file
+// without them is checked whole before it is read.
+//
 // Validation (Create, and therefore Read) establishes, before anything is trusted:
 //   - every file path is relative, normalised, inside the tag (no "..", no leading "/", no "."
 //     components, no empty components) and listed once;
@@ -72,13 +78,14 @@
 
 #include "core/format/dtype.h"
 #include "core/layout/region.h"
+#include "core/util/chunked_xxh3.h"
 #include "core/util/status.h"
 
 namespace ucp {
 
 inline constexpr std::string_view kAtomIndexFormat = "ucp-atom-index";
 // The newest version this code reads; it writes version 1 unless the index has a store.
-inline constexpr uint32_t kAtomIndexVersion = 2;
+inline constexpr uint32_t kAtomIndexVersion = 3;
 // The roles of the atoms store's files.
 inline constexpr std::string_view kStoreAtomsRole = "ucp-atoms";
 inline constexpr std::string_view kStoreCopyRole = "ucp-copy";
@@ -121,6 +128,7 @@ struct IndexedFile {
   std::string role;   // adapter-defined: "model_states", "optim_states", ...; or a store role
   std::optional<RankCoordinates> rank;
   std::optional<uint32_t> copy_of = std::nullopt;  // a store copy of files[*copy_of]
+  ChunkHashes chunks = {};  // version 3; none recorded: readers check the whole file
 };
 
 // A piece of an atom stored contiguously in a file: the elements of `region`, in the region's
@@ -234,5 +242,9 @@ class AtomIndex {
   std::map<std::pair<std::string, std::string>, size_t, std::less<>> atom_by_name_;
   std::map<std::string, size_t, std::less<>> file_by_path_;
 };
+
+// The atoms with bytes in [begin, end) of file `file` of `index`, for messages about damage there:
+// "exp_avg of wte.weight, fp32 of wte.weight" (the first four, then "and N more"); "" when none.
+std::string AtomsWithin(const AtomIndex& index, uint32_t file, uint64_t begin, uint64_t end);
 
 }  // namespace ucp

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
+#include "core/io/byte_run.h"
 #include "core/io/file.h"
 #include "core/util/checked.h"
 
@@ -17,6 +19,8 @@ using OrderedJson = nlohmann::ordered_json;
 
 // Long copies are cut into pieces of this size so that progress moves.
 constexpr uint64_t kProgressStep = uint64_t{64} << 20;
+// The buffer that checked bytes pass through (ExecuteOptions::chunk_bytes' size: L2-sized).
+constexpr size_t kCheckedBuffer = size_t{256} << 10;
 
 bool ValidUtf8(std::string_view text) {
   size_t i = 0;
@@ -175,10 +179,27 @@ Status SafetensorsWriter::Write(const std::string& path, const WriteOptions& opt
     UCP_RETURN_IF_ERROR(out.WriteAt(0, length));
     UCP_RETURN_IF_ERROR(out.WriteAt(sizeof(length), std::as_bytes(std::span(header))));
     uint64_t cursor = sizeof(length) + header.size();
+    std::unique_ptr<std::byte[]> checked_buffer;
     for (const Entry& entry : entries_) {
       if (!entry.runs.empty()) {
         uint64_t at = cursor;
         for (const ByteRun& run : entry.runs) {
+          if (run.checked != nullptr) {
+            // Bytes to be checked pass through memory: copy_file_range would not show them.
+            if (checked_buffer == nullptr) checked_buffer.reset(new std::byte[kCheckedBuffer]);
+            uint64_t done = 0;
+            const Status streamed =
+                StreamRuns(std::span(&run, 1), std::span(checked_buffer.get(), kCheckedBuffer),
+                           [&](std::span<const std::byte> piece) -> Status {
+                             UCP_RETURN_IF_ERROR(out.WriteAt(at + done, piece));
+                             done += piece.size();
+                             if (options.progress) options.progress(piece.size());
+                             return Status::Ok();
+                           });
+            if (!streamed.ok()) return streamed;
+            at += run.length;
+            continue;
+          }
           // The new file reads as zeros wherever nothing was written; its size is set below.
           for (uint64_t done = 0; run.file != nullptr && done < run.length;) {
             const uint64_t n = std::min(run.length - done, kProgressStep);

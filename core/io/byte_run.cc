@@ -22,6 +22,7 @@ Status StreamRuns(std::span<const ByteRun> runs, std::span<std::byte> buffer,
                   const std::function<Status(std::span<const std::byte>)>& sink) {
   if (buffer.empty()) return Status::InvalidArgument("byte runs: empty buffer");
   size_t filled = 0;
+  ChunkCache cache;
   for (const ByteRun& run : runs) {
     for (uint64_t done = 0; done < run.length;) {
       const size_t n =
@@ -29,6 +30,8 @@ Status StreamRuns(std::span<const ByteRun> runs, std::span<std::byte> buffer,
       const std::span<std::byte> piece = buffer.subspan(filled, n);
       if (run.file == nullptr) {
         std::memset(piece.data(), 0, n);
+      } else if (run.checked != nullptr) {
+        UCP_RETURN_IF_ERROR(run.checked->ReadAt(run.offset + done, piece, cache));
       } else {
         UCP_RETURN_IF_ERROR(run.file->ReadAt(run.offset + done, piece));
       }

@@ -5,7 +5,7 @@
 // a span of runs; the bytes are read chunk by chunk, never held whole.
 //
 // Thread-safety: StreamRuns only reads the runs' files (pread); several threads may stream runs
-// of the same File at once, each with its own buffer.
+// of the same File (or CheckedSource) at once, each with its own buffer.
 #pragma once
 
 #include <cstddef>
@@ -13,17 +13,21 @@
 #include <functional>
 #include <span>
 
+#include "core/io/checked_source.h"
 #include "core/io/file.h"
 #include "core/util/status.h"
 
 namespace ucp {
 
 // `length` bytes at `offset` of `file`, or `length` zero bytes when `file` is null. The File is
-// borrowed: it must stay open while the run is used.
+// borrowed: it must stay open while the run is used. With `checked` (whose file() is `file`), the
+// bytes are read through it, checked against the file's chunk hashes; writers then never move
+// them with copy_file_range, which would leave them unseen.
 struct ByteRun {
   const File* file = nullptr;
   uint64_t offset = 0;
   uint64_t length = 0;
+  const CheckedSource* checked = nullptr;
 };
 
 // Total bytes of `runs`; kOutOfRange when the sum overflows 64 bits.

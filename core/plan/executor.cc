@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "core/format/safetensors_writer.h"
 #include "core/format/torch_archive_writer.h"
 #include "core/io/byte_run.h"
+#include "core/io/checked_source.h"
 #include "core/io/fault_injection.h"
 #include "core/io/file.h"
 #include "core/util/checked.h"
@@ -39,9 +41,11 @@ class Execution {
             uint64_t total)
       : index_(index), out_dir_(out_dir), options_(options), total_(total) {}
 
-  // Opens every source file `plan` reads, once, and checks its size against the index.
+  // Opens every source file `plan` reads, once, and checks its size against the index. A file
+  // with chunk hashes is read through a CheckedSource.
   Status OpenSources(const std::set<uint32_t>& used, const std::string& tag_dir) {
     sources_.resize(index_.files().size());
+    checked_.resize(index_.files().size());
     for (const uint32_t f : used) {
       const IndexedFile& indexed = index_.files()[f];
       UCP_ASSIGN_OR_RETURN(sources_[f], File::OpenBeneath(tag_dir, indexed.path));
@@ -52,6 +56,14 @@ class Execution {
                                std::to_string(indexed.size) +
                                " (truncated, or changed since it was indexed)");
       }
+      if (indexed.chunks.recorded()) {
+        checked_[f] = std::make_unique<CheckedSource>(
+            sources_[f], size, indexed.chunks, [this, f](uint64_t begin, uint64_t end) {
+              if (options_.locate_damage) return options_.locate_damage(f, begin, end);
+              const std::string held = AtomsWithin(index_, f, begin, end);
+              return held.empty() ? held : "they hold " + held;
+            });
+      }
     }
     return Status::Ok();
   }
@@ -60,8 +72,12 @@ class Execution {
     std::vector<ByteRun> runs;
     runs.reserve(segments.size());
     for (const Segment& segment : segments) {
-      runs.push_back({segment.zero_fill() ? nullptr : &sources_[segment.file], segment.offset,
-                      segment.length});
+      if (segment.zero_fill()) {
+        runs.push_back({nullptr, segment.offset, segment.length});
+      } else {
+        runs.push_back({&sources_[segment.file], segment.offset, segment.length,
+                        checked_[segment.file].get()});
+      }
     }
     return runs;
   }
@@ -113,13 +129,8 @@ class Execution {
     const std::string temp = path + ".ucp-tmp-" + std::to_string(::getpid()) + "-" +
                              std::to_string(counter.fetch_add(1));
     UCP_ASSIGN_OR_RETURN(File out, File::Open(temp, File::Mode::kCreateExclusive));
-    Status status;
-    for (uint64_t done = 0; status.ok() && done < size;) {
-      const uint64_t n = std::min(size - done, kCopyProgressStep);
-      status = CopyRange(source, done, out, done, n);
-      if (status.ok()) Progress(n);
-      done += n;
-    }
+    Status status = checked_[output.file] != nullptr ? CopyChecked(output.file, out, size)
+                                                     : CopyUnseen(source, out, size);
     if (status.ok() && options_.sync) status = out.Sync();
     if (status.ok()) status = out.Close();
     if (status.ok()) status = RenameFile(temp, path);
@@ -128,6 +139,32 @@ class Execution {
       (void)RemoveFile(temp);
     }
     return status.WithContext("execute plan: copy " + source.path() + " to " + path);
+  }
+
+  // copy_file_range (a reflink where the file system has one): the bytes never pass through
+  // this process, so only a source checked whole beforehand may be copied this way.
+  Status CopyUnseen(const File& source, File& out, uint64_t size) {
+    for (uint64_t done = 0; done < size;) {
+      const uint64_t n = std::min(size - done, kCopyProgressStep);
+      UCP_RETURN_IF_ERROR(CopyRange(source, done, out, done, n));
+      Progress(n);
+      done += n;
+    }
+    return Status::Ok();
+  }
+
+  // Through a buffer, every chunk checked against its hash as it passes.
+  Status CopyChecked(uint32_t file, File& out, uint64_t size) {
+    const ByteRun run{&sources_[file], 0, size, checked_[file].get()};
+    std::unique_ptr<std::byte[]> buffer(new std::byte[options_.chunk_bytes]);
+    uint64_t done = 0;
+    return StreamRuns(std::span(&run, 1), std::span(buffer.get(), options_.chunk_bytes),
+                      [&](std::span<const std::byte> piece) -> Status {
+                        UCP_RETURN_IF_ERROR(out.WriteAt(done, piece));
+                        done += piece.size();
+                        Progress(piece.size());
+                        return Status::Ok();
+                      });
   }
 
   Status Write(const TextOutput& output) {
@@ -140,6 +177,7 @@ class Execution {
   const ExecuteOptions& options_;
   const uint64_t total_;
   std::vector<File> sources_;  // by index file number; open only where the plan reads
+  std::vector<std::unique_ptr<CheckedSource>> checked_;  // by file number; where it has chunks
   std::mutex progress_mutex_;
   uint64_t done_ = 0;
 };

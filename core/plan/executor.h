@@ -1,6 +1,7 @@
 // The reshard executor: writes the files an OutputPlan describes, moving every tensor byte from
-// the source files by ranged reads (copy_file_range where no byte needs to be seen), through a
-// bounded buffer per worker: memory is O(threads × chunk), never O(file) or O(atom).
+// the source files by ranged reads (copy_file_range where no byte needs to be seen: neither CRC'd
+// nor checked against chunk hashes), through a bounded buffer per worker: memory is
+// O(threads × chunk), never O(file) or O(atom).
 //
 // An OutputPlan is what an adapter decides a target topology (or an export format) needs:
 // torch archives (an object tree + storages made of Segments), safetensors files (tensors made
@@ -82,12 +83,18 @@ struct OutputPlan {
   uint64_t DataBytes() const;
 };
 
+// Where the damage lies in bytes [begin, end) of source file `file`, whose chunk failed its hash:
+// e.g. "record archive/data/3 fails its CRC-32 (it holds exp_avg of wte.weight)"; "" when unknown.
+using DamageLocator = std::function<std::string(uint32_t file, uint64_t begin, uint64_t end)>;
+
 struct ExecuteOptions {
   unsigned threads = 0;  // 0: min(hardware threads, 8)
   // Per-worker copy buffer for bytes that must be seen (archive records are CRC'd); 256 KiB
   // stays in L2 between read, CRC and write (ZipWriter::Options::copy_buffer_bytes).
   size_t chunk_bytes = size_t{256} << 10;
   bool sync = true;  // fsync each file and the directories it created
+  // Names the damage in a chunk that fails its hash; unset: the atoms the chunk holds.
+  DamageLocator locate_damage;
   // Called as bytes land: (bytes done, total), total = DataBytes() + the copied files' sizes.
   std::function<void(uint64_t, uint64_t)> progress;
 };
@@ -104,7 +111,10 @@ Result<std::optional<uint64_t>> PlannedFileSize(const OutputPlan& plan, const At
 
 // Writes every output of `plan` under `out_dir` (which must exist), reading the files of `index`
 // relative to `tag_dir`. Every source file is checked against the index's size before it is
-// read; a source shorter than a segment needs is kCorrupt naming the file. Each output is written
+// read; a source shorter than a segment needs is kCorrupt naming the file. A source with chunk
+// hashes in the index has every chunk this call reads checked as it is read (CheckedSource):
+// kCorrupt naming the file, the byte range and the atoms it holds. Sources without them are
+// not checked here: the caller checks them whole first (VerifySources). Each output is written
 // to a temporary name and renamed, so on failure no output path holds a partial file (outputs
 // already completed stay; the caller writes into a temporary directory when the set must be
 // all-or-nothing).

@@ -99,7 +99,22 @@ Result<std::optional<WrittenFiles>> ReadMarkers(const std::string& store, uint32
       }
       const Result<uint64_t> xxh3 = ParseXxh3(file["xxh3"].get<std::string>());
       if (!xxh3.ok()) return corrupt("files: " + xxh3.status().message());
-      written[file["path"].get<std::string>()] = {file["size"].get<uint64_t>(), *xxh3};
+      FileDigest digest{file["size"].get<uint64_t>(), *xxh3, {}};
+      if (file.contains("chunks")) {
+        if (!file.contains("chunk_bytes") || !file["chunk_bytes"].is_number_unsigned() ||
+            file["chunk_bytes"].get<uint64_t>() == 0 || !file["chunks"].is_string()) {
+          return corrupt("files: chunks without a positive chunk_bytes, or not a string");
+        }
+        digest.chunks.chunk_bytes = file["chunk_bytes"].get<uint64_t>();
+        Result<std::vector<uint64_t>> hashes = ParseChunkHashes(file["chunks"].get<std::string>());
+        if (!hashes.ok()) return corrupt("files: " + hashes.status().message());
+        digest.chunks.hashes = std::move(hashes).value();
+        if (const std::string wrong = ChunkHashesMismatch(digest.chunks, digest.size);
+            !wrong.empty()) {
+          return corrupt("files: " + wrong);
+        }
+      }
+      written[file["path"].get<std::string>()] = std::move(digest);
     }
   }
   return std::optional<WrittenFiles>(std::move(written));
@@ -126,6 +141,7 @@ Result<AtomIndex> WithStore(const AtomIndex& index, const StorePlan& plan,
     }
     IndexedFile file{std::string(kStoreDirectory) + "/" + unit.path, digest->second.size,
                      digest->second.xxh3, "", std::nullopt};
+    file.chunks = digest->second.chunks;
     if (!unit.plan.copies.empty()) {
       file.role = kStoreCopyRole;
       file.copy_of = unit.plan.copies.front().file;
@@ -210,8 +226,11 @@ Status WriteStoreShare(const AtomIndex& index, uint64_t index_xxh3, const std::s
     UCP_RETURN_IF_ERROR(
         ExecutePlan(unit.plan, index, tag_dir, store, options).WithContext("atoms store"));
     UCP_ASSIGN_OR_RETURN(const FileDigest digest, HashFile(store + "/" + unit.path));
-    files.push_back(
-        {{"path", unit.path}, {"size", digest.size}, {"xxh3", FormatXxh3(digest.xxh3)}});
+    files.push_back({{"path", unit.path},
+                     {"size", digest.size},
+                     {"xxh3", FormatXxh3(digest.xxh3)},
+                     {"chunk_bytes", digest.chunks.chunk_bytes},
+                     {"chunks", FormatChunkHashes(digest.chunks.hashes)}});
   }
   const nlohmann::ordered_json marker = {{"index_xxh3", FormatXxh3(index_xxh3)},
                                          {"files", std::move(files)}};

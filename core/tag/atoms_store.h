@@ -11,7 +11,9 @@
 //                                 puts "served.": tools that collect a tag's files by name prefix
 //                                 through the whole tree must not take it for one of the tag's)
 //   done.<rank>-of-<world>.json   {"index_xxh3": "<16 hex>", "files": [{"path": <relative to
-//                                 the store>, "size": N, "xxh3": "<16 hex>"}, ...]}: that rank
+//                                 the store>, "size": N, "xxh3": "<16 hex>", "chunk_bytes": C,
+//                                 "chunks": "<16 hex per chunk>"}, ...]} (chunks optional:
+//                                 markers written before them lack them): that rank
 //                                 has written its share for the index.json with that hash
 // and <tag>/.ucp/index.lock, flock(2)ed while index.json is replaced (by IndexBuilder too).
 // max_shard_bytes is the store's total bytes over the world size, clamped to [16 MiB, 4 GiB].

@@ -1,43 +1,18 @@
 #include "core/tag/source_check.h"
 
+#include <algorithm>
+#include <memory>
 #include <set>
 #include <utility>
 
 #include "core/format/dtype.h"
 #include "core/format/zip_reader.h"
+#include "core/io/checked_source.h"
 #include "core/io/file.h"
 #include "core/tag/file_hashing.h"
 #include "core/tag/journal.h"
 
 namespace ucp {
-namespace {
-
-// Enough names to find the damage; the rest are counted.
-constexpr size_t kMaxNamedAtoms = 4;
-
-// The atoms with bytes in [begin, end) of file `file`: "exp_avg of wte.weight, ...".
-std::string AtomsWithin(const AtomIndex& index, uint32_t file, uint64_t begin, uint64_t end) {
-  std::vector<std::string> names;
-  for (const Atom& atom : index.atoms()) {
-    for (const Fragment& fragment : atom.fragments) {
-      const uint64_t length = fragment.region.numel() * ItemSize(fragment.dtype);
-      if (fragment.file == file && fragment.offset < end && begin < fragment.offset + length) {
-        names.push_back(atom.state + " of " + atom.param);
-        break;
-      }
-    }
-  }
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < kMaxNamedAtoms; ++i) {
-    out += (i == 0 ? "" : ", ") + names[i];
-  }
-  if (names.size() > kMaxNamedAtoms) {
-    out += " and " + std::to_string(names.size() - kMaxNamedAtoms) + " more";
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<uint32_t> FilesRead(const AtomIndex& index, const OutputPlan& plan) {
   std::set<uint32_t> files;
@@ -57,7 +32,8 @@ std::vector<uint32_t> FilesRead(const AtomIndex& index, const OutputPlan& plan) 
   return {files.begin(), files.end()};
 }
 
-std::string LocateDamage(const AtomIndex& index, uint32_t file, const std::string& tag_dir) {
+std::string LocateDamage(const AtomIndex& index, uint32_t file, const std::string& tag_dir,
+                         uint64_t begin, uint64_t end) {
   if (index.files()[file].role == kStoreAtomsRole) return "";
   Result<File> opened = File::OpenBeneath(tag_dir, index.files()[file].path);
   if (!opened.ok()) return "";
@@ -65,6 +41,7 @@ std::string LocateDamage(const AtomIndex& index, uint32_t file, const std::strin
   if (!zip.ok()) return "its zip structure: " + zip.status().message();
   std::string found;
   for (const ZipRecord& record : zip->records()) {
+    if (record.data_offset >= end || record.data_offset + record.size <= begin) continue;
     const Status crc = zip->VerifyCrc(record);
     if (crc.ok()) continue;
     if (crc.code() != StatusCode::kCorrupt) return found.empty() ? crc.message() : found;
@@ -75,6 +52,15 @@ std::string LocateDamage(const AtomIndex& index, uint32_t file, const std::strin
              " fails its CRC-32" + (held.empty() ? "" : " (it holds " + held + ")");
   }
   return found;
+}
+
+DamageLocator LocateDamageWith(const AtomIndex& index, const std::string& tag_dir) {
+  return [&index, tag_dir](uint32_t file, uint64_t begin, uint64_t end) {
+    const std::string located = LocateDamage(index, file, tag_dir, begin, end);
+    if (!located.empty()) return located;
+    const std::string held = AtomsWithin(index, file, begin, end);
+    return held.empty() ? held : "they hold " + held;
+  };
 }
 
 Status VerifySources(const AtomIndex& index, const std::vector<uint32_t>& files,
@@ -100,6 +86,72 @@ Status VerifySources(const AtomIndex& index, const std::vector<uint32_t>& files,
     const std::string where = LocateDamage(index, files[i], tag_dir);
     return Status::Corrupt(std::string(who) + ": source " + tag_dir + "/" + indexed.path + " has " +
                            differs + (where.empty() ? "" : ": " + where));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Checks the chunks of carried archive `file` that hold what planning read from it: every pickle
+// record and the zip directory (from the end of the last record's data to the end of the file).
+Status CheckArchiveStructure(const AtomIndex& index, uint32_t file, const std::string& tag_dir,
+                             std::string_view who) {
+  const IndexedFile& indexed = index.files()[file];
+  UCP_ASSIGN_OR_RETURN(File opened, File::OpenBeneath(tag_dir, indexed.path));
+  UCP_ASSIGN_OR_RETURN(const uint64_t size, opened.Size());
+  if (size != indexed.size) {
+    return Status::Corrupt(std::string(who) + ": source " + opened.path() + " has " +
+                           std::to_string(size) + " bytes, the index says " +
+                           std::to_string(indexed.size));
+  }
+  UCP_ASSIGN_OR_RETURN(const File structure, File::OpenBeneath(tag_dir, indexed.path));
+  Result<ZipReader> zip = ZipReader::Open(std::move(opened), ZipReader::Limits{});
+  if (!zip.ok()) {
+    return Status::Corrupt(std::string(who) + ": source " + structure.path() +
+                           ": its zip structure: " + zip.status().message());
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
+  uint64_t data_end = 0;
+  for (const ZipRecord& record : zip->records()) {
+    data_end = std::max(data_end, record.data_offset + record.size);
+    if (record.name.ends_with(".pkl")) {
+      ranges.emplace_back(record.data_offset, record.data_offset + record.size);
+    }
+  }
+  ranges.emplace_back(data_end, size);
+  const DamageLocator locate = LocateDamageWith(index, tag_dir);
+  const CheckedSource checked(structure, size, indexed.chunks, [&](uint64_t begin, uint64_t end) {
+    return locate(file, begin, end);
+  });
+  ChunkCache cache;
+  constexpr size_t kBuffer = size_t{256} << 10;
+  std::unique_ptr<std::byte[]> buffer(new std::byte[kBuffer]);
+  for (const auto& [begin, end] : ranges) {
+    for (uint64_t at = begin; at < end;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(end - at, kBuffer));
+      const Status read = checked.ReadAt(at, std::span(buffer.get(), n), cache);
+      if (!read.ok()) return read.WithContext(std::string(who));
+      at += n;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckSourcesBeforeReading(const AtomIndex& index, const OutputPlan& plan,
+                                 const std::string& tag_dir, std::string_view who) {
+  std::vector<uint32_t> whole;
+  for (const uint32_t file : FilesRead(index, plan)) {
+    if (!index.files()[file].chunks.recorded()) whole.push_back(file);
+  }
+  UCP_RETURN_IF_ERROR(VerifySources(index, whole, tag_dir, who));
+  std::set<uint32_t> carried;
+  for (const CarriedObject& object : index.contents().carried) {
+    if (index.files()[object.file].chunks.recorded()) carried.insert(object.file);
+  }
+  for (const uint32_t file : carried) {
+    UCP_RETURN_IF_ERROR(CheckArchiveStructure(index, file, tag_dir, who));
   }
   return Status::Ok();
 }

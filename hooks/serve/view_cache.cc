@@ -137,7 +137,7 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
     return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
   }
   UCP_RETURN_IF_ERROR(EmptyView(directory));
-  const Status verified = VerifySources(index, FilesRead(index, plan), tag_dir, "view");
+  const Status verified = CheckSourcesBeforeReading(index, plan, tag_dir, "view");
   // Only a verdict on the bytes is recorded: a read that failed (EIO, a file missing for now)
   // says nothing about them, and recording it would refuse the view to every later process.
   if (!verified.ok() && verified.code() != StatusCode::kCorrupt) return verified;
@@ -189,8 +189,27 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
     UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory + "/.lock"));
     UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
   }
-  return std::unique_ptr<View>(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                        SplitPlan(std::move(plan)), lease));
+  std::unique_ptr<View> view(new View(std::move(index), std::move(tag_dir), std::move(directory),
+                                      SplitPlan(std::move(plan)), lease));
+  UCP_RETURN_IF_ERROR(view->CheckNoBuildFailed());
+  return view;
+}
+
+std::string View::FailedPath() const { return directory_ + "/failed"; }
+
+Status View::CheckNoBuildFailed() const {
+  if (!IsRegularFile(FailedPath())) return Status::Ok();
+  // The recorded error is one status line; the limit bounds what a damaged file could make us read.
+  Result<std::string> recorded = ReadSmallFile(FailedPath(), 64 << 10);
+  return Status::FailedPrecondition(
+      "view " + directory_ + ": a process of the job failed to build a file of it: " +
+      (recorded.ok() ? recorded.value() : recorded.status().message()) + " (recorded in " +
+      FailedPath() + ")");
+}
+
+void View::RecordBuildFailure(const Status& failure) const {
+  const Status recorded = WriteFileAtomically(FailedPath(), failure.ToString(), false);
+  if (!recorded.ok()) UCP_LOG_WARN("view: {}", recorded.message());
 }
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
@@ -219,20 +238,29 @@ Result<std::string> View::Materialize(const std::string& name) {
     if (ready_.contains(name)) return path;
   }
   if (!IsRegularFile(path)) {
-    // One owner builds it; the others wait until it is there, taking over from an owner that
-    // died or hangs. Names may have directories: the lease sits beside the view's top-level files.
+    UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+    // One owner builds it; the others wait until it is there, or until a build failed, taking
+    // over from an owner that died or hangs. Names may have directories: the lease sits beside
+    // the view's top-level files.
     std::string lease_name = name;
     for (char& c : lease_name) c = c == '/' ? '#' : c;
     UCP_ASSIGN_OR_RETURN(
         const std::optional<OwnerLease> lease,
-        OwnerLease::Acquire(directory_ + "/." + lease_name + ".lease", lease_options_,
-                            [&path] { return IsRegularFile(path); }));
+        OwnerLease::Acquire(
+            directory_ + "/." + lease_name + ".lease", lease_options_,
+            [this, &path] { return IsRegularFile(path) || IsRegularFile(FailedPath()); }));
+    UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
     // Without the lease another owner built it; with it, a previous owner may have.
     if (lease && !IsRegularFile(path)) {
       ExecuteOptions options;
       options.threads = 1;
-      UCP_RETURN_IF_ERROR(ExecutePlan(*plan, *index_, tag_dir_, directory_, options)
-                              .WithContext("view: build " + path));
+      options.locate_damage = LocateDamageWith(*index_, tag_dir_);
+      const Status status = ExecutePlan(*plan, *index_, tag_dir_, directory_, options)
+                                .WithContext("view: build " + path);
+      if (!status.ok()) {
+        RecordBuildFailure(status);
+        return status;
+      }
       UCP_LOG_INFO("view: built {}", path);
       std::lock_guard guard(mutex_);
       ++built_;
@@ -254,6 +282,7 @@ Result<std::string> View::Describe(const std::string& name) {
     }
   }
   if (IsRegularFile(path)) return path;
+  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
   UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(*plan, *index_));
   if (!size) return Materialize(name);
   std::string placeholder = directory_ + "/.planned/" + StoredName(name);

@@ -10,10 +10,17 @@
 //                            "target": {"dp":, "tp":, "pp":, "world":},
 //                            "verified": true|false, "error": "<why not>"}
 //                           written once per index (temporary, fsync, rename): "verified" says
-//                           whether every source file the view reads (those its files take
-//                           bytes from, and the carried files) had its size and XXH3 when the
-//                           view was created; a verification that could not read a source
-//                           (EIO, a missing file) records nothing and fails this open only
+//                           whether the sources checked before reading (source_check.h's
+//                           CheckSourcesBeforeReading: files without chunk hashes whole, the
+//                           carried archives' pickles and directories) passed when the view was
+//                           created; the bytes of files with chunk hashes are checked chunk by
+//                           chunk as each file of the view is built. A verification that could
+//                           not read a source (EIO, a missing file) records nothing and fails
+//                           this open only
+//   <view>/failed           the error of the first build of a file of the view that failed
+//                           (temporary, rename): from then on no process builds or serves a
+//                           file of the view (View::Open, Materialize and Describe fail naming
+//                           it), so the job's processes do not go on with some of its files
 //   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
@@ -82,7 +89,10 @@ class View {
   const std::set<std::string>& names() const { return names_; }
 
   // The absolute path of `name` in the view, built first if no process has built it yet.
-  // kNotFound when `name` is not one of names().
+  // kNotFound when `name` is not one of names(). A build that fails (a chunk failing its hash:
+  // kCorrupt naming the source, the byte range and what it holds) is recorded in <view>/failed;
+  // once it is there, kFailedPrecondition naming it for every name not built yet, in every
+  // process.
   Result<std::string> Materialize(const std::string& name);
 
   // A path whose metadata (stat, access) is that of the file Materialize(name) gives, without
@@ -99,6 +109,11 @@ class View {
        std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
+  std::string FailedPath() const;
+  // kFailedPrecondition with the recorded error once a build of this view failed anywhere.
+  Status CheckNoBuildFailed() const;
+  // Writes <view>/failed (best effort: a failure to write it is logged).
+  void RecordBuildFailure(const Status& failure) const;
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;

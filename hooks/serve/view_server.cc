@@ -82,6 +82,9 @@ struct ViewServer::TagState {
   std::set<std::string> source_files;  // the index's framework files, relative to the tag
   bool from_store = false;             // the view reads the atoms store
   std::atomic<bool> failed{false};
+  // A file of the view was opened for its bytes: after a failure this process can no longer
+  // fall back to the framework's files without mixing two topologies.
+  std::atomic<bool> served{false};
 };
 
 ViewServer::ViewServer(ViewServerOptions options) : options_(std::move(options)) {}
@@ -185,22 +188,30 @@ ServeDecision ViewServer::ResolveFor(std::string_view path, bool metadata_only) 
   // Reading the index and the sources, creating the view and building its files.
   IoPhaseScope phase(IoPhase::kViewBuild);
   const std::shared_ptr<TagState> state = StateOf(match->tag_dir);
-  const ServeDecision failed{
-      options_.strict ? ServeDecision::Kind::kFail : ServeDecision::Kind::kPassThrough, {}};
   if (state == nullptr) return {};
-  if (state->failed) return failed;
+  // After a failure: the framework's files, unless some of the view's were already read here.
+  const auto failed = [&] {
+    const bool fail = options_.strict || state->served;
+    return ServeDecision{fail ? ServeDecision::Kind::kFail : ServeDecision::Kind::kPassThrough, {}};
+  };
+  if (state->failed) return failed();
   if (state->view == nullptr) return {};
   const std::string name_text(name);
   if (state->view->names().contains(name_text)) {
     Result<std::string> built =
         metadata_only ? state->view->Describe(name_text) : state->view->Materialize(name_text);
-    if (built.ok()) return {ServeDecision::Kind::kSubstitute, std::move(*built)};
+    if (built.ok()) {
+      if (!metadata_only) state->served = true;
+      return {ServeDecision::Kind::kSubstitute, std::move(*built)};
+    }
     if (!state->failed.exchange(true)) {
       UCP_LOG_WARN("serve: {}: {}; {}", match->tag_dir, built.status().ToString(),
                    options_.strict ? "its files fail with EIO (UCP_STRICT=1)"
+                   : state->served ? "files of the view were read already: its files fail with "
+                                     "EIO rather than mix two topologies"
                                    : "its files pass through unchanged from now on");
     }
-    return failed;
+    return failed();
   }
   if (state->source_files.contains(name_text)) return {ServeDecision::Kind::kAbsent, {}};
   return {};

@@ -16,8 +16,10 @@
 // ResolveMetadata(path): as Resolve, except that a name of the view not built yet is described
 //   by its placeholder (View::Describe): a stat or access builds nothing.
 //   Any failure (unreadable or invalid index, unresolvable topology, an adapter refusal, source
-//   files that fail verification, a build error) → kPassThrough with one warning per tag in the
-//   log, or kFail under UCP_STRICT=1.
+//   files that fail verification, a build error, a build error another process recorded in the
+//   view) → kPassThrough with one warning per tag in the log, or kFail under UCP_STRICT=1, or
+//   kFail too once this process has opened a file of the view: it must not go on with the
+//   framework's files of another topology beside them.
 // ChangeListing(dir): for a tag directory served as in 3, hide the source topology's files the
 //   view lacks and add the view's names the directory lacks; otherwise nullopt.
 //

@@ -38,7 +38,13 @@ report.check(status == 0 and len(out.strip().splitlines()) == 1,
 with open(index_path, "rb") as f:
     first_bytes = f.read()
 index = json.loads(first_bytes)
-report.check(index["format"] == "ucp-atom-index" and index["version"] == 1, "index format")
+report.check(index["format"] == "ucp-atom-index" and index["version"] == 3, "index format")
+for entry in index["files"]:
+    chunk_bytes = entry.get("chunk_bytes", 0)
+    count = -(-entry["size"] // chunk_bytes) if chunk_bytes else -1
+    # Every fixture file is under one chunk: its one chunk hash is its whole hash.
+    report.check(chunk_bytes == 1 << 20 and entry["chunks"] == entry["xxh3"] and count == 1,
+                 f"{entry['path']}: chunk hashes {chunk_bytes} {entry.get('chunks')!r}")
 report.check(index["tag"] == "global_step5", f"index tag {index['tag']}")
 report.check(index["framework"] == {"name": "deepspeed", "version": "0.14.5"},
              f"framework {index['framework']}")

@@ -313,8 +313,10 @@ def case_atoms(cli, lib, work):
     tag_dir = os.path.join(ckpt, f"global_step{SAVE_STEP}")
     with open(os.path.join(tag_dir, ".ucp", "index.json")) as f:
         index = json.load(f)
-    check(index["version"] == 2 and "store" in index,
+    check(index["version"] == 3 and "store" in index,
           "the index records no atoms store (see the ucp logs)")
+    check(all("chunks" in f for f in index["files"]),
+          "a file of the index has no chunk hashes (the journal's, and the store's markers')")
     stored = sorted(os.path.relpath(os.path.join(d, n), os.path.join(tag_dir, ".ucp", "atoms"))
                     for d, _, names in os.walk(os.path.join(tag_dir, ".ucp", "atoms"))
                     for n in names)

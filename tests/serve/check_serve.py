@@ -5,8 +5,9 @@ check_serve.py served TAG REF DP      the tag reads as REF (`ucp reshard --to dp
 check_serve.py listing TAG REF         os.listdir, os.scandir and glob of TAG show REF's files
     (and .ucp), with REF's sizes through DirEntry.stat and os.stat.
 check_serve.py passthrough TAG         the real files: dp_world_size 4, every rank exists.
-check_serve.py corrupt TAG lenient|strict  lenient: the real files; strict: opening a file of the
-    tag fails with EIO.
+check_serve.py corrupt TAG first|lenient|strict  first: the view's model states (dp2), then EIO
+    for the file whose build meets the damage; lenient: the real files; strict: opening a file of
+    the tag fails with EIO.
 check_serve.py concurrent TAG GO       waits for GO to exist, then opens every dp8 file of TAG at
     once (threads) and prints "name xxh" lines (sha256) in name order.
 check_serve.py digests DIR             the same lines for the files of DIR (no preload needed).
@@ -107,16 +108,24 @@ def check_passthrough(tag):
             fail(f"{optim(rank)} does not exist")
 
 
-def check_corrupt(tag, mode):
-    if mode == "lenient":
-        check_passthrough(tag)
-        return
+def expect_eio(path, why):
     try:
-        read(os.path.join(tag, MODEL))
-        fail("reading the model states succeeded under UCP_STRICT=1")
+        read(path)
+        fail(f"reading {os.path.basename(path)} succeeded {why}")
     except OSError as error:
         if error.errno != errno.EIO:
             fail(f"errno {error.errno}, expected EIO")
+
+
+def check_corrupt(tag, mode):
+    if mode == "lenient":
+        check_passthrough(tag)
+    elif mode == "strict":
+        expect_eio(os.path.join(tag, MODEL), "under UCP_STRICT=1")
+    else:  # first: the view's model states, then its damaged file
+        if load(os.path.join(tag, MODEL))["dp_world_size"] != 2:
+            fail("the first reader was not served the dp2 model states")
+        expect_eio(os.path.join(tag, optim(0)), "after the view's model states were read")
 
 
 def digests(directory, names):

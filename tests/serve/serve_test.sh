@@ -7,8 +7,10 @@
 #                exists/stat of the ranks that are and are not there)
 #   listing      os.listdir, os.scandir and glob show the dp2 file set (dp8: the added ranks)
 #   passthrough  WORLD_SIZE=4 (the source's): the real files, no view is created
-#   corrupt      a source byte changed after indexing: pass-through with a warning in the log;
-#                under UCP_STRICT=1, OSError EIO
+#   corrupt      a source byte changed after indexing: the process whose build reads it, having
+#                read the view's model states, gets EIO for the damaged file (warning naming
+#                the bytes); later processes pass through to the real files; under
+#                UCP_STRICT=1, OSError EIO
 #   concurrent   8 processes open every file at once: each file is built once, same bytes
 #   stale_owner  the builds of two view files owned, as the preload finds them, by a process of
 #                this host that is stopped (hung) and by one that is gone (dead): the reader takes
@@ -75,17 +77,22 @@ case "$case_name" in
     ;;
 
   corrupt)
+    # A byte of tensor data that dp2 rank 0's optimizer file takes (dp4 rank 1's partition).
     "$UCP_PYTHON" - "$tag/zero_pp_rank_1_mp_rank_00_optim_states.pt" <<'PY'
-import sys
+import os, sys
 with open(sys.argv[1], "r+b") as f:
-    f.seek(2000)
+    middle = os.path.getsize(sys.argv[1]) // 2
+    f.seek(middle)
     byte = f.read(1)
-    f.seek(2000)
+    f.seek(middle)
     f.write(bytes([byte[0] ^ 1]))
 PY
-    served_python WORLD_SIZE=2 RANK=0 -- corrupt "$tag" lenient || fail "check_serve.py corrupt"
-    grep -q "warning.*serve: $tag: .*zero_pp_rank_1_mp_rank_00_optim_states.pt" "$work"/logs/ucp.*.log ||
-      fail "no warning naming the changed file: $(cat "$work"/logs/ucp.*.log)"
+    served_python WORLD_SIZE=2 RANK=0 -- corrupt "$tag" first || fail "check_serve.py corrupt first"
+    grep -q "warning.*serve: $tag: .*zero_pp_rank_1_mp_rank_00_optim_states.pt: bytes .*fails its CRC-32.*rather than mix" \
+      "$work"/logs/ucp.*.log || fail "no warning naming the changed bytes: $(cat "$work"/logs/ucp.*.log)"
+    [[ -f $tag/.ucp/views/tp1-pp1-dp2/failed ]] || fail "the failed build is not recorded in the view"
+    # Later processes of the job see the recorded failure before serving anything.
+    served_python WORLD_SIZE=2 RANK=1 -- corrupt "$tag" lenient || fail "check_serve.py corrupt lenient"
     served_python WORLD_SIZE=2 RANK=0 UCP_STRICT=1 -- corrupt "$tag" strict ||
       fail "check_serve.py corrupt strict"
     ;;

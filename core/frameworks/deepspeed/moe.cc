@@ -805,6 +805,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
       role = i + tag.experts.optim.size() >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
     }
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
+    c.files.back().chunks = digests[i].chunks;
   }
 
   std::set<std::string> seen;

@@ -682,6 +682,7 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
       rank = RankCoordinates{so.entry.dp, 0, so.entry.mp};
     }
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
+    c.files.back().chunks = digests[i].chunks;
   }
 
   ParamGroup group =

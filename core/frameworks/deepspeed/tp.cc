@@ -2080,6 +2080,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
     file_index[paths[i]] = at;
     IndexedFile file{paths[i], digests[i].size, digests[i].xxh3, std::string(kLayerRole),
                      std::nullopt};
+    file.chunks = digests[i].chunks;
     if (at < mp) {
       file.role = kModelRole;
       file.rank = RankCoordinates{0, at % tp, at / tp};

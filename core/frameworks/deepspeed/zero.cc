@@ -306,6 +306,7 @@ Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
     IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
                      std::string(i == 0 ? kModelRole : kOptimRole), std::nullopt};
     if (i > 0) file.rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
+    file.chunks = digests[i].chunks;
     c.files.push_back(std::move(file));
   }
 

@@ -738,6 +738,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3,
                        std::string(model ? kModelRole : kOptimRole),
                        RankCoordinates{static_cast<uint32_t>(model ? i : i - dp), 0, 0}});
+    c.files.back().chunks = digests[i].chunks;
   }
 
   std::set<std::string> seen;

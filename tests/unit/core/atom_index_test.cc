@@ -233,13 +233,42 @@ TEST(AtomIndexTest, ReadNamesThePath) {
   EXPECT_THAT(status.message(), HasSubstr("atom index " + path + ": not a valid JSON document"));
 }
 
+TEST(AtomIndexTest, ChunkHashesRoundTripAsVersion3AndMustFitTheirFile) {
+  AtomIndexContents c = SampleContents();
+  c.files[1].chunks = {1024, {1, 2, 3, 4}};
+  const AtomIndex index = AtomIndex::Create(c).value();
+  const Json doc = Json::parse(index.ToJson());
+  EXPECT_EQ(doc["version"], 3);
+  EXPECT_EQ(doc["files"][1]["chunk_bytes"], 1024);
+  EXPECT_EQ(doc["files"][1]["chunks"],
+            "0000000000000001000000000000000200000000000000030000000000000004");
+  EXPECT_FALSE(doc["files"][0].contains("chunks"));
+  Result<AtomIndex> parsed = AtomIndex::Parse(index.ToJson(), "x.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->files()[1].chunks, c.files[1].chunks);
+  EXPECT_FALSE(parsed->files()[0].chunks.recorded());
+  // Without chunk hashes the document stays version 1, as readers before them expect.
+  EXPECT_EQ(Json::parse(SampleJson())["version"], 1);
+
+  c.files[1].chunks.chunk_bytes = 1000;  // 4096 bytes are 5 chunks of 1000
+  const Status misfit = AtomIndex::Create(c).status();
+  EXPECT_EQ(misfit.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(misfit.message(), HasSubstr("files[1].chunks: 4 chunk hashes for 4096 bytes"));
+
+  Json older = Unchecked(index.ToJson());
+  older["version"] = 2;
+  const Status unknown = AtomIndex::Parse(older.dump(), "x.json").status();
+  EXPECT_EQ(unknown.code(), StatusCode::kCorrupt);
+  EXPECT_THAT(unknown.message(), HasSubstr("files[1].chunk_bytes: unknown member"));
+}
+
 TEST(AtomIndexTest, NewerVersionIsUnsupported) {
   Json doc = Unchecked(SampleJson());
-  doc["version"] = 3;
+  doc["version"] = 4;
   doc["something_new"] = true;
   const Status status = AtomIndex::Parse(doc.dump(), "x.json").status();
   EXPECT_EQ(status.code(), StatusCode::kUnsupported);
-  EXPECT_THAT(status.message(), HasSubstr("version 3 is newer than this reader (2)"));
+  EXPECT_THAT(status.message(), HasSubstr("version 4 is newer than this reader (3)"));
 }
 
 struct DocumentCase {

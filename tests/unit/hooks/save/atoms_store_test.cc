@@ -105,7 +105,7 @@ TEST_P(AtomsStoreTest, StoreHoldsWhatUcpExportWrites) {
   ASSERT_TRUE(index->contents().store.has_value());
   EXPECT_EQ(index->contents().store->directory, ".ucp/atoms");
   EXPECT_EQ(index->contents().store->max_shard_bytes, plan->max_shard_bytes);
-  EXPECT_THAT(ReadAll(tag + "/.ucp/index.json"), HasSubstr("\"version\": 2"));
+  EXPECT_THAT(ReadAll(tag + "/.ucp/index.json"), HasSubstr("\"version\": 3"));
   for (const std::string& name : FilesIn(tag + "/.ucp/atoms")) {
     EXPECT_FALSE(name.starts_with("done.")) << name << ": markers outlive the store";
   }

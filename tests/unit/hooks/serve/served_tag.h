@@ -28,7 +28,8 @@ inline std::string FixtureTag(const std::string& config, const std::string& run)
 // Saves the fixture tag's files into `tag_dir` (created; the files of an earlier save there are
 // removed first, .ucp/ is kept) and writes its index, as `ucp index` does. Returns the XXH3 of
 // index.json's bytes.
-inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& tag_dir) {
+inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& tag_dir,
+                           bool chunk_hashes = true) {
   namespace fs = std::filesystem;
   fs::create_directories(tag_dir);
   for (const fs::directory_entry& entry : fs::directory_iterator(tag_dir)) {
@@ -46,6 +47,13 @@ inline uint64_t PrepareTag(const std::string& fixture_tag, const std::string& ta
   Result<AtomIndex> index = adapter.BuildIndex(tag_dir, options);
   EXPECT_TRUE(index.ok()) << index.status().ToString();
   if (!index.ok()) return 0;
+  if (!chunk_hashes) {  // an index as written before chunk hashes
+    AtomIndexContents contents = index->contents();
+    for (IndexedFile& file : contents.files) file.chunks = {};
+    index = AtomIndex::Create(std::move(contents));
+    EXPECT_TRUE(index.ok()) << index.status().ToString();
+    if (!index.ok()) return 0;
+  }
   EXPECT_TRUE(CreateDirectories(tag_dir + "/.ucp").ok());
   const std::string index_path = AtomIndexPath(tag_dir);
   const Status written = index->Write(index_path);

@@ -190,21 +190,24 @@ TEST(ViewCacheTest, ResavedTagRebuildsTheView) {
                ReadAll(expected + "/mp_rank_00_model_states.pt"));
 }
 
-TEST(ViewCacheTest, CorruptedSourceIsCorruptNamingTheFile) {
+// Flips one byte in the middle of `path`.
+void FlipMiddleByte(const std::string& path) {
+  Result<File> file = File::Open(path, File::Mode::kReadWrite);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<uint64_t> size = file->Size();
+  ASSERT_TRUE(size.ok());
+  std::byte byte{};
+  ASSERT_TRUE(file->ReadAt(*size / 2, {&byte, 1}).ok());
+  byte ^= std::byte{0x40};
+  ASSERT_TRUE(file->WriteAt(*size / 2, {&byte, 1}).ok());
+}
+
+TEST(ViewCacheTest, WithoutChunkHashesACorruptedSourceFailsTheOpenNamingTheFile) {
   const fs::path scratch = ScratchDirectory("view_cache");
   const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag, false);
   const std::string victim = tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
-  {
-    Result<File> file = File::Open(victim, File::Mode::kReadWrite);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    Result<uint64_t> size = file->Size();
-    ASSERT_TRUE(size.ok());
-    std::byte byte{};
-    ASSERT_TRUE(file->ReadAt(*size / 2, {&byte, 1}).ok());
-    byte ^= std::byte{0x40};
-    ASSERT_TRUE(file->WriteAt(*size / 2, {&byte, 1}).ok());
-  }
+  FlipMiddleByte(victim);
   for (int attempt = 0; attempt < 2; ++attempt) {  // the second finds the verdict in view.json
     Result<std::unique_ptr<View>> view =
         View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
@@ -213,6 +216,40 @@ TEST(ViewCacheTest, CorruptedSourceIsCorruptNamingTheFile) {
     EXPECT_THAT(view.status().message(), HasSubstr(victim));
   }
   EXPECT_THAT(ReadAll(tag + "/.ucp/views/tp1-pp1-dp2/view.json"), HasSubstr("\"verified\": false"));
+}
+
+TEST(ViewCacheTest, ADamagedChunkFailsOnlyTheFileThatReadsItNamingTheRangeAndAtoms) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  // dp4 rank 1's partition goes to dp2 rank 0's file, and to no other.
+  const std::string victim = tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  FlipMiddleByte(victim);
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  for (const char* healthy :
+       {"mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"}) {
+    const Result<std::string> built = (*view)->Materialize(healthy);
+    EXPECT_TRUE(built.ok()) << healthy << ": " << built.status().ToString();
+  }
+  const Result<std::string> damaged =
+      (*view)->Materialize("zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kCorrupt);
+  EXPECT_THAT(damaged.status().message(), HasSubstr("source " + victim + ": bytes [0, "));
+  EXPECT_THAT(damaged.status().message(),
+              HasSubstr("/data/2 fails its CRC-32 (it holds exp_avg_sq of blocks.0.fc1.weight"));
+  EXPECT_FALSE(
+      fs::exists((*view)->directory() + "/served.zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  // Recorded for the job: no process opens the view again, nor builds another file of it.
+  EXPECT_THAT(ReadAll((*view)->directory() + "/failed"), HasSubstr(victim));
+  Result<std::unique_ptr<View>> again =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("failed to build a file of it"));
+  EXPECT_THAT(again.status().message(), HasSubstr(victim));
 }
 
 }  // namespace
