@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seeds the atom index fuzz corpus (CORPUS_DIR, $1) with valid documents: flat and box
-# fragments, a 0-d atom, an optional rank, groups and carried objects, an atoms store.
+# fragments, a 0-d atom, an optional rank, groups and carried objects, an atoms store, chunk
+# hashes.
 set -euo pipefail
 corpus=$1
 mkdir -p "$corpus"
@@ -61,4 +62,22 @@ cat >"$corpus/seed_store" <<'JSON'
  "carried": [{"role": "model_states", "file": 0, "rewritten": ["dp_world_size"]}],
  "adapter_state": {},
  "store": {"directory": ".ucp/atoms", "max_shard_bytes": 16777216}}
+JSON
+cat >"$corpus/seed_chunks" <<'JSON'
+{"format": "ucp-atom-index", "version": 3,
+ "framework": {"name": "deepspeed", "version": "0.19.8"},
+ "adapter": {"name": "deepspeed-zero12", "schema": 1},
+ "tag": "global_step5",
+ "topology": {"dp": 1, "tp": 1, "pp": 1, "world": 1, "zero_stage": 2},
+ "files": [{"path": "mp_rank_00_model_states.pt", "size": 100, "xxh3": "0123456789abcdef",
+            "role": "model_states", "chunk_bytes": 64,
+            "chunks": "00000000000000010000000000000002"},
+           {"path": "zero_pp_rank_0_mp_rank_00_optim_states.pt", "size": 256,
+            "xxh3": "00000000000000ff", "role": "optim_states", "rank": {"dp": 0, "tp": 0, "pp": 0},
+            "chunk_bytes": 1048576, "chunks": "00000000000000ff"}],
+ "atoms": [{"param": "w", "state": "fp32", "dtype": "float32", "shape": [3, 4],
+            "fragments": [{"file": 1, "offset": 64, "dtype": "float32", "region": {"flat": [0, 12]}}]}],
+ "groups": [{"params": ["w"], "hyperparameters": {"lr": 0.003}, "scalars": {"step": 5}}],
+ "carried": [{"role": "model_states", "file": 0, "rewritten": ["dp_world_size"]}],
+ "adapter_state": {}}
 JSON
