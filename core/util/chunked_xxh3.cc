@@ -12,10 +12,13 @@ ChunkedXxh3::ChunkedXxh3(uint64_t chunk_bytes) : chunk_bytes_(chunk_bytes == 0 ?
 }
 
 void ChunkedXxh3::Update(std::span<const std::byte> bytes) {
-  Xxh3Update(whole_, bytes);
+  // Both hashes take each piece in turn, so the second reads it from L2, not from memory: hashing
+  // is memory-bound, and a second pass over a big write would cost as much as the first.
+  constexpr uint64_t kPiece = 64 << 10;
   while (!bytes.empty()) {
     const uint64_t room = chunk_bytes_ - size_ % chunk_bytes_;
-    const size_t take = static_cast<size_t>(std::min<uint64_t>(room, bytes.size()));
+    const size_t take = static_cast<size_t>(std::min({room, kPiece, uint64_t{bytes.size()}}));
+    Xxh3Update(whole_, bytes.first(take));
     Xxh3Update(chunk_, bytes.first(take));
     size_ += take;
     bytes = bytes.subspan(take);
