@@ -277,6 +277,17 @@ Result<FileDigest> HashFile(const std::string& path) {
   return HashFile(file);
 }
 
+std::unordered_map<std::string, const JournalRecord*> NewestCloses(
+    const std::vector<JournalRecord>& records, int64_t after_ns) {
+  std::unordered_map<std::string, const JournalRecord*> newest;
+  for (const JournalRecord& record : records) {
+    if (record.role != FileRole::kData || record.durable || record.time_ns <= after_ns) continue;
+    const JournalRecord*& known = newest[record.path];
+    if (known == nullptr || record.time_ns >= known->time_ns) known = &record;
+  }
+  return newest;
+}
+
 Result<JournalContents> ReadJournal(const std::string& path) {
   UCP_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
   return ParseJournal(path, bytes);

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/frameworks/checkpoint_layout.h"
@@ -103,6 +104,12 @@ struct FileDigest {
 Result<FileDigest> HashFile(const File& file);
 // Opens `path` and hashes it.
 Result<FileDigest> HashFile(const std::string& path);
+
+// The newest close of each path among `records` after `after_ns`: data records that are not
+// durable repeats (those repeat a close), time_ns > after_ns, the later record winning a tie (the
+// journal's order). One pass: O(records), whatever the number of ranks.
+std::unordered_map<std::string, const JournalRecord*> NewestCloses(
+    const std::vector<JournalRecord>& records, int64_t after_ns);
 
 // Reads and parses one journal file.
 Result<JournalContents> ReadJournal(const std::string& path);

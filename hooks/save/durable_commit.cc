@@ -10,6 +10,7 @@
 #include <ctime>
 #include <exception>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/frameworks/framework_adapter.h"
@@ -95,23 +96,27 @@ std::vector<std::string> NotYetDurable(
     const std::vector<JournalRecord>& records, const std::vector<std::string>& expected,
     int64_t start_ns,
     const std::function<std::optional<uint64_t>(const std::string&)>& size_on_disk) {
+  // The newest close decides: an older one may describe bytes since rewritten.
+  const auto newest = NewestCloses(records, start_ns);
+  // The closes a durable repeat vouches for, as (path, pid, time_ns, size, xxh3).
+  using Close = std::tuple<std::string_view, int64_t, int64_t, uint64_t, uint64_t>;
+  std::set<Close> durable;
+  for (const JournalRecord& record : records) {
+    if (record.durable && record.role == FileRole::kData) {
+      durable.emplace(record.path, record.pid, record.time_ns, record.size, record.xxh3);
+    }
+  }
   std::vector<std::string> missing;
   for (const std::string& path : expected) {
-    // The newest close decides: an older one may describe bytes since rewritten.
-    const JournalRecord* newest = nullptr;
-    for (const JournalRecord& record : records) {
-      if (record.role == FileRole::kData && !record.durable && record.path == path &&
-          record.time_ns > start_ns && (newest == nullptr || record.time_ns >= newest->time_ns)) {
-        newest = &record;
-      }
+    const auto close = newest.find(path);
+    if (close == newest.end()) {
+      missing.push_back(path);
+      continue;
     }
-    const auto durable = [newest](const JournalRecord& record) {
-      return record.durable && record.role == FileRole::kData && record.path == newest->path &&
-             record.pid == newest->pid && record.time_ns == newest->time_ns &&
-             record.size == newest->size && record.xxh3 == newest->xxh3;
-    };
-    if (newest == nullptr || size_on_disk(path) != std::optional<uint64_t>(newest->size) ||
-        std::none_of(records.begin(), records.end(), durable)) {
+    const JournalRecord& record = *close->second;
+    if (size_on_disk(path) != std::optional<uint64_t>(record.size) ||
+        !durable.contains(
+            Close{record.path, record.pid, record.time_ns, record.size, record.xxh3})) {
       missing.push_back(path);
     }
   }
@@ -264,6 +269,7 @@ void DurableCommit::Run() {
   ReentrancyGuard guard;
   IoPhaseScope phase(IoPhase::kDurableCommit);
   std::unique_lock<std::mutex> lock(mutex_);
+  std::chrono::milliseconds poll = kFirstPollInterval;
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty() || !publishes_.empty(); });
     if (stopping_) return;
@@ -277,8 +283,10 @@ void DurableCommit::Run() {
     lock.lock();
     busy_ = false;
     wake_.notify_all();
+    // Newly closed files of this process restart the backoff: they are what a publish waits on.
+    poll = files.empty() ? std::min(2 * poll, kLastPollInterval) : kFirstPollInterval;
     if (waiting) {
-      wake_.wait_for(lock, kPollInterval, [this] { return stopping_ || !queue_.empty(); });
+      wake_.wait_for(lock, poll, [this] { return stopping_ || !queue_.empty(); });
     }
   }
 }

@@ -94,7 +94,10 @@ struct DurableCommitOptions {
 
 class DurableCommit final : public CommitListener, public WriteRedirect {
  public:
-  static constexpr std::chrono::milliseconds kPollInterval{20};
+  // While a publish waits for other ranks' files: polls of the journals, backing off while this
+  // process closes nothing new.
+  static constexpr std::chrono::milliseconds kFirstPollInterval{20};
+  static constexpr std::chrono::milliseconds kLastPollInterval{1000};
 
   explicit DurableCommit(DurableCommitOptions options);
   ~DurableCommit() override;  // stops waiting (pending files stay), joins the worker

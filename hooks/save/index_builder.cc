@@ -39,21 +39,15 @@ Result<std::vector<std::string>> NotYetClosed(const std::string& tag_dir,
   }
   const std::vector<JournalRecord> none;
   const std::vector<JournalRecord>& records = journals.ok() ? journals->records : none;
-  const int64_t start = SaveStartNs(records, commit_time_ns);
+  // The newest record decides: an older one may describe bytes since rewritten.
+  const auto newest = NewestCloses(records, SaveStartNs(records, commit_time_ns));
   std::vector<std::string> missing;
   for (const std::string& path : expected) {
-    // The newest record decides: an older one may describe bytes since rewritten.
-    const JournalRecord* newest = nullptr;
-    for (const JournalRecord& record : records) {
-      if (record.role == FileRole::kData && record.path == path && record.time_ns > start &&
-          (newest == nullptr || record.time_ns >= newest->time_ns)) {
-        newest = &record;
-      }
-    }
+    const auto close = newest.find(path);
     struct stat st {};
     const std::string full = tag_dir + "/" + path;
-    if (newest == nullptr || ::stat(full.c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) != newest->size) {
+    if (close == newest.end() || ::stat(full.c_str(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) != close->second->size) {
       missing.push_back(path);
     }
   }
@@ -181,9 +175,9 @@ bool IndexBuilder::Abandoned(const Pending& pending) const {
   return stopping_ || it == latest_.end() || it->second != pending.seq;
 }
 
-bool IndexBuilder::PollWait(const Pending& pending) {
+bool IndexBuilder::PollWait(const Pending& pending, std::chrono::milliseconds interval) {
   std::unique_lock<std::mutex> lock(mutex_);
-  return !wake_.wait_for(lock, kPollInterval, [&] { return Abandoned(pending); });
+  return !wake_.wait_for(lock, interval, [&] { return Abandoned(pending); });
 }
 
 bool IndexBuilder::Build(const Pending& pending) {
@@ -205,7 +199,8 @@ bool IndexBuilder::Build(const Pending& pending) {
   }
   const auto give_up = std::chrono::steady_clock::now() + options_.wait;
   std::string waiting;  // what the last poll still missed, for the give-up message
-  for (;;) {
+  for (std::chrono::milliseconds interval = kFirstPollInterval;;
+       interval = std::min(2 * interval, kLastPollInterval)) {
     Result<std::vector<std::string>> expected = (*adapter)->ExpectedFiles(tag_dir);
     if (expected.ok()) {
       Result<std::vector<std::string>> missing =
@@ -229,7 +224,7 @@ bool IndexBuilder::Build(const Pending& pending) {
           tag_dir, options_.wait.count(), waiting);
       return false;
     }
-    if (!PollWait(pending)) {
+    if (!PollWait(pending, interval)) {
       UCP_LOG_INFO("index: {}: build abandoned (a newer commit of the tag, or teardown)", tag_dir);
       return false;
     }

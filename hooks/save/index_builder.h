@@ -6,8 +6,10 @@
 // the final barrier of engine.save_checkpoint, so other ranks may still be writing theirs. The
 // builder asks the tag's adapter which files a complete save holds (ExpectedFiles) and waits until
 // each is recorded closed in the tag's journals by a record of this save (newer than the
-// tag's previous commit record, if any) whose size is the file's size on disk now. It polls
-// (kPollInterval) up to options.wait; past that it gives up, logged, and the tag stays unindexed.
+// tag's previous commit record, if any) whose size is the file's size on disk now. It polls up to
+// options.wait, backing off from kFirstPollInterval to kLastPollInterval (each poll reads every
+// rank's journal once, O(ranks), so a save of thousands of ranks that takes minutes costs a few
+// hundred polls, not thousands); past that it gives up, logged, and the tag stays unindexed.
 //
 // Then it builds the index with the adapter (hashes come from those journal records) and commits
 // it atomically (temporary name, fsync, rename, fsync of .ucp/). A second commit of the same tag
@@ -57,7 +59,8 @@ struct IndexBuilderOptions {
 
 class IndexBuilder final : public CommitListener {
  public:
-  static constexpr std::chrono::milliseconds kPollInterval{50};
+  static constexpr std::chrono::milliseconds kFirstPollInterval{50};
+  static constexpr std::chrono::milliseconds kLastPollInterval{1000};
 
   explicit IndexBuilder(IndexBuilderOptions options);
   ~IndexBuilder() override;  // stops waiting, abandons queued builds, joins the worker
@@ -90,8 +93,8 @@ class IndexBuilder final : public CommitListener {
   bool Build(const Pending& pending);
   // True when `pending` must stop: a newer commit of its tag, or Drain's deadline, or teardown.
   bool Abandoned(const Pending& pending) const;  // caller holds mutex_
-  // Sleeps up to kPollInterval; false when the build is abandoned meanwhile.
-  bool PollWait(const Pending& pending);
+  // Sleeps up to `interval`; false when the build is abandoned meanwhile.
+  bool PollWait(const Pending& pending, std::chrono::milliseconds interval);
 
   const IndexBuilderOptions options_;
   mutable std::mutex mutex_;

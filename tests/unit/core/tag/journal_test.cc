@@ -166,6 +166,31 @@ TEST_F(JournalTest, ChunkHashesRoundTripAndMustFitTheSize) {
   EXPECT_THAT(corrupt("\"chunks\":\"0", "\"chunks\":\"X").message(), HasSubstr("hex digit"));
 }
 
+TEST_F(JournalTest, NewestClosesTakesEachPathsLatestCloseAfterTheStart) {
+  std::vector<JournalRecord> records;
+  const auto add = [&](const std::string& path, int64_t time_ns, uint64_t size) {
+    JournalRecord record = Record(path, size);
+    record.time_ns = time_ns;
+    records.push_back(record);
+    return &records.back();
+  };
+  records.reserve(8);
+  add("a.pt", 100, 1);  // before the start
+  const JournalRecord* a = add("a.pt", 300, 2);
+  add("a.pt", 250, 3);  // older, journaled later (another process)
+  JournalRecord* repeat = add("a.pt", 400, 4);
+  repeat->durable = true;  // repeats a close: never the close itself
+  add("b.pt", 300, 5);
+  const JournalRecord* b = add("b.pt", 300, 6);  // a tie: the later record
+  add("c.pt", 150, 7);                           // only before the start
+  JournalRecord* commit = add("../latest", 500, 8);
+  commit->role = FileRole::kCommitSignal;
+  const auto newest = NewestCloses(records, 200);
+  EXPECT_EQ(newest.size(), 2u);
+  EXPECT_EQ(newest.at("a.pt"), a);
+  EXPECT_EQ(newest.at("b.pt"), b);
+}
+
 TEST_F(JournalTest, UnknownMembersAreIgnored) {
   std::string line = *EncodeJournalRecord(Record("a.pt", 1));
   line.insert(1, "\"future\":{\"x\":[1]},");

@@ -259,7 +259,7 @@ TEST_F(IndexBuilderTest, NewerCommitSupersedesAWaitingBuild) {
     if (IsRankZero(name)) Journal(name);
   }
   Commit(builder);
-  std::this_thread::sleep_for(3 * IndexBuilder::kPollInterval);
+  std::this_thread::sleep_for(3 * IndexBuilder::kFirstPollInterval);
   names = Save("z2_bf16", "dp4");
   for (const std::string& name : names) {
     if (IsRankZero(name)) Journal(name);
@@ -320,7 +320,7 @@ TEST_F(IndexBuilderTest, DrainWithAPastDeadlineAbandonsTheWaitingBuild) {
       if (IsRankZero(name)) Journal(name);
     }
     Commit(builder);
-    std::this_thread::sleep_for(3 * IndexBuilder::kPollInterval);
+    std::this_thread::sleep_for(3 * IndexBuilder::kFirstPollInterval);
     builder.Drain(steady_clock::now() - std::chrono::seconds(1));
     EXPECT_EQ(builder.committed(), 0u);
   }
