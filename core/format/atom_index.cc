@@ -168,17 +168,9 @@ Result<IndexedFile> ReadFileEntry(const DocumentReader& doc, const Json& value,
   if (value.contains("copy_of")) {
     UCP_ASSIGN_OR_RETURN(file.copy_of, doc.U32(value, path, "copy_of"));
   }
-  if (value.contains("chunk_bytes") != value.contains("chunks")) {
-    return doc.Error(Member(path, "chunks"), "\"chunk_bytes\" and \"chunks\" come together");
-  }
-  if (value.contains("chunks")) {
-    UCP_ASSIGN_OR_RETURN(file.chunks.chunk_bytes, doc.U64(value, path, "chunk_bytes"));
-    if (file.chunks.chunk_bytes == 0) return doc.Error(Member(path, "chunk_bytes"), "0");
-    UCP_ASSIGN_OR_RETURN(const std::string chunks, doc.String(value, path, "chunks"));
-    Result<std::vector<uint64_t>> hashes = ParseChunkHashes(chunks);
-    if (!hashes.ok()) return doc.Error(Member(path, "chunks"), hashes.status().message());
-    file.chunks.hashes = std::move(hashes).value();
-  }
+  Result<ChunkHashes> chunks = ChunkHashesFromJson(value, file.size);
+  if (!chunks.ok()) return doc.Error(Member(path, "chunks"), chunks.status().message());
+  file.chunks = std::move(chunks).value();
   return file;
 }
 
@@ -695,10 +687,7 @@ std::string AtomIndex::ToJson() const {
       entry["rank"] = {{"dp", file.rank->dp}, {"tp", file.rank->tp}, {"pp", file.rank->pp}};
     }
     if (file.copy_of) entry["copy_of"] = *file.copy_of;
-    if (file.chunks.recorded()) {
-      entry["chunk_bytes"] = file.chunks.chunk_bytes;
-      entry["chunks"] = FormatChunkHashes(file.chunks.hashes);
-    }
+    PutChunkHashes(file.chunks, entry);
     files.push_back(std::move(entry));
   }
   root["files"] = std::move(files);

@@ -187,15 +187,9 @@ Status SafetensorsWriter::Write(const std::string& path, const WriteOptions& opt
           if (run.checked != nullptr) {
             // Bytes to be checked pass through memory: copy_file_range would not show them.
             if (checked_buffer == nullptr) checked_buffer.reset(new std::byte[kCheckedBuffer]);
-            uint64_t done = 0;
             const Status streamed =
-                StreamRuns(std::span(&run, 1), std::span(checked_buffer.get(), kCheckedBuffer),
-                           [&](std::span<const std::byte> piece) -> Status {
-                             UCP_RETURN_IF_ERROR(out.WriteAt(at + done, piece));
-                             done += piece.size();
-                             if (options.progress) options.progress(piece.size());
-                             return Status::Ok();
-                           });
+                WriteRuns(std::span(&run, 1), out, at,
+                          std::span(checked_buffer.get(), kCheckedBuffer), options.progress);
             if (!streamed.ok()) return streamed;
             at += run.length;
             continue;

@@ -47,4 +47,14 @@ Status StreamRuns(std::span<const ByteRun> runs, std::span<std::byte> buffer,
   return Status::Ok();
 }
 
+Status WriteRuns(std::span<const ByteRun> runs, File& out, uint64_t at, std::span<std::byte> buffer,
+                 const std::function<void(uint64_t)>& progress) {
+  return StreamRuns(runs, buffer, [&](std::span<const std::byte> piece) -> Status {
+    UCP_RETURN_IF_ERROR(out.WriteAt(at, piece));
+    at += piece.size();
+    if (progress) progress(piece.size());
+    return Status::Ok();
+  });
+}
+
 }  // namespace ucp

@@ -39,4 +39,11 @@ struct ByteRun {
 [[nodiscard]] Status StreamRuns(std::span<const ByteRun> runs, std::span<std::byte> buffer,
                                 const std::function<Status(std::span<const std::byte>)>& sink);
 
+// Streams `runs` (StreamRuns) into `out` from byte `at` on, calling `progress` (when set) with the
+// size of each piece written. For bytes that must pass through memory (checked runs); the caller
+// syncs and closes `out`.
+[[nodiscard]] Status WriteRuns(std::span<const ByteRun> runs, File& out, uint64_t at,
+                               std::span<std::byte> buffer,
+                               const std::function<void(uint64_t)>& progress);
+
 }  // namespace ucp

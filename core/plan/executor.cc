@@ -157,14 +157,8 @@ class Execution {
   Status CopyChecked(uint32_t file, File& out, uint64_t size) {
     const ByteRun run{&sources_[file], 0, size, checked_[file].get()};
     std::unique_ptr<std::byte[]> buffer(new std::byte[options_.chunk_bytes]);
-    uint64_t done = 0;
-    return StreamRuns(std::span(&run, 1), std::span(buffer.get(), options_.chunk_bytes),
-                      [&](std::span<const std::byte> piece) -> Status {
-                        UCP_RETURN_IF_ERROR(out.WriteAt(done, piece));
-                        done += piece.size();
-                        Progress(piece.size());
-                        return Status::Ok();
-                      });
+    return WriteRuns(std::span(&run, 1), out, 0, std::span(buffer.get(), options_.chunk_bytes),
+                     [this](uint64_t bytes) { Progress(bytes); });
   }
 
   Status Write(const TextOutput& output) {

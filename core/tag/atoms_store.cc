@@ -100,20 +100,9 @@ Result<std::optional<WrittenFiles>> ReadMarkers(const std::string& store, uint32
       const Result<uint64_t> xxh3 = ParseXxh3(file["xxh3"].get<std::string>());
       if (!xxh3.ok()) return corrupt("files: " + xxh3.status().message());
       FileDigest digest{file["size"].get<uint64_t>(), *xxh3, {}};
-      if (file.contains("chunks")) {
-        if (!file.contains("chunk_bytes") || !file["chunk_bytes"].is_number_unsigned() ||
-            file["chunk_bytes"].get<uint64_t>() == 0 || !file["chunks"].is_string()) {
-          return corrupt("files: chunks without a positive chunk_bytes, or not a string");
-        }
-        digest.chunks.chunk_bytes = file["chunk_bytes"].get<uint64_t>();
-        Result<std::vector<uint64_t>> hashes = ParseChunkHashes(file["chunks"].get<std::string>());
-        if (!hashes.ok()) return corrupt("files: " + hashes.status().message());
-        digest.chunks.hashes = std::move(hashes).value();
-        if (const std::string wrong = ChunkHashesMismatch(digest.chunks, digest.size);
-            !wrong.empty()) {
-          return corrupt("files: " + wrong);
-        }
-      }
+      Result<ChunkHashes> chunks = ChunkHashesFromJson(file, digest.size);
+      if (!chunks.ok()) return corrupt("files: " + chunks.status().message());
+      digest.chunks = std::move(chunks).value();
       written[file["path"].get<std::string>()] = std::move(digest);
     }
   }
@@ -226,11 +215,10 @@ Status WriteStoreShare(const AtomIndex& index, uint64_t index_xxh3, const std::s
     UCP_RETURN_IF_ERROR(
         ExecutePlan(unit.plan, index, tag_dir, store, options).WithContext("atoms store"));
     UCP_ASSIGN_OR_RETURN(const FileDigest digest, HashFile(store + "/" + unit.path));
-    files.push_back({{"path", unit.path},
-                     {"size", digest.size},
-                     {"xxh3", FormatXxh3(digest.xxh3)},
-                     {"chunk_bytes", digest.chunks.chunk_bytes},
-                     {"chunks", FormatChunkHashes(digest.chunks.hashes)}});
+    nlohmann::ordered_json entry = {
+        {"path", unit.path}, {"size", digest.size}, {"xxh3", FormatXxh3(digest.xxh3)}};
+    PutChunkHashes(digest.chunks, entry);
+    files.push_back(std::move(entry));
   }
   const nlohmann::ordered_json marker = {{"index_xxh3", FormatXxh3(index_xxh3)},
                                          {"files", std::move(files)}};

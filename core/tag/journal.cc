@@ -124,22 +124,7 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
     if (!durable->is_boolean()) return Status::Corrupt("\"durable\" is not a boolean");
     record.durable = durable->get<bool>();
   }
-  const Json* chunk_bytes = member("chunk_bytes");
-  const Json* chunks = member("chunks");
-  if ((chunk_bytes == nullptr) != (chunks == nullptr)) {
-    return Status::Corrupt("\"chunk_bytes\" and \"chunks\" come together");
-  }
-  if (chunk_bytes != nullptr) {
-    if (!chunk_bytes->is_number_unsigned() || chunk_bytes->get<uint64_t>() == 0) {
-      return Status::Corrupt("\"chunk_bytes\" is not a positive integer");
-    }
-    if (!chunks->is_string()) return Status::Corrupt("\"chunks\" is not a string");
-    record.chunks.chunk_bytes = chunk_bytes->get<uint64_t>();
-    UCP_ASSIGN_OR_RETURN(record.chunks.hashes, ParseChunkHashes(chunks->get<std::string>()));
-    if (const std::string wrong = ChunkHashesMismatch(record.chunks, record.size); !wrong.empty()) {
-      return Status::Corrupt("\"chunks\": " + wrong);
-    }
-  }
+  UCP_ASSIGN_OR_RETURN(record.chunks, ChunkHashesFromJson(json, record.size));
   return record;
 }
 
@@ -200,10 +185,7 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
     json["framework"] = record.framework;
     json["role"] = FileRoleName(record.role);
     if (record.durable) json["durable"] = true;
-    if (record.chunks.recorded()) {
-      json["chunk_bytes"] = record.chunks.chunk_bytes;
-      json["chunks"] = FormatChunkHashes(record.chunks.hashes);
-    }
+    PutChunkHashes(record.chunks, json);
     return json.dump() + "\n";
   } catch (const std::exception& error) {
     return Status::InvalidArgument("journal: record for \"" + record.path + "\": " + error.what());

@@ -104,10 +104,10 @@ Status CheckArchiveStructure(const AtomIndex& index, uint32_t file, const std::s
                            std::to_string(size) + " bytes, the index says " +
                            std::to_string(indexed.size));
   }
-  UCP_ASSIGN_OR_RETURN(const File structure, File::OpenBeneath(tag_dir, indexed.path));
+  const std::string opened_path = opened.path();
   Result<ZipReader> zip = ZipReader::Open(std::move(opened), ZipReader::Limits{});
   if (!zip.ok()) {
-    return Status::Corrupt(std::string(who) + ": source " + structure.path() +
+    return Status::Corrupt(std::string(who) + ": source " + opened_path +
                            ": its zip structure: " + zip.status().message());
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
@@ -120,7 +120,7 @@ Status CheckArchiveStructure(const AtomIndex& index, uint32_t file, const std::s
   }
   ranges.emplace_back(data_end, size);
   const DamageLocator locate = LocateDamageWith(index, tag_dir);
-  const CheckedSource checked(structure, size, indexed.chunks, [&](uint64_t begin, uint64_t end) {
+  const CheckedSource checked(zip->file(), size, indexed.chunks, [&](uint64_t begin, uint64_t end) {
     return locate(file, begin, end);
   });
   ChunkCache cache;

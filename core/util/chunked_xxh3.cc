@@ -77,4 +77,25 @@ Result<std::vector<uint64_t>> ParseChunkHashes(std::string_view text) {
   return hashes;
 }
 
+Result<ChunkHashes> ChunkHashesFromJson(const nlohmann::json& object, uint64_t size) {
+  const auto chunk_bytes = object.find("chunk_bytes");
+  const auto chunks = object.find("chunks");
+  if ((chunk_bytes == object.end()) != (chunks == object.end())) {
+    return Status::Corrupt("\"chunk_bytes\" and \"chunks\" come together");
+  }
+  if (chunks == object.end()) return ChunkHashes{};
+  if (!chunk_bytes->is_number_unsigned() || chunk_bytes->get<uint64_t>() == 0) {
+    return Status::Corrupt("\"chunk_bytes\" is not a positive integer");
+  }
+  if (!chunks->is_string()) return Status::Corrupt("\"chunks\" is not a string");
+  ChunkHashes parsed{chunk_bytes->get<uint64_t>(), {}};
+  Result<std::vector<uint64_t>> hashes = ParseChunkHashes(chunks->get<std::string>());
+  if (!hashes.ok()) return Status::Corrupt("\"chunks\": " + hashes.status().message());
+  parsed.hashes = std::move(hashes).value();
+  if (const std::string wrong = ChunkHashesMismatch(parsed, size); !wrong.empty()) {
+    return Status::Corrupt("\"chunks\": " + wrong);
+  }
+  return parsed;
+}
+
 }  // namespace ucp

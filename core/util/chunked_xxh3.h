@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,5 +73,19 @@ class ChunkedXxh3 {
 std::string FormatChunkHashes(std::span<const uint64_t> hashes);
 // What FormatChunkHashes wrote; kCorrupt naming what is wrong otherwise.
 Result<std::vector<uint64_t>> ParseChunkHashes(std::string_view text);
+
+// The chunk hashes of a file of `size` bytes that a JSON object's members "chunk_bytes" and
+// "chunks" hold (the journal's, the index's and the atoms store's spelling): none recorded when
+// both are absent; kCorrupt naming the member when one comes alone, chunk_bytes is not a positive
+// integer, chunks is not FormatChunkHashes' text, or the count does not fit `size`.
+Result<ChunkHashes> ChunkHashesFromJson(const nlohmann::json& object, uint64_t size);
+
+// Adds "chunk_bytes" and "chunks" to `object` when `chunks` is recorded.
+template <typename Json>
+void PutChunkHashes(const ChunkHashes& chunks, Json& object) {
+  if (!chunks.recorded()) return;
+  object["chunk_bytes"] = chunks.chunk_bytes;
+  object["chunks"] = FormatChunkHashes(chunks.hashes);
+}
 
 }  // namespace ucp
