@@ -31,7 +31,7 @@ enum class IoPhase : uint8_t {
   kIndexBuild,     // the index builder: reading and hashing sources, writing index.json
   kAtoms,          // the atoms store (UCP_MODE=atoms): shares, markers, the rewritten index
   kViewBuild,      // the view server: reading the index and sources, building the view cache
-  kJournal,        // appending a record to a tag's journal
+  kJournal,        // appending a record to a tag's journal, replacing its save generation
   kDurableCommit,  // UCP_DURABLE's fsyncs and the commit signal's temporary/rename
 };
 inline constexpr int kIoPhaseCount = 6;

@@ -1,12 +1,8 @@
 #include "core/tag/file_hashing.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include "core/io/fault_injection.h"
@@ -15,34 +11,17 @@
 namespace ucp {
 namespace {
 
-// The newest journal record of every path (records are appended in close order within a file;
-// across files the close time decides).
-std::map<std::string, JournalRecord> NewestRecords(const std::string& tag_dir) {
-  std::map<std::string, JournalRecord> newest;
+// The journal's digest of each file whose close record describes its bytes on disk now (the same
+// size, inode and mtime): equality only, so the clocks of the node that wrote the record and of
+// the file system never meet.
+std::map<std::string, FileDigest> JournalDigests(const std::string& tag_dir) {
+  std::map<std::string, FileDigest> digests;
   Result<JournalContents> journals = ReadTagJournals(tag_dir);
-  if (!journals.ok()) return newest;  // no journal (or an unreadable one): hash everything
-  for (JournalRecord& record : journals->records) {
-    if (record.role != FileRole::kData) continue;
-    auto it = newest.find(record.path);
-    if (it == newest.end() || it->second.time_ns <= record.time_ns) {
-      newest[record.path] = std::move(record);
-    }
+  if (!journals.ok()) return digests;  // no journal (or an unreadable one): hash everything
+  for (const auto& [path, record] : ClosesOnDisk(journals->records, TagFilesOnDisk(tag_dir))) {
+    digests[path] = FileDigest{record->size, record->xxh3, record->chunks};
   }
-  return newest;
-}
-
-// The journal's digest of `path` when it still describes the file on disk.
-std::optional<FileDigest> JournalDigest(const std::map<std::string, JournalRecord>& records,
-                                        const std::string& relative, const std::string& path) {
-  const auto it = records.find(relative);
-  if (it == records.end()) return std::nullopt;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  const int64_t mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
-  if (static_cast<uint64_t>(st.st_size) != it->second.size || mtime_ns > it->second.time_ns) {
-    return std::nullopt;
-  }
-  return FileDigest{it->second.size, it->second.xxh3, it->second.chunks};
+  return digests;
 }
 
 }  // namespace
@@ -50,14 +29,13 @@ std::optional<FileDigest> JournalDigest(const std::map<std::string, JournalRecor
 Result<std::vector<FileDigest>> HashTagFiles(const std::string& tag_dir,
                                              const std::vector<std::string>& relative_paths,
                                              const HashOptions& options) {
-  const std::map<std::string, JournalRecord> records =
-      options.trust_journal ? NewestRecords(tag_dir) : std::map<std::string, JournalRecord>{};
+  const std::map<std::string, FileDigest> journaled =
+      options.trust_journal ? JournalDigests(tag_dir) : std::map<std::string, FileDigest>{};
   std::vector<Result<FileDigest>> results(relative_paths.size(), Status::Internal("not hashed"));
   std::vector<size_t> pending;
   for (size_t i = 0; i < relative_paths.size(); ++i) {
-    const std::string path = tag_dir + "/" + relative_paths[i];
-    if (std::optional<FileDigest> digest = JournalDigest(records, relative_paths[i], path)) {
-      results[i] = *digest;
+    if (const auto digest = journaled.find(relative_paths[i]); digest != journaled.end()) {
+      results[i] = digest->second;
     } else {
       pending.push_back(i);
     }

@@ -14,8 +14,8 @@ namespace ucp {
 struct HashOptions {
   // Worker threads (0: min(hardware threads, 8)); never more than there are files.
   unsigned threads = 0;
-  // Take a file's hash from the tag's journals (<tag>/.ucp/journal.*.jsonl) when its newest
-  // record has the file's current size and the file was not modified after that record's close.
+  // Take a file's hash from the tag's journals (<tag>/.ucp/journal.*.jsonl) when a close record
+  // describes the file's bytes on disk now: the same size, inode and mtime (ClosesOnDisk).
   bool trust_journal = true;
 };
 

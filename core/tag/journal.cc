@@ -16,6 +16,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <unordered_set>
 
 #include "core/io/fault_injection.h"
 #include "core/util/chunked_xxh3.h"
@@ -31,13 +32,18 @@ constexpr uint64_t kMaxJournalBytes = 64ull << 20;
 using Json = nlohmann::json;
 
 std::string ThisProcessJournalName() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
-    std::snprintf(host, sizeof(host), "unknown");
-  }
-  // A '/' in a host name would leave the directory.
-  std::replace(host, host + std::strlen(host), '/', '_');
-  return std::string("journal.") + host + "." + std::to_string(::getpid()) + ".jsonl";
+  return "journal." + JournalHostName() + "." + std::to_string(::getpid()) + ".jsonl";
+}
+
+// The host of journal file name "journal.<host>.<pid>.jsonl" (the host may hold dots); empty for
+// any other name.
+std::string HostOfJournalName(std::string_view name) {
+  constexpr std::string_view kPrefix = "journal.", kSuffix = ".jsonl";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return "";
+  name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  const size_t dot = name.rfind('.');
+  if (dot == std::string_view::npos || dot == 0) return "";
+  return std::string(name.substr(0, dot));
 }
 
 Result<std::string> ReadWholeFile(const std::string& path) {
@@ -125,12 +131,32 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
     record.durable = durable->get<bool>();
   }
   UCP_ASSIGN_OR_RETURN(record.chunks, ChunkHashesFromJson(json, record.size));
+  const Json* ino = member("ino");
+  const Json* mtime = member("mtime_ns");
+  if ((ino == nullptr) != (mtime == nullptr)) {
+    return Status::Corrupt("\"ino\" and \"mtime_ns\" come together");
+  }
+  if (ino != nullptr) {
+    if (!ino->is_number_unsigned()) return Status::Corrupt("\"ino\" is not a non-negative integer");
+    if (!mtime->is_number_integer()) return Status::Corrupt("\"mtime_ns\" is not an integer");
+    record.stamp = FileStamp{ino->get<uint64_t>(), mtime->get<int64_t>()};
+  }
   return record;
 }
 
 }  // namespace
 
 std::string JournalDirectory(std::string_view tag_dir) { return std::string(tag_dir) + "/.ucp"; }
+
+std::string JournalHostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "unknown");
+  }
+  // A '/' in a host name would leave the directory.
+  std::replace(host, host + std::strlen(host), '/', '_');
+  return host;
+}
 
 std::string FormatXxh3(uint64_t hash) {
   char text[17];
@@ -186,6 +212,10 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
     json["role"] = FileRoleName(record.role);
     if (record.durable) json["durable"] = true;
     PutChunkHashes(record.chunks, json);
+    if (record.stamp) {
+      json["ino"] = record.stamp->ino;
+      json["mtime_ns"] = record.stamp->mtime_ns;
+    }
     return json.dump() + "\n";
   } catch (const std::exception& error) {
     return Status::InvalidArgument("journal: record for \"" + record.path + "\": " + error.what());
@@ -259,20 +289,47 @@ Result<FileDigest> HashFile(const std::string& path) {
   return HashFile(file);
 }
 
-std::unordered_map<std::string, const JournalRecord*> NewestCloses(
-    const std::vector<JournalRecord>& records, int64_t after_ns) {
-  std::unordered_map<std::string, const JournalRecord*> newest;
+FileOnDisk FileOnDiskOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_size),
+          {static_cast<uint64_t>(st.st_ino),
+           int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec}};
+}
+
+std::optional<FileOnDisk> StatFileOnDisk(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileOnDiskOf(st);
+}
+
+std::unordered_map<std::string, const JournalRecord*> ClosesOnDisk(
+    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk) {
+  std::unordered_map<std::string, std::optional<FileOnDisk>> disk;
+  std::unordered_map<std::string, const JournalRecord*> closes;
+  std::unordered_set<std::string_view> ambiguous;
   for (const JournalRecord& record : records) {
-    if (record.role != FileRole::kData || record.durable || record.time_ns <= after_ns) continue;
-    const JournalRecord*& known = newest[record.path];
-    if (known == nullptr || record.time_ns >= known->time_ns) known = &record;
+    if (record.role != FileRole::kData || record.durable || !record.stamp) continue;
+    auto [known, fresh] = disk.try_emplace(record.path);
+    if (fresh) known->second = on_disk(record.path);
+    if (known->second != FileOnDisk{record.size, *record.stamp}) continue;
+    const auto [match, first] = closes.try_emplace(record.path, &record);
+    if (!first && match->second->xxh3 != record.xxh3) ambiguous.insert(known->first);
   }
-  return newest;
+  for (const std::string_view path : ambiguous) closes.erase(std::string(path));
+  return closes;
+}
+
+FileOnDiskLookup TagFilesOnDisk(const std::string& tag_dir) {
+  return [tag_dir](const std::string& path) { return StatFileOnDisk(tag_dir + "/" + path); };
 }
 
 Result<JournalContents> ReadJournal(const std::string& path) {
   UCP_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
-  return ParseJournal(path, bytes);
+  UCP_ASSIGN_OR_RETURN(JournalContents contents, ParseJournal(path, bytes));
+  const size_t slash = path.rfind('/');
+  const std::string host =
+      HostOfJournalName(slash == std::string::npos ? path : path.substr(slash + 1));
+  for (JournalRecord& record : contents.records) record.host = host;
+  return contents;
 }
 
 Result<JournalContents> ReadTagJournals(std::string_view tag_dir) {

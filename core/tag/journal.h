@@ -28,6 +28,12 @@
 //                together: the file's chunk hashes (core/util/chunked_xxh3.h), XXH3-64 of each
 //                chunk_bytes-long piece, the last one possibly shorter, as 16 lowercase hex
 //                digits each, concatenated (ceil(size / chunk_bytes) of them)
+//   "ino", "mtime_ns"
+//                together: the file's inode number (st_ino) and modification time (st_mtim, in
+//                nanoseconds since the Unix epoch) as stat(2) reported them just after the close.
+//                With "size" they say which bytes on disk the record describes: a reader compares
+//                them for equality with a stat of the file now, never with a clock (the device
+//                number is left out: it differs from mount to mount of one file system)
 //   "durable"    true: under UCP_DURABLE, the writing process fsynced the file and its
 //                directories after the close that the record's other members describe; the
 //                record repeats that close's record member for member (same "time_ns"), so a
@@ -39,7 +45,11 @@
 // and process.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -52,6 +62,25 @@
 
 namespace ucp {
 
+// The identity and version of a file's bytes as stat(2) reports them on every node of a shared
+// file system: with the size, equal stamps mean the same bytes (unless rewritten at the same size
+// within the file system's timestamp granularity).
+struct FileStamp {
+  uint64_t ino = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+// A file's size and stamp as stat(2) reports them now.
+struct FileOnDisk {
+  uint64_t size = 0;
+  FileStamp stamp;
+  bool operator==(const FileOnDisk&) const = default;
+};
+FileOnDisk FileOnDiskOf(const struct stat& st);
+// nullopt when `path` cannot be stat'ed (missing, for one).
+std::optional<FileOnDisk> StatFileOnDisk(const std::string& path);
+
 struct JournalRecord {
   std::string path;  // relative to the tag directory
   uint64_t size = 0;
@@ -61,12 +90,20 @@ struct JournalRecord {
   int64_t time_ns = 0;
   std::string framework;
   FileRole role = FileRole::kData;
-  bool durable = false;     // "durable": true; written only when true
-  ChunkHashes chunks = {};  // written only when recorded
+  bool durable = false;                           // "durable": true; written only when true
+  ChunkHashes chunks = {};                        // written only when recorded
+  std::optional<FileStamp> stamp = std::nullopt;  // "ino" and "mtime_ns"; written when recorded
+  // Not a member: the writing process's host, from the name of the journal file the record was
+  // read from (ReadJournal); empty otherwise.
+  std::string host;
 };
 
 // "<tag_dir>/.ucp".
 std::string JournalDirectory(std::string_view tag_dir);
+
+// This host's name as journal file names spell it: gethostname(), '/' replaced by '_'
+// ("unknown" when it has none).
+std::string JournalHostName();
 
 // 16 lowercase hex digits, as `xxhsum -H3` prints them.
 std::string FormatXxh3(uint64_t hash);
@@ -105,13 +142,20 @@ Result<FileDigest> HashFile(const File& file);
 // Opens `path` and hashes it.
 Result<FileDigest> HashFile(const std::string& path);
 
-// The newest close of each path among `records` after `after_ns`: data records that are not
-// durable repeats (those repeat a close), time_ns > after_ns, the later record winning a tie (the
-// journal's order). One pass: O(records), whatever the number of ranks.
-std::unordered_map<std::string, const JournalRecord*> NewestCloses(
-    const std::vector<JournalRecord>& records, int64_t after_ns);
+// The close of each path among `records` that describes the file on disk now: the data record
+// (not a durable repeat: those repeat a close) whose size and stamp equal what `on_disk(path)`
+// reports. No clock is compared, so records written by the clocks of other nodes match as well as
+// this one's. A path matched by closes of different bytes (rewritten at one size within one
+// timestamp tick) matches none: it cannot be told which of them the disk holds. Records without a
+// stamp match nothing. One pass: O(records), `on_disk` asked once per path.
+using FileOnDiskLookup = std::function<std::optional<FileOnDisk>(const std::string& path)>;
+std::unordered_map<std::string, const JournalRecord*> ClosesOnDisk(
+    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk);
+// The lookup for the files of `tag_dir`: a stat of "<tag_dir>/<path>".
+FileOnDiskLookup TagFilesOnDisk(const std::string& tag_dir);
 
-// Reads and parses one journal file.
+// Reads and parses one journal file; a file named "journal.<host>.<pid>.jsonl" gives its records
+// that host.
 Result<JournalContents> ReadJournal(const std::string& path);
 
 // Reads every journal.*.jsonl under `<tag_dir>/.ucp/`, in file-name order. NotFound when the

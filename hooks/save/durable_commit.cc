@@ -2,12 +2,10 @@
 
 #include <dirent.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
 #include <exception>
 #include <set>
 #include <tuple>
@@ -18,18 +16,11 @@
 #include "core/io/file.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
-#include "hooks/save/index_builder.h"
 
 namespace ucp::hooks {
 namespace {
 
 constexpr std::string_view kPendingMarker = ".ucp-pending-";
-
-int64_t WallTimeNs() {
-  struct timespec now {};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
-}
 
 std::string_view Parent(std::string_view path) {
   const size_t slash = path.rfind('/');
@@ -92,12 +83,8 @@ bool IsPendingSignalName(std::string_view file_name) {
   return ParsePendingName(file_name).has_value();
 }
 
-std::vector<std::string> NotYetDurable(
-    const std::vector<JournalRecord>& records, const std::vector<std::string>& expected,
-    int64_t start_ns,
-    const std::function<std::optional<uint64_t>(const std::string&)>& size_on_disk) {
-  // The newest close decides: an older one may describe bytes since rewritten.
-  const auto newest = NewestCloses(records, start_ns);
+std::vector<std::string> NotYetDurable(const std::vector<JournalRecord>& records,
+                                       const SaveFiles& save) {
   // The closes a durable repeat vouches for, as (path, pid, time_ns, size, xxh3).
   using Close = std::tuple<std::string_view, int64_t, int64_t, uint64_t, uint64_t>;
   std::set<Close> durable;
@@ -106,25 +93,21 @@ std::vector<std::string> NotYetDurable(
       durable.emplace(record.path, record.pid, record.time_ns, record.size, record.xxh3);
     }
   }
-  std::vector<std::string> missing;
-  for (const std::string& path : expected) {
-    const auto close = newest.find(path);
-    if (close == newest.end()) {
-      missing.push_back(path);
-      continue;
-    }
-    const JournalRecord& record = *close->second;
-    if (size_on_disk(path) != std::optional<uint64_t>(record.size) ||
-        !durable.contains(
-            Close{record.path, record.pid, record.time_ns, record.size, record.xxh3})) {
-      missing.push_back(path);
+  std::vector<std::string> missing = save.missing;
+  std::vector<std::string> not_durable;
+  for (const auto& [path, record] : save.closes) {
+    if (!durable.contains(
+            Close{record->path, record->pid, record->time_ns, record->size, record->xxh3})) {
+      not_durable.push_back(path);
     }
   }
+  std::sort(not_durable.begin(), not_durable.end());
+  missing.insert(missing.end(), not_durable.begin(), not_durable.end());
   return missing;
 }
 
 DurableCommit::DurableCommit(DurableCommitOptions options)
-    : options_(std::move(options)), start_ns_(WallTimeNs()), pid_(::getpid()) {}
+    : options_(std::move(options)), pid_(::getpid()) {}
 
 DurableCommit::~DurableCommit() {
   {
@@ -163,11 +146,9 @@ void DurableCommit::OnCommit(const CommitEvent& event) noexcept {
     return;
   }
   try {
-    Publish publish{event, WallTimeNs(), 0, std::chrono::steady_clock::now() + options_.wait};
+    const auto now = std::chrono::steady_clock::now();
+    Publish publish{event, now, now + options_.wait};
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto previous = last_commit_ns_.find(event.save_dir);
-    publish.not_before_ns = previous == last_commit_ns_.end() ? start_ns_ : previous->second;
-    last_commit_ns_[event.save_dir] = publish.commit_time_ns;
     if (stopping_) {
       UCP_LOG_WARN("durable: {} committed during teardown; {} not published", event.tag_dir,
                    event.signal_path);
@@ -351,36 +332,45 @@ bool DurableCommit::Complete(const Publish& publish, std::string* waiting) const
   }
   const std::vector<JournalRecord> none;
   const std::vector<JournalRecord>& records = journals.ok() ? journals->records : none;
-  const int64_t start =
-      std::max(SaveStartNs(records, publish.commit_time_ns), publish.not_before_ns);
-  std::vector<std::string> expected;
+  Result<std::optional<SaveGeneration>> earlier = ReadSaveGeneration(tag_dir);
+  if (!earlier.ok()) {
+    *waiting = earlier.status().message();
+    return false;
+  }
+  const std::string& commit = publish.event.commit_id;
+  const SaveBounds bounds = BoundsOfThisProcess(commit, std::move(earlier).value());
+  const FileOnDiskLookup on_disk = TagFilesOnDisk(tag_dir);
   Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_dir);
   Result<std::vector<std::string>> files = adapter.ok()
                                                ? (*adapter)->ExpectedFiles(tag_dir)
                                                : Result<std::vector<std::string>>(adapter.status());
+  SaveFiles save;
   if (files.ok()) {
-    expected = std::move(files).value();
+    save = MatchSave(records, *files, bounds, on_disk);
   } else if (adapter.ok() && (files.status().code() == StatusCode::kFailedPrecondition ||
                               files.status().code() == StatusCode::kNotFound)) {
     *waiting = files.status().message();
     return false;
   } else {
     // No adapter can tell which files a complete save holds: those journaled for this save.
-    std::set<std::string> closed;
+    std::set<std::string> journaled;
     for (const JournalRecord& record : records) {
-      if (record.role == FileRole::kData && record.time_ns > start) closed.insert(record.path);
+      if (record.role == FileRole::kData) journaled.insert(record.path);
     }
-    expected.assign(closed.begin(), closed.end());
+    save = MatchSave(records, {journaled.begin(), journaled.end()}, bounds, on_disk);
+    save.missing.clear();
   }
-  const std::vector<std::string> missing =
-      NotYetDurable(records, expected, start, [&](const std::string& path) {
-        struct stat st {};
-        const std::string full = tag_dir + "/" + path;
-        return ::stat(full.c_str(), &st) == 0 ? std::optional<uint64_t>(st.st_size) : std::nullopt;
-      });
-  if (missing.empty()) return true;
-  *waiting = "not closed and durable yet: " + Joined(missing);
-  return false;
+  const std::vector<std::string> missing = NotYetDurable(records, save);
+  if (!missing.empty()) {
+    *waiting = "not closed and durable yet: " + Joined(missing);
+    return false;
+  }
+  if (const Status recorded = WriteSaveGeneration(tag_dir, GenerationOf(commit, save.closes));
+      !recorded.ok()) {
+    // Only a later save of the tag needs it, and it then waits for its own closes.
+    UCP_LOG_WARN("durable: {}", recorded.message());
+  }
+  return true;
 }
 
 bool DurableCommit::Rename(const Publish& publish) const {
@@ -481,7 +471,9 @@ bool DurableCommit::PublishReady() {
       const Publish& publish = list[*ready];
       UCP_LOG_INFO("durable: published {} (tag {}) {:.1f} ms after its commit", signal,
                    publish.event.tag,
-                   static_cast<double>(WallTimeNs() - publish.commit_time_ns) / 1e6);
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                             publish.committed)
+                       .count());
       CommitEvent event = publish.event;
       event.written_path = signal;
       Downstream(event);

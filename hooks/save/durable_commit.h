@@ -15,9 +15,9 @@
 //      process sees the pending file instead (PendingSignalServe), as if the write had landed.
 //   3. Publishing: on the commit (OnCommit, with written_path the pending name) the background
 //      thread waits until the tag's journals show every file of the adapter's ExpectedFiles
-//      closed by this save (the IndexBuilder's rule: a record newer than the tag's previous
-//      commit, also newer than this process's previous commit in the same save directory or its
-//      start, whose size is the file's size on disk) and durable (a "durable" copy of that very
+//      closed by this save (the IndexBuilder's rule, MatchSave in core/tag/save_generation.h: a
+//      close whose size, inode and mtime are the file's on disk now, and not bytes an earlier
+//      commit of the tag consisted of) and durable (a "durable" copy of that very
 //      record). Then it fsyncs the pending file, renames it onto the signal and fsyncs the
 //      directory, and only then tells the downstream listeners (the IndexBuilder, the
 //      AtomsMaterializer) of the commit. A tag no adapter recognises (or one its adapter refuses)
@@ -31,12 +31,11 @@
 //   Signals committed by a rename (DCP's .metadata) are not held back; their data files are still
 //   made durable, and the commit is passed downstream at once.
 //
-// Assumption behind the "newer than this process's previous commit" bound: a framework opens
-// every file of a save after the rank writing the signal committed the previous save (DeepSpeed
-// and Megatron separate saves by barriers), and no file of a save is opened before the job's
-// processes started. It keeps a file left complete by a killed earlier run of the same tag from
-// counting for this save. Times are wall-clock nanoseconds (CLOCK_REALTIME) across processes, as
-// the journal's "time_ns".
+// Once a commit is complete it records the tag's save generation (which bytes the save consisted
+// of), so that a later save of the same tag does not count files its ranks have not rewritten yet.
+// Files a killed run closed but never committed count only when another node journaled them
+// (SaveBounds: this host's records before this process started are an earlier run's). No clocks
+// of different nodes are compared.
 //
 // Threads: one worker, started on first use, holding a ReentrancyGuard for its whole life. The
 // host's threads only queue (OnFileSaved, OnCommit) or look up a map (Redirect, PendingFor).
@@ -63,6 +62,7 @@
 
 #include "core/frameworks/checkpoint_layout.h"
 #include "core/tag/journal.h"
+#include "core/tag/save_generation.h"
 #include "hooks/events.h"
 #include "hooks/save/save_tracker.h"
 
@@ -76,14 +76,11 @@ std::optional<std::string> SignalOfPendingPath(std::string_view path);
 // True when `file_name` (no '/') has the form of a pending name.
 bool IsPendingSignalName(std::string_view file_name);
 
-// The files of `expected` that `records` do not show closed by this save and durable: for each,
-// the newest "data" close record (not a "durable" copy) with time_ns > `start_ns` must have the
-// size `size_on_disk` reports for the path now (nullopt: missing), and a "durable" copy of it
-// (same path, pid, time_ns, size, xxh3) must exist.
-std::vector<std::string> NotYetDurable(
-    const std::vector<JournalRecord>& records, const std::vector<std::string>& expected,
-    int64_t start_ns,
-    const std::function<std::optional<uint64_t>(const std::string&)>& size_on_disk);
+// The files of a save that are not closed by it and durable: `save.missing`, then each matched
+// close without a "durable" copy of that very record (same path, pid, time_ns, size, xxh3) among
+// `records`.
+std::vector<std::string> NotYetDurable(const std::vector<JournalRecord>& records,
+                                       const SaveFiles& save);
 
 struct DurableCommitOptions {
   const LayoutRegistry* layouts = &LayoutRegistry::Builtin();
@@ -135,8 +132,7 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
  private:
   struct Publish {
     CommitEvent event;
-    int64_t commit_time_ns = 0;  // wall clock at OnCommit
-    int64_t not_before_ns = 0;   // this process's previous commit in the save dir, or its start
+    std::chrono::steady_clock::time_point committed;  // at OnCommit
     std::chrono::steady_clock::time_point give_up;
   };
 
@@ -147,7 +143,8 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
   // Publishes the newest complete commit of each signal, drops the expired ones. True when some
   // commit still waits.
   bool PublishReady();
-  // Whether `publish` is complete and durable; `waiting` says what is missing when not.
+  // Whether `publish` is complete and durable (then recording the tag's save generation);
+  // `waiting` says what is missing when not.
   bool Complete(const Publish& publish, std::string* waiting) const;
   // Removes the pending files of `signal_path` that processes no longer alive on this host left
   // (a SIGKILL between the write of the signal and its publish).
@@ -159,7 +156,6 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
   void Downstream(const CommitEvent& event);
 
   const DurableCommitOptions options_;
-  const int64_t start_ns_;
   const int64_t pid_;
   std::vector<CommitListener*> downstream_;
 
@@ -168,7 +164,6 @@ class DurableCommit final : public CommitListener, public WriteRedirect {
   std::deque<SavedFileEvent> queue_;
   std::map<std::string, std::vector<Publish>> publishes_;  // signal path → commits, oldest first
   std::map<std::string, std::vector<std::string>> pending_;  // signal path → pending files
-  std::map<std::string, int64_t> last_commit_ns_;            // save dir → previous commit
   std::set<std::string> swept_;           // signal paths whose stale pending files were removed
   std::atomic<size_t> pending_files_{0};  // the entries of pending_, read without mutex_
   uint64_t next_pending_ = 0;

@@ -1,11 +1,9 @@
 #include "hooks/save/index_builder.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -17,41 +15,39 @@
 #include "core/io/file_lock.h"
 #include "core/tag/atoms_store.h"
 #include "core/tag/journal.h"
+#include "core/tag/save_generation.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
 
 namespace ucp::hooks {
 namespace {
 
-int64_t WallTimeNs() {
-  struct timespec now {};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
-}
-
-// The files of `expected` that no record of this save shows closed at their size on disk now.
-Result<std::vector<std::string>> NotYetClosed(const std::string& tag_dir,
-                                              const std::vector<std::string>& expected,
-                                              int64_t commit_time_ns) {
+// This save's files (MatchSave) among the closes the tag's journals record now.
+Result<SaveFiles> MatchThisSave(const std::string& tag_dir,
+                                const std::vector<std::string>& expected, const std::string& commit,
+                                std::vector<JournalRecord>* records) {
   Result<JournalContents> journals = ReadTagJournals(tag_dir);
   if (!journals.ok() && journals.status().code() != StatusCode::kNotFound) {
     return journals.status();
   }
-  const std::vector<JournalRecord> none;
-  const std::vector<JournalRecord>& records = journals.ok() ? journals->records : none;
-  // The newest record decides: an older one may describe bytes since rewritten.
-  const auto newest = NewestCloses(records, SaveStartNs(records, commit_time_ns));
-  std::vector<std::string> missing;
-  for (const std::string& path : expected) {
-    const auto close = newest.find(path);
-    struct stat st {};
-    const std::string full = tag_dir + "/" + path;
-    if (close == newest.end() || ::stat(full.c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) != close->second->size) {
-      missing.push_back(path);
+  *records = journals.ok() ? std::move(journals->records) : std::vector<JournalRecord>{};
+  UCP_ASSIGN_OR_RETURN(std::optional<SaveGeneration> earlier, ReadSaveGeneration(tag_dir));
+  return MatchSave(*records, expected, BoundsOfThisProcess(commit, std::move(earlier)),
+                   TagFilesOnDisk(tag_dir));
+}
+
+// The files of `closes` whose bytes on disk are no longer the ones their close describes.
+std::vector<std::string> ChangedSince(
+    const std::string& tag_dir,
+    const std::unordered_map<std::string, const JournalRecord*>& closes) {
+  std::vector<std::string> changed;
+  for (const auto& [path, record] : closes) {
+    if (StatFileOnDisk(tag_dir + "/" + path) != FileOnDisk{record->size, *record->stamp}) {
+      changed.push_back(path);
     }
   }
-  return missing;
+  std::sort(changed.begin(), changed.end());
+  return changed;
 }
 
 std::string Joined(const std::vector<std::string>& names) {
@@ -75,28 +71,6 @@ void RemoveStaleIndex(const std::string& tag_dir) {
 
 }  // namespace
 
-// This save's own commit record is the newest one this process appended before OnCommit ran
-// (the tracker journals a commit before telling its listeners); when it is missing (its append
-// failed) every commit record up to then is an earlier save's.
-int64_t SaveStartNs(const std::vector<JournalRecord>& records, int64_t commit_time_ns) {
-  const int64_t pid = ::getpid();
-  std::optional<int64_t> own;
-  for (const JournalRecord& record : records) {
-    if (record.role == FileRole::kCommitSignal && record.pid == pid &&
-        record.time_ns <= commit_time_ns) {
-      own = std::max(own.value_or(record.time_ns), record.time_ns);
-    }
-  }
-  const int64_t before = own ? *own : commit_time_ns + 1;
-  int64_t start = 0;
-  for (const JournalRecord& record : records) {
-    if (record.role == FileRole::kCommitSignal && record.time_ns < before) {
-      start = std::max(start, record.time_ns);
-    }
-  }
-  return start;
-}
-
 IndexBuilder::IndexBuilder(IndexBuilderOptions options) : options_(std::move(options)) {}
 
 IndexBuilder::~IndexBuilder() {
@@ -111,7 +85,7 @@ IndexBuilder::~IndexBuilder() {
 
 void IndexBuilder::OnCommit(const CommitEvent& event) noexcept {
   try {
-    Pending pending{event, WallTimeNs(), 0};
+    Pending pending{event, 0};
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
       UCP_LOG_INFO("index: {}: committed during teardown; not indexed", event.tag_dir);
@@ -180,6 +154,43 @@ bool IndexBuilder::PollWait(const Pending& pending, std::chrono::milliseconds in
   return !wake_.wait_for(lock, interval, [&] { return Abandoned(pending); });
 }
 
+std::optional<SaveFiles> IndexBuilder::WaitForSave(const Pending& pending,
+                                                   const FrameworkAdapter& adapter,
+                                                   std::chrono::steady_clock::time_point give_up,
+                                                   std::vector<JournalRecord>* records) {
+  const std::string& tag_dir = pending.event.tag_dir;
+  std::string waiting;  // what the last poll still missed, for the give-up message
+  for (std::chrono::milliseconds interval = kFirstPollInterval;;
+       interval = std::min(2 * interval, kLastPollInterval)) {
+    Result<std::vector<std::string>> expected = adapter.ExpectedFiles(tag_dir);
+    if (expected.ok()) {
+      Result<SaveFiles> save = MatchThisSave(tag_dir, *expected, pending.event.commit_id, records);
+      if (!save.ok()) {
+        UCP_LOG_WARN("index: {}: {}; not indexed", tag_dir, save.status().message());
+        return std::nullopt;
+      }
+      if (save->missing.empty()) return std::move(save).value();
+      waiting = "not closed yet: " + Joined(save->missing);
+    } else if (expected.status().code() == StatusCode::kFailedPrecondition ||
+               expected.status().code() == StatusCode::kNotFound) {
+      waiting = expected.status().message();
+    } else {
+      UCP_LOG_INFO("index: {}: {}; not indexed", tag_dir, expected.status().ToString());
+      return std::nullopt;
+    }
+    if (std::chrono::steady_clock::now() >= give_up) {
+      UCP_LOG_WARN(
+          "index: {}: gave up after {} ms waiting for the save to finish ({}); not indexed",
+          tag_dir, options_.wait.count(), waiting);
+      return std::nullopt;
+    }
+    if (!PollWait(pending, interval)) {
+      UCP_LOG_INFO("index: {}: build abandoned (a newer commit of the tag, or teardown)", tag_dir);
+      return std::nullopt;
+    }
+  }
+}
+
 bool IndexBuilder::Build(const Pending& pending) {
   const std::string& tag_dir = pending.event.tag_dir;
   {
@@ -198,46 +209,29 @@ bool IndexBuilder::Build(const Pending& pending) {
     return false;
   }
   const auto give_up = std::chrono::steady_clock::now() + options_.wait;
-  std::string waiting;  // what the last poll still missed, for the give-up message
-  for (std::chrono::milliseconds interval = kFirstPollInterval;;
-       interval = std::min(2 * interval, kLastPollInterval)) {
-    Result<std::vector<std::string>> expected = (*adapter)->ExpectedFiles(tag_dir);
-    if (expected.ok()) {
-      Result<std::vector<std::string>> missing =
-          NotYetClosed(tag_dir, *expected, pending.commit_time_ns);
-      if (!missing.ok()) {
-        UCP_LOG_WARN("index: {}: {}; not indexed", tag_dir, missing.status().message());
-        return false;
-      }
-      if (missing->empty()) break;
-      waiting = "not closed yet: " + Joined(*missing);
-    } else if (expected.status().code() == StatusCode::kFailedPrecondition ||
-               expected.status().code() == StatusCode::kNotFound) {
-      waiting = expected.status().message();
-    } else {
-      UCP_LOG_INFO("index: {}: {}; not indexed", tag_dir, expected.status().ToString());
+  Result<AtomIndex> index = Status::Internal("not built");
+  for (;;) {
+    std::vector<JournalRecord> records;  // what `save` points into
+    const std::optional<SaveFiles> save = WaitForSave(pending, **adapter, give_up, &records);
+    if (!save) return false;
+    const SaveGeneration generation = GenerationOf(pending.event.commit_id, save->closes);
+    if (const Status recorded = WriteSaveGeneration(tag_dir, generation); !recorded.ok()) {
+      // Only a later save of the tag needs it, and it then waits for its own closes.
+      UCP_LOG_WARN("index: {}", recorded.message());
+    }
+    IndexOptions index_options;
+    index_options.threads = options_.threads;
+    index_options.trust_journal = true;
+    index = (*adapter)->BuildIndex(tag_dir, index_options);
+    if (!index.ok()) {
+      UCP_LOG_WARN("index: {}: {}; not indexed, the checkpoint stays as written", tag_dir,
+                   index.status().ToString());
       return false;
     }
-    if (std::chrono::steady_clock::now() >= give_up) {
-      UCP_LOG_WARN(
-          "index: {}: gave up after {} ms waiting for the save to finish ({}); not indexed",
-          tag_dir, options_.wait.count(), waiting);
-      return false;
-    }
-    if (!PollWait(pending, interval)) {
-      UCP_LOG_INFO("index: {}: build abandoned (a newer commit of the tag, or teardown)", tag_dir);
-      return false;
-    }
-  }
-
-  IndexOptions index_options;
-  index_options.threads = options_.threads;
-  index_options.trust_journal = true;
-  Result<AtomIndex> index = (*adapter)->BuildIndex(tag_dir, index_options);
-  if (!index.ok()) {
-    UCP_LOG_WARN("index: {}: {}; not indexed, the checkpoint stays as written", tag_dir,
-                 index.status().ToString());
-    return false;
+    const std::vector<std::string> changed = ChangedSince(tag_dir, save->closes);
+    if (changed.empty()) break;
+    UCP_LOG_INFO("index: {}: {} rewritten while indexed; waiting for the save again", tag_dir,
+                 Joined(changed));
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -5,18 +5,21 @@
 // Why it waits: DeepSpeed v0.14.5's rank 0 writes `latest` right after its own files and before
 // the final barrier of engine.save_checkpoint, so other ranks may still be writing theirs. The
 // builder asks the tag's adapter which files a complete save holds (ExpectedFiles) and waits until
-// each is recorded closed in the tag's journals by a record of this save (newer than the
-// tag's previous commit record, if any) whose size is the file's size on disk now. It polls up to
+// each is recorded closed in the tag's journals by a record of this save: one whose size, inode
+// and mtime equal the file's on disk now, unless the tag's save generation record says an earlier
+// commit already consisted of those bytes (core/tag/save_generation.h; no clocks of different
+// nodes are compared). Once they all are, it records this commit's generation. It polls up to
 // options.wait, backing off from kFirstPollInterval to kLastPollInterval (each poll reads every
 // rank's journal once, O(ranks), so a save of thousands of ranks that takes minutes costs a few
 // hundred polls, not thousands); past that it gives up, logged, and the tag stays unindexed.
 //
-// Then it builds the index with the adapter (hashes come from those journal records) and commits
-// it atomically (temporary name, fsync, rename, fsync of .ucp/). A second commit of the same tag
-// while a build of it is pending or running supersedes it: the newer commit's build is the one
-// that lands, so the index always describes the tag's latest save. Any index.json an earlier save
-// of the tag left is removed when the build starts (it describes the bytes being replaced), so a
-// build that fails or gives up (a file the adapter rejects, an I/O error, the wait) leaves no
+// Then it builds the index with the adapter (hashes come from those journal records), checks that
+// no file changed meanwhile (a rank that reopened its file after the match: the build waits again),
+// and commits it atomically (temporary name, fsync, rename, fsync of .ucp/). A second commit of the
+// same tag while a build of it is pending or running supersedes it: the newer commit's build is the
+// one that lands, so the index always describes the tag's latest save. Any index.json an earlier
+// save of the tag left is removed when the build starts (it describes the bytes being replaced), so
+// a build that fails or gives up (a file the adapter rejects, an I/O error, the wait) leaves no
 // index and the tag exactly as the framework wrote it, logged.
 //
 // Threads: one worker thread, started on the first commit, holding a ReentrancyGuard for its
@@ -34,21 +37,18 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/frameworks/framework_adapter.h"
 #include "core/tag/journal.h"
+#include "core/tag/save_generation.h"
 #include "core/util/status.h"
 #include "hooks/save/save_tracker.h"
 
 namespace ucp::hooks {
-
-// The time after which a journal record of a tag belongs to the save committed at
-// `commit_time_ns` (wall clock, just after the tracker journaled the commit) by this process: that
-// of the tag's previous commit record, or 0.
-int64_t SaveStartNs(const std::vector<JournalRecord>& records, int64_t commit_time_ns);
 
 struct IndexBuilderOptions {
   // The longest a build waits for the other ranks' files.
@@ -79,15 +79,19 @@ class IndexBuilder final : public CommitListener {
   uint64_t committed() const;
 
  private:
-  // One commit waiting for its build: `commit_time_ns` is the wall clock when OnCommit ran, just
-  // after the tracker journaled the commit record; `seq` orders commits.
+  // One commit waiting for its build; `seq` orders commits.
   struct Pending {
     CommitEvent event;
-    int64_t commit_time_ns = 0;
     uint64_t seq = 0;
   };
 
   void Run();
+  // Polls until every file `adapter` expects of the tag is closed by this save (MatchSave);
+  // nullopt, logged, when the build gives up, fails or is abandoned. `records` holds the journal
+  // records the result points into.
+  std::optional<SaveFiles> WaitForSave(const Pending& pending, const FrameworkAdapter& adapter,
+                                       std::chrono::steady_clock::time_point give_up,
+                                       std::vector<JournalRecord>* records);
   // Waits for the tag's files, builds and commits the index, logging the outcome; true when it
   // committed one.
   bool Build(const Pending& pending);

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/tag/journal.h"
+#include "core/tag/save_generation.h"
 #include "core/util/chunked_xxh3.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
@@ -400,6 +401,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   record.size = digest.size;
   record.xxh3 = digest.xxh3;
   record.chunks = digest.chunks;
+  record.stamp = FileOnDiskOf(st).stamp;
   record.rank = LauncherRank();
   record.pid = ::getpid();
   record.time_ns = WallTimeNs();
@@ -412,8 +414,8 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
                 FormatXxh3(digest.xxh3));
-  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,  digest.size,
-                             digest.xxh3,          record.time_ns,     record.chunks};
+  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,   digest.size,
+                             digest.xxh3,          record.time_ns,     record.chunks, record.stamp};
   for (CommitListener* listener : Listeners()) listener->OnFileSaved(event);
 }
 
@@ -454,8 +456,8 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   const Status status = AppendJournalRecord(target->tag_dir, record);
   if (!status.ok()) UCP_LOG_WARN("save: {}: {}", signal_path, status.message());
 
-  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir,
-                          target->tag,      signal_path,     written_path};
+  const CommitEvent event{signal.framework, signal.save_dir, target->tag_dir, target->tag,
+                          signal_path,      written_path,    NewCommitId()};
   UCP_LOG_INFO("save: {} commit of tag {} in {} ({})", event.framework, event.tag, event.save_dir,
                event.signal_path);
   for (CommitListener* listener : Listeners()) listener->OnCommit(event);

@@ -39,6 +39,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -46,6 +47,7 @@
 #include <vector>
 
 #include "core/frameworks/checkpoint_layout.h"
+#include "core/tag/journal.h"
 #include "core/util/chunked_xxh3.h"
 #include "hooks/events.h"
 #include "hooks/save/stack_detect.h"
@@ -62,6 +64,9 @@ struct CommitEvent {
   // Where the signal's bytes are: signal_path, or under UCP_DURABLE its pending name
   // (hooks/save/durable_commit.h), which becomes signal_path only once the tag is durable.
   std::string written_path;
+  // Tells this commit from every other (core/tag/save_generation.h): the listeners' record of
+  // which bytes made up the save.
+  std::string commit_id;
 };
 
 // A data file of a tag that this process wrote, closed and journaled.
@@ -71,8 +76,9 @@ struct SavedFileEvent {
   std::string path;  // relative to tag_dir
   uint64_t size = 0;
   uint64_t xxh3 = 0;
-  int64_t time_ns = 0;      // the journal record's "time_ns"
-  ChunkHashes chunks = {};  // the journal record's, when recorded
+  int64_t time_ns = 0;                            // the journal record's "time_ns"
+  ChunkHashes chunks = {};                        // the journal record's, when recorded
+  std::optional<FileStamp> stamp = std::nullopt;  // the journal record's
 };
 
 class CommitListener {

@@ -188,8 +188,10 @@ case "$case_name" in
     plain_save
     # -> the index expected and the number of whole journal lines (3 files and the commit).
     # A lost data record keeps the builder waiting for it; a lost commit record (the 4th) is
-    # not needed by the builder of the process that committed.
+    # not needed by the builder of the process that committed. The save generation's write (the
+    # phase's only rename) is needed only by a later save of the tag: its failure is logged.
     for entry in \
+      journal:rename:EIO=index:4 \
       journal:write:EINTR:1:0=index:4 journal:write:short:1:0=index:4 \
       journal:open:EINTR:1:0=index:4 journal:write:EIO:4=index:3 \
       journal:write:ENOSPC=waits:3 journal:open:EIO=waits:3 \

@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,22 +47,19 @@ class FileHashingTest : public ::testing::Test {
     names_.push_back(name);
   }
 
-  JournalRecord Record(const std::string& name, uint64_t size, uint64_t xxh3,
-                       int64_t time_ns) const {
+  // A close record of `name` as it is on disk now, saying `xxh3`.
+  JournalRecord Record(const std::string& name, uint64_t xxh3) const {
+    const std::optional<FileOnDisk> on_disk = StatFileOnDisk(tag_ + "/" + name);
+    EXPECT_TRUE(on_disk.has_value()) << name;
     JournalRecord record;
     record.path = name;
-    record.size = size;
+    record.size = on_disk.value_or(FileOnDisk{}).size;
     record.xxh3 = xxh3;
-    record.time_ns = time_ns;
+    record.stamp = on_disk.value_or(FileOnDisk{}).stamp;
+    record.time_ns = 1;  // no clock is compared: the oldest time does as well as any
     record.pid = ::getpid();
     record.framework = "deepspeed";
     return record;
-  }
-
-  static int64_t Now() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
   }
 
   std::string tag_;
@@ -82,20 +79,21 @@ TEST_F(FileHashingTest, HashesEveryFileInParallelAsXxhsumDoes) {
 }
 
 TEST_F(FileHashingTest, ReusesAJournalRecordOnlyWhileItDescribesTheFile) {
-  const uint64_t small_size = fs::file_size(tag_ + "/small.pt");
-  const uint64_t big_size = fs::file_size(tag_ + "/big.pt");
   // A recorded hash no file has: seeing it back proves the file was not read.
   const uint64_t recorded = 0x0123456789abcdefull;
-  ASSERT_TRUE(AppendJournalRecord(tag_, Record("small.pt", small_size, recorded, Now())).ok());
-  ASSERT_TRUE(AppendJournalRecord(tag_, Record("big.pt", big_size + 1, recorded, Now())).ok());
-  ASSERT_TRUE(
-      AppendJournalRecord(tag_, Record("empty.pt", 0, recorded, Now() - 3'600'000'000'000)).ok());
+  JournalRecord big = Record("big.pt", recorded);
+  big.size += 1;
+  JournalRecord empty = Record("empty.pt", recorded);
+  empty.stamp->mtime_ns -= 1;  // the file was modified after this close
+  for (const JournalRecord& record : {Record("small.pt", recorded), big, empty}) {
+    ASSERT_TRUE(AppendJournalRecord(tag_, record).ok());
+  }
 
   Result<std::vector<FileDigest>> trusted = HashTagFiles(tag_, names_, {2, true});
   ASSERT_TRUE(trusted.ok()) << trusted.status().ToString();
-  EXPECT_NE((*trusted)[0].xxh3, recorded);  // empty.pt: modified after the record
+  EXPECT_NE((*trusted)[0].xxh3, recorded);  // empty.pt: another mtime
   EXPECT_NE((*trusted)[1].xxh3, recorded);  // big.pt: another size
-  EXPECT_EQ((*trusted)[2].xxh3, recorded);  // small.pt: size and time match
+  EXPECT_EQ((*trusted)[2].xxh3, recorded);  // small.pt: size, inode and mtime match
   EXPECT_EQ(FormatXxh3((*trusted)[1].xxh3), Xxhsum(tag_ + "/big.pt"));
 
   Result<std::vector<FileDigest>> fresh = HashTagFiles(tag_, names_, {2, false});

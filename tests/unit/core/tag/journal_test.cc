@@ -2,11 +2,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +55,7 @@ void ExpectSameRecord(const JournalRecord& a, const JournalRecord& b) {
   EXPECT_EQ(a.framework, b.framework);
   EXPECT_EQ(a.role, b.role);
   EXPECT_EQ(a.chunks, b.chunks);
+  EXPECT_EQ(a.stamp, b.stamp);
 }
 
 TEST_F(JournalTest, AppendsOneLinePerRecordAndReadsThemBack) {
@@ -166,29 +170,95 @@ TEST_F(JournalTest, ChunkHashesRoundTripAndMustFitTheSize) {
   EXPECT_THAT(corrupt("\"chunks\":\"0", "\"chunks\":\"X").message(), HasSubstr("hex digit"));
 }
 
-TEST_F(JournalTest, NewestClosesTakesEachPathsLatestCloseAfterTheStart) {
+TEST_F(JournalTest, StampRoundTripsAndItsMembersComeTogether) {
+  JournalRecord record = Record("a.pt", 10);
+  record.stamp = FileStamp{1234567, 1763757000987654321};
+  const Result<std::string> line = EncodeJournalRecord(record);
+  ASSERT_TRUE(line.ok());
+  EXPECT_THAT(*line, HasSubstr("\"ino\":1234567,\"mtime_ns\":1763757000987654321"));
+  const auto contents = ParseJournal("j", *line);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  ExpectSameRecord(contents->records.at(0), record);
+
+  const auto corrupt = [&](const std::string& from, const std::string& to) {
+    std::string bad = *line;
+    bad.replace(bad.find(from), from.size(), to);
+    return ParseJournal("j", bad).status();
+  };
+  EXPECT_THAT(corrupt(",\"mtime_ns\":1763757000987654321", "").message(),
+              HasSubstr("\"ino\" and \"mtime_ns\" come together"));
+  EXPECT_THAT(corrupt("\"ino\":1234567", "\"ino\":-1").message(),
+              HasSubstr("\"ino\" is not a non-negative integer"));
+  EXPECT_THAT(corrupt("\"mtime_ns\":1763757000987654321", "\"mtime_ns\":\"x\"").message(),
+              HasSubstr("\"mtime_ns\" is not an integer"));
+}
+
+TEST_F(JournalTest, ClosesOnDiskMatchTheFileByEqualityNotByTime) {
+  // What stat(2) says of each file now.
+  std::map<std::string, FileOnDisk> disk{{"a.pt", {2, {7, 500}}},
+                                         {"b.pt", {5, {8, 600}}},
+                                         {"c.pt", {7, {9, 700}}},
+                                         {"d.pt", {1, {10, 800}}}};
+  std::map<std::string, int> stats;
   std::vector<JournalRecord> records;
-  const auto add = [&](const std::string& path, int64_t time_ns, uint64_t size) {
+  records.reserve(16);
+  const auto add = [&](const std::string& path, uint64_t size, FileStamp stamp, int64_t time_ns) {
     JournalRecord record = Record(path, size);
+    record.stamp = stamp;
     record.time_ns = time_ns;
     records.push_back(record);
     return &records.back();
   };
-  records.reserve(8);
-  add("a.pt", 100, 1);  // before the start
-  const JournalRecord* a = add("a.pt", 300, 2);
-  add("a.pt", 250, 3);  // older, journaled later (another process)
-  JournalRecord* repeat = add("a.pt", 400, 4);
-  repeat->durable = true;  // repeats a close: never the close itself
-  add("b.pt", 300, 5);
-  const JournalRecord* b = add("b.pt", 300, 6);  // a tie: the later record
-  add("c.pt", 150, 7);                           // only before the start
-  JournalRecord* commit = add("../latest", 500, 8);
+  const JournalRecord* a = add("a.pt", 2, {7, 500}, 100);  // the oldest clock, yet the bytes
+  add("a.pt", 2, {7, 400}, 900);                           // a newer clock, other bytes
+  JournalRecord* repeat = add("a.pt", 2, {7, 500}, 100);
+  repeat->durable = true;         // repeats a close: never the close itself
+  add("b.pt", 5, {8, 599}, 300);  // another mtime: not what the disk holds
+  add("b.pt", 4, {8, 600}, 300);  // another size
+  add("c.pt", 7, {9, 700}, 300);
+  JournalRecord* other_bytes = add("c.pt", 7, {9, 700}, 301);
+  other_bytes->xxh3 ^= 1;  // rewritten within one timestamp tick: which one is on disk?
+  JournalRecord* unstamped = add("d.pt", 1, {}, 300);
+  unstamped->stamp.reset();  // written before stamps were recorded: describes nothing
+  JournalRecord* commit = add("../latest", 8, {11, 900}, 500);
   commit->role = FileRole::kCommitSignal;
-  const auto newest = NewestCloses(records, 200);
-  EXPECT_EQ(newest.size(), 2u);
-  EXPECT_EQ(newest.at("a.pt"), a);
-  EXPECT_EQ(newest.at("b.pt"), b);
+  const auto closes = ClosesOnDisk(records, [&](const std::string& path) {
+    ++stats[path];
+    const auto it = disk.find(path);
+    return it == disk.end() ? std::nullopt : std::optional<FileOnDisk>(it->second);
+  });
+  EXPECT_EQ(closes.size(), 1u);
+  EXPECT_EQ(closes.at("a.pt"), a);
+  // One stat per path, none for the commit signal.
+  EXPECT_EQ(stats, (std::map<std::string, int>{{"a.pt", 1}, {"b.pt", 1}, {"c.pt", 1}}));
+}
+
+TEST_F(JournalTest, RecordsReadFromAJournalFileCarryItsHost) {
+  ASSERT_TRUE(AppendJournalRecord(tag_dir_, Record("a.pt", 1)).ok());
+  // Another node's journal; host names may hold dots.
+  const std::string other = JournalDirectory(tag_dir_) + "/journal.node7.cluster.org.42.jsonl";
+  std::ofstream(other) << *EncodeJournalRecord(Record("b.pt", 2));
+  const auto contents = ReadTagJournals(tag_dir_);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  std::map<std::string, std::string> hosts;
+  for (const JournalRecord& record : contents->records) hosts[record.path] = record.host;
+  EXPECT_EQ(hosts, (std::map<std::string, std::string>{{"a.pt", JournalHostName()},
+                                                       {"b.pt", "node7.cluster.org"}}));
+  EXPECT_FALSE(JournalHostName().empty());
+  EXPECT_EQ(JournalHostName().find('/'), std::string::npos);
+}
+
+TEST_F(JournalTest, TagFilesOnDiskStatsTheTagsFiles) {
+  std::ofstream(tag_dir_ + "/a.pt") << "abc";
+  struct stat st {};
+  ASSERT_EQ(::stat((tag_dir_ + "/a.pt").c_str(), &st), 0);
+  const auto on_disk = TagFilesOnDisk(tag_dir_)("a.pt");
+  ASSERT_TRUE(on_disk.has_value());
+  EXPECT_EQ(on_disk->size, 3u);
+  EXPECT_EQ(on_disk->stamp.ino, st.st_ino);
+  EXPECT_EQ(on_disk->stamp.mtime_ns,
+            int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec);
+  EXPECT_FALSE(TagFilesOnDisk(tag_dir_)("missing.pt").has_value());
 }
 
 TEST_F(JournalTest, UnknownMembersAreIgnored) {

@@ -27,6 +27,8 @@ const std::string kFixture =
 constexpr auto kPublishLimit = std::chrono::seconds(30);
 // Many of the publisher's polls.
 constexpr milliseconds kSettle{300};
+// Longer than the file system's timestamp granularity: a file rewritten after it has a new mtime.
+constexpr milliseconds kTimestampTick{20};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -77,64 +79,31 @@ JournalRecord Durable(JournalRecord close) {
   return close;
 }
 
-class NotYetDurableTest : public ::testing::Test {
- protected:
-  std::vector<std::string> Missing(const std::vector<JournalRecord>& records,
-                                   int64_t start_ns = 100) {
-    return NotYetDurable(records, {"a.pt", "b.pt"}, start_ns,
-                         [this](const std::string& path) -> std::optional<uint64_t> {
-                           const auto it = sizes_.find(path);
-                           if (it == sizes_.end()) return std::nullopt;
-                           return it->second;
-                         });
-  }
-  std::map<std::string, uint64_t> sizes_{{"a.pt", 10}, {"b.pt", 20}};
-};
-
-TEST_F(NotYetDurableTest, EveryFileClosedAndDurable) {
+// The matching itself (which close is this save's) is MatchSave's, tested with it.
+TEST(NotYetDurableTest, EachCloseOfTheSaveNeedsADurableCopyOfItself) {
   const JournalRecord a = Close("a.pt", 1, 200, 10);
   const JournalRecord b = Close("b.pt", 2, 300, 20);
-  EXPECT_TRUE(Missing({a, b, Durable(b), Durable(a)}).empty());
-}
-
-TEST_F(NotYetDurableTest, ClosedButNotDurable) {
-  const JournalRecord a = Close("a.pt", 1, 200, 10);
-  const JournalRecord b = Close("b.pt", 2, 300, 20);
-  EXPECT_EQ(Missing({a, b, Durable(a)}), std::vector<std::string>{"b.pt"});
-  EXPECT_EQ(Missing({a, Durable(a)}), std::vector<std::string>{"b.pt"});
-}
-
-TEST_F(NotYetDurableTest, DurableCopyMustMatchTheNewestClose) {
-  const JournalRecord a = Close("a.pt", 1, 200, 10);
-  const JournalRecord b_old = Close("b.pt", 2, 300, 20);
-  const JournalRecord b_new = Close("b.pt", 2, 400, 20);
-  // The file was rewritten after the durable close: its new bytes are not known durable.
-  EXPECT_EQ(Missing({a, Durable(a), b_old, Durable(b_old), b_new}),
-            std::vector<std::string>{"b.pt"});
-  EXPECT_TRUE(Missing({a, Durable(a), b_old, Durable(b_old), b_new, Durable(b_new)}).empty());
-  // A copy from another process, or of other bytes, does not count.
-  JournalRecord other_pid = Durable(b_new);
+  const SaveFiles save{{{"a.pt", &a}, {"b.pt", &b}}, {}};
+  EXPECT_TRUE(NotYetDurable({a, b, Durable(b), Durable(a)}, save).empty());
+  EXPECT_EQ(NotYetDurable({a, b, Durable(a)}, save), std::vector<std::string>{"b.pt"});
+  EXPECT_EQ(NotYetDurable({a, b}, save), (std::vector<std::string>{"a.pt", "b.pt"}));
+  // A copy of an earlier close of the file, from another process, or of other bytes does not
+  // count.
+  JournalRecord earlier = Durable(b);
+  earlier.time_ns = 250;
+  JournalRecord other_pid = Durable(b);
   other_pid.pid = 3;
-  JournalRecord other_hash = Durable(b_new);
+  JournalRecord other_hash = Durable(b);
   other_hash.xxh3 ^= 1;
-  EXPECT_EQ(Missing({a, Durable(a), b_new, other_pid, other_hash}),
+  EXPECT_EQ(NotYetDurable({a, Durable(a), b, earlier, other_pid, other_hash}, save),
             std::vector<std::string>{"b.pt"});
 }
 
-TEST_F(NotYetDurableTest, RecordsOfAnEarlierSaveDoNotCount) {
+TEST(NotYetDurableTest, FilesNotClosedComeFirst) {
   const JournalRecord a = Close("a.pt", 1, 200, 10);
-  const JournalRecord b = Close("b.pt", 2, 50, 20);  // before start: an earlier save's
-  EXPECT_EQ(Missing({a, Durable(a), b, Durable(b)}), std::vector<std::string>{"b.pt"});
-  EXPECT_TRUE(Missing({a, Durable(a), b, Durable(b)}, 40).empty());
-}
-
-TEST_F(NotYetDurableTest, SizeOnDiskMustBeTheClosedSize) {
-  const JournalRecord a = Close("a.pt", 1, 200, 10);
-  const JournalRecord b = Close("b.pt", 2, 300, 20);
-  sizes_["b.pt"] = 7;  // being rewritten
-  EXPECT_EQ(Missing({a, Durable(a), b, Durable(b)}), std::vector<std::string>{"b.pt"});
-  sizes_.erase("b.pt");  // removed
-  EXPECT_EQ(Missing({a, Durable(a), b, Durable(b)}), std::vector<std::string>{"b.pt"});
+  const SaveFiles save{{{"a.pt", &a}}, {"c.pt"}};
+  EXPECT_EQ(NotYetDurable({a}, save), (std::vector<std::string>{"c.pt", "a.pt"}));
+  EXPECT_EQ(NotYetDurable({a, Durable(a)}, save), std::vector<std::string>{"c.pt"});
 }
 
 class RecordingListener final : public CommitListener {
@@ -182,13 +151,20 @@ class DurableCommitTest : public ::testing::Test {
     record.pid = ::getpid();
     record.time_ns = NowNs();
     record.framework = "deepspeed";
+    record.stamp = StampOf(name);
     ASSERT_TRUE(AppendJournalRecord(tag_, record).ok());
-    durable_.OnFileSaved({"deepspeed", tag_, name, record.size, record.xxh3, record.time_ns});
+    durable_.OnFileSaved(
+        {"deepspeed", tag_, name, record.size, record.xxh3, record.time_ns, {}, record.stamp});
+  }
+
+  FileStamp StampOf(const std::string& name) const {
+    return StatFileOnDisk(tag_ + "/" + name).value_or(FileOnDisk{}).stamp;
   }
 
   // Rank 0 writes `latest`: redirected, written, closed, journaled, committed.
-  std::string WriteLatest() {
-    const std::optional<std::string> pending = durable_.Redirect(dir_ + "/latest");
+  std::string WriteLatest() { return WriteLatest(durable_); }
+  std::string WriteLatest(DurableCommit& durable) {
+    const std::optional<std::string> pending = durable.Redirect(dir_ + "/latest");
     EXPECT_TRUE(pending.has_value());
     if (!pending) return "";
     std::ofstream(*pending) << "global_step5";
@@ -200,7 +176,8 @@ class DurableCommitTest : public ::testing::Test {
     record.framework = "deepspeed";
     record.role = FileRole::kCommitSignal;
     EXPECT_TRUE(AppendJournalRecord(tag_, record).ok());
-    durable_.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", *pending});
+    durable.OnCommit(
+        {"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", *pending, NewCommitId()});
     return *pending;
   }
 
@@ -315,6 +292,7 @@ TEST_F(DurableCommitTest, PublishesOnlyOnceEveryFileIsDurable) {
   close.pid = ::getpid() + 1;
   close.time_ns = NowNs();
   close.framework = "deepspeed";
+  close.stamp = StampOf(names_[2]);
   const std::string rank1_journal = tag_ + "/.ucp/journal.rank1.jsonl";
   Result<std::string> line = EncodeJournalRecord(close);
   ASSERT_TRUE(line.ok());
@@ -374,19 +352,62 @@ TEST_F(DurableCommitTest, NeverPublishesAnIncompleteTag) {
   EXPECT_TRUE(listener_.commits.empty());
 }
 
-TEST_F(DurableCommitTest, FilesLeftByAnEarlierRunDoNotCount) {
-  // Every file closed and durable, but before this process started (a killed run of the same
-  // tag): they say nothing about this save.
+TEST_F(DurableCommitTest, FilesLeftByAKilledRunOnThisHostDoNotCount) {
+  // Every file closed and durable by a process of this host that ran before this one started and
+  // never committed (killed): no generation records them, yet they are not this save's.
+  const std::string killed =
+      tag_ + "/.ucp/journal." + JournalHostName() + "." + std::to_string(::getpid() + 1) + ".jsonl";
+  fs::create_directories(tag_ + "/.ucp");
+  for (const std::string& name : names_) {
+    Result<FileDigest> digest = HashFile(tag_ + "/" + name);
+    ASSERT_TRUE(digest.ok());
+    JournalRecord close;
+    close.path = name;
+    close.size = digest->size;
+    close.xxh3 = digest->xxh3;
+    close.pid = ::getpid() + 1;
+    close.time_ns = NowNs() - 3'600'000'000'000;  // an hour before this process started
+    close.framework = "deepspeed";
+    close.stamp = StampOf(name);
+    std::ofstream(killed, std::ios::app) << *EncodeJournalRecord(close);
+    close.durable = true;
+    std::ofstream(killed, std::ios::app) << *EncodeJournalRecord(close);
+  }
+  const std::string pending = WriteLatest();
+  durable_.Drain(std::chrono::steady_clock::now() + kSettle);
+  EXPECT_EQ(Slurp(dir_ + "/latest"), "global_step4");
+  EXPECT_EQ(durable_.published(), 0u);
+  EXPECT_FALSE(fs::exists(pending));
+}
+
+TEST_F(DurableCommitTest, FilesOfAnEarlierCommitOfTheTagDoNotCount) {
+  // A complete, published save of the tag.
   for (const std::string& name : names_) Close(name);
-  durable_.Drain(std::chrono::steady_clock::now() + kPublishLimit);
+  WriteLatest();
+  ASSERT_TRUE(LatestBecomes("global_step5"));
+  std::ofstream(dir_ + "/latest") << "global_step4";
+
+  // The tag saved again, by a restarted run: rank 0 rewrites its files and commits before rank 1
+  // reopened its file, whose bytes and record (of the earlier save) still agree.
+  std::this_thread::sleep_for(kTimestampTick);
+  const auto rewrite = [&](const std::string& name) {
+    fs::copy_file(kFixture + "/" + name, tag_ + "/" + name, fs::copy_options::overwrite_existing);
+    Close(name);
+  };
+  rewrite(names_[0]);
+  rewrite(names_[1]);
   DurableCommit restarted{DurableCommitOptions{}};
-  const std::optional<std::string> pending = restarted.Redirect(dir_ + "/latest");
-  ASSERT_TRUE(pending.has_value());
-  std::ofstream(*pending) << "global_step5";
-  restarted.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", *pending});
-  restarted.Drain(std::chrono::steady_clock::now() + kSettle);
+  const std::string pending = WriteLatest(restarted);
+  std::this_thread::sleep_for(kSettle);
   EXPECT_EQ(Slurp(dir_ + "/latest"), "global_step4");
   EXPECT_EQ(restarted.published(), 0u);
+
+  // Rank 1's file of this save: now the tag is complete.
+  rewrite(names_[2]);
+  EXPECT_TRUE(LatestBecomes("global_step5"));
+  restarted.Drain(std::chrono::steady_clock::now() + kPublishLimit);
+  EXPECT_EQ(restarted.published(), 1u);
+  EXPECT_FALSE(fs::exists(pending));
 }
 
 }  // namespace

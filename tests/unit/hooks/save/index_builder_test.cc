@@ -56,6 +56,8 @@ class IndexBuilderTest : public ::testing::Test {
   // Copies the .pt files of fixture config/run into the tag; returns their names, rank 0's (the
   // model states and zero_pp_rank_0) first.
   std::vector<std::string> Save(const std::string& config, const std::string& run) {
+    // Longer than the file system's timestamp granularity: a rewrite gets a new mtime.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const std::string source = kFixtures + "/" + config + "/" + run + "/global_step5";
     std::vector<std::string> names;
     for (const fs::directory_entry& entry : fs::directory_iterator(source)) {
@@ -88,6 +90,7 @@ class IndexBuilderTest : public ::testing::Test {
     record.time_ns = NowNs();
     record.framework = "deepspeed";
     record.role = FileRole::kData;
+    record.stamp = StatFileOnDisk(tag_ + "/" + name).value_or(FileOnDisk{}).stamp;
     const Status status = AppendJournalRecord(tag_, record);
     ASSERT_TRUE(status.ok()) << status.ToString();
   }
@@ -104,7 +107,8 @@ class IndexBuilderTest : public ::testing::Test {
     record.role = FileRole::kCommitSignal;
     const Status status = AppendJournalRecord(tag_, record);
     ASSERT_TRUE(status.ok()) << status.ToString();
-    builder.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", dir_ + "/latest"});
+    builder.OnCommit({"deepspeed", dir_, tag_, "global_step5", dir_ + "/latest", dir_ + "/latest",
+                      NewCommitId()});
   }
 
   // Journals the files of the other ranks from another thread, kRankDelay apart; before the last
@@ -177,7 +181,8 @@ TEST_P(IndexBuilderFixtureTest, WaitsForEveryRankThenCommitsTheAdaptersIndex) {
   const std::string index = testing::ReadAll(IndexPath());
   EXPECT_FALSE(index.empty());
   EXPECT_TRUE(index == AdapterIndex());
-  EXPECT_EQ(UcpEntriesBesideJournals(), (std::set<std::string>{"index.json", "index.lock"}));
+  EXPECT_EQ(UcpEntriesBesideJournals(),
+            (std::set<std::string>{"generation.json", "index.json", "index.lock"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, IndexBuilderFixtureTest,
@@ -283,6 +288,8 @@ TEST_F(IndexBuilderTest, FailingBuildRemovesTheEarlierIndexAndTouchesNothingElse
   builder.Drain(steady_clock::now() + kDrainLimit);
   ASSERT_TRUE(fs::exists(IndexPath()));
 
+  // Saved again, with rank 1's file from another run: the adapter refuses the tag.
+  names = Save("z2_fp32", "dp4");
   const std::string rank1 = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
   fs::copy_file(kFixtures + "/z2_fp32/dp2/global_step5/" + rank1, tag_ + "/" + rank1,
                 fs::copy_options::overwrite_existing);
@@ -296,7 +303,7 @@ TEST_F(IndexBuilderTest, FailingBuildRemovesTheEarlierIndexAndTouchesNothingElse
 
   EXPECT_EQ(builder.committed(), 1u);
   EXPECT_FALSE(fs::exists(IndexPath()));
-  EXPECT_EQ(UcpEntriesBesideJournals(), std::set<std::string>{"index.lock"});
+  EXPECT_EQ(UcpEntriesBesideJournals(), (std::set<std::string>{"generation.json", "index.lock"}));
   std::set<std::string> listed;
   for (const fs::directory_entry& entry : fs::directory_iterator(tag_)) {
     listed.insert(entry.path().filename().string());

@@ -129,6 +129,7 @@ class SaveTrackerTest : public ::testing::Test {
       EXPECT_EQ(record.size, fs::file_size(path)) << name;
       EXPECT_EQ(FormatXxh3(record.xxh3), XxhsumH3(path)) << name;
       EXPECT_EQ(record.chunks, SliceHashesOf(path)) << name;
+      EXPECT_EQ(record.stamp, StatFileOnDisk(path).value_or(FileOnDisk{}).stamp) << name;
       EXPECT_EQ(record.framework, "deepspeed");
       EXPECT_EQ(record.role, FileRole::kData);
       EXPECT_EQ(record.pid, ::getpid());
