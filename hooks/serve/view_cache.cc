@@ -23,6 +23,9 @@ namespace ucp::hooks {
 namespace {
 
 constexpr int kViewVersion = 1;
+// <view>/verdict's contents: "complete", or "failed: " and the first failure.
+constexpr std::string_view kComplete = "complete\n";
+constexpr std::string_view kFailed = "failed: ";
 constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
 
 std::string LastComponent(const std::string& path) {
@@ -195,21 +198,45 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
   return view;
 }
 
-std::string View::FailedPath() const { return directory_ + "/failed"; }
+std::string View::VerdictPath() const { return directory_ + "/verdict"; }
 
-Status View::CheckNoBuildFailed() const {
-  if (!IsRegularFile(FailedPath())) return Status::Ok();
+std::optional<Status> View::ReadVerdict() const {
   // The recorded error is one status line; the limit bounds what a damaged file could make us read.
-  Result<std::string> recorded = ReadSmallFile(FailedPath(), 64 << 10);
+  Result<std::string> recorded = ReadSmallFile(VerdictPath(), 64 << 10);
+  if (!recorded.ok()) {
+    if (recorded.status().code() == StatusCode::kNotFound) return std::nullopt;
+    return recorded.status().WithContext("view: verdict");
+  }
+  if (*recorded == kComplete) return Status::Ok();
+  const std::string error =
+      recorded->starts_with(kFailed) ? recorded->substr(kFailed.size()) : *recorded;
   return Status::FailedPrecondition(
-      "view " + directory_ + ": a process of the job failed to build a file of it: " +
-      (recorded.ok() ? recorded.value() : recorded.status().message()) + " (recorded in " +
-      FailedPath() + ")");
+      "view " + directory_ + ": a process of the job failed to build a file of it: " + error +
+      " (recorded in " + VerdictPath() + ")");
 }
 
-void View::RecordBuildFailure(const Status& failure) const {
-  const Status recorded = WriteFileAtomically(FailedPath(), failure.ToString(), false);
-  if (!recorded.ok()) UCP_LOG_WARN("view: {}", recorded.message());
+Status View::CheckNoBuildFailed() const {
+  const std::optional<Status> verdict = ReadVerdict();
+  return verdict ? *verdict : Status::Ok();
+}
+
+Status View::RecordVerdict(const Status& outcome) const {
+  // Written whole under a name of this process's, then linked to the verdict's name: link(2)
+  // creates it only where it does not exist, decided once by the file system for all nodes, so
+  // the first verdict stands and every process reads the same one.
+  static std::atomic<uint64_t> counter{0};
+  const std::string temp = VerdictPath() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(counter.fetch_add(1));
+  const std::string text =
+      outcome.ok() ? std::string(kComplete) : std::string(kFailed) + outcome.ToString();
+  Status written = WriteFileAtomically(temp, text, false);
+  if (written.ok() && ::link(temp.c_str(), VerdictPath().c_str()) != 0 && errno != EEXIST) {
+    written = PosixError("view: link " + temp + " to " + VerdictPath(), errno);
+  }
+  (void)RemoveFile(temp);
+  if (!written.ok()) return written;
+  const std::optional<Status> verdict = ReadVerdict();
+  return verdict ? *verdict : Status::Internal("view: " + VerdictPath() + " vanished");
 }
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
@@ -231,44 +258,65 @@ Result<const OutputPlan*> View::PlanOf(const std::string& name) const {
 }
 
 Result<std::string> View::Materialize(const std::string& name) {
-  UCP_ASSIGN_OR_RETURN(const OutputPlan* plan, PlanOf(name));
-  std::string path = directory_ + "/" + StoredName(name);
+  UCP_RETURN_IF_ERROR(PlanOf(name).status());
+  UCP_RETURN_IF_ERROR(AwaitVerdict());
+  return directory_ + "/" + StoredName(name);
+}
+
+Status View::AwaitVerdict() {
   {
     std::lock_guard lock(mutex_);
-    if (ready_.contains(name)) return path;
+    if (complete_) return Status::Ok();
   }
-  if (!IsRegularFile(path)) {
-    UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
-    // One owner builds it; the others wait until it is there, or until a build failed, taking
-    // over from an owner that died or hangs. Names may have directories: the lease sits beside
-    // the view's top-level files.
-    std::string lease_name = name;
-    for (char& c : lease_name) c = c == '/' ? '#' : c;
-    UCP_ASSIGN_OR_RETURN(
-        const std::optional<OwnerLease> lease,
-        OwnerLease::Acquire(
-            directory_ + "/." + lease_name + ".lease", lease_options_,
-            [this, &path] { return IsRegularFile(path) || IsRegularFile(FailedPath()); }));
-    UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
-    // Without the lease another owner built it; with it, a previous owner may have.
-    if (lease && !IsRegularFile(path)) {
-      ExecuteOptions options;
-      options.threads = 1;
-      options.locate_damage = LocateDamageWith(*index_, tag_dir_);
-      const Status status = ExecutePlan(*plan, *index_, tag_dir_, directory_, options)
-                                .WithContext("view: build " + path);
-      if (!status.ok()) {
-        RecordBuildFailure(status);
-        return status;
+  std::optional<Status> verdict = ReadVerdict();
+  if (!verdict) {
+    // First the files no other process is building, so that the job's processes spread over
+    // them; then the rest, waiting for their builders or taking over from dead or hung ones.
+    Status built = Status::Ok();
+    for (const bool wait : {false, true}) {
+      for (auto name = names_.begin(); built.ok() && name != names_.end(); ++name) {
+        built = Build(*name, wait);
       }
-      UCP_LOG_INFO("view: built {}", path);
-      std::lock_guard guard(mutex_);
-      ++built_;
+    }
+    verdict = RecordVerdict(built);
+    if (!built.ok() && verdict->ok()) {
+      UCP_LOG_INFO("view: {}; another process built the view: {}", built.message(), directory_);
     }
   }
+  if (!verdict->ok()) return *verdict;
   std::lock_guard lock(mutex_);
-  ready_.insert(name);
-  return path;
+  complete_ = true;
+  return Status::Ok();
+}
+
+Status View::Build(const std::string& name, bool wait) {
+  const std::string path = directory_ + "/" + StoredName(name);
+  if (IsRegularFile(path)) return Status::Ok();
+  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+  OwnerLease::Options lease_options = lease_options_;
+  if (!wait) lease_options.wait = std::chrono::milliseconds(0);
+  // Names may have directories: the lease sits beside the view's top-level files.
+  std::string lease_name = name;
+  for (char& c : lease_name) c = c == '/' ? '#' : c;
+  Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(
+      directory_ + "/." + lease_name + ".lease", lease_options,
+      [this, &path] { return IsRegularFile(path) || IsRegularFile(VerdictPath()); });
+  if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
+    return Status::Ok();  // another process builds it
+  }
+  UCP_RETURN_IF_ERROR(lease.status());
+  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+  // Without the lease another owner built it; with it, a previous owner may have.
+  if (!*lease || IsRegularFile(path)) return Status::Ok();
+  ExecuteOptions options;
+  options.threads = 1;
+  options.locate_damage = LocateDamageWith(*index_, tag_dir_);
+  UCP_RETURN_IF_ERROR(ExecutePlan(plans_.at(name), *index_, tag_dir_, directory_, options)
+                          .WithContext("view: build " + path));
+  UCP_LOG_INFO("view: built {}", path);
+  std::lock_guard guard(mutex_);
+  ++built_;
+  return Status::Ok();
 }
 
 Result<std::string> View::Describe(const std::string& name) {
@@ -276,13 +324,13 @@ Result<std::string> View::Describe(const std::string& name) {
   std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
-    if (ready_.contains(name)) return path;
+    if (complete_) return path;
     if (const auto known = placeholders_.find(name); known != placeholders_.end()) {
       return known->second;
     }
   }
-  if (IsRegularFile(path)) return path;
   UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+  if (IsRegularFile(path)) return path;
   UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(*plan, *index_));
   if (!size) return Materialize(name);
   std::string placeholder = directory_ + "/.planned/" + StoredName(name);

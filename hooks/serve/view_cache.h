@@ -17,10 +17,14 @@
 //                           chunk as each file of the view is built. A verification that could
 //                           not read a source (EIO, a missing file) records nothing and fails
 //                           this open only
-//   <view>/failed           the error of the first build of a file of the view that failed
-//                           (temporary, rename): from then on no process builds or serves a
-//                           file of the view (View::Open, Materialize and Describe fail naming
-//                           it), so the job's processes do not go on with some of its files
+//   <view>/verdict          "complete\n" once every file of the view is built, or "failed: " and
+//                           the first build failure (a damaged chunk, an I/O error): written
+//                           under a temporary name and linked to "verdict", which link(2)
+//                           creates only where it does not exist, so the first verdict stands for
+//                           every process on every node. No process reads a file of the view
+//                           before the verdict is "complete"; after "failed" no process builds
+//                           or serves one (View::Open, Materialize and Describe fail naming it),
+//                           so the job's processes all read the view, or none does
 //   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
@@ -32,11 +36,12 @@
 // re-created under .lock. A crash leaves at worst a temporary file, never a partial <name>.
 //
 // Concurrency: any number of processes and threads, on one node or many, may ask for the same
-// view and file at once; the first to create a file's lease builds it, the others wait (bounded
-// backoff) until it is there, taking the build over from an owner that died or hangs
-// (owner_lease.h: no flock, no lock without a time limit): each file is built once in the common
-// case, and a file built twice is the same bytes renamed into place twice. Memory: the executor's
-// bounded chunks (ExecuteOptions).
+// view and file at once. A process's first Materialize builds the files of the view no other
+// process is building (the first to create a file's lease builds it), then waits (bounded backoff)
+// for the others, taking a build over from an owner that died or hangs (owner_lease.h: no flock,
+// no lock without a time limit), and only then records or reads the verdict: each file is built
+// once in the common case, spread over the job's processes, and a file built twice is the same
+// bytes renamed into place twice. Memory: the executor's bounded chunks (ExecuteOptions).
 //
 // Thread-safety: every method may be called from any thread. The callers (ViewServer) hold a
 // ReentrancyGuard: nothing here may be seen by the hooks.
@@ -46,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -88,11 +94,11 @@ class View {
   // Every file name (relative to the tag) the target topology has.
   const std::set<std::string>& names() const { return names_; }
 
-  // The absolute path of `name` in the view, built first if no process has built it yet.
-  // kNotFound when `name` is not one of names(). A build that fails (a chunk failing its hash:
-  // kCorrupt naming the source, the byte range and what it holds) is recorded in <view>/failed;
-  // once it is there, kFailedPrecondition naming it for every name not built yet, in every
-  // process.
+  // The absolute path of `name` in the view, once every file of the view is built (by this
+  // process or others) and the job's verdict is "complete". kNotFound when `name` is not one of
+  // names(). A build that fails (a chunk failing its hash: kCorrupt naming the source, the byte
+  // range and what it holds) makes the verdict "failed": then kFailedPrecondition naming it, for
+  // every name, in every process.
   Result<std::string> Materialize(const std::string& name);
 
   // A path whose metadata (stat, access) is that of the file Materialize(name) gives, without
@@ -109,11 +115,20 @@ class View {
        std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
-  std::string FailedPath() const;
+  std::string VerdictPath() const;
+  // The recorded verdict: Ok for "complete", kFailedPrecondition naming the failure; nullopt
+  // while there is none.
+  std::optional<Status> ReadVerdict() const;
   // kFailedPrecondition with the recorded error once a build of this view failed anywhere.
   Status CheckNoBuildFailed() const;
-  // Writes <view>/failed (best effort: a failure to write it is logged).
-  void RecordBuildFailure(const Status& failure) const;
+  // Records "complete" (`outcome` Ok) or the failure, unless a verdict is there already; returns
+  // the verdict that stands.
+  Status RecordVerdict(const Status& outcome) const;
+  // Builds or waits for every file of the view, then records or reads the verdict.
+  Status AwaitVerdict();
+  // Builds `name` unless it is built. With `wait`, waits for another process building it (taking
+  // over a dead or hung one); without, leaves it to that process.
+  Status Build(const std::string& name, bool wait);
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;
@@ -122,7 +137,7 @@ class View {
   OwnerLease::Options lease_options_;
   std::set<std::string> names_;
   mutable std::mutex mutex_;
-  std::set<std::string> ready_;  // names known built, to skip the lock on repeated opens
+  bool complete_ = false;                            // the verdict is "complete": every file built
   std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
   uint64_t built_ = 0;
 };

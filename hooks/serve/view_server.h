@@ -16,10 +16,11 @@
 // ResolveMetadata(path): as Resolve, except that a name of the view not built yet is described
 //   by its placeholder (View::Describe): a stat or access builds nothing.
 //   Any failure (unreadable or invalid index, unresolvable topology, an adapter refusal, source
-//   files that fail verification, a build error, a build error another process recorded in the
-//   view) → kPassThrough with one warning per tag in the log, or kFail under UCP_STRICT=1, or
-//   kFail too once this process has opened a file of the view: it must not go on with the
-//   framework's files of another topology beside them.
+//   files that fail verification, a build error here or in another process of the job: the
+//   view's verdict) → kPassThrough with one warning per tag in the log, or kFail under
+//   UCP_STRICT=1. No process has read a file of the view then: a view is read only once the
+//   job's verdict on all of it is "complete" (view_cache.h), so the job's processes all read the
+//   view or all the framework's files.
 // ChangeListing(dir): for a tag directory served as in 3, hide the source topology's files the
 //   view lacks and add the view's names the directory lacks; otherwise nullopt.
 //

@@ -7,10 +7,10 @@
 #                exists/stat of the ranks that are and are not there)
 #   listing      os.listdir, os.scandir and glob show the dp2 file set (dp8: the added ranks)
 #   passthrough  WORLD_SIZE=4 (the source's): the real files, no view is created
-#   corrupt      a source byte changed after indexing: the process whose build reads it, having
-#                read the view's model states, gets EIO for the damaged file (warning naming
-#                the bytes); later processes pass through to the real files; under
-#                UCP_STRICT=1, OSError EIO
+#   corrupt      a source byte changed after indexing: the first process, whose open of the
+#                model states builds the view and meets the damage in another of its files,
+#                reads the real files (warning naming the bytes), and so do later processes,
+#                which find the job's verdict recorded; under UCP_STRICT=1, OSError EIO
 #   concurrent   8 processes open every file at once: each file is built once, same bytes
 #   stale_owner  the builds of two view files owned, as the preload finds them, by a process of
 #                this host that is stopped (hung) and by one that is gone (dead): the reader takes
@@ -88,9 +88,12 @@ with open(sys.argv[1], "r+b") as f:
     f.write(bytes([byte[0] ^ 1]))
 PY
     served_python WORLD_SIZE=2 RANK=0 -- corrupt "$tag" first || fail "check_serve.py corrupt first"
-    grep -q "warning.*serve: $tag: .*zero_pp_rank_1_mp_rank_00_optim_states.pt: bytes .*fails its CRC-32.*rather than mix" \
+    grep -q "warning.*serve: $tag: .*zero_pp_rank_1_mp_rank_00_optim_states.pt: bytes .*fails its CRC-32.*pass through" \
       "$work"/logs/ucp.*.log || fail "no warning naming the changed bytes: $(cat "$work"/logs/ucp.*.log)"
-    [[ -f $tag/.ucp/views/tp1-pp1-dp2/failed ]] || fail "the failed build is not recorded in the view"
+    grep -q "^failed: .*fails its CRC-32" "$tag/.ucp/views/tp1-pp1-dp2/verdict" ||
+      fail "the failed build is not the view's verdict"
+    ls "$tag"/.ucp/views/tp1-pp1-dp2/ | grep -q "^served\.zero_pp_rank_0" &&
+      fail "the file whose build met the damage is in the view"
     # Later processes of the job see the recorded failure before serving anything.
     served_python WORLD_SIZE=2 RANK=1 -- corrupt "$tag" lenient || fail "check_serve.py corrupt lenient"
     served_python WORLD_SIZE=2 RANK=0 UCP_STRICT=1 -- corrupt "$tag" strict ||

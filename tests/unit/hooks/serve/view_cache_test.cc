@@ -218,7 +218,7 @@ TEST(ViewCacheTest, WithoutChunkHashesACorruptedSourceFailsTheOpenNamingTheFile)
   EXPECT_THAT(ReadAll(tag + "/.ucp/views/tp1-pp1-dp2/view.json"), HasSubstr("\"verified\": false"));
 }
 
-TEST(ViewCacheTest, ADamagedChunkFailsOnlyTheFileThatReadsItNamingTheRangeAndAtoms) {
+TEST(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAtoms) {
   const fs::path scratch = ScratchDirectory("view_cache");
   const std::string tag = (scratch / "global_step5").string();
   const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
@@ -228,28 +228,48 @@ TEST(ViewCacheTest, ADamagedChunkFailsOnlyTheFileThatReadsItNamingTheRangeAndAto
   Result<std::unique_ptr<View>> view =
       View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
   ASSERT_TRUE(view.ok()) << view.status().ToString();
-  for (const char* healthy :
-       {"mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"}) {
-    const Result<std::string> built = (*view)->Materialize(healthy);
-    EXPECT_TRUE(built.ok()) << healthy << ": " << built.status().ToString();
-  }
-  const Result<std::string> damaged =
-      (*view)->Materialize("zero_pp_rank_0_mp_rank_00_optim_states.pt");
-  ASSERT_FALSE(damaged.ok());
-  EXPECT_EQ(damaged.status().code(), StatusCode::kCorrupt);
-  EXPECT_THAT(damaged.status().message(), HasSubstr("source " + victim + ": bytes [0, "));
-  EXPECT_THAT(damaged.status().message(),
+  // A file that reads no damaged byte is not served either: the view is read whole or not at all.
+  const Result<std::string> healthy = (*view)->Materialize("mp_rank_00_model_states.pt");
+  ASSERT_FALSE(healthy.ok());
+  EXPECT_EQ(healthy.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(healthy.status().message(), HasSubstr("source " + victim + ": bytes [0, "));
+  EXPECT_THAT(healthy.status().message(),
               HasSubstr("/data/2 fails its CRC-32 (it holds exp_avg_sq of blocks.0.fc1.weight"));
   EXPECT_FALSE(
       fs::exists((*view)->directory() + "/served.zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  EXPECT_FALSE((*view)->Materialize("zero_pp_rank_1_mp_rank_00_optim_states.pt").ok());
   // Recorded for the job: no process opens the view again, nor builds another file of it.
-  EXPECT_THAT(ReadAll((*view)->directory() + "/failed"), HasSubstr(victim));
+  EXPECT_THAT(ReadAll((*view)->directory() + "/verdict"), HasSubstr(victim));
   Result<std::unique_ptr<View>> again =
       View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(again.status().message(), HasSubstr("failed to build a file of it"));
   EXPECT_THAT(again.status().message(), HasSubstr(victim));
+}
+
+TEST(ViewCacheTest, NoFileIsServedBeforeEveryFileIsBuiltAndTheVerdictStands) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const Result<std::string> first =
+      (*view)->Materialize("zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ((*view)->built(), (*view)->names().size());
+  for (const std::string& name : (*view)->names()) {
+    EXPECT_TRUE(fs::exists((*view)->directory() + "/" + StoredName(name))) << name;
+  }
+  EXPECT_EQ(ReadAll((*view)->directory() + "/verdict"), "complete\n");
+  // Damage found after the verdict changes nothing for the job: every file was checked as built.
+  FlipMiddleByte(tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  Result<std::unique_ptr<View>> later =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_TRUE((*later)->Materialize("mp_rank_00_model_states.pt").ok());
+  EXPECT_EQ((*later)->built(), 0u);
 }
 
 }  // namespace
