@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/cli/commands.h"
@@ -30,8 +31,31 @@ std::string Hex64(uint64_t value) {
   return text;
 }
 
-// "" when file `f` of `index` matches, else what differs and, where the archive's CRC-32s tell,
-// which records and tensors.
+// The byte ranges [begin, end) of the chunks whose hashes differ from the index's, consecutive
+// chunks merged; none when the index has no chunk hashes of the file, or of another chunk size.
+std::vector<std::pair<uint64_t, uint64_t>> DifferingChunks(const ChunkHashes& found,
+                                                           const ChunkHashes& indexed,
+                                                           uint64_t size) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  if (!indexed.recorded() || found.chunk_bytes != indexed.chunk_bytes ||
+      found.hashes.size() != indexed.hashes.size()) {
+    return ranges;
+  }
+  for (size_t c = 0; c < found.hashes.size(); ++c) {
+    if (found.hashes[c] == indexed.hashes[c]) continue;
+    const uint64_t begin = c * found.chunk_bytes;
+    const uint64_t end = std::min(size, begin + found.chunk_bytes);
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = end;
+    } else {
+      ranges.emplace_back(begin, end);
+    }
+  }
+  return ranges;
+}
+
+// "" when file `f` of `index` matches, else what differs: where the index has chunk hashes, the
+// byte ranges that differ, and where the archive's CRC-32s tell, which records and tensors.
 std::string Check(const std::string& dir, const AtomIndex& index, uint32_t f) {
   const IndexedFile& file = index.files()[f];
   Result<File> opened = File::OpenBeneath(dir, file.path);
@@ -48,8 +72,20 @@ std::string Check(const std::string& dir, const AtomIndex& index, uint32_t f) {
   } else {
     return "";
   }
-  const std::string where = LocateDamage(index, f, dir);
-  return where.empty() ? differs : differs + ": " + where;
+  const auto ranges = DifferingChunks(digest->chunks, file.chunks, digest->size);
+  if (ranges.empty()) {
+    const std::string where = LocateDamage(index, f, dir);
+    return where.empty() ? differs : differs + ": " + where;
+  }
+  differs += "; differing bytes:";
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const auto [begin, end] = ranges[r];
+    differs += std::string(r == 0 ? " [" : ", [") + std::to_string(begin) + ", " +
+               std::to_string(end) + ")";
+    const std::string where = LocateDamage(index, f, dir, begin, end);
+    if (!where.empty()) differs += " (" + where + ")";
+  }
+  return differs;
 }
 
 int RunVerify(const VerifyOptions& options) {

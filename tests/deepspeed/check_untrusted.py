@@ -127,7 +127,11 @@ commands_refuse("pickle", tag, [RANK1])
 tag = indexed_copy("tensor_data")
 offset, param = fp32_partition_offset(f"{tag}/{RANK1}")
 flip(f"{tag}/{RANK1}", offset)
-verify_reports("tensor_data", tag, ["fails its CRC-32", f"fp32 of {param}"])
+chunk = 1 << 20  # the chunk hashes' size: verify names the one chunk that differs
+first = offset // chunk * chunk
+last = min(first + chunk, os.path.getsize(f"{tag}/{RANK1}"))
+verify_reports("tensor_data", tag,
+               [f"differing bytes: [{first}, {last}) (record", "fails its CRC-32", f"fp32 of {param}"])
 commands_refuse("tensor_data", tag, [RANK1, f"fp32 of {param}"])
 
 # index.json: an offset one element further still lies within its file and still tiles, so only
