@@ -193,7 +193,7 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
     UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
   }
   std::unique_ptr<View> view(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                      SplitPlan(std::move(plan)), lease));
+                                      SplitPlan(std::move(plan)), lease, cache_dir.empty()));
   UCP_RETURN_IF_ERROR(view->CheckNoBuildFailed());
   return view;
 }
@@ -240,12 +240,14 @@ Status View::RecordVerdict(const Status& outcome) const {
 }
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-           std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease)
+           std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease,
+           bool whole_job)
     : index_(std::move(index)),
       tag_dir_(std::move(tag_dir)),
       directory_(std::move(directory)),
       plans_(std::move(plans)),
-      lease_options_(lease) {
+      lease_options_(lease),
+      whole_job_(whole_job) {
   for (const auto& [name, plan] : plans_) names_.insert(name);
 }
 
@@ -259,7 +261,11 @@ Result<const OutputPlan*> View::PlanOf(const std::string& name) const {
 
 Result<std::string> View::Materialize(const std::string& name) {
   UCP_RETURN_IF_ERROR(PlanOf(name).status());
-  UCP_RETURN_IF_ERROR(AwaitVerdict());
+  if (whole_job_) {
+    UCP_RETURN_IF_ERROR(AwaitVerdict());
+  } else if (const Status built = Build(name, /*wait=*/true); !built.ok()) {
+    return RecordVerdict(built);
+  }
   return directory_ + "/" + StoredName(name);
 }
 

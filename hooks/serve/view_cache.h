@@ -21,10 +21,11 @@
 //                           the first build failure (a damaged chunk, an I/O error): written
 //                           under a temporary name and linked to "verdict", which link(2)
 //                           creates only where it does not exist, so the first verdict stands for
-//                           every process on every node. No process reads a file of the view
-//                           before the verdict is "complete"; after "failed" no process builds
-//                           or serves one (View::Open, Materialize and Describe fail naming it),
-//                           so the job's processes all read the view, or none does
+//                           every process on every node. In a view inside the tag (shared by the
+//                           whole job) no process reads a file of the view before the verdict is
+//                           "complete", so the job's processes all read the view, or none does.
+//                           After "failed" no process builds or serves a file of the view
+//                           (View::Open, Materialize and Describe fail naming it)
 //   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
@@ -36,12 +37,16 @@
 // re-created under .lock. A crash leaves at worst a temporary file, never a partial <name>.
 //
 // Concurrency: any number of processes and threads, on one node or many, may ask for the same
-// view and file at once. A process's first Materialize builds the files of the view no other
-// process is building (the first to create a file's lease builds it), then waits (bounded backoff)
-// for the others, taking a build over from an owner that died or hangs (owner_lease.h: no flock,
-// no lock without a time limit), and only then records or reads the verdict: each file is built
-// once in the common case, spread over the job's processes, and a file built twice is the same
-// bytes renamed into place twice. Memory: the executor's bounded chunks (ExecuteOptions).
+// view and file at once; the first to create a file's lease builds it, the others wait (bounded
+// backoff) until it is there, taking a build over from an owner that died or hangs (owner_lease.h:
+// no flock, no lock without a time limit): each file is built once in the common case, and a file
+// built twice is the same bytes renamed into place twice. In a view inside the tag, a process's
+// first Materialize builds every file no other process is building, then waits for the others,
+// and only then records or reads the verdict: the job's files are spread over its processes. In a
+// view under UCP_CACHE_DIR (a node's own disk: shared by that node's processes only) a process
+// builds only the files it asks for, so a node builds only what its ranks read; a failure then
+// stops the view for the processes that have not read it yet. Memory: the executor's bounded
+// chunks (ExecuteOptions).
 //
 // Thread-safety: every method may be called from any thread. The callers (ViewServer) hold a
 // ReentrancyGuard: nothing here may be seen by the hooks.
@@ -94,11 +99,12 @@ class View {
   // Every file name (relative to the tag) the target topology has.
   const std::set<std::string>& names() const { return names_; }
 
-  // The absolute path of `name` in the view, once every file of the view is built (by this
-  // process or others) and the job's verdict is "complete". kNotFound when `name` is not one of
-  // names(). A build that fails (a chunk failing its hash: kCorrupt naming the source, the byte
-  // range and what it holds) makes the verdict "failed": then kFailedPrecondition naming it, for
-  // every name, in every process.
+  // The absolute path of `name` in the view: in a view inside the tag, once every file of the
+  // view is built (by this process or others) and the job's verdict is "complete"; under
+  // UCP_CACHE_DIR, once `name` is built. kNotFound when `name` is not one of names(). A build that
+  // fails (a chunk failing its hash: kCorrupt naming the source, the byte range and what it
+  // holds) makes the verdict "failed": then kFailedPrecondition naming it, for every name not
+  // served yet, in every process.
   Result<std::string> Materialize(const std::string& name);
 
   // A path whose metadata (stat, access) is that of the file Materialize(name) gives, without
@@ -112,7 +118,7 @@ class View {
 
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-       std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease);
+       std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease, bool whole_job);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
   std::string VerdictPath() const;
@@ -137,6 +143,8 @@ class View {
   OwnerLease::Options lease_options_;
   std::set<std::string> names_;
   mutable std::mutex mutex_;
+  // Inside the tag: the whole job shares the view, which is read whole or not at all.
+  const bool whole_job_;
   bool complete_ = false;                            // the verdict is "complete": every file built
   std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
   uint64_t built_ = 0;

@@ -75,13 +75,17 @@ Result<LoadedIndex> LoadIndex(const std::string& path) {
 }  // namespace
 
 // One version of a tag's index and what is served for it. Immutable once published, except
-// `failed`, which the job's verdict on the view sets (before this process read any file of it).
+// `failed`, which a build failure sets, and `served`.
 struct ViewServer::TagState {
   IndexIdentity identity;
   std::shared_ptr<View> view;          // null: pass-through (same topology) or failed
   std::set<std::string> source_files;  // the index's framework files, relative to the tag
   bool from_store = false;             // the view reads the atoms store
   std::atomic<bool> failed{false};
+  // A file of the view was opened for its bytes. Only a view under UCP_CACHE_DIR can fail after
+  // that (one inside the tag is read only once all of it is built): this process then can no
+  // longer fall back to the framework's files without mixing two topologies.
+  std::atomic<bool> served{false};
 };
 
 ViewServer::ViewServer(ViewServerOptions options) : options_(std::move(options)) {}
@@ -186,23 +190,29 @@ ServeDecision ViewServer::ResolveFor(std::string_view path, bool metadata_only) 
   IoPhaseScope phase(IoPhase::kViewBuild);
   const std::shared_ptr<TagState> state = StateOf(match->tag_dir);
   if (state == nullptr) return {};
-  // After a failure: the framework's files. No file of the view was read: the job's verdict on it
-  // comes before any (View::Materialize).
-  const ServeDecision failed{
-      options_.strict ? ServeDecision::Kind::kFail : ServeDecision::Kind::kPassThrough, {}};
-  if (state->failed) return failed;
+  // After a failure: the framework's files, unless some of the view's were already read here.
+  const auto failed = [&] {
+    const bool fail = options_.strict || state->served;
+    return ServeDecision{fail ? ServeDecision::Kind::kFail : ServeDecision::Kind::kPassThrough, {}};
+  };
+  if (state->failed) return failed();
   if (state->view == nullptr) return {};
   const std::string name_text(name);
   if (state->view->names().contains(name_text)) {
     Result<std::string> built =
         metadata_only ? state->view->Describe(name_text) : state->view->Materialize(name_text);
-    if (built.ok()) return {ServeDecision::Kind::kSubstitute, std::move(*built)};
+    if (built.ok()) {
+      if (!metadata_only) state->served = true;
+      return {ServeDecision::Kind::kSubstitute, std::move(*built)};
+    }
     if (!state->failed.exchange(true)) {
       UCP_LOG_WARN("serve: {}: {}; {}", match->tag_dir, built.status().ToString(),
                    options_.strict ? "its files fail with EIO (UCP_STRICT=1)"
+                   : state->served ? "files of the view were read already: its files fail with "
+                                     "EIO rather than mix two topologies"
                                    : "its files pass through unchanged from now on");
     }
-    return failed;
+    return failed();
   }
   if (state->source_files.contains(name_text)) return {ServeDecision::Kind::kAbsent, {}};
   return {};

@@ -18,9 +18,10 @@
 //   Any failure (unreadable or invalid index, unresolvable topology, an adapter refusal, source
 //   files that fail verification, a build error here or in another process of the job: the
 //   view's verdict) → kPassThrough with one warning per tag in the log, or kFail under
-//   UCP_STRICT=1. No process has read a file of the view then: a view is read only once the
-//   job's verdict on all of it is "complete" (view_cache.h), so the job's processes all read the
-//   view or all the framework's files.
+//   UCP_STRICT=1. A view inside the tag is read only once the job's verdict on all of it is
+//   "complete" (view_cache.h), so the job's processes all read the view or all the framework's
+//   files. Under UCP_CACHE_DIR, where each node builds only what its processes read, a process
+//   that has already opened a file of the view gets kFail rather than a mix of two topologies.
 // ChangeListing(dir): for a tag directory served as in 3, hide the source topology's files the
 //   view lacks and add the view's names the directory lacks; otherwise nullopt.
 //

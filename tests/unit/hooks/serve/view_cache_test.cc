@@ -248,6 +248,33 @@ TEST(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAtom
   EXPECT_THAT(again.status().message(), HasSubstr(victim));
 }
 
+TEST(ViewCacheTest, UnderACacheDirectoryAProcessBuildsOnlyWhatItAsksFor) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  // A node's own disk: the node builds what its ranks read, not the whole view.
+  const std::string cache = (scratch / "node_cache").string();
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, cache, Dp(2));
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const std::string asked = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  ASSERT_TRUE((*view)->Materialize(asked).ok());
+  EXPECT_EQ((*view)->built(), 1u);
+  for (const std::string& name : (*view)->names()) {
+    EXPECT_EQ(fs::exists((*view)->directory() + "/" + StoredName(name)), name == asked) << name;
+  }
+  EXPECT_FALSE(fs::exists((*view)->directory() + "/verdict"));
+
+  // A damaged chunk stops the view for what is not built yet, in every process of the node.
+  FlipMiddleByte(tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  const Result<std::string> damaged =
+      (*view)->Materialize("zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_THAT(damaged.status().message(), HasSubstr("fails its CRC-32"));
+  EXPECT_FALSE((*view)->Materialize("mp_rank_00_model_states.pt").ok());
+  EXPECT_FALSE(View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, cache, Dp(2)).ok());
+}
+
 TEST(ViewCacheTest, NoFileIsServedBeforeEveryFileIsBuiltAndTheVerdictStands) {
   const fs::path scratch = ScratchDirectory("view_cache");
   const std::string tag = (scratch / "global_step5").string();
