@@ -309,6 +309,7 @@ void DurableCommit::MakeDurable(const std::vector<SavedFileEvent>& files) {
     record.size = event->size;
     record.xxh3 = event->xxh3;
     record.chunks = event->chunks;
+    record.stamp = event->stamp;
     record.rank = LauncherRank();
     record.pid = pid_;
     record.time_ns = event->time_ns;
