@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -147,6 +148,12 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
 }  // namespace
 
 std::string JournalDirectory(std::string_view tag_dir) { return std::string(tag_dir) + "/.ucp"; }
+
+int64_t WallClockNs() {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+}
 
 std::string JournalHostName() {
   char host[256] = {};

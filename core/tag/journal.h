@@ -101,6 +101,9 @@ struct JournalRecord {
 // "<tag_dir>/.ucp".
 std::string JournalDirectory(std::string_view tag_dir);
 
+// CLOCK_REALTIME in nanoseconds since the Unix epoch: the clock of a record's "time_ns".
+int64_t WallClockNs();
+
 // This host's name as journal file names spell it: gethostname(), '/' replaced by '_'
 // ("unknown" when it has none).
 std::string JournalHostName();

@@ -1,6 +1,5 @@
 #include "core/tag/save_generation.h"
 
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,14 +19,8 @@ constexpr uint64_t kMaxGenerationBytes = 64ull << 20;
 
 using Json = nlohmann::json;
 
-int64_t WallTimeNs() {
-  struct timespec now {};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
-}
-
 // When this library was loaded: in a trainer, before it opened any file of a save.
-const int64_t kLoadTimeNs = WallTimeNs();
+const int64_t kLoadTimeNs = WallClockNs();
 
 }  // namespace
 
@@ -157,7 +150,7 @@ SaveGeneration GenerationOf(const std::string& commit,
                             const std::unordered_map<std::string, const JournalRecord*>& closes) {
   SaveGeneration generation{commit, {}};
   for (const auto& [path, record] : closes) {
-    generation.files[path] = FileOnDisk{record->size, record->stamp.value_or(FileStamp{})};
+    generation.files[path] = FileOnDisk{record->size, *record->stamp};  // closes on disk have one
   }
   return generation;
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <ctime>
 #include <filesystem>
 
 #include "core/tag/journal.h"
@@ -22,12 +21,6 @@ namespace {
 
 // Commit signals name a tag in a few bytes; more than this is not a commit signal.
 constexpr size_t kMaxSignalBytes = 4096;
-
-int64_t WallTimeNs() {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-}
 
 Result<std::string> ReadPrefix(const std::string& path, size_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -404,7 +397,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   record.stamp = FileOnDiskOf(st).stamp;
   record.rank = LauncherRank();
   record.pid = ::getpid();
-  record.time_ns = WallTimeNs();
+  record.time_ns = WallClockNs();
   record.framework = file.match.framework;
   record.role = FileRole::kData;
   const Status status = AppendJournalRecord(file.match.tag_dir, record);
@@ -450,7 +443,7 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   record.xxh3 = digest->xxh3;
   record.rank = LauncherRank();
   record.pid = ::getpid();
-  record.time_ns = WallTimeNs();
+  record.time_ns = WallClockNs();
   record.framework = signal.framework;
   record.role = FileRole::kCommitSignal;
   const Status status = AppendJournalRecord(target->tag_dir, record);

@@ -261,59 +261,67 @@ Result<const OutputPlan*> View::PlanOf(const std::string& name) const {
 
 Result<std::string> View::Materialize(const std::string& name) {
   UCP_RETURN_IF_ERROR(PlanOf(name).status());
+  std::string path = directory_ + "/" + StoredName(name);
+  {
+    std::lock_guard lock(mutex_);
+    if (ready_.contains(name)) return path;
+  }
   if (whole_job_) {
     UCP_RETURN_IF_ERROR(AwaitVerdict());
-  } else if (const Status built = Build(name, /*wait=*/true); !built.ok()) {
-    return RecordVerdict(built);
+    std::lock_guard lock(mutex_);
+    ready_ = names_;
+    return path;
   }
-  return directory_ + "/" + StoredName(name);
+  Result<bool> built = Build(name, /*wait=*/true);
+  if (!built.ok()) return RecordVerdict(built.status());
+  std::lock_guard lock(mutex_);
+  ready_.insert(name);
+  return path;
 }
 
 Status View::AwaitVerdict() {
-  {
-    std::lock_guard lock(mutex_);
-    if (complete_) return Status::Ok();
-  }
   std::optional<Status> verdict = ReadVerdict();
   if (!verdict) {
     // First the files no other process is building, so that the job's processes spread over
-    // them; then the rest, waiting for their builders or taking over from dead or hung ones.
-    Status built = Status::Ok();
-    for (const bool wait : {false, true}) {
-      for (auto name = names_.begin(); built.ok() && name != names_.end(); ++name) {
-        built = Build(*name, wait);
-      }
+    // them; then those, waiting for their builders or taking over from dead or hung ones.
+    Status failure = Status::Ok();
+    std::vector<const std::string*> others;
+    for (const std::string& name : names_) {
+      Result<bool> there = Build(name, /*wait=*/false);
+      if (!there.ok()) failure = there.status();
+      if (!failure.ok()) break;
+      if (!*there) others.push_back(&name);
     }
-    verdict = RecordVerdict(built);
-    if (!built.ok() && verdict->ok()) {
-      UCP_LOG_INFO("view: {}; another process built the view: {}", built.message(), directory_);
+    for (size_t i = 0; failure.ok() && i < others.size(); ++i) {
+      failure = Build(*others[i], /*wait=*/true).status();
+    }
+    verdict = RecordVerdict(failure);
+    if (!failure.ok() && verdict->ok()) {
+      UCP_LOG_INFO("view: {}; another process built the view: {}", failure.message(), directory_);
     }
   }
-  if (!verdict->ok()) return *verdict;
-  std::lock_guard lock(mutex_);
-  complete_ = true;
-  return Status::Ok();
+  return *verdict;
 }
 
-Status View::Build(const std::string& name, bool wait) {
+Result<bool> View::Build(const std::string& name, bool wait) {
   const std::string path = directory_ + "/" + StoredName(name);
-  if (IsRegularFile(path)) return Status::Ok();
-  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+  if (IsRegularFile(path)) return true;
   OwnerLease::Options lease_options = lease_options_;
   if (!wait) lease_options.wait = std::chrono::milliseconds(0);
-  // Names may have directories: the lease sits beside the view's top-level files.
+  // Names may have directories: the lease sits beside the view's top-level files. Acquire stops
+  // waiting once the file or a verdict is there.
   std::string lease_name = name;
   for (char& c : lease_name) c = c == '/' ? '#' : c;
   Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(
       directory_ + "/." + lease_name + ".lease", lease_options,
       [this, &path] { return IsRegularFile(path) || IsRegularFile(VerdictPath()); });
   if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
-    return Status::Ok();  // another process builds it
+    return false;  // another process builds it
   }
   UCP_RETURN_IF_ERROR(lease.status());
   UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
   // Without the lease another owner built it; with it, a previous owner may have.
-  if (!*lease || IsRegularFile(path)) return Status::Ok();
+  if (!*lease || IsRegularFile(path)) return true;
   ExecuteOptions options;
   options.threads = 1;
   options.locate_damage = LocateDamageWith(*index_, tag_dir_);
@@ -322,7 +330,7 @@ Status View::Build(const std::string& name, bool wait) {
   UCP_LOG_INFO("view: built {}", path);
   std::lock_guard guard(mutex_);
   ++built_;
-  return Status::Ok();
+  return true;
 }
 
 Result<std::string> View::Describe(const std::string& name) {
@@ -330,7 +338,7 @@ Result<std::string> View::Describe(const std::string& name) {
   std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
-    if (complete_) return path;
+    if (ready_.contains(name)) return path;
     if (const auto known = placeholders_.find(name); known != placeholders_.end()) {
       return known->second;
     }

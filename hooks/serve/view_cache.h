@@ -132,9 +132,10 @@ class View {
   Status RecordVerdict(const Status& outcome) const;
   // Builds or waits for every file of the view, then records or reads the verdict.
   Status AwaitVerdict();
-  // Builds `name` unless it is built. With `wait`, waits for another process building it (taking
-  // over a dead or hung one); without, leaves it to that process.
-  Status Build(const std::string& name, bool wait);
+  // Builds `name` unless it is built; true once it is there. With `wait`, waits for another
+  // process building it (taking over a dead or hung one); without, leaves it to that process:
+  // false.
+  Result<bool> Build(const std::string& name, bool wait);
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;
@@ -145,7 +146,9 @@ class View {
   mutable std::mutex mutex_;
   // Inside the tag: the whole job shares the view, which is read whole or not at all.
   const bool whole_job_;
-  bool complete_ = false;                            // the verdict is "complete": every file built
+  // Names this process may serve without asking the file system again: built (under
+  // UCP_CACHE_DIR), or all of them once the job's verdict is "complete".
+  std::set<std::string> ready_;
   std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
   uint64_t built_ = 0;
 };
