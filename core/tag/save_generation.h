@@ -66,8 +66,9 @@ struct SaveBounds {
 };
 
 // The bounds of `commit` as this process sees them: this host, and the time this library was
-// loaded (every process of the job taking part in a save started before the save: a close on
-// this host earlier than that is an earlier run's).
+// loaded. Only for a process that the job's other processes met before they saved (a trainer's
+// rank after its rendezvous, as the durable commit's is): a close on this host earlier than that
+// is then an earlier run's.
 SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier);
 
 // The closes of `expected` that make up the save `bounds` describe: each path's close that
