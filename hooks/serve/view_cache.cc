@@ -179,11 +179,25 @@ std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_d
          ViewName(target);
 }
 
+std::vector<size_t> BuildOrder(size_t count, const std::optional<JobPlace>& place) {
+  size_t start = 0;
+  if (count > 0 && place && place->world > 0) {
+    start = static_cast<size_t>(uint64_t{place->rank % place->world} * count / place->world);
+  } else if (count > 0) {
+    const std::string self = JournalHostName() + " " + std::to_string(::getpid());
+    start = static_cast<size_t>(XXH3_64bits(self.data(), self.size()) % count);
+  }
+  std::vector<size_t> order(count);
+  for (size_t i = 0; i < count; ++i) order[i] = (start + i) % count;
+  return order;
+}
+
 Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
                                          std::shared_ptr<const AtomIndex> index,
                                          uint64_t index_xxh3, std::string tag_dir,
                                          const std::string& cache_dir, const Topology& target,
-                                         const OwnerLease::Options& lease) {
+                                         const OwnerLease::Options& lease,
+                                         std::optional<JobPlace> place) {
   if (index == nullptr) return Status::InvalidArgument("view: no index for " + tag_dir);
   UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
   std::string directory = ViewDirectory(tag_dir, cache_dir, target);
@@ -193,7 +207,7 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
     UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
   }
   std::unique_ptr<View> view(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                      SplitPlan(std::move(plan)), lease, cache_dir.empty()));
+                                      SplitPlan(std::move(plan)), lease, cache_dir.empty(), place));
   UCP_RETURN_IF_ERROR(view->CheckNoBuildFailed());
   return view;
 }
@@ -241,13 +255,14 @@ Status View::RecordVerdict(const Status& outcome) const {
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
            std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease,
-           bool whole_job)
+           bool whole_job, std::optional<JobPlace> place)
     : index_(std::move(index)),
       tag_dir_(std::move(tag_dir)),
       directory_(std::move(directory)),
       plans_(std::move(plans)),
       lease_options_(lease),
-      whole_job_(whole_job) {
+      whole_job_(whole_job),
+      place_(place) {
   for (const auto& [name, plan] : plans_) names_.insert(name);
 }
 
@@ -280,27 +295,83 @@ Result<std::string> View::Materialize(const std::string& name) {
 }
 
 Status View::AwaitVerdict() {
-  std::optional<Status> verdict = ReadVerdict();
-  if (!verdict) {
-    // First the files no other process is building, so that the job's processes spread over
-    // them; then those, waiting for their builders or taking over from dead or hung ones.
-    Status failure = Status::Ok();
-    std::vector<const std::string*> others;
-    for (const std::string& name : names_) {
-      Result<bool> there = Build(name, /*wait=*/false);
-      if (!there.ok()) failure = there.status();
-      if (!failure.ok()) break;
-      if (!*there) others.push_back(&name);
+  if (std::optional<Status> verdict = ReadVerdict()) return *verdict;
+  const std::vector<std::string> names(names_.begin(), names_.end());
+  const std::vector<size_t> order = BuildOrder(names.size(), place_);
+  // The first name in this process's order that `wanted` accepts, given a fresh listing.
+  const auto next = [&](Status& failure, const auto& wanted) -> const std::string* {
+    Result<Listing> listing = List();
+    if (!listing.ok()) failure = listing.status();
+    if (!failure.ok()) return nullptr;
+    for (const size_t i : order) {
+      if (wanted(names[i], *listing)) return &names[i];
     }
-    for (size_t i = 0; failure.ok() && i < others.size(); ++i) {
-      failure = Build(*others[i], /*wait=*/true).status();
+    return nullptr;
+  };
+  // First the files no other process has claimed, so that the job's processes spread over them;
+  // each name is tried once, so this ends. Then the rest, waiting for their builders or taking
+  // over dead or hung ones.
+  Status failure = Status::Ok();
+  std::set<std::string> tried;
+  while (const std::string* name = next(failure, [&](const std::string& n, const Listing& seen) {
+           return !seen.built.contains(n) && !seen.claimed.contains(n) && !tried.contains(n);
+         })) {
+    tried.insert(*name);
+    failure = Build(*name, /*wait=*/false).status();
+  }
+  std::set<std::string> awaited;
+  while (const std::string* name = next(failure, [&](const std::string& n, const Listing& seen) {
+           return !seen.built.contains(n) && !awaited.contains(n);
+         })) {
+    awaited.insert(*name);
+    failure = Build(*name, /*wait=*/true).status();
+  }
+  const Status verdict = RecordVerdict(failure);
+  if (!failure.ok() && verdict.ok()) {
+    UCP_LOG_INFO("view: {}; another process built the view: {}", failure.message(), directory_);
+  }
+  return verdict;
+}
+
+std::string View::LeasePath(const std::string& name) const {
+  // Names may have directories: the lease sits beside the view's top-level files.
+  std::string lease_name = name;
+  for (char& c : lease_name) c = c == '/' ? '#' : c;
+  return directory_ + "/." + lease_name + ".lease";
+}
+
+Result<View::Listing> View::List() const {
+  // One listing of each directory the view's names are in (most views have one): what it costs
+  // does not grow with the number of processes asking.
+  std::map<std::string, std::set<std::string>> entries;  // directory → its entries
+  for (const std::string& name : names_) {
+    entries[std::filesystem::path(directory_ + "/" + StoredName(name)).parent_path().string()];
+  }
+  entries[directory_];
+  for (auto& [directory, found] : entries) {
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+         it.increment(error)) {
+      // The type from the listing itself where the file system gives it (d_type): no stat.
+      std::error_code type_error;
+      if (it->is_regular_file(type_error)) found.insert(it->path().filename().string());
     }
-    verdict = RecordVerdict(failure);
-    if (!failure.ok() && verdict->ok()) {
-      UCP_LOG_INFO("view: {}; another process built the view: {}", failure.message(), directory_);
+    if (error && error != std::errc::no_such_file_or_directory) {
+      return PosixError("view: list " + directory, error.value());
     }
   }
-  return *verdict;
+  Listing listing;
+  const std::set<std::string>& top = entries[directory_];
+  for (const std::string& name : names_) {
+    const std::filesystem::path stored(directory_ + "/" + StoredName(name));
+    if (entries[stored.parent_path().string()].contains(stored.filename().string())) {
+      listing.built.insert(name);
+    }
+    if (top.contains(std::filesystem::path(LeasePath(name)).filename().string())) {
+      listing.claimed.insert(name);
+    }
+  }
+  return listing;
 }
 
 Result<bool> View::Build(const std::string& name, bool wait) {
@@ -308,12 +379,9 @@ Result<bool> View::Build(const std::string& name, bool wait) {
   if (IsRegularFile(path)) return true;
   OwnerLease::Options lease_options = lease_options_;
   if (!wait) lease_options.wait = std::chrono::milliseconds(0);
-  // Names may have directories: the lease sits beside the view's top-level files. Acquire stops
-  // waiting once the file or a verdict is there.
-  std::string lease_name = name;
-  for (char& c : lease_name) c = c == '/' ? '#' : c;
+  // Acquire stops waiting once the file or a verdict is there.
   Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(
-      directory_ + "/." + lease_name + ".lease", lease_options,
+      LeasePath(name), lease_options,
       [this, &path] { return IsRegularFile(path) || IsRegularFile(VerdictPath()); });
   if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
     return false;  // another process builds it

@@ -42,7 +42,10 @@
 // no flock, no lock without a time limit): each file is built once in the common case, and a file
 // built twice is the same bytes renamed into place twice. In a view inside the tag, a process's
 // first Materialize builds every file no other process is building, then waits for the others,
-// and only then records or reads the verdict: the job's files are spread over its processes. In a
+// and only then records or reads the verdict: the job's files are spread over its processes, each
+// starting at its own place among the view's files (JobPlace) and learning which files are built or
+// claimed from one listing of the view per step rather than a stat of each file, so that a job of
+// P processes and F files costs O(P + F) listings and claims, not P × F stats. In a
 // view under UCP_CACHE_DIR (a node's own disk: shared by that node's processes only) a process
 // builds only the files it asks for, so a node builds only what its ranks read; a failure then
 // stops the view for the processes that have not read it yet. Memory: the executor's bounded
@@ -60,6 +63,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/format/atom_index.h"
 #include "core/frameworks/framework_adapter.h"
@@ -80,6 +84,18 @@ std::string ViewName(const Topology& topology);
 std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,
                           const Topology& target);
 
+// A process's place among the job's processes (its global rank of `world`), where it starts
+// building a view's files.
+struct JobPlace {
+  uint32_t rank = 0;
+  uint32_t world = 1;
+};
+
+// The order in which the process at `place` builds `count` files (indexes into the view's sorted
+// names): from ⌊rank × count / world⌋ round to the end and on from the start, so the job's
+// processes start on different files. Without a place, from a position of this host and pid.
+std::vector<size_t> BuildOrder(size_t count, const std::optional<JobPlace>& place);
+
 class View {
  public:
   // Opens (creating it if needed) the view of the tag at `target`: plans it with `adapter`,
@@ -90,7 +106,8 @@ class View {
                                             std::shared_ptr<const AtomIndex> index,
                                             uint64_t index_xxh3, std::string tag_dir,
                                             const std::string& cache_dir, const Topology& target,
-                                            const OwnerLease::Options& lease = {});
+                                            const OwnerLease::Options& lease = {},
+                                            std::optional<JobPlace> place = std::nullopt);
 
   View(const View&) = delete;
   View& operator=(const View&) = delete;
@@ -118,7 +135,8 @@ class View {
 
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
-       std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease, bool whole_job);
+       std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease, bool whole_job,
+       std::optional<JobPlace> place);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
   std::string VerdictPath() const;
@@ -132,6 +150,14 @@ class View {
   Status RecordVerdict(const Status& outcome) const;
   // Builds or waits for every file of the view, then records or reads the verdict.
   Status AwaitVerdict();
+  // What one listing of the view's directories says: the names built, and those whose lease
+  // file is there (a builder at work, or a dead one's to take over).
+  struct Listing {
+    std::set<std::string> built;
+    std::set<std::string> claimed;
+  };
+  Result<Listing> List() const;
+  std::string LeasePath(const std::string& name) const;
   // Builds `name` unless it is built; true once it is there. With `wait`, waits for another
   // process building it (taking over a dead or hung one); without, leaves it to that process:
   // false.
@@ -146,6 +172,7 @@ class View {
   mutable std::mutex mutex_;
   // Inside the tag: the whole job shares the view, which is read whole or not at all.
   const bool whole_job_;
+  const std::optional<JobPlace> place_;
   // Names this process may serve without asking the file system again: built (under
   // UCP_CACHE_DIR), or all of them once the job's verdict is "complete".
   std::set<std::string> ready_;

@@ -156,9 +156,13 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
   const bool from_store = readable->has_value();
   std::shared_ptr<const AtomIndex> sources =
       from_store ? std::make_shared<const AtomIndex>(std::move(**readable)) : loaded->index;
+  std::optional<JobPlace> place;
+  if (current->global_rank && *current->global_rank >= 0 && target.world > 0) {
+    place = JobPlace{static_cast<uint32_t>(*current->global_rank), target.world};
+  }
   Result<std::unique_ptr<View>> view =
       View::Open(**adapter, std::move(sources), loaded->xxh3, tag_dir, options_.cache_dir, target,
-                 options_.lease);
+                 options_.lease, place);
   if (!view.ok()) return fail(view.status());
   for (const IndexedFile& file : index.files()) {
     if (!AtomIndex::IsStoreFile(file)) state->source_files.insert(file.path);

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -78,6 +80,58 @@ TEST(ViewCacheTest, CacheDirectoryNamesTheTagAndItsPathHash) {
   EXPECT_NE(a, b);
   EXPECT_EQ(ViewDirectory("/ckpt/a/global_step5", "", Dp(8)),
             "/ckpt/a/global_step5/.ucp/views/tp1-pp1-dp8");
+}
+
+TEST(ViewCacheTest, EachProcessStartsItsBuildsAtItsPlaceInTheJob) {
+  EXPECT_THAT(BuildOrder(5, JobPlace{0, 4}), ::testing::ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_THAT(BuildOrder(5, JobPlace{2, 4}), ::testing::ElementsAre(2, 3, 4, 0, 1));
+  EXPECT_THAT(BuildOrder(5, JobPlace{3, 4}), ::testing::ElementsAre(3, 4, 0, 1, 2));
+  // More processes than files: neighbours share a start, every file is someone's start.
+  std::set<size_t> starts;
+  for (uint32_t rank = 0; rank < 16; ++rank) starts.insert(BuildOrder(3, JobPlace{rank, 16})[0]);
+  EXPECT_EQ(starts, (std::set<size_t>{0, 1, 2}));
+  // Without a place: some rotation of every file, the same for the same process.
+  const std::vector<size_t> unplaced = BuildOrder(7, std::nullopt);
+  EXPECT_EQ(std::set<size_t>(unplaced.begin(), unplaced.end()).size(), 7u);
+  EXPECT_EQ(unplaced[1], (unplaced[0] + 1) % 7);
+  EXPECT_EQ(unplaced, BuildOrder(7, std::nullopt));
+  EXPECT_TRUE(BuildOrder(0, JobPlace{1, 2}).empty());
+}
+
+TEST(ViewCacheTest, AFileClaimedByALiveBuilderIsLeftToItAndAwaited) {
+  const fs::path scratch = ScratchDirectory("view_cache");
+  const std::string tag = (scratch / "global_step5").string();
+  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2), {}, JobPlace{0, 2});
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  // Another process of the job claimed the model states (its lease, alive) before this one came.
+  const std::string claimed = "mp_rank_00_model_states.pt";
+  Result<std::optional<OwnerLease>> lease =
+      OwnerLease::Acquire((*view)->directory() + "/." + claimed + ".lease", {});
+  ASSERT_TRUE(lease.ok() && lease->has_value()) << lease.status().ToString();
+  Result<std::string> served = Status::Internal("not yet");
+  std::thread reader(
+      [&] { served = (*view)->Materialize("zero_pp_rank_0_mp_rank_00_optim_states.pt"); });
+  // It builds every other file, leaves the claimed one, and waits.
+  const std::string stored = (*view)->directory() + "/" + StoredName(claimed);
+  for (const std::string& name : (*view)->names()) {
+    if (name == claimed) continue;
+    for (int i = 0; i < 2000 && !fs::exists((*view)->directory() + "/" + StoredName(name)); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(fs::exists((*view)->directory() + "/" + StoredName(name))) << name;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fs::exists(stored));
+  EXPECT_FALSE(fs::exists((*view)->directory() + "/verdict"));
+  // The claimant gives up without building: the waiter takes the file over.
+  lease->reset();
+  reader.join();
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  EXPECT_EQ((*view)->built(), (*view)->names().size());
+  EXPECT_EQ(ReadAll((*view)->directory() + "/verdict"), "complete\n");
+  ExpectViewEquals(**view, Reshard(tag, 2, (scratch / "out").string()));
 }
 
 TEST(ViewCacheTest, UnknownNameIsNotFound) {
