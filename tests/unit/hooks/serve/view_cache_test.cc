@@ -73,7 +73,7 @@ TEST_P(ViewCacheEquivalenceTest, ViewsEqualUcpReshardAtEveryDp) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ViewCacheEquivalenceTest,
                          ::testing::Values("z2_fp32", "z1_bf16_bf16opt"));
 
-TEST(ViewCacheTest, CacheDirectoryNamesTheTagAndItsPathHash) {
+TEST(ViewDirectoryTest, CacheDirectoryNamesTheTagAndItsPathHash) {
   const std::string a = ViewDirectory("/ckpt/a/global_step5", "/cache", Dp(2));
   const std::string b = ViewDirectory("/ckpt/b/global_step5", "/cache", Dp(2));
   EXPECT_THAT(a, ::testing::MatchesRegex("/cache/global_step5-[0-9a-f]{16}/tp1-pp1-dp2"));
@@ -82,7 +82,7 @@ TEST(ViewCacheTest, CacheDirectoryNamesTheTagAndItsPathHash) {
             "/ckpt/a/global_step5/.ucp/views/tp1-pp1-dp8");
 }
 
-TEST(ViewCacheTest, EachProcessStartsItsBuildsAtItsPlaceInTheJob) {
+TEST(BuildOrderTest, EachProcessStartsItsBuildsAtItsPlaceInTheJob) {
   EXPECT_THAT(BuildOrder(5, JobPlace{0, 4}), ::testing::ElementsAre(0, 1, 2, 3, 4));
   EXPECT_THAT(BuildOrder(5, JobPlace{2, 4}), ::testing::ElementsAre(2, 3, 4, 0, 1));
   EXPECT_THAT(BuildOrder(5, JobPlace{3, 4}), ::testing::ElementsAre(3, 4, 0, 1, 2));
@@ -98,12 +98,29 @@ TEST(ViewCacheTest, EachProcessStartsItsBuildsAtItsPlaceInTheJob) {
   EXPECT_TRUE(BuildOrder(0, JobPlace{1, 2}).empty());
 }
 
-TEST(ViewCacheTest, AFileClaimedByALiveBuilderIsLeftToItAndAwaited) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2), {}, JobPlace{0, 2});
+// A writable copy of the z2_fp32 fixture's DP 4 tag, indexed with chunk hashes, in a scratch
+// directory of its own.
+class ViewCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    scratch_ = ScratchDirectory("view_cache");
+    tag_ = (scratch_ / "global_step5").string();
+    index_xxh3_ = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag_);
+  }
+
+  // The tag's view at DP `dp`, inside the tag (`cache` empty) or under `cache`.
+  Result<std::unique_ptr<View>> Open(uint32_t dp, const std::string& cache = "",
+                                     std::optional<JobPlace> place = std::nullopt) const {
+    return View::Open(kAdapter, ReadIndex(tag_), index_xxh3_, tag_, cache, Dp(dp), {}, place);
+  }
+
+  fs::path scratch_;
+  std::string tag_;
+  uint64_t index_xxh3_ = 0;
+};
+
+TEST_F(ViewCacheTest, AFileClaimedByALiveBuilderIsLeftToItAndAwaited) {
+  Result<std::unique_ptr<View>> view = Open(2, "", JobPlace{0, 2});
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   // Another process of the job claimed the model states (its lease, alive) before this one came.
   const std::string claimed = "mp_rank_00_model_states.pt";
@@ -131,15 +148,11 @@ TEST(ViewCacheTest, AFileClaimedByALiveBuilderIsLeftToItAndAwaited) {
   ASSERT_TRUE(served.ok()) << served.status().ToString();
   EXPECT_EQ((*view)->built(), (*view)->names().size());
   EXPECT_EQ(ReadAll((*view)->directory() + "/verdict"), "complete\n");
-  ExpectViewEquals(**view, Reshard(tag, 2, (scratch / "out").string()));
+  ExpectViewEquals(**view, Reshard(tag_, 2, (scratch_ / "out").string()));
 }
 
-TEST(ViewCacheTest, UnknownNameIsNotFound) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+TEST_F(ViewCacheTest, UnknownNameIsNotFound) {
+  Result<std::unique_ptr<View>> view = Open(2);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   Result<std::string> missing = (*view)->Materialize("zero_pp_rank_3_mp_rank_00_optim_states.pt");
   ASSERT_FALSE(missing.ok());
@@ -159,10 +172,7 @@ Result<uint64_t> BuildAll(const std::string& tag, uint64_t index_xxh3, const Top
   return view->built();
 }
 
-TEST(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+TEST_F(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
   constexpr int kThreads = 8;
   constexpr int kChildren = 4;
   int go[2];
@@ -176,7 +186,7 @@ TEST(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
     if (pid == 0) {
       char byte;
       if (::read(go[0], &byte, 1) != 1) ::_exit(2);
-      Result<uint64_t> built = BuildAll(tag, index_xxh3, Dp(8), static_cast<size_t>(c));
+      Result<uint64_t> built = BuildAll(tag_, index_xxh3_, Dp(8), static_cast<size_t>(c));
       if (!built.ok()) ::_exit(1);
       const uint64_t count = *built;
       ::_exit(::write(results[1], &count, sizeof(count)) == sizeof(count) ? 0 : 3);
@@ -190,7 +200,7 @@ TEST(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       while (!start.load()) std::this_thread::yield();
-      Result<uint64_t> built = BuildAll(tag, index_xxh3, Dp(8), static_cast<size_t>(t));
+      Result<uint64_t> built = BuildAll(tag_, index_xxh3_, Dp(8), static_cast<size_t>(t));
       if (built.ok()) {
         built_by_threads += *built;
       } else {
@@ -215,32 +225,30 @@ TEST(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
   for (const int fd : {go[0], go[1], results[0], results[1]}) ::close(fd);
   EXPECT_EQ(failures.load(), 0);
 
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(8));
+  Result<std::unique_ptr<View>> view = Open(8);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   EXPECT_EQ(built_by_threads + built_by_children, (*view)->names().size());
-  ExpectViewEquals(**view, Reshard(tag, 8, (scratch / "out").string()));
+  ExpectViewEquals(**view, Reshard(tag_, 8, (scratch_ / "out").string()));
   EXPECT_EQ((*view)->built(), 0u);
 }
 
-TEST(ViewCacheTest, ResavedTagRebuildsTheView) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t first = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+TEST_F(ViewCacheTest, ResavedTagRebuildsTheView) {
+  const uint64_t first = index_xxh3_;
   Result<std::unique_ptr<View>> old_view =
-      View::Open(kAdapter, ReadIndex(tag), first, tag, "", Dp(1));
+      View::Open(kAdapter, ReadIndex(tag_), first, tag_, "", Dp(1));
   ASSERT_TRUE(old_view.ok()) << old_view.status().ToString();
-  ExpectViewEquals(**old_view, Reshard(tag, 1, (scratch / "out_first").string()));
+  ExpectViewEquals(**old_view, Reshard(tag_, 1, (scratch_ / "out_first").string()));
 
   // The same tag saved again by another run (at dp2).
-  const uint64_t second = PrepareTag(FixtureTag("z2_fp32", "dp2"), tag);
+  const uint64_t second = PrepareTag(FixtureTag("z2_fp32", "dp2"), tag_);
   ASSERT_NE(first, second);
-  Result<std::unique_ptr<View>> view = View::Open(kAdapter, ReadIndex(tag), second, tag, "", Dp(1));
+  Result<std::unique_ptr<View>> view =
+      View::Open(kAdapter, ReadIndex(tag_), second, tag_, "", Dp(1));
   ASSERT_TRUE(view.ok()) << view.status().ToString();
-  const std::string expected = Reshard(tag, 1, (scratch / "out_second").string());
+  const std::string expected = Reshard(tag_, 1, (scratch_ / "out_second").string());
   ExpectViewEquals(**view, expected);
   EXPECT_EQ((*view)->built(), (*view)->names().size());
-  EXPECT_FALSE(ReadAll((scratch / "out_first/global_step5/mp_rank_00_model_states.pt").string()) ==
+  EXPECT_FALSE(ReadAll((scratch_ / "out_first/global_step5/mp_rank_00_model_states.pt").string()) ==
                ReadAll(expected + "/mp_rank_00_model_states.pt"));
 }
 
@@ -256,31 +264,25 @@ void FlipMiddleByte(const std::string& path) {
   ASSERT_TRUE(file->WriteAt(*size / 2, {&byte, 1}).ok());
 }
 
-TEST(ViewCacheTest, WithoutChunkHashesACorruptedSourceFailsTheOpenNamingTheFile) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag, false);
-  const std::string victim = tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+TEST_F(ViewCacheTest, WithoutChunkHashesACorruptedSourceFailsTheOpenNamingTheFile) {
+  index_xxh3_ = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag_, /*chunk_hashes=*/false);
+  const std::string victim = tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
   FlipMiddleByte(victim);
   for (int attempt = 0; attempt < 2; ++attempt) {  // the second finds the verdict in view.json
-    Result<std::unique_ptr<View>> view =
-        View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+    Result<std::unique_ptr<View>> view = Open(2);
     ASSERT_FALSE(view.ok());
     EXPECT_EQ(view.status().code(), StatusCode::kCorrupt);
     EXPECT_THAT(view.status().message(), HasSubstr(victim));
   }
-  EXPECT_THAT(ReadAll(tag + "/.ucp/views/tp1-pp1-dp2/view.json"), HasSubstr("\"verified\": false"));
+  EXPECT_THAT(ReadAll(tag_ + "/.ucp/views/tp1-pp1-dp2/view.json"),
+              HasSubstr("\"verified\": false"));
 }
 
-TEST(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAtoms) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+TEST_F(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAtoms) {
   // dp4 rank 1's partition goes to dp2 rank 0's file, and to no other.
-  const std::string victim = tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  const std::string victim = tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
   FlipMiddleByte(victim);
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  Result<std::unique_ptr<View>> view = Open(2);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   // A file that reads no damaged byte is not served either: the view is read whole or not at all.
   const Result<std::string> healthy = (*view)->Materialize("mp_rank_00_model_states.pt");
@@ -294,22 +296,17 @@ TEST(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAtom
   EXPECT_FALSE((*view)->Materialize("zero_pp_rank_1_mp_rank_00_optim_states.pt").ok());
   // Recorded for the job: no process opens the view again, nor builds another file of it.
   EXPECT_THAT(ReadAll((*view)->directory() + "/verdict"), HasSubstr(victim));
-  Result<std::unique_ptr<View>> again =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  Result<std::unique_ptr<View>> again = Open(2);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(again.status().message(), HasSubstr("failed to build a file of it"));
   EXPECT_THAT(again.status().message(), HasSubstr(victim));
 }
 
-TEST(ViewCacheTest, UnderACacheDirectoryAProcessBuildsOnlyWhatItAsksFor) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
+TEST_F(ViewCacheTest, UnderACacheDirectoryAProcessBuildsOnlyWhatItAsksFor) {
   // A node's own disk: the node builds what its ranks read, not the whole view.
-  const std::string cache = (scratch / "node_cache").string();
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, cache, Dp(2));
+  const std::string cache = (scratch_ / "node_cache").string();
+  Result<std::unique_ptr<View>> view = Open(2, cache);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   const std::string asked = "zero_pp_rank_1_mp_rank_00_optim_states.pt";
   ASSERT_TRUE((*view)->Materialize(asked).ok());
@@ -320,21 +317,17 @@ TEST(ViewCacheTest, UnderACacheDirectoryAProcessBuildsOnlyWhatItAsksFor) {
   EXPECT_FALSE(fs::exists((*view)->directory() + "/verdict"));
 
   // A damaged chunk stops the view for what is not built yet, in every process of the node.
-  FlipMiddleByte(tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  FlipMiddleByte(tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
   const Result<std::string> damaged =
       (*view)->Materialize("zero_pp_rank_0_mp_rank_00_optim_states.pt");
   ASSERT_FALSE(damaged.ok());
   EXPECT_THAT(damaged.status().message(), HasSubstr("fails its CRC-32"));
   EXPECT_FALSE((*view)->Materialize("mp_rank_00_model_states.pt").ok());
-  EXPECT_FALSE(View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, cache, Dp(2)).ok());
+  EXPECT_FALSE(Open(2, cache).ok());
 }
 
-TEST(ViewCacheTest, NoFileIsServedBeforeEveryFileIsBuiltAndTheVerdictStands) {
-  const fs::path scratch = ScratchDirectory("view_cache");
-  const std::string tag = (scratch / "global_step5").string();
-  const uint64_t index_xxh3 = PrepareTag(FixtureTag("z2_fp32", "dp4"), tag);
-  Result<std::unique_ptr<View>> view =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+TEST_F(ViewCacheTest, NoFileIsServedBeforeEveryFileIsBuiltAndTheVerdictStands) {
+  Result<std::unique_ptr<View>> view = Open(2);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   const Result<std::string> first =
       (*view)->Materialize("zero_pp_rank_1_mp_rank_00_optim_states.pt");
@@ -345,9 +338,8 @@ TEST(ViewCacheTest, NoFileIsServedBeforeEveryFileIsBuiltAndTheVerdictStands) {
   }
   EXPECT_EQ(ReadAll((*view)->directory() + "/verdict"), "complete\n");
   // Damage found after the verdict changes nothing for the job: every file was checked as built.
-  FlipMiddleByte(tag + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
-  Result<std::unique_ptr<View>> later =
-      View::Open(kAdapter, ReadIndex(tag), index_xxh3, tag, "", Dp(2));
+  FlipMiddleByte(tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  Result<std::unique_ptr<View>> later = Open(2);
   ASSERT_TRUE(later.ok()) << later.status().ToString();
   EXPECT_TRUE((*later)->Materialize("mp_rank_00_model_states.pt").ok());
   EXPECT_EQ((*later)->built(), 0u);
