@@ -44,7 +44,7 @@ std::string NewCommitId();
 
 // The tag's record; nullopt when it has none. kCorrupt names the file and the member.
 Result<std::optional<SaveGeneration>> ReadSaveGeneration(const std::string& tag_dir);
-// Replaces the tag's record (creating .ucp/ when missing).
+// Replaces the tag's record (creating .ucp/ when missing), unless it holds exactly this one.
 Status WriteSaveGeneration(const std::string& tag_dir, const SaveGeneration& generation);
 
 // The files of a save, matched against the journal.

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -62,6 +63,24 @@ TEST_F(SaveGenerationTest, RoundTripsAndIsAbsentUntilWritten) {
   ASSERT_TRUE(read->has_value());
   EXPECT_EQ((*read)->commit, written.commit);
   EXPECT_EQ((*read)->files, written.files);
+
+  // The same record again (the durable commit's, then the index builder's) writes nothing: the
+  // file keeps its inode, where a write renames a new one into place.
+  const auto inode = [&] {
+    struct stat info {};
+    EXPECT_EQ(::stat(SaveGenerationPath(tag_).c_str(), &info), 0);
+    return info.st_ino;
+  };
+  const ino_t first = inode();
+  ASSERT_TRUE(WriteSaveGeneration(tag_, written).ok());
+  EXPECT_EQ(inode(), first);
+  SaveGeneration next = written;
+  next.commit = "host.12.2";
+  ASSERT_TRUE(WriteSaveGeneration(tag_, next).ok());
+  EXPECT_NE(inode(), first);
+  Result<std::optional<SaveGeneration>> replaced = ReadSaveGeneration(tag_);
+  ASSERT_TRUE(replaced.ok() && replaced->has_value());
+  EXPECT_EQ((*replaced)->commit, "host.12.2");
 }
 
 TEST_F(SaveGenerationTest, RefusesMalformedRecordsNamingTheFileAndMember) {
