@@ -90,6 +90,30 @@ TEST_F(OwnerLeaseTest, AWaiterStopsWaitingWhenTheWorkIsDone) {
   EXPECT_LT(std::chrono::steady_clock::now() - begin, 10s);
 }
 
+// A waiter looks at the lease less often the longer it waits: about 35 looks in 3 s (a tenth of
+// the time waited, after 0.5 s at 50 ms), where a fixed 50 ms pause made about 65.
+TEST_F(OwnerLeaseTest, AWaiterLooksLessOftenTheLongerItWaits) {
+  Result<std::optional<OwnerLease>> owner = OwnerLease::Acquire(path_, {});
+  ASSERT_TRUE(owner.ok() && owner->has_value());
+  const auto looks_in = [&](std::chrono::milliseconds wait, std::chrono::milliseconds max_poll) {
+    OwnerLease::Options options;
+    options.wait = wait;
+    options.max_poll = max_poll;
+    int looks = 0;
+    Result<std::optional<OwnerLease>> waiter = OwnerLease::Acquire(path_, options, [&] {
+      ++looks;
+      return false;
+    });
+    EXPECT_EQ(waiter.status().code(), StatusCode::kFailedPrecondition);
+    return looks;
+  };
+  const int growing = looks_in(3s, 2s);
+  EXPECT_GE(growing, 10);
+  EXPECT_LE(growing, 45);
+  // max_poll 50 ms is the fixed pause of before.
+  EXPECT_GT(looks_in(3s, 50ms), growing + 10);
+}
+
 // The owner killed mid-build (SIGKILL: no destructor) leaves its lease file; a waiter on the same
 // host sees its pid gone and takes over at once, not after stale_after.
 TEST_F(OwnerLeaseTest, AKilledOwnerIsTakenOverAtOnce) {
