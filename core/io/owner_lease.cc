@@ -155,10 +155,10 @@ Result<std::optional<OwnerLease>> OwnerLease::Acquire(const std::string& path,
     }
     std::this_thread::sleep_for(
         std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
-    const auto tenth_waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - start) / 10;
+    const auto twentieth_waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - start) / 20;
     const auto ceiling =
-        std::min(std::max(tenth_waited, std::chrono::milliseconds{50}), options.max_poll);
+        std::min(std::max(twentieth_waited, std::chrono::milliseconds{50}), options.max_poll);
     backoff = std::min(backoff * 2, ceiling);
   }
 }
