@@ -22,7 +22,8 @@
 namespace ucp::hooks {
 namespace {
 
-constexpr int kViewVersion = 1;
+// 2: the view's creator makes every placeholder (1: each process made those it described).
+constexpr int kViewVersion = 2;
 // <view>/verdict's contents: "complete", or "failed: " and the first failure.
 constexpr std::string_view kComplete = "complete\n";
 constexpr std::string_view kFailed = "failed: ";
@@ -128,15 +129,67 @@ Status EmptyView(const std::string& directory) {
   return Status::Ok();
 }
 
+// Fills each directory's set with the names of the regular files in it (none where the
+// directory does not exist): one listing per directory, no stat where the file system gives
+// the type in the listing (d_type).
+Status ListRegularFiles(std::map<std::string, std::set<std::string>>& entries) {
+  for (auto& [directory, found] : entries) {
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+         it.increment(error)) {
+      std::error_code type_error;
+      if (it->is_regular_file(type_error)) found.insert(it->path().filename().string());
+    }
+    if (error && error != std::errc::no_such_file_or_directory) {
+      return PosixError("view: list " + directory, error.value());
+    }
+  }
+  return Status::Ok();
+}
+
+// Makes, in an emptied view, for each name whose size the plan tells, a sparse file of that size
+// at <directory>/.planned/<stored name>: what a stat of the name reports until the process may
+// serve the built file.
+Status MakePlaceholders(const std::map<std::string, OutputPlan>& plans, const AtomIndex& index,
+                        const std::string& directory) {
+  for (const auto& [name, plan] : plans) {
+    UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(plan, index));
+    if (!size) continue;
+    const std::string placeholder = directory + "/.planned/" + StoredName(name);
+    const std::filesystem::path path(placeholder);
+    std::error_code error;
+    std::filesystem::create_directories(path.parent_path(), error);
+    if (error) return PosixError("view: placeholder directory for " + placeholder, error.value());
+    // Written whole under a name of this process's, then renamed: where flock is per node, a
+    // creator on another node sees no placeholder or a complete one.
+    static std::atomic<uint64_t> counter{0};
+    const std::string temp = placeholder + ".tmp-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(counter.fetch_add(1));
+    UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreateExclusive));
+    Status status = file.Truncate(*size);
+    if (status.ok()) status = file.Close();
+    if (status.ok()) status = RenameFile(temp, placeholder);
+    if (!status.ok()) {
+      (void)file.Close();  // already failing: the first error is the one reported
+      (void)RemoveFile(temp);
+      return status.WithContext("view: placeholder " + placeholder);
+    }
+  }
+  return Status::Ok();
+}
+
 // Under the view's .lock: reuses view.json's verdict for this index, or empties the view,
-// verifies the sources and records the verdict.
-Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_t index_xxh3,
-                         const std::string& tag_dir, const std::string& directory,
-                         const Topology& target) {
+// verifies the sources, makes the placeholders and records the verdict. Returns `plan` split per
+// name (SplitPlan).
+Result<std::map<std::string, OutputPlan>> CheckOrCreateView(const AtomIndex& index, OutputPlan plan,
+                                                            uint64_t index_xxh3,
+                                                            const std::string& tag_dir,
+                                                            const std::string& directory,
+                                                            const Topology& target) {
   const std::string index_hex = FormatXxh3(index_xxh3);
   const std::string json_path = directory + "/view.json";
   if (const std::optional<Recorded> recorded = ReadViewJson(json_path, index_hex, target)) {
-    if (recorded->verified) return Status::Ok();
+    if (recorded->verified) return SplitPlan(std::move(plan));
     return Status::Corrupt(recorded->error + " (recorded in " + json_path + ")");
   }
   UCP_RETURN_IF_ERROR(EmptyView(directory));
@@ -144,6 +197,9 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
   // Only a verdict on the bytes is recorded: a read that failed (EIO, a file missing for now)
   // says nothing about them, and recording it would refuse the view to every later process.
   if (!verified.ok() && verified.code() != StatusCode::kCorrupt) return verified;
+  std::map<std::string, OutputPlan> plans = SplitPlan(std::move(plan));
+  // Once per view, by its creator: every process's stats then find them.
+  if (verified.ok()) UCP_RETURN_IF_ERROR(MakePlaceholders(plans, index, directory));
   nlohmann::json json = {{"version", kViewVersion},
                          {"index_xxh3", index_hex},
                          {"target", TargetJson(target)},
@@ -152,7 +208,8 @@ Status CheckOrCreateView(const AtomIndex& index, const OutputPlan& plan, uint64_
   UCP_RETURN_IF_ERROR(WriteFileAtomically(json_path, json.dump(2) + "\n"));
   UCP_LOG_INFO("view: created {} for index {} ({})", directory, index_hex,
                verified.ok() ? "sources verified" : verified.message());
-  return verified;
+  if (!verified.ok()) return verified;
+  return plans;
 }
 
 }  // namespace
@@ -202,12 +259,14 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
   UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
   std::string directory = ViewDirectory(tag_dir, cache_dir, target);
   UCP_RETURN_IF_ERROR(CreateDirectories(directory));
+  std::map<std::string, OutputPlan> plans;
   {
     UCP_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(directory + "/.lock"));
-    UCP_RETURN_IF_ERROR(CheckOrCreateView(*index, plan, index_xxh3, tag_dir, directory, target));
+    UCP_ASSIGN_OR_RETURN(
+        plans, CheckOrCreateView(*index, std::move(plan), index_xxh3, tag_dir, directory, target));
   }
   std::unique_ptr<View> view(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                      SplitPlan(std::move(plan)), lease, cache_dir.empty(), place));
+                                      std::move(plans), lease, cache_dir.empty(), place));
   UCP_RETURN_IF_ERROR(view->CheckNoBuildFailed());
   return view;
 }
@@ -343,23 +402,12 @@ std::string View::LeasePath(const std::string& name) const {
 Result<View::Listing> View::List() const {
   // One listing of each directory the view's names are in (most views have one): what it costs
   // does not grow with the number of processes asking.
-  std::map<std::string, std::set<std::string>> entries;  // directory → its entries
+  std::map<std::string, std::set<std::string>> entries;  // directory → its regular files
   for (const std::string& name : names_) {
     entries[std::filesystem::path(directory_ + "/" + StoredName(name)).parent_path().string()];
   }
   entries[directory_];
-  for (auto& [directory, found] : entries) {
-    std::error_code error;
-    for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
-         it.increment(error)) {
-      // The type from the listing itself where the file system gives it (d_type): no stat.
-      std::error_code type_error;
-      if (it->is_regular_file(type_error)) found.insert(it->path().filename().string());
-    }
-    if (error && error != std::errc::no_such_file_or_directory) {
-      return PosixError("view: list " + directory, error.value());
-    }
-  }
+  UCP_RETURN_IF_ERROR(ListRegularFiles(entries));
   Listing listing;
   const std::set<std::string>& top = entries[directory_];
   for (const std::string& name : names_) {
@@ -403,42 +451,28 @@ Result<bool> View::Build(const std::string& name, bool wait) {
 
 Result<std::string> View::Describe(const std::string& name) {
   UCP_ASSIGN_OR_RETURN(const OutputPlan* plan, PlanOf(name));
-  std::string path = directory_ + "/" + StoredName(name);
   {
     std::lock_guard lock(mutex_);
-    if (ready_.contains(name)) return path;
+    if (ready_.contains(name)) return directory_ + "/" + StoredName(name);
     if (const auto known = placeholders_.find(name); known != placeholders_.end()) {
       return known->second;
     }
   }
-  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
-  if (IsRegularFile(path)) return path;
-  UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(*plan, *index_));
-  if (!size) return Materialize(name);
-  std::string placeholder = directory_ + "/.planned/" + StoredName(name);
-  struct stat info;
-  if (::stat(placeholder.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
-      static_cast<uint64_t>(info.st_size) != *size) {
-    // Written whole under a name of this process's, then renamed: a racing process sees either
-    // no placeholder or a complete one (two racers rename identical files).
-    std::error_code error;
-    std::filesystem::create_directories(std::filesystem::path(placeholder).parent_path(), error);
-    if (error) {
-      return PosixError("view: placeholder directory for " + placeholder, error.value());
+  // The verdict once per process; after it, a stat costs no system call of ucp's.
+  if (!verdict_read_) {
+    if (const std::optional<Status> verdict = ReadVerdict()) {
+      UCP_RETURN_IF_ERROR(*verdict);
+      if (whole_job_) {  // the job's view is complete: its files are what this process serves
+        std::lock_guard lock(mutex_);
+        ready_ = names_;
+        return directory_ + "/" + StoredName(name);
+      }
     }
-    static std::atomic<uint64_t> counter{0};
-    const std::string temp = placeholder + ".tmp-" + std::to_string(::getpid()) + "-" +
-                             std::to_string(counter.fetch_add(1));
-    UCP_ASSIGN_OR_RETURN(File file, File::Open(temp, File::Mode::kCreateExclusive));
-    Status status = file.Truncate(*size);
-    if (status.ok()) status = file.Close();
-    if (status.ok()) status = RenameFile(temp, placeholder);
-    if (!status.ok()) {
-      (void)file.Close();  // already failing: the first error is the one reported
-      (void)RemoveFile(temp);
-      return status.WithContext("view: placeholder " + placeholder);
-    }
+    verdict_read_ = true;
   }
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint64_t> size, PlannedFileSize(*plan, *index_));
+  if (!size) return Materialize(name);  // a size the plan cannot tell: no placeholder
+  std::string placeholder = directory_ + "/.planned/" + StoredName(name);
   std::lock_guard lock(mutex_);
   placeholders_[name] = placeholder;
   return placeholder;

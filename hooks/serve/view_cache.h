@@ -6,7 +6,7 @@
 //                           (or, with UCP_CACHE_DIR=D, D/<tag name>-<16 hex of XXH3 of the tag's
 //                           absolute path>); topology name "tp<T>-pp<P>-dp<D>"
 //   <view>/.lock            flock(2)ed exclusively while view.json is checked or written
-//   <view>/view.json        {"version": 1, "index_xxh3": "<16 hex of index.json's bytes>",
+//   <view>/view.json        {"version": 2, "index_xxh3": "<16 hex of index.json's bytes>",
 //                            "target": {"dp":, "tp":, "pp":, "world":},
 //                            "verified": true|false, "error": "<why not>"}
 //                           written once per index (temporary, fsync, rename): "verified" says
@@ -17,6 +17,10 @@
 //                           chunk as each file of the view is built. A verification that could
 //                           not read a source (EIO, a missing file) records nothing and fails
 //                           this open only
+//   <view>/.planned/served.<name>
+//                           a sparse file of the size <name> has once built, for stat and
+//                           access before then; made for every name whose size the plan tells by
+//                           the view's creator, before view.json
 //   <view>/verdict          "complete\n" once every file of the view is built, or "failed: " and
 //                           the first build failure (a damaged chunk, an I/O error): written
 //                           under a temporary name and linked to "verdict", which link(2)
@@ -55,6 +59,7 @@
 // ReentrancyGuard: nothing here may be seen by the hooks.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -125,9 +130,11 @@ class View {
   Result<std::string> Materialize(const std::string& name);
 
   // A path whose metadata (stat, access) is that of the file Materialize(name) gives, without
-  // building it: the built file when there is one, else a placeholder of the planned size (sparse,
-  // under .planned/ in the view, never opened for its bytes), made once per view. An output whose
-  // size cannot be planned (safetensors) is built. kNotFound when `name` is not one of names().
+  // building it: the built file once this process may serve it, else a placeholder of the
+  // planned size (sparse, under .planned/ in the view, never opened for its bytes), made with the
+  // view. The first Describe of a process reads the job's verdict; later ones make no system
+  // call. An output whose size cannot be planned (safetensors) is built. kNotFound when `name`
+  // is not one of names().
   Result<std::string> Describe(const std::string& name);
 
   // How many files this process built (not found built), for tests and logs.
@@ -177,6 +184,7 @@ class View {
   // UCP_CACHE_DIR), or all of them once the job's verdict is "complete".
   std::set<std::string> ready_;
   std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
+  std::atomic<bool> verdict_read_{false};            // by Describe
   uint64_t built_ = 0;
 };
 

@@ -151,6 +151,27 @@ TEST_F(ViewCacheTest, AFileClaimedByALiveBuilderIsLeftToItAndAwaited) {
   ExpectViewEquals(**view, Reshard(tag_, 2, (scratch_ / "out").string()));
 }
 
+TEST_F(ViewCacheTest, TheViewsCreatorMakesEveryPlaceholderAndADescribeAsksNothingAfterwards) {
+  Result<std::unique_ptr<View>> view = Open(8);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const std::string planned = (*view)->directory() + "/.planned/";
+  for (const std::string& name : (*view)->names()) {
+    EXPECT_TRUE(fs::is_regular_file(planned + StoredName(name))) << name;
+  }
+  const std::string first = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  Result<std::string> described = (*view)->Describe(first);
+  ASSERT_TRUE(described.ok()) << described.status().ToString();
+  EXPECT_EQ(*described, planned + StoredName(first));
+  // After the first, a Describe asks the file system nothing: it answers with the path the
+  // view's creator made, which it does not look for (removed here to show it).
+  fs::remove_all(planned);
+  const std::string later = "zero_pp_rank_7_mp_rank_00_optim_states.pt";
+  Result<std::string> answered = (*view)->Describe(later);
+  ASSERT_TRUE(answered.ok()) << answered.status().ToString();
+  EXPECT_EQ(*answered, planned + StoredName(later));
+  EXPECT_EQ((*view)->built(), 0u);
+}
+
 TEST_F(ViewCacheTest, UnknownNameIsNotFound) {
   Result<std::unique_ptr<View>> view = Open(2);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
