@@ -11,6 +11,11 @@ slowest rank's stat phase, the per-rank read phase (min / max), the bytes each r
 (rchar and wchar from /proc/self/io, ucp's own reads and writes included: min / max), the bytes
 the view occupies on disk, and the wall time of `ucp reshard`, best of --reps for both. Nothing asserts; the aims of issue 21 that
 this measures are printed as ratios.
+
+With --metadata each rank runs under strace instead (its timings are then strace's, not ucp's), and
+per N it prints the metadata operations on the view's directory (stat, access, open, listing, link,
+rename, unlink, mkdir: what a parallel file system's metadata server answers) per rank, min / max,
+and for the job: the cost that grows with ranks × files.
 """
 import argparse
 import json
@@ -25,6 +30,9 @@ GENERATOR = os.path.join(HERE, '..', 'reshard', 'gen_ds_zero.py')
 PYTHON = '/usr/bin/python3'
 TAG = 'global_step5'
 GB = 1e9
+# The system calls that ask a file system's metadata server (strace -e trace=...).
+METADATA_CALLS = ('newfstatat,statx,stat,lstat,access,faccessat,faccessat2,open,openat,getdents64,'
+                  'link,linkat,rename,renameat,renameat2,unlink,unlinkat,mkdir,mkdirat')
 
 
 def allocated_bytes(path):
@@ -43,8 +51,13 @@ def load_job(args, tag_dir, procs, logs):
     for rank in range(procs):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(procs),
                    LD_PRELOAD=args.lib, UCP_LOG_DIR=logs)
-        ranks.append(subprocess.Popen([PYTHON, os.path.join(HERE, 'loader.py'), tag_dir,
-                                       repr(start)], env=env, stdout=subprocess.PIPE, text=True))
+        command = [PYTHON, os.path.join(HERE, 'loader.py'), tag_dir, repr(start)]
+        if args.metadata:
+            # -y names each descriptor's path, so that listings (getdents64 on a descriptor)
+            # count by the directory they list.
+            command = ['strace', '-f', '-qq', '-y', '-e', 'trace=' + METADATA_CALLS, '-o',
+                       os.path.join(logs, f'strace.{rank}')] + command
+        ranks.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
     records = []
     for rank, process in enumerate(ranks):
         out, _ = process.communicate()
@@ -55,6 +68,15 @@ def load_job(args, tag_dir, procs, logs):
         sys.exit(f'bench_serve: at {procs} ranks some files were not found (not served?): '
                  f'see {logs}')
     return records
+
+
+def view_metadata_operations(logs, procs, view_root):
+    """Per rank, the metadata system calls its strace log shows on paths under `view_root`."""
+    counts = []
+    for rank in range(procs):
+        with open(os.path.join(logs, f'strace.{rank}')) as log:
+            counts.append(sum(1 for line in log if view_root in line))
+    return counts
 
 
 def reshard(args, tag_dir, procs, out):
@@ -73,7 +95,11 @@ def main():
     parser.add_argument('--preset', default='gpt2', help='gen_ds_zero.py --preset')
     parser.add_argument('--procs', default='8,16', help='comma-separated process counts')
     parser.add_argument('--reps', type=int, default=2)
+    parser.add_argument('--metadata', action='store_true',
+                        help='count each rank\'s metadata operations on the view under strace')
     args = parser.parse_args()
+    if args.metadata and shutil.which('strace') is None:
+        sys.exit('bench_serve: --metadata needs strace (apt-get install strace)')
     work = os.path.abspath(args.work)
     src = os.path.join(work, 'src-' + args.preset)
     tag_dir = os.path.join(src, TAG)
@@ -87,6 +113,20 @@ def main():
                        if os.path.isfile(os.path.join(tag_dir, n)))
     print(f'tag: {tag_dir}, ZeRO-2 fp32 DP=4, preset {args.preset}, {source_bytes / GB:.2f} GB; '
           f'{os.cpu_count()} CPUs; best of {args.reps}; lib {args.lib}')
+    if args.metadata:
+        print('| N | files in the view | view metadata operations per rank (min / max) '
+              '| for the job | per rank per file (max) |')
+        print('|---|---|---|---|---|')
+        for procs in [int(p) for p in args.procs.split(',')]:
+            logs = os.path.join(work, f'logs-{procs}')
+            load_job(args, tag_dir, procs, logs)
+            counts = view_metadata_operations(logs, procs, os.path.join(tag_dir, '.ucp', 'views'))
+            files = sum(1 for directory, _, names in os.walk(os.path.join(tag_dir, '.ucp', 'views'))
+                        if '.planned' not in directory for name in names
+                        if name.startswith('served.'))
+            print(f'| {procs} | {files} | {min(counts)} / {max(counts)} | {sum(counts)} '
+                  f'| {max(counts) / files:.1f} |', flush=True)
+        return
     print('| N | job wall s | slowest stat phase s | read phase s (min / max) '
           '| rchar GB per rank (min / max) | wchar GB per rank (min / max) | view GB on disk '
           '| `ucp reshard` s | wall / reshard |')

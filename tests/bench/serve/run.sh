@@ -4,7 +4,8 @@
 # (bench_serve.py). BUILD_DIR (set by tests/bench/run.sh) holds `ucp` and libucp.so; run alone,
 # this builds both in Release into build-bench.
 # Env: UCP_BENCH_DIR (scratch, default /tmp/ucp-bench-serve; the tag is generated once and kept),
-# PROCS (default 8,16), REPS (default 2), PRESET (default gpt2; tiny for a quick look).
+# PROCS (default 8,16), REPS (default 2), PRESET (default gpt2; tiny for a quick look), METADATA=1
+# (each rank under strace: its metadata operations on the view instead of timings).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -16,4 +17,5 @@ if [[ -z ${BUILD_DIR:-} ]]; then
   cmake --build "$BUILD_DIR" -j 2 --target ucp_cli libucp.so
 fi
 /usr/bin/python3 "$here/bench_serve.py" --ucp "$BUILD_DIR/ucp" --lib "$BUILD_DIR/libucp.so" \
-  --procs "${PROCS:-8,16}" --reps "${REPS:-2}" --preset "${PRESET:-gpt2}"
+  --procs "${PROCS:-8,16}" --reps "${REPS:-2}" --preset "${PRESET:-gpt2}" \
+  ${METADATA:+--metadata}
