@@ -220,6 +220,36 @@ bool Bf16Prefix(const TagListing& listing, const TorchArchiveReader& model_state
   return bf16;
 }
 
+Status CheckIndexAdapter(const AtomIndex& index, std::string_view adapter) {
+  const std::string& written_by = index.contents().adapter;
+  if (written_by == adapter) return Status::Ok();
+  return Status::InvalidArgument("deepspeed: index of adapter \"" + written_by + "\", not " +
+                                 std::string(adapter));
+}
+
+Result<StateTemplates> StateTemplatesOf(const AtomIndex& index) {
+  StateTemplates templates;
+  bool have_model = false;
+  bool have_optim = false;
+  for (const CarriedObject& carried : index.contents().carried) {
+    if (carried.role == kModelRole) templates.model_file = carried.file, have_model = true;
+    if (carried.role == kOptimRole) templates.optim_file = carried.file, have_optim = true;
+  }
+  if (!have_model || !have_optim) {
+    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
+  }
+  return templates;
+}
+
+Result<std::string> OptimFilePrefix(const nlohmann::json& adapter_state) {
+  std::string prefix = adapter_state["file_prefix"].get<std::string>();
+  if (prefix != "" && prefix != "bf16_") {
+    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + prefix +
+                           "\" is neither \"\" nor \"bf16_\"");
+  }
+  return prefix;
+}
+
 Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes) {
   GroupLayout layout;
   layout.names = std::move(names);

@@ -116,6 +116,20 @@ struct GroupLayout {
 // kOutOfRange when the element counts overflow.
 Result<GroupLayout> MakeLayout(std::vector<std::string> names, std::vector<Shape> shapes);
 
+// What every adapter reads first from an index it planned from.
+// kInvalidArgument naming both when the index was written by another adapter than `adapter`.
+Status CheckIndexAdapter(const AtomIndex& index, std::string_view adapter);
+// The index's carried model-states and optimizer-states templates (the last of each role);
+// kCorrupt when either is missing.
+struct StateTemplates {
+  uint32_t model_file = 0;
+  uint32_t optim_file = 0;
+};
+Result<StateTemplates> StateTemplatesOf(const AtomIndex& index);
+// adapter_state's "file_prefix" of the optimizer files: "" or "bf16_"; kCorrupt otherwise. The
+// member's presence and type are the caller's to check.
+Result<std::string> OptimFilePrefix(const nlohmann::json& adapter_state);
+
 // Opens index file `file` under `tag_dir` (File::OpenBeneath: never outside it), kCorrupt when
 // its size is no longer the index's.
 Result<TorchArchiveReader> OpenSource(const AtomIndex& index, const std::string& tag_dir,

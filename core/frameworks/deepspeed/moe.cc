@@ -20,6 +20,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddParameterAtoms;
+using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
 using deepspeed::CollectStorages;
@@ -66,6 +67,8 @@ using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::SliceMapping;
+using deepspeed::StateTemplates;
+using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -304,10 +307,7 @@ struct IndexFacts {
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
   const std::string what = "deepspeed: index adapter_state: ";
-  if (c.adapter != DeepSpeedMoeAdapter::kName) {
-    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
-                                   std::string(DeepSpeedMoeAdapter::kName));
-  }
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedMoeAdapter::kName));
   const nlohmann::json& state = c.adapter_state;
   if (!state.is_object() || !state.contains("expert_parallel") ||
       !state["expert_parallel"].is_number_unsigned() || !state.contains("expert_group") ||
@@ -353,15 +353,9 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
       facts.local,
       MakeLayout(std::vector<std::string>(experts.names.begin(), experts.names.begin() + per_rank),
                  std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
-  bool have_model = false;
-  bool have_optim = false;
-  for (const CarriedObject& carried : c.carried) {
-    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
-    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
-  }
-  if (!have_model || !have_optim) {
-    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
-  }
+  UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
+  facts.model_file = templates.model_file;
+  facts.optim_file = templates.optim_file;
   for (uint32_t f = 0; f < c.files.size(); ++f) {
     if (c.files[f].role == kExpertStatesRole) facts.expert_files.push_back(f);
     if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);

@@ -21,6 +21,7 @@ namespace {
 using deepspeed::AddParameterAtoms;
 using deepspeed::Bf16Prefix;
 using deepspeed::BoundsText;
+using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckNoParameterAlignment;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
@@ -291,10 +292,7 @@ struct IndexFacts {
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
-  if (c.adapter != DeepSpeedPipeAdapter::kName) {
-    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
-                                   std::string(DeepSpeedPipeAdapter::kName));
-  }
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedPipeAdapter::kName));
   IndexFacts facts;
   facts.dp = c.topology.dp;
   const nlohmann::json& state = c.adapter_state;

@@ -25,6 +25,7 @@ namespace {
 
 using deepspeed::Bf16Prefix;
 using deepspeed::BoundsText;
+using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
@@ -52,6 +53,7 @@ using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimFilePrefix;
 using deepspeed::OptimGroup;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
@@ -73,6 +75,8 @@ using deepspeed::RewrittenPartitionFields;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
+using deepspeed::StateTemplates;
+using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -907,10 +911,7 @@ Status ReadPipelineFacts(const AtomIndex& index, const nlohmann::json& pipeline,
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
-  if (c.adapter != DeepSpeedTpAdapter::kName) {
-    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
-                                   std::string(DeepSpeedTpAdapter::kName));
-  }
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedTpAdapter::kName));
   IndexFacts facts;
   facts.dp = c.topology.dp;
   facts.tp = c.topology.tp;
@@ -924,11 +925,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     return bad;
   }
   facts.bf16_optimizer = state["optimizer"].get<std::string>() == kBf16Optimizer;
-  facts.prefix = state["file_prefix"].get<std::string>();
-  if (facts.prefix != "" && facts.prefix != "bf16_") {
-    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + facts.prefix +
-                           "\" is neither \"\" nor \"bf16_\"");
-  }
+  UCP_ASSIGN_OR_RETURN(facts.prefix, OptimFilePrefix(state));
   const nlohmann::json& tp = state["tp"];
   if (!tp.contains("degree") || !tp["degree"].is_number_unsigned() ||
       tp["degree"].get<uint64_t>() != facts.tp || !tp.contains("params") ||
@@ -955,15 +952,9 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.maps.emplace(name, std::move(map));
   }
-  bool have_model = false;
-  bool have_optim = false;
-  for (const CarriedObject& carried : c.carried) {
-    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
-    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
-  }
-  if (!have_model || !have_optim) {
-    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
-  }
+  UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
+  facts.model_file = templates.model_file;
+  facts.optim_file = templates.optim_file;
   for (const ParamGroup& group : c.groups) {
     for (const std::string& name : group.params) {
       if (!facts.maps.contains(name)) {

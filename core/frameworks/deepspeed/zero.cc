@@ -21,6 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using deepspeed::AddParameterAtoms;
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
@@ -48,6 +49,7 @@ using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
+using deepspeed::OptimFilePrefix;
 using deepspeed::OptimFilesByRank;
 using deepspeed::OptimizerOrder;
 using deepspeed::OptimName;
@@ -70,6 +72,8 @@ using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::StateNumel;
+using deepspeed::StateTemplates;
+using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -114,10 +118,7 @@ struct IndexFacts {
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
-  if (c.adapter != DeepSpeedZeroAdapter::kName) {
-    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
-                                   std::string(DeepSpeedZeroAdapter::kName));
-  }
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedZeroAdapter::kName));
   IndexFacts facts;
   facts.dp = c.topology.dp;
   const nlohmann::json& state = c.adapter_state;
@@ -129,11 +130,7 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
         "round_robin_gradients missing or mistyped");
   }
   facts.bf16_optimizer = state["optimizer"].get<std::string>() == kBf16Optimizer;
-  facts.prefix = state["file_prefix"].get<std::string>();
-  if (facts.prefix != "" && facts.prefix != "bf16_") {
-    return Status::Corrupt("deepspeed: index adapter_state: file_prefix \"" + facts.prefix +
-                           "\" is neither \"\" nor \"bf16_\"");
-  }
+  UCP_ASSIGN_OR_RETURN(facts.prefix, OptimFilePrefix(state));
   facts.round_robin = state["round_robin_gradients"].get<bool>();
   // Indexes written before elastic tags were read have no such key, and hold rigid tags.
   if (state.contains("elastic_checkpoint")) {
@@ -142,15 +139,9 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.elastic = state["elastic_checkpoint"].get<bool>();
   }
-  bool have_model = false;
-  bool have_optim = false;
-  for (const CarriedObject& carried : c.carried) {
-    if (carried.role == kModelRole) facts.model_file = carried.file, have_model = true;
-    if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
-  }
-  if (!have_model || !have_optim) {
-    return Status::Corrupt("deepspeed: index carried: no model_states or optim_states template");
-  }
+  UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
+  facts.model_file = templates.model_file;
+  facts.optim_file = templates.optim_file;
   for (const ParamGroup& group : c.groups) {
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, IndexedLayout(index, group.params));
     facts.groups.push_back(std::move(layout));

@@ -18,6 +18,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
@@ -403,10 +404,7 @@ Result<Shape> AtomShape(const AtomIndex& index, const std::string& name, std::st
 
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
-  if (c.adapter != DeepSpeedZero3Adapter::kName) {
-    return Status::InvalidArgument("deepspeed: index of adapter \"" + c.adapter + "\", not " +
-                                   std::string(DeepSpeedZero3Adapter::kName));
-  }
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedZero3Adapter::kName));
   IndexFacts facts;
   facts.dp = c.topology.dp;
   const nlohmann::json& state = c.adapter_state;
