@@ -183,7 +183,7 @@ class View {
   // Names this process may serve without asking the file system again: built (under
   // UCP_CACHE_DIR), or all of them once the job's verdict is "complete".
   std::set<std::string> ready_;
-  std::map<std::string, std::string> placeholders_;  // name → its placeholder, once made
+  std::map<std::string, std::string> placeholders_;  // name → its placeholder, once described
   std::atomic<bool> verdict_read_{false};            // by Describe
   uint64_t built_ = 0;
 };
