@@ -212,6 +212,14 @@ Result<std::map<std::string, OutputPlan>> CheckOrCreateView(const AtomIndex& ind
   return plans;
 }
 
+// The file name of `name`'s lease: names may have directories, and the lease sits beside the
+// view's top-level files.
+std::string LeaseFileName(const std::string& name) {
+  std::string lease_name = name;
+  for (char& c : lease_name) c = c == '/' ? '#' : c;
+  return "." + lease_name + ".lease";
+}
+
 }  // namespace
 
 std::string StoredName(std::string_view name) {
@@ -322,7 +330,12 @@ View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::str
       lease_options_(lease),
       whole_job_(whole_job),
       place_(place) {
-  for (const auto& [name, plan] : plans_) names_.insert(name);
+  for (const auto& [name, plan] : plans_) {
+    names_.insert(name);
+    const std::filesystem::path stored(directory_ + "/" + StoredName(name));
+    listed_as_[name] = {stored.parent_path().string(), stored.filename().string(),
+                        LeaseFileName(name)};
+  }
 }
 
 Result<const OutputPlan*> View::PlanOf(const std::string& name) const {
@@ -393,31 +406,21 @@ Status View::AwaitVerdict() {
 }
 
 std::string View::LeasePath(const std::string& name) const {
-  // Names may have directories: the lease sits beside the view's top-level files.
-  std::string lease_name = name;
-  for (char& c : lease_name) c = c == '/' ? '#' : c;
-  return directory_ + "/." + lease_name + ".lease";
+  return directory_ + "/" + LeaseFileName(name);
 }
 
 Result<View::Listing> View::List() const {
   // One listing of each directory the view's names are in (most views have one): what it costs
   // does not grow with the number of processes asking.
   std::map<std::string, std::set<std::string>> entries;  // directory → its regular files
-  for (const std::string& name : names_) {
-    entries[std::filesystem::path(directory_ + "/" + StoredName(name)).parent_path().string()];
-  }
+  for (const auto& [name, where] : listed_as_) entries[where.directory];
   entries[directory_];
   UCP_RETURN_IF_ERROR(ListRegularFiles(entries));
   Listing listing;
   const std::set<std::string>& top = entries[directory_];
-  for (const std::string& name : names_) {
-    const std::filesystem::path stored(directory_ + "/" + StoredName(name));
-    if (entries[stored.parent_path().string()].contains(stored.filename().string())) {
-      listing.built.insert(name);
-    }
-    if (top.contains(std::filesystem::path(LeasePath(name)).filename().string())) {
-      listing.claimed.insert(name);
-    }
+  for (const auto& [name, where] : listed_as_) {
+    if (entries[where.directory].contains(where.stored)) listing.built.insert(name);
+    if (top.contains(where.lease)) listing.claimed.insert(name);
   }
   return listing;
 }

@@ -176,6 +176,13 @@ class View {
   std::map<std::string, OutputPlan> plans_;  // the adapter's plan, one output per name
   OwnerLease::Options lease_options_;
   std::set<std::string> names_;
+  // Where a listing of the view shows each name built or claimed: fixed with the plan.
+  struct ListedAs {
+    std::string directory;  // of the stored file
+    std::string stored;     // the stored file's name in it
+    std::string lease;      // the lease's name in the view's directory
+  };
+  std::map<std::string, ListedAs> listed_as_;
   mutable std::mutex mutex_;
   // Inside the tag: the whole job shares the view, which is read whole or not at all.
   const bool whole_job_;
