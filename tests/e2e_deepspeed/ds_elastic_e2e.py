@@ -89,7 +89,7 @@ def train(args, env, work, name, nproc, config, extra, logs=None):
     def launch():
         return ds_e2e.run_launcher(command, args.tools, run_env, os.path.join(work, name + '.log'))
 
-    status, seconds, output = ds_e2e.run_past_teardown_abort(launch, STEPS,
+    status, seconds, output = ds_e2e.run_past_flakes(launch, STEPS,
                                                              ds_e2e.save_dir_of(extra))
     print(f'{name}: DP={nproc}, {seconds:.1f} s, exit {status}', flush=True)
     return status, output, ds_e2e.losses(out) if status == 0 else None

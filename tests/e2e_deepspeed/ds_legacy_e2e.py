@@ -30,7 +30,7 @@ def train(args, env, work, name, extra):
                LEGACY, 'train.py', '--stage', '2', '--dtype', 'fp32', '--steps', str(STEPS),
                '--out', out] + extra
     log = os.path.join(work, name + '.log')
-    status = ds_e2e.run_past_teardown_abort(
+    status = ds_e2e.run_past_flakes(
         lambda: ds_e2e.run_launcher(command, args.tools, env, log), STEPS,
         ds_e2e.save_dir_of(extra))[0]
     if status != 0:

@@ -52,7 +52,7 @@ def launch(args, env, nproc, name, extra, ep=None):
         [MEGATRON_ARGS] + TRAINER + [EP_FLAG, str(ep)]
     command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + trainer + \
         ['--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
-    return ds_e2e.run_past_teardown_abort(
+    return ds_e2e.run_past_flakes(
         lambda: ds_e2e.run_launcher(command, args.tools, env, os.path.join(args.work, name + '.log')),
         STEPS, ds_e2e.save_dir_of(extra))
 

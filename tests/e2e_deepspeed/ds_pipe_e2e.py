@@ -99,7 +99,7 @@ def step_save(args, env, work):
     runs = {}
     for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
                                     ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
+        status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
             args, run_env, model.save, os.path.join(work, f'{name}.log'),
             ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
              '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')]),
@@ -146,7 +146,7 @@ def step_universal(args, env, work):
     convert_seconds = time.monotonic() - start
     if convert.returncode != 0:
         fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
-    status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
+    status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
         args, env, MODELS[args.model].resume, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
          '--out', os.path.join(work, 'universal.json')]), STEPS)
@@ -170,7 +170,7 @@ def step_preload(args, env, work, megatron_args=False):
     run_env = preload_env(env, args.lib, logs)
     if not megatron_args:
         run_env['UCP_TOPOLOGY'] = f'tp={tp},pp={pp}'
-    status, seconds, output = ds_e2e.run_past_teardown_abort(lambda: launch(
+    status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
         args, run_env, model.resume, os.path.join(work, name + '.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
          '--out', os.path.join(work, name + '.json')], megatron_args), STEPS)

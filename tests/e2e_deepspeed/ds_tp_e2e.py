@@ -62,7 +62,7 @@ def run_trainer(args, env, work, name, tp, ranks, logs, extra, checkpoint_config
     def launch():
         return ds_e2e.run_launcher(command, args.tools, env, log)
 
-    status = ds_e2e.run_past_teardown_abort(
+    status = ds_e2e.run_past_flakes(
         launch, int(extra[extra.index('--steps') + 1]), ds_e2e.save_dir_of(extra))[0]
     if status != 0:
         ds_e2e.fail(f'{name} at TP={tp} x DP={ranks // tp} exited {status}:\n'
