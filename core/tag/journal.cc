@@ -142,6 +142,10 @@ Result<JournalRecord> DecodeRecord(std::string_view line) {
     if (!mtime->is_number_integer()) return Status::Corrupt("\"mtime_ns\" is not an integer");
     record.stamp = FileStamp{ino->get<uint64_t>(), mtime->get<int64_t>()};
   }
+  if (const Json* job = member("job"); job != nullptr) {
+    if (!job->is_string()) return Status::Corrupt("\"job\" is not a string");
+    record.job = job->get<std::string>();
+  }
   return record;
 }
 
@@ -200,6 +204,27 @@ int64_t LauncherRank() {
   return -1;
 }
 
+std::string LauncherJob() {
+  const auto value = [](const char* name) -> std::string {
+    const char* text = std::getenv(name);
+    return text == nullptr ? "" : text;
+  };
+  std::string job;
+  const auto add = [&job](const std::string& launcher, const std::string& id) {
+    job += (job.empty() ? "" : ";") + launcher + "=" + id;
+  };
+  if (const std::string slurm = value("SLURM_JOB_ID"); !slurm.empty()) {
+    // The step tells two sruns of one allocation apart; the restart count a requeued job's runs.
+    add("slurm", slurm + "." + value("SLURM_STEP_ID") + "." + value("SLURM_RESTART_COUNT"));
+  }
+  if (const std::string pmix = value("PMIX_NAMESPACE"); !pmix.empty()) add("pmix", pmix);
+  if (const std::string run = value("TORCHELASTIC_RUN_ID"); !run.empty()) {
+    // torchrun keeps the run id when it restarts its workers, and counts the restarts.
+    add("torchelastic", run + "." + value("TORCHELASTIC_RESTART_COUNT"));
+  }
+  return job;
+}
+
 Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
   if (record.path.empty() || record.path[0] == '/') {
     return Status::InvalidArgument("journal: record path \"" + record.path +
@@ -223,6 +248,7 @@ Result<std::string> EncodeJournalRecord(const JournalRecord& record) {
       json["ino"] = record.stamp->ino;
       json["mtime_ns"] = record.stamp->mtime_ns;
     }
+    if (!record.job.empty()) json["job"] = record.job;
     return json.dump() + "\n";
   } catch (const std::exception& error) {
     return Status::InvalidArgument("journal: record for \"" + record.path + "\": " + error.what());

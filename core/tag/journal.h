@@ -38,6 +38,9 @@
 //                directories after the close that the record's other members describe; the
 //                record repeats that close's record member for member (same "time_ns"), so a
 //                reader that ignores "durable" sees the same close twice. Absent means false.
+//   "job"        the launcher's id of the job (LauncherJob): every process of one run of a job
+//                writes the same, a rerun of the job (requeued, restarted) another. Absent when
+//                the launcher gives none.
 // A crash can leave the last line of a file without its "\n": readers skip such a torn last line
 // with a warning. Any other malformed line makes the whole file unreadable (kCorrupt).
 //
@@ -93,6 +96,7 @@ struct JournalRecord {
   bool durable = false;                           // "durable": true; written only when true
   ChunkHashes chunks = {};                        // written only when recorded
   std::optional<FileStamp> stamp = std::nullopt;  // "ino" and "mtime_ns"; written when recorded
+  std::string job;                                // "job"; written when not empty
   // Not a member: the writing process's host, from the name of the journal file the record was
   // read from (ReadJournal); empty otherwise.
   std::string host;
@@ -115,6 +119,14 @@ Result<uint64_t> ParseXxh3(std::string_view text);
 
 // The launcher's global rank from the environment, or -1.
 int64_t LauncherRank();
+
+// What identifies this run of the job to every one of its processes, from the launchers'
+// environment: each of Slurm's job, step and restart count (SLURM_JOB_ID, SLURM_STEP_ID,
+// SLURM_RESTART_COUNT), PMIx's namespace (PMIX_NAMESPACE: Open MPI 5, srun --mpi=pmix) and
+// torchelastic's run and restart count (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) that is
+// set, joined: e.g. "slurm=812.0.0;torchelastic=none.1". Empty when none is set (ranks started
+// by hand, DeepSpeed's pdsh launcher).
+std::string LauncherJob();
 
 // The record as one JSON line, "\n" included. InvalidArgument for an absolute or empty path, or
 // text that is not valid UTF-8.

@@ -35,7 +35,7 @@ std::string NewCommitId() {
 }
 
 SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier) {
-  return {std::move(commit), std::move(earlier), JournalHostName(), kLoadTimeNs};
+  return {std::move(commit), std::move(earlier), JournalHostName(), kLoadTimeNs, LauncherJob()};
 }
 
 Result<std::optional<SaveGeneration>> ReadSaveGeneration(const std::string& tag_dir) {
@@ -134,8 +134,10 @@ SaveFiles MatchSave(const std::vector<JournalRecord>& records,
     bool this_save = close != on_disk_now.end();
     if (this_save) {
       const JournalRecord& record = *close->second;
-      const bool left_by_earlier_run = !bounds.host.empty() && record.host == bounds.host &&
-                                       record.time_ns < bounds.host_start_ns;
+      const bool left_by_earlier_run =
+          (!bounds.host.empty() && record.host == bounds.host &&
+           record.time_ns < bounds.host_start_ns) ||
+          (!bounds.job.empty() && !record.job.empty() && record.job != bounds.job);
       bool of_earlier_commit = false;
       if (exclude_earlier) {
         const auto before = earlier->files.find(path);

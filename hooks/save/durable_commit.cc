@@ -311,6 +311,7 @@ void DurableCommit::MakeDurable(const std::vector<SavedFileEvent>& files) {
     record.chunks = event->chunks;
     record.stamp = event->stamp;
     record.rank = LauncherRank();
+    record.job = LauncherJob();
     record.pid = pid_;
     record.time_ns = event->time_ns;
     record.framework = event->framework;

@@ -34,8 +34,9 @@ Result<SaveFiles> MatchThisSave(const std::string& tag_dir,
   UCP_ASSIGN_OR_RETURN(std::optional<SaveGeneration> earlier, ReadSaveGeneration(tag_dir));
   // No bound from this process's start: the index may be built by a process that started after
   // the other ranks closed their files (nothing in the index builder's use waits for a
-  // rendezvous), and an index of bytes a killed run left is refused by the chunk checks anyway.
-  return MatchSave(*records, expected, SaveBounds{commit, std::move(earlier), "", 0},
+  // rendezvous). The launcher's job id bounds it instead where the launcher gives one: the
+  // committing process belongs to the run whose save it commits.
+  return MatchSave(*records, expected, SaveBounds{commit, std::move(earlier), "", 0, LauncherJob()},
                    TagFilesOnDisk(tag_dir));
 }
 

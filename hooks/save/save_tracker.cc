@@ -396,6 +396,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   record.chunks = digest.chunks;
   record.stamp = FileOnDiskOf(st).stamp;
   record.rank = LauncherRank();
+  record.job = LauncherJob();
   record.pid = ::getpid();
   record.time_ns = WallClockNs();
   record.framework = file.match.framework;
@@ -442,6 +443,7 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   record.size = digest->size;
   record.xxh3 = digest->xxh3;
   record.rank = LauncherRank();
+  record.job = LauncherJob();
   record.pid = ::getpid();
   record.time_ns = WallClockNs();
   record.framework = signal.framework;

@@ -18,7 +18,9 @@ namespace ucp {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class JournalTest : public ::testing::Test {
  protected:
@@ -56,6 +58,7 @@ void ExpectSameRecord(const JournalRecord& a, const JournalRecord& b) {
   EXPECT_EQ(a.role, b.role);
   EXPECT_EQ(a.chunks, b.chunks);
   EXPECT_EQ(a.stamp, b.stamp);
+  EXPECT_EQ(a.job, b.job);
 }
 
 TEST_F(JournalTest, AppendsOneLinePerRecordAndReadsThemBack) {
@@ -193,6 +196,24 @@ TEST_F(JournalTest, StampRoundTripsAndItsMembersComeTogether) {
               HasSubstr("\"mtime_ns\" is not an integer"));
 }
 
+TEST_F(JournalTest, TheLaunchersJobRoundTripsAndIsLeftOutWhenUnknown) {
+  JournalRecord record = Record("a.pt", 10);
+  const Result<std::string> without = EncodeJournalRecord(record);
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(*without, Not(HasSubstr("\"job\"")));
+  record.job = "slurm=812.0.0";
+  const Result<std::string> line = EncodeJournalRecord(record);
+  ASSERT_TRUE(line.ok());
+  EXPECT_THAT(*line, HasSubstr("\"job\":\"slurm=812.0.0\""));
+  const auto contents = ParseJournal("j", *line);
+  ASSERT_TRUE(contents.ok()) << contents.status().ToString();
+  EXPECT_EQ(contents->records.at(0).job, "slurm=812.0.0");
+  std::string bad = *line;
+  bad.replace(bad.find("\"slurm=812.0.0\""), 15, "812");
+  EXPECT_THAT(ParseJournal("j", bad).status().message(),
+              AllOf(HasSubstr("j: line 1"), HasSubstr("\"job\" is not a string")));
+}
+
 TEST_F(JournalTest, ClosesOnDiskMatchTheFileByEqualityNotByTime) {
   // What stat(2) says of each file now.
   std::map<std::string, FileOnDisk> disk{{"a.pt", {2, {7, 500}}},
@@ -294,6 +315,26 @@ TEST(JournalFormatTest, LauncherRankTakesTheFirstVariableSet) {
   EXPECT_EQ(LauncherRank(), 7);
   ::unsetenv("RANK");
   ::unsetenv("SLURM_PROCID");
+}
+
+TEST(JournalFormatTest, LauncherJobJoinsEveryLaunchersIdOfThisRun) {
+  const char* const kVariables[] = {"SLURM_JOB_ID",        "SLURM_STEP_ID",
+                                    "SLURM_RESTART_COUNT", "PMIX_NAMESPACE",
+                                    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"};
+  for (const char* name : kVariables) ::unsetenv(name);
+  EXPECT_EQ(LauncherJob(), "");
+  ::setenv("TORCHELASTIC_RUN_ID", "none", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+  EXPECT_EQ(LauncherJob(), "torchelastic=none.0");
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);  // torchrun restarted its workers
+  EXPECT_EQ(LauncherJob(), "torchelastic=none.1");
+  ::setenv("SLURM_JOB_ID", "812", 1);  // torchrun under sbatch: no step
+  EXPECT_EQ(LauncherJob(), "slurm=812..;torchelastic=none.1");
+  ::setenv("SLURM_STEP_ID", "3", 1);
+  ::setenv("SLURM_RESTART_COUNT", "2", 1);  // requeued twice
+  ::setenv("PMIX_NAMESPACE", "slurm.pmix.812.3", 1);
+  EXPECT_EQ(LauncherJob(), "slurm=812.3.2;pmix=slurm.pmix.812.3;torchelastic=none.1");
+  for (const char* name : kVariables) ::unsetenv(name);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ class SaveGenerationTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(tag_); }
 
   SaveFiles Match(const std::optional<SaveGeneration>& earlier, const std::string& commit) {
-    return Match(SaveBounds{commit, earlier, "", 0});
+    return Match(SaveBounds{commit, earlier, "", 0, ""});
   }
   SaveFiles Match(const SaveBounds& bounds) {
     return MatchSave(records_, {"a.pt", "b.pt"}, bounds,
@@ -141,14 +141,36 @@ TEST_F(SaveGenerationTest, ClosesOnThisHostBeforeThisProcessStartedAreAnEarlierR
     record.time_ns = 50;
   }
   records_[1].host = "node2";  // another node's clock: never compared
-  EXPECT_EQ(Match(SaveBounds{"c2", std::nullopt, "node1", 100}).missing,
+  EXPECT_EQ(Match(SaveBounds{"c2", std::nullopt, "node1", 100, ""}).missing,
             std::vector<std::string>{"a.pt"});
   records_[0].time_ns = 150;  // closed after this process started: this save's
-  EXPECT_TRUE(Match(SaveBounds{"c2", std::nullopt, "node1", 100}).missing.empty());
+  EXPECT_TRUE(Match(SaveBounds{"c2", std::nullopt, "node1", 100, ""}).missing.empty());
   const SaveBounds here = BoundsOfThisProcess("c3", std::nullopt);
   EXPECT_EQ(here.host, JournalHostName());
   EXPECT_GT(here.host_start_ns, 0);
   EXPECT_EQ(here.commit, "c3");
+}
+
+TEST_F(SaveGenerationTest, ClosesOfAnotherRunOfTheJobAreAnEarlierRunsOnAnyNode) {
+  // A killed run's close on another node, after this process started by that node's clock: only
+  // the launcher's job id tells it from this run's.
+  for (JournalRecord& record : records_) {
+    record.host = "node2";
+    record.time_ns = 500;
+    record.job = "slurm=812.0.1";
+  }
+  records_[0].job = "slurm=812.0.0";  // the run before the requeue
+  const SaveBounds this_run{"c2", std::nullopt, "node1", 100, "slurm=812.0.1"};
+  EXPECT_EQ(Match(this_run).missing, std::vector<std::string>{"a.pt"});
+  records_[0].job = "";  // a writer whose launcher gave no id: not compared
+  EXPECT_TRUE(Match(this_run).missing.empty());
+  records_[0].job = "slurm=812.0.0";
+  EXPECT_TRUE(Match(SaveBounds{"c2", std::nullopt, "node1", 100, ""}).missing.empty());
+  ::setenv("TORCHELASTIC_RUN_ID", "r", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "4", 1);
+  EXPECT_THAT(BoundsOfThisProcess("c3", std::nullopt).job, HasSubstr("torchelastic=r.4"));
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
 }
 
 TEST_F(SaveGenerationTest, AFileNotClosedAsItIsOnDiskIsMissing) {

@@ -91,6 +91,7 @@ class IndexBuilderTest : public ::testing::Test {
     record.framework = "deepspeed";
     record.role = FileRole::kData;
     record.stamp = StatFileOnDisk(tag_ + "/" + name).value_or(FileOnDisk{}).stamp;
+    record.job = job_;
     const Status status = AppendJournalRecord(tag_, record);
     ASSERT_TRUE(status.ok()) << status.ToString();
   }
@@ -155,6 +156,7 @@ class IndexBuilderTest : public ::testing::Test {
 
   std::string dir_;
   std::string tag_;
+  std::string job_;  // the launcher job that Journal's records name
 };
 
 class IndexBuilderFixtureTest : public IndexBuilderTest,
@@ -253,6 +255,51 @@ TEST_F(IndexBuilderTest, RecommitWaitsForThisSavesRecordsAndReplacesTheIndex) {
   const std::string replaced = testing::ReadAll(IndexPath());
   EXPECT_TRUE(replaced == AdapterIndex());
   EXPECT_FALSE(replaced == first_index);
+}
+
+// A run killed after every rank closed its files but before rank 0 committed, and the job's next
+// run (a requeue: same Slurm job, next restart count) saving the same tag, its ranks other than 0
+// not yet at their files when rank 0 commits: the killed run's files and records still agree,
+// and no generation records them, yet they are not this save's. The builder compares no clocks,
+// so only the job tells them apart.
+TEST_F(IndexBuilderTest, FilesOfAKilledRunOfTheJobDoNotCount) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  job_ = "slurm=77.0.0";
+  const std::vector<std::string> names = Save("z2_fp32_odd", "dp4");
+  for (const std::string& name : names) Journal(name);
+
+  ::setenv("SLURM_JOB_ID", "77", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  ::setenv("SLURM_RESTART_COUNT", "1", 1);
+  job_ = LauncherJob();
+  ASSERT_EQ(job_, "slurm=77.0.1");
+  const std::string source = kFixtures + "/z2_fp32_odd/dp4/global_step5/";
+  const auto rewrite = [&](const std::string& name) {
+    fs::copy_file(source + name, tag_ + "/" + name, fs::copy_options::overwrite_existing);
+    Journal(name);
+  };
+  std::this_thread::sleep_for(milliseconds(20));  // past the timestamp granularity
+  for (const std::string& name : names) {
+    if (IsRankZero(name)) rewrite(name);
+  }
+  Commit(builder);
+  bool index_before_last = true;
+  std::thread later([&] {
+    const std::vector<std::string> others = OtherRanks(names);
+    for (size_t i = 0; i < others.size(); ++i) {
+      std::this_thread::sleep_for(kRankDelay);
+      if (i + 1 == others.size()) index_before_last = fs::exists(IndexPath());
+      rewrite(others[i]);
+    }
+  });
+  later.join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) {
+    ::unsetenv(name);
+  }
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 1u);
+  EXPECT_TRUE(testing::ReadAll(IndexPath()) == AdapterIndex());
 }
 
 // A second save to the tag while the first build still waits for its other ranks: only the
