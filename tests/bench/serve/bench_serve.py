@@ -9,8 +9,11 @@ and indexed by --ucp on every run. Each run starts from no view (the tag's .ucp/
 warm. Per N it prints the wall time of the job (first rank's start to last rank's end), the
 slowest rank's stat phase, the per-rank read phase (min / max), the bytes each rank read and wrote
 (rchar and wchar from /proc/self/io, ucp's own reads and writes included: min / max), the bytes
-the view occupies on disk, and the wall time of `ucp reshard`, best of --reps for both. Nothing asserts; the aims of issue 21 that
-this measures are printed as ratios.
+the view occupies on disk, the wall time of `ucp reshard`, and the wall time of the same N ranks
+loading `ucp reshard`'s output without the preload (the load alone, which any resume pays after an
+offline reshard), best of --reps for each. Nothing asserts; the aims of issue 21 that this measures
+are printed as ratios: the job's wall to the offline reshard's, and to the offline path's whole
+(the reshard, then the load).
 
 With --metadata each rank runs under strace instead (its timings are then strace's, not ucp's), and
 per N it prints the metadata operations on the view's directory (stat, access, open, listing, link,
@@ -41,16 +44,18 @@ def allocated_bytes(path):
                for d, _, names in os.walk(path) for n in names)
 
 
-def load_job(args, tag_dir, procs, logs):
-    """One job of `procs` loader.py ranks under the preload; returns the ranks' JSON records."""
+def load_job(args, tag_dir, procs, logs, preload=True):
+    """One job of `procs` loader.py ranks, under the preload unless `preload` is false; returns
+    the ranks' JSON records."""
     shutil.rmtree(os.path.join(tag_dir, '.ucp', 'views'), ignore_errors=True)
     shutil.rmtree(logs, ignore_errors=True)
     os.makedirs(logs)
     start = time.time() + 1.0 + 0.05 * procs  # every rank has started by then
     ranks = []
     for rank in range(procs):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(procs),
-                   LD_PRELOAD=args.lib, UCP_LOG_DIR=logs)
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(procs))
+        if preload:
+            env.update(LD_PRELOAD=args.lib, UCP_LOG_DIR=logs)
         command = [PYTHON, os.path.join(HERE, 'loader.py'), tag_dir, repr(start)]
         if args.metadata:
             # -y names each descriptor's path, so that listings (getdents64 on a descriptor)
@@ -77,6 +82,11 @@ def view_metadata_operations(logs, procs, view_root):
         with open(os.path.join(logs, f'strace.{rank}')) as log:
             counts.append(sum(1 for line in log if view_root in line))
     return counts
+
+
+def job_wall(records):
+    """First rank's start to last rank's end."""
+    return max(r['end'] for r in records) - min(r['begin'] for r in records)
 
 
 def reshard(args, tag_dir, procs, out):
@@ -129,18 +139,22 @@ def main():
         return
     print('| N | job wall s | slowest stat phase s | read phase s (min / max) '
           '| rchar GB per rank (min / max) | wchar GB per rank (min / max) | view GB on disk '
-          '| `ucp reshard` s | wall / reshard |')
-    print('|---|---|---|---|---|---|---|---|---|')
+          '| `ucp reshard` s | load of its output s | wall / reshard | wall / (reshard + load) |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
     for procs in [int(p) for p in args.procs.split(',')]:
         best = None
         for _ in range(args.reps):
             records = load_job(args, tag_dir, procs, os.path.join(work, f'logs-{procs}'))
-            wall = max(r['end'] for r in records) - min(r['begin'] for r in records)
+            wall = job_wall(records)
             if best is None or wall < best[0]:
                 best = (wall, records, allocated_bytes(os.path.join(tag_dir, '.ucp', 'views')))
-        offline = min(reshard(args, tag_dir, procs, os.path.join(work, 'reshard-out'))
-                      for _ in range(args.reps))
-        shutil.rmtree(os.path.join(work, 'reshard-out'), ignore_errors=True)
+        resharded = os.path.join(work, 'reshard-out')
+        offline = min(reshard(args, tag_dir, procs, resharded) for _ in range(args.reps))
+        plain_load = min(job_wall(load_job(args, os.path.join(resharded, TAG), procs,
+                                           os.path.join(work, f'logs-plain-{procs}'),
+                                           preload=False))
+                         for _ in range(args.reps))
+        shutil.rmtree(resharded, ignore_errors=True)
         wall, records, view_bytes = best
         reads = [r['read_s'] for r in records]
         rchar = [r['rchar'] / GB for r in records]
@@ -148,7 +162,8 @@ def main():
         print(f'| {procs} | {wall:.2f} | {max(r["stat_s"] for r in records):.3f} '
               f'| {min(reads):.2f} / {max(reads):.2f} | {min(rchar):.2f} / {max(rchar):.2f} '
               f'| {min(wchar):.2f} / {max(wchar):.2f} | {view_bytes / GB:.2f} | {offline:.2f} '
-              f'| {wall / offline:.2f} |', flush=True)
+              f'| {plain_load:.2f} | {wall / offline:.2f} | {wall / (offline + plain_load):.2f} |',
+              flush=True)
 
 
 if __name__ == '__main__':
