@@ -1,0 +1,113 @@
+// Tensor-parallel shard maps of DeepSpeed checkpoints: how the TP slices of a parameter make its
+// atom (the whole parameter), as rules (replicated, averaged, split on a dimension into
+// sub-parameters, a padded vocabulary), the geometry of the slices at a TP degree, and the mapping
+// of a range of a slice's elements to regions of the atom. The adapters of tensor-parallel layouts
+// (deepspeed-tp: Megatron-DeepSpeed; deepspeed-zero3: AutoTP) read their rules from the files and
+// share these.
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/format/atom_index.h"
+#include "core/layout/region.h"
+#include "core/util/status.h"
+
+namespace ucp::deepspeed {
+
+// The model states' entry of a client's TP rules (Megatron-DeepSpeed, AutoTP).
+inline constexpr std::string_view kUniversalCheckpointInfo = "universal_checkpoint_info";
+
+// kUnnamed: no pattern names the parameter and the tag has one TP rank, so nothing tells whether
+// it is split or replicated; whole at tp = 1, refused at tp > 1.
+enum class Rule { kReplicated, kAveraged, kSplit, kUnnamed };
+// Which keys ds_to_universal writes beside 'param'.
+enum class UniversalForm { kNone, kCatDim, kNSubParams, kSubParamShape };
+
+struct ShardMap {
+  Rule rule = Rule::kReplicated;
+  uint32_t dim = 0;
+  std::vector<uint64_t> sub_params;  // kSplit: global extents along dim
+  bool vocab = false;
+  UniversalForm universal = UniversalForm::kNone;
+  uint32_t sub_param_shape = 0;  // kSubParamShape: entry of parameter_with_sub_params
+};
+
+struct Vocab {
+  uint64_t original = 0;
+  uint64_t padded = 0;
+  uint64_t divisible_by = 1;
+};
+
+// Megatron's _vocab_size_with_padding: `original` rounded up to a multiple of divisible_by · tp.
+Result<uint64_t> PaddedVocab(const Vocab& vocab, uint32_t tp);
+
+constexpr const char* RuleName(Rule rule) {
+  switch (rule) {
+    case Rule::kReplicated:
+      return "replicated";
+    case Rule::kAveraged:
+      return "averaged";
+    case Rule::kSplit:
+      return "split";
+    case Rule::kUnnamed:
+      return "unnamed";
+  }
+  return "";
+}
+
+constexpr const char* FormName(UniversalForm form) {
+  switch (form) {
+    case UniversalForm::kNone:
+      return "none";
+    case UniversalForm::kCatDim:
+      return "cat_dim";
+    case UniversalForm::kNSubParams:
+      return "n_sub_params";
+    case UniversalForm::kSubParamShape:
+      return "sub_param_shape";
+  }
+  return "";
+}
+
+// The map as the index's adapter_state keeps it, and back (kCorrupt naming the parameter).
+nlohmann::json MapJson(const ShardMap& map);
+Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json);
+
+// A parameter's slices at TP degree `tp`: each rank's local shape, the atom's shape and the
+// global extents of the sub-parameters along the split dimension (vocabulary: padded for tp).
+struct Geometry {
+  uint32_t tp = 1;
+  Shape local;
+  Shape atom;
+  std::vector<uint64_t> sub_params;
+};
+
+// The geometry of `map`'s slices of an atom of shape `atom` at TP degree `tp`. kUnsupported for an
+// unnamed parameter at tp > 1 and for sub-parameters that do not split evenly.
+Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
+                            uint32_t tp, const std::optional<Vocab>& vocab);
+
+// A run of `count` elements of a TP slice, in the slice's order: where they are in the atom
+// (nullopt: vocabulary padding rows, in no atom).
+struct GlobalRun {
+  std::optional<Region> region;
+  uint64_t count = 0;
+};
+
+// Local elements [begin, end) of TP rank t's slice (geometry `g` of `map`) as runs of the atom.
+Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry& g, uint32_t t,
+                                             uint64_t begin, uint64_t end);
+
+// Fragments of `atom` (of `map`, source geometry `geometry`) from TP rank t's local elements
+// [begin, end) stored from byte `byte` of index file `file`.
+Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geometry, uint32_t t,
+                         uint64_t begin, uint64_t end, uint32_t file, uint64_t byte, DType dtype);
+
+}  // namespace ucp::deepspeed
