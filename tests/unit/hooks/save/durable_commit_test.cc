@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -136,9 +137,12 @@ class DurableCommitTest : public ::testing::Test {
     }
     std::sort(names_.begin(), names_.end());
     std::ofstream(dir_ + "/latest") << "global_step4";
-    durable_.AddDownstream(&listener_);
+    durable_->AddDownstream(&listener_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    durable_.reset();
+    fs::remove_all(dir_);
+  }
 
   // What the tracker does at the close of `name`: its close record, then OnFileSaved.
   void Close(const std::string& name) {
@@ -153,7 +157,7 @@ class DurableCommitTest : public ::testing::Test {
     record.framework = "deepspeed";
     record.stamp = StampOf(name);
     ASSERT_TRUE(AppendJournalRecord(tag_, record).ok());
-    durable_.OnFileSaved(
+    durable_->OnFileSaved(
         {"deepspeed", tag_, name, record.size, record.xxh3, record.time_ns, {}, record.stamp});
   }
 
@@ -162,7 +166,7 @@ class DurableCommitTest : public ::testing::Test {
   }
 
   // Rank 0 writes `latest`: redirected, written, closed, journaled, committed.
-  std::string WriteLatest() { return WriteLatest(durable_); }
+  std::string WriteLatest() { return WriteLatest(*durable_); }
   std::string WriteLatest(DurableCommit& durable) {
     const std::optional<std::string> pending = durable.Redirect(dir_ + "/latest");
     EXPECT_TRUE(pending.has_value());
@@ -195,32 +199,34 @@ class DurableCommitTest : public ::testing::Test {
   std::string tag_;
   std::vector<std::string> names_;
   RecordingListener listener_;
-  DurableCommit durable_{DurableCommitOptions{}};
+  // Destroyed (its worker joined) in TearDown, before the scratch folder it may still write
+  // into is removed.
+  std::optional<DurableCommit> durable_{std::in_place, DurableCommitOptions{}};
 };
 
 TEST_F(DurableCommitTest, RedirectsOnlyCommitSignalsNamedByContent) {
-  const std::optional<std::string> pending = durable_.Redirect(dir_ + "/latest");
+  const std::optional<std::string> pending = durable_->Redirect(dir_ + "/latest");
   ASSERT_TRUE(pending.has_value());
   EXPECT_EQ(SignalOfPendingPath(*pending), dir_ + "/latest");
-  EXPECT_EQ(durable_.PendingFor(dir_ + "/latest"), pending);
-  EXPECT_TRUE(durable_.MayHavePending("latest"));
+  EXPECT_EQ(durable_->PendingFor(dir_ + "/latest"), pending);
+  EXPECT_TRUE(durable_->MayHavePending("latest"));
   // A second write of the same signal gets its own file, and reads see the newest.
-  const std::optional<std::string> second = durable_.Redirect(dir_ + "/latest");
+  const std::optional<std::string> second = durable_->Redirect(dir_ + "/latest");
   ASSERT_TRUE(second.has_value());
   EXPECT_NE(*second, *pending);
-  EXPECT_EQ(durable_.PendingFor(dir_ + "/latest"), second);
-  durable_.RedirectFailed(dir_ + "/latest", *second);
-  EXPECT_EQ(durable_.PendingFor(dir_ + "/latest"), pending);
+  EXPECT_EQ(durable_->PendingFor(dir_ + "/latest"), second);
+  durable_->RedirectFailed(dir_ + "/latest", *second);
+  EXPECT_EQ(durable_->PendingFor(dir_ + "/latest"), pending);
 
-  EXPECT_EQ(durable_.Redirect(tag_ + "/mp_rank_00_model_states.pt"), std::nullopt);
-  EXPECT_EQ(durable_.Redirect(tag_ + "/.metadata"), std::nullopt);  // DCP renames it
-  EXPECT_EQ(durable_.Redirect(dir_ + "/notes.txt"), std::nullopt);
-  EXPECT_NE(durable_.Redirect(dir_ + "/latest_checkpointed_iteration.txt"), std::nullopt);
+  EXPECT_EQ(durable_->Redirect(tag_ + "/mp_rank_00_model_states.pt"), std::nullopt);
+  EXPECT_EQ(durable_->Redirect(tag_ + "/.metadata"), std::nullopt);  // DCP renames it
+  EXPECT_EQ(durable_->Redirect(dir_ + "/notes.txt"), std::nullopt);
+  EXPECT_NE(durable_->Redirect(dir_ + "/latest_checkpointed_iteration.txt"), std::nullopt);
   // The pre-check on the path as the host spelled it admits every signal Redirect takes.
-  EXPECT_TRUE(durable_.MayRedirectPath(dir_ + "/latest"));
-  EXPECT_TRUE(durable_.MayRedirectPath("latest_checkpointed_iteration.txt"));
-  EXPECT_FALSE(durable_.MayRedirectPath(dir_ + "/notes.txt"));
-  EXPECT_FALSE(durable_.MayRedirectPath(dir_ + "/latest/."));
+  EXPECT_TRUE(durable_->MayRedirectPath(dir_ + "/latest"));
+  EXPECT_TRUE(durable_->MayRedirectPath("latest_checkpointed_iteration.txt"));
+  EXPECT_FALSE(durable_->MayRedirectPath(dir_ + "/notes.txt"));
+  EXPECT_FALSE(durable_->MayRedirectPath(dir_ + "/latest/."));
 
   DurableCommitOptions elsewhere;
   Result<RootSet> roots = RootSet::Create({"/nonexistent/root"});
@@ -244,7 +250,7 @@ class PassThrough final : public ServePolicy {
 
 TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
   PassThrough inner;
-  PendingSignalServe serve(&durable_, &inner);
+  PendingSignalServe serve(&*durable_, &inner);
   EXPECT_FALSE(serve.MayServePath(dir_ + "/latest"));
   EXPECT_TRUE(serve.MayServePath(dir_ + "/served"));
   EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
@@ -252,7 +258,7 @@ TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
   for (const std::string& name : names_) Close(name);
   WriteLatest();
   ASSERT_TRUE(LatestBecomes("global_step5"));
-  durable_.Drain(std::chrono::steady_clock::now() + kPublishLimit);
+  durable_->Drain(std::chrono::steady_clock::now() + kPublishLimit);
   EXPECT_EQ(serve.Resolve(dir_ + "/latest").kind, ServeDecision::Kind::kPassThrough);
   EXPECT_FALSE(serve.MayServePath(dir_ + "/latest"));
   EXPECT_EQ(inner.asked.back(), dir_ + "/latest");
@@ -260,7 +266,7 @@ TEST_F(DurableCommitTest, ReadsPassThroughWhenNothingIsHeldBack) {
 
 TEST_F(DurableCommitTest, ReadsSeeThePendingFileUntilThePublish) {
   PassThrough inner;
-  PendingSignalServe serve(&durable_, &inner);
+  PendingSignalServe serve(&*durable_, &inner);
   Close(names_[0]);
   const std::string pending = WriteLatest();  // rank 1's and 2's files never come
   const ServeDecision decision = serve.Resolve(dir_ + "/latest");
@@ -277,10 +283,10 @@ TEST_F(DurableCommitTest, PublishesOnlyOnceEveryFileIsDurable) {
   Close(names_[1]);
   const std::string pending = WriteLatest();
   ASSERT_FALSE(pending.empty());
-  EXPECT_EQ(durable_.PendingFor(dir_ + "/latest"), pending);
+  EXPECT_EQ(durable_->PendingFor(dir_ + "/latest"), pending);
   std::this_thread::sleep_for(kSettle);
   EXPECT_EQ(Slurp(dir_ + "/latest"), "global_step4");
-  EXPECT_EQ(durable_.published(), 0u);
+  EXPECT_EQ(durable_->published(), 0u);
 
   // Rank 1's close is journaled, but not yet durable: another process's record without a copy.
   Result<FileDigest> digest = HashFile(tag_ + "/" + names_[2]);
@@ -306,10 +312,10 @@ TEST_F(DurableCommitTest, PublishesOnlyOnceEveryFileIsDurable) {
   ASSERT_TRUE(line.ok());
   std::ofstream(rank1_journal, std::ios::app) << *line;
   ASSERT_TRUE(LatestBecomes("global_step5"));
-  durable_.Drain(std::chrono::steady_clock::now() + kPublishLimit);
+  durable_->Drain(std::chrono::steady_clock::now() + kPublishLimit);
   EXPECT_FALSE(fs::exists(pending));
-  EXPECT_EQ(durable_.PendingFor(dir_ + "/latest"), std::nullopt);
-  EXPECT_EQ(durable_.published(), 1u);
+  EXPECT_EQ(durable_->PendingFor(dir_ + "/latest"), std::nullopt);
+  EXPECT_EQ(durable_->published(), 1u);
   std::lock_guard<std::mutex> lock(listener_.mutex);
   ASSERT_EQ(listener_.commits.size(), 1u);
   EXPECT_EQ(listener_.commits[0].written_path, dir_ + "/latest");
@@ -347,10 +353,10 @@ TEST_F(DurableCommitTest, NeverPublishesAnIncompleteTag) {
   Close(names_[1]);
   const std::string pending = WriteLatest();
   // Rank 1 died before closing its file; the process exits.
-  durable_.Drain(std::chrono::steady_clock::now() + kSettle);
+  durable_->Drain(std::chrono::steady_clock::now() + kSettle);
   EXPECT_EQ(Slurp(dir_ + "/latest"), "global_step4");
   EXPECT_FALSE(fs::exists(pending));
-  EXPECT_EQ(durable_.published(), 0u);
+  EXPECT_EQ(durable_->published(), 0u);
   std::lock_guard<std::mutex> lock(listener_.mutex);
   EXPECT_TRUE(listener_.commits.empty());
 }
@@ -377,9 +383,9 @@ TEST_F(DurableCommitTest, FilesLeftByAKilledRunOnThisHostDoNotCount) {
     std::ofstream(killed, std::ios::app) << *EncodeJournalRecord(close);
   }
   const std::string pending = WriteLatest();
-  durable_.Drain(std::chrono::steady_clock::now() + kSettle);
+  durable_->Drain(std::chrono::steady_clock::now() + kSettle);
   EXPECT_EQ(Slurp(dir_ + "/latest"), "global_step4");
-  EXPECT_EQ(durable_.published(), 0u);
+  EXPECT_EQ(durable_->published(), 0u);
   EXPECT_FALSE(fs::exists(pending));
 }
 
