@@ -77,8 +77,9 @@ _register_stand_ins()
 
 
 def load(path):
-    """torch.load of a DeepSpeed file on the CPU, DeepSpeed classes as stand-ins."""
-    return torch.load(path, map_location="cpu")
+    """torch.load of a DeepSpeed file on the CPU, DeepSpeed classes as stand-ins (unpickled as
+    such: torch 2.6 and later load only plain tensors and containers by default)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def save(obj, path):

@@ -116,7 +116,9 @@ Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json
   }
   map.vocab = json["vocab"].get<bool>();
   const std::string form = json["universal"].get<std::string>();
-  if (form == "cat_dim") {
+  if (form == "none") {  // AutoTP's splits: ds_to_universal writes no key for them
+    map.universal = UniversalForm::kNone;
+  } else if (form == "cat_dim") {
     map.universal = UniversalForm::kCatDim;
   } else if (form == "n_sub_params") {
     map.universal = UniversalForm::kNSubParams;

@@ -9,7 +9,9 @@
 
 #include "core/format/torch_archive_reader.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/plan/copy_plan.h"
 #include "core/tag/file_hashing.h"
 #include "core/util/checked.h"
@@ -17,6 +19,8 @@
 namespace ucp {
 namespace {
 
+using deepspeed::AddSliceFragments;
+using deepspeed::AutoTpMaps;
 using deepspeed::Bf16Prefix;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
@@ -25,7 +29,11 @@ using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::Field;
 using deepspeed::FieldError;
+using deepspeed::Geometry;
+using deepspeed::GeometryAt;
+using deepspeed::GlobalRun;
 using deepspeed::GroupLayout;
+using deepspeed::HasAutoTpMaps;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
@@ -36,6 +44,9 @@ using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
+using deepspeed::MapFromJson;
+using deepspeed::MapJson;
+using deepspeed::MapLocalRange;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
@@ -43,11 +54,14 @@ using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadAutoTpMaps;
 using deepspeed::RefuseExpertParallel;
+using deepspeed::Rule;
 using deepspeed::ScalarValue;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
+using deepspeed::ShardMap;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -62,6 +76,8 @@ constexpr std::string_view kOptimizer = "DeepSpeedZeroOptimizer_Stage3";
 // DeepSpeedZeroConfig.sub_group_size's default (pp_int(1e9)).
 constexpr uint64_t kDefaultSubGroupSize = 1000000000;
 constexpr std::string_view kFrozenState = "bit16";
+// Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
+constexpr int64_t kMaxTpDegree = int64_t{1} << 16;
 
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's ZeRO-3 partitioning rules.
@@ -116,11 +132,19 @@ std::vector<size_t> SubGroupSizes(const std::vector<uint64_t>& numels, uint32_t 
   return sizes;
 }
 
-// The bytes of rank r's piece of state `state` of a parameter (c elements of `item` bytes at
-// DP size `dp`): its real elements from the atom, zeros for the padding.
+// Where TP rank t's slice of a parameter is in its atom (at tp = 1: the whole atom).
+struct Slice {
+  const ShardMap* map = nullptr;
+  const Geometry* geometry = nullptr;
+  uint32_t t = 0;
+};
+
+// The bytes of DP rank r's piece of state `state` of a TP slice of a parameter (`numel` elements
+// in the slice; c elements of `item` bytes at DP size `dp`): its real elements from the atom,
+// zeros for the padding.
 Result<std::vector<Segment>> PieceSegments(const AtomIndex& index, const std::string& name,
                                            std::string_view state, uint64_t numel, uint32_t dp,
-                                           uint32_t r, uint64_t item) {
+                                           uint32_t r, uint64_t item, const Slice& slice) {
   const Atom* atom = index.Find(name, state);
   if (atom == nullptr) {
     return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
@@ -130,30 +154,27 @@ Result<std::vector<Segment>> PieceSegments(const AtomIndex& index, const std::st
   const uint64_t hi = std::min(lo + piece, numel);
   std::vector<Segment> segments;
   if (lo < hi) {
-    UCP_ASSIGN_OR_RETURN(const Region region, Region::Flat(lo, hi, atom->shape));
-    UCP_ASSIGN_OR_RETURN(segments, PlanRegion(index, *atom, region));
+    UCP_ASSIGN_OR_RETURN(const std::vector<GlobalRun> runs,
+                         MapLocalRange(*slice.map, *slice.geometry, slice.t, lo, hi));
+    for (const GlobalRun& run : runs) {
+      if (!run.region) {
+        AppendZeros(segments, run.count * item);
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
+      AppendSegments(segments, more);
+    }
   }
   AppendZeros(segments, (piece - (hi - lo)) * item);
   return segments;
 }
 
-// Rank r's flat partition of state `state` of a flat group.
-Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const FlatLayout& layout,
-                                               std::string_view state, uint32_t r, uint64_t item) {
-  std::vector<Segment> segments;
-  for (size_t k = 0; k < layout.params.names.size(); ++k) {
-    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> piece,
-                         PieceSegments(index, layout.params.names[k], state,
-                                       layout.params.numels[k], layout.dp, r, item));
-    AppendSegments(segments, piece);
-  }
-  return segments;
-}
-
-// Fragments of param k of a flat group: each rank's real elements, at the byte of that rank's
-// tensor where its piece starts.
+// Fragments of param k of a flat group from TP rank t's slice of it (`map` and `geometry` say
+// where the slice's elements are in the parameter): each DP rank's real elements, at the byte of
+// that rank's tensor where its piece starts.
 Status AddPieceFragments(Atom& atom, const FlatLayout& layout, size_t k,
-                         const std::vector<std::pair<uint32_t, const TorchTensor*>>& per_rank) {
+                         const std::vector<std::pair<uint32_t, const TorchTensor*>>& per_rank,
+                         const ShardMap& map, const Geometry& geometry, uint32_t t) {
   const uint64_t numel = layout.params.numels[k];
   const uint64_t piece = layout.pieces[k];
   for (uint32_t r = 0; r < per_rank.size(); ++r) {
@@ -161,7 +182,6 @@ Status AddPieceFragments(Atom& atom, const FlatLayout& layout, size_t k,
     const uint64_t hi = std::min(lo + piece, numel);
     if (lo >= hi) continue;
     const auto& [file, tensor] = per_rank[r];
-    UCP_ASSIGN_OR_RETURN(Region region, Region::Flat(lo, hi, atom.shape));
     const std::optional<uint64_t> byte = CheckedMul(layout.starts[k], ItemSize(tensor->dtype));
     const std::optional<uint64_t> offset =
         byte ? CheckedAdd(tensor->file_offset(), *byte) : std::nullopt;
@@ -169,7 +189,8 @@ Status AddPieceFragments(Atom& atom, const FlatLayout& layout, size_t k,
       return Status::OutOfRange("deepspeed: " + atom.param + "/" + atom.state +
                                 ": offset overflow");
     }
-    atom.fragments.push_back({file, *offset, tensor->dtype, std::move(region)});
+    UCP_RETURN_IF_ERROR(
+        AddSliceFragments(atom, map, geometry, t, lo, hi, file, *offset, tensor->dtype));
   }
   return Status::Ok();
 }
@@ -200,6 +221,7 @@ struct ModelStates {
   TorchArchiveReader reader;
   std::string ds_version;
   uint32_t dp = 0;
+  uint32_t tp = 1;                       // mp_world_size: AutoTP's degree (ZeRO-3 has no pipeline)
   std::vector<GroupLayout> flat_groups;  // param_shapes
   GroupLayout frozen;                    // frozen_param_shapes
   std::vector<const TorchTensor*> frozen_fragments;
@@ -223,6 +245,21 @@ struct OptimStates {
   std::vector<std::vector<int64_t>> group_members;  // param_groups[pg]['params']
 };
 
+// mp_world_size of a ZeRO-3 model-states file: AutoTP's degree. kUnsupported above 1 without
+// AutoTP's affine map (nothing else tells how the parameters were split).
+Result<uint32_t> TpDegree(const TorchArchiveReader& r) {
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
+  if (mp < 1 || mp > kMaxTpDegree) {
+    return FieldError(r, "mp_world_size", "outside [1, " + std::to_string(kMaxTpDegree) + "]");
+  }
+  if (mp > 1 && !HasAutoTpMaps(r)) {
+    return Status::Unsupported(Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
+                               " without AutoTP's universal_checkpoint_info/affine_map: nothing "
+                               "says how the parameters were split over the TP ranks");
+  }
+  return static_cast<uint32_t>(mp);
+}
+
 Result<GroupLayout> ReadShapes(const TorchArchiveReader& r, const Value* node,
                                const std::string& field) {
   std::vector<std::string> names;
@@ -241,15 +278,12 @@ Result<GroupLayout> ReadShapes(const TorchArchiveReader& r, const Value* node,
 Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& entry) {
   UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
                        TorchArchiveReader::Open(tag_dir + "/" + entry.name));
-  ModelStates ms{entry, std::move(reader), {}, 0, {}, {}, {}, std::nullopt, kDefaultSubGroupSize};
+  ModelStates ms{entry,        std::move(reader),   {}, 0, 1, {}, {}, {},
+                 std::nullopt, kDefaultSubGroupSize};
   const TorchArchiveReader& r = ms.reader;
   UCP_ASSIGN_OR_RETURN(ms.ds_version, StrField(r, "ds_version"));
   UCP_ASSIGN_OR_RETURN(ms.dp, DpWorldSize(r));
-  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
-  if (mp != 1) {
-    return Status::Unsupported(Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
-                               ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
-  }
+  UCP_ASSIGN_OR_RETURN(ms.tp, TpDegree(r));
   UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(r, "param_shapes"));
   if (shapes->kind() != Kind::kList) {
     return FieldError(r, "param_shapes", "not a list of flat groups");
@@ -383,15 +417,19 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
 
 struct IndexFacts {
   uint32_t dp = 0;
+  uint32_t tp = 1;                         // AutoTP's degree
+  std::set<std::string> vocabulary;        // tp > 1: AutoTP's vocabulary parameters
+  std::map<std::string, ShardMap> maps;    // tp > 1: how each parameter's slices make it
+  std::map<std::string, Geometry> slices;  // tp > 1: each parameter's slices at tp
   std::string prefix;
   uint64_t sub_group_size = kDefaultSubGroupSize;
-  std::vector<GroupLayout> flat_groups;
+  std::vector<GroupLayout> flat_groups;                // of the TP slices' shapes
   std::vector<size_t> flat_group_of;                   // param group of each flat group
   std::vector<std::vector<std::string>> param_groups;  // params of each param group
   GroupLayout frozen;
-  uint32_t model_file = 0;            // rank 0's model states
-  uint32_t optim_file = 0;            // rank 0's optimizer states
-  std::vector<uint32_t> model_files;  // every rank's, in rank order
+  uint32_t model_file = 0;            // rank (0, 0)'s model states
+  uint32_t optim_file = 0;            // rank (0, 0)'s optimizer states
+  std::vector<uint32_t> model_files;  // every rank's, TP rank by TP rank in DP rank order
 };
 
 Result<Shape> AtomShape(const AtomIndex& index, const std::string& name, std::string_view state) {
@@ -402,11 +440,38 @@ Result<Shape> AtomShape(const AtomIndex& index, const std::string& name, std::st
   return atom->shape;
 }
 
+// TP rank t's slice of parameter `name`; `whole` is the geometry of a parameter of a tag without
+// TP (its one slice).
+Slice SliceOf(const IndexFacts& facts, const std::string& name, uint32_t t, const Geometry& whole) {
+  static const ShardMap kWhole;
+  if (facts.tp == 1) return {&kWhole, &whole, 0};
+  return {&facts.maps.at(name), &facts.slices.at(name), t};
+}
+
+// DP rank r's flat partition of state `state` of a flat group of TP rank t.
+Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const IndexFacts& facts,
+                                               const FlatLayout& layout, std::string_view state,
+                                               uint32_t r, uint64_t item, uint32_t t) {
+  std::vector<Segment> segments;
+  for (size_t k = 0; k < layout.params.names.size(); ++k) {
+    const std::string& name = layout.params.names[k];
+    const Geometry whole{1, layout.params.shapes[k], layout.params.shapes[k], {}};
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> piece,
+                         PieceSegments(index, name, state, layout.params.numels[k], layout.dp, r,
+                                       item, SliceOf(facts, name, t, whole)));
+    AppendSegments(segments, piece);
+  }
+  return segments;
+}
+
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
   UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedZero3Adapter::kName));
   IndexFacts facts;
   facts.dp = c.topology.dp;
+  facts.tp = c.topology.tp;
+  if (facts.dp == 0 || facts.tp == 0)
+    return Status::Corrupt("deepspeed: index topology: dp or tp 0");
   const nlohmann::json& state = c.adapter_state;
   const auto bad = [] {
     return Status::Corrupt(
@@ -422,6 +487,24 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   facts.prefix = state["file_prefix"].get<std::string>();
   if (facts.prefix != "" && facts.prefix != "bf16_") return bad();
   facts.sub_group_size = state["sub_group_size"].get<uint64_t>();
+  if (facts.tp > 1) {
+    const auto tp_state = state.find("tp");
+    if (tp_state == state.end() || !tp_state->is_object() || !tp_state->contains("degree") ||
+        (*tp_state)["degree"] != facts.tp || !tp_state->contains("vocabulary") ||
+        !(*tp_state)["vocabulary"].is_array() || !tp_state->contains("params") ||
+        !(*tp_state)["params"].is_object()) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp: missing, or not of degree " +
+                             std::to_string(facts.tp) + " with shard maps and a vocabulary list");
+    }
+    for (const nlohmann::json& name : (*tp_state)["vocabulary"]) {
+      if (!name.is_string()) return bad();
+      facts.vocabulary.insert(name.get<std::string>());
+    }
+    for (const auto& [name, json] : (*tp_state)["params"].items()) {
+      UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
+      facts.maps.emplace(name, std::move(map));
+    }
+  }
 
   for (const ParamGroup& group : c.groups) facts.param_groups.push_back(group.params);
   std::vector<size_t> taken(c.groups.size(), 0);
@@ -444,6 +527,17 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     std::vector<Shape> shapes;
     for (const std::string& name : names) {
       UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, name, "fp32"));
+      if (facts.tp > 1) {
+        const auto map = facts.maps.find(name);
+        if (map == facts.maps.end()) {
+          return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                                 name);
+        }
+        UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                             GeometryAt(name, map->second, shape, facts.tp, std::nullopt));
+        shape = geometry.local;
+        facts.slices.emplace(name, std::move(geometry));
+      }
       shapes.push_back(std::move(shape));
     }
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
@@ -463,21 +557,25 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   }
   UCP_ASSIGN_OR_RETURN(facts.frozen, MakeLayout(std::move(frozen_names), std::move(frozen_shapes)));
 
-  std::map<uint32_t, uint32_t> model_by_rank;
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> model_by_rank;  // (tp, dp) → file
   bool have_optim = false;
   for (const CarriedObject& carried : c.carried) {
     const std::optional<RankCoordinates>& rank = c.files.at(carried.file).rank;
-    if (carried.role == kModelRole && rank) model_by_rank[rank->dp] = carried.file;
+    if (carried.role == kModelRole && rank) {
+      model_by_rank[{rank->tp, rank->dp}] = carried.file;
+    }
     if (carried.role == kOptimRole) facts.optim_file = carried.file, have_optim = true;
   }
-  if (!have_optim || model_by_rank.size() != facts.dp || !model_by_rank.contains(0) ||
-      model_by_rank.rbegin()->first + 1 != facts.dp) {
+  const bool every_rank = model_by_rank.size() == uint64_t{facts.dp} * facts.tp &&
+                          !model_by_rank.empty() &&
+                          model_by_rank.rbegin()->first == std::pair{facts.tp - 1, facts.dp - 1};
+  if (!have_optim || !every_rank) {
     return Status::Corrupt(
-        "deepspeed: index carried: no optim_states template or not one model_states file per DP "
+        "deepspeed: index carried: no optim_states template or not one model_states file per "
         "rank");
   }
   for (const auto& [rank, file] : model_by_rank) facts.model_files.push_back(file);
-  facts.model_file = model_by_rank[0];
+  facts.model_file = model_by_rank.begin()->second;
   return facts;
 }
 
@@ -563,6 +661,182 @@ class FreshKeys {
   uint64_t next_ = 0;
 };
 
+// ---------------------------------------------------------------------------------------------
+// A tag's ranks: every (TP rank, DP rank)'s model states and optimizer states.
+
+// Which file is which rank's, [t][r]: all present, of one save's names.
+struct RankGrid {
+  std::vector<std::vector<const RankFile*>> models;
+  std::vector<std::vector<const RankFile*>> optims;
+  std::string prefix;
+};
+
+Result<RankGrid> GridOf(const std::string& tag_dir, const TagListing& listing,
+                        const ModelStates& head) {
+  const uint32_t dp = head.dp;
+  const uint32_t tp = head.tp;
+  const std::vector<std::vector<const RankFile*>> none(tp, std::vector<const RankFile*>(dp));
+  RankGrid grid{none, none, ""};
+  const auto beyond = [&](const RankFile& entry) {
+    return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank beyond dp_world_size " +
+                           std::to_string(dp) + " or mp_world_size " + std::to_string(tp) + " of " +
+                           head.entry.name + " (a file of another save)");
+  };
+  for (const RankFile& entry : listing.zero3_model_states) {
+    if (entry.dp >= dp || entry.mp >= tp) return beyond(entry);
+    grid.models[entry.mp][entry.dp] = &entry;
+  }
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  grid.prefix = listing.optim.front().prefix;
+  for (const RankFile& entry : listing.optim) {
+    if (entry.prefix != grid.prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + grid.prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= dp || entry.mp >= tp) return beyond(entry);
+    grid.optims[entry.mp][entry.dp] = &entry;
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) {
+      for (const auto& [found, name] :
+           {std::pair{grid.models[t][r] != nullptr, Zero3ModelStatesName(r, t)},
+            std::pair{grid.optims[t][r] != nullptr, OptimName(grid.prefix, r, t)}}) {
+        if (!found) {
+          return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (dp_world_size " +
+                                  std::to_string(dp) + ", mp_world_size " + std::to_string(tp) +
+                                  " in " + head.entry.name + ")");
+        }
+      }
+    }
+  }
+  return grid;
+}
+
+// One TP rank's files, in DP rank order.
+struct TpRank {
+  std::vector<ModelStates> models;
+  std::vector<OptimStates> optims;
+};
+
+// The model states of every rank (`head`, rank (0, 0)'s, first) and their optimizer states, each
+// checked to be of the save `head` is of, and within a TP rank of the same layout.
+Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid& grid,
+                                      ModelStates head) {
+  const uint32_t dp = head.dp;
+  const uint32_t tp = head.tp;
+  // Reserved, so that `first` stays where it is.
+  std::vector<TpRank> ranks(1);
+  ranks.reserve(tp);
+  ranks.front().models.reserve(dp);
+  ranks.front().models.push_back(std::move(head));
+  const ModelStates& first = ranks.front().models.front();
+  for (uint32_t t = 0; t < tp; ++t) {
+    if (t > 0) ranks.emplace_back();
+    for (uint32_t r = t == 0 ? 1 : 0; r < dp; ++r) {
+      UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, *grid.models[t][r]));
+      if (ms.dp != dp || ms.tp != tp || ms.ds_version != first.ds_version ||
+          ms.frozen.names != first.frozen.names || ms.frozen.shapes != first.frozen.shapes) {
+        return FieldError(ms.reader, "dp_world_size",
+                          "dp_world_size, mp_world_size, ds_version or frozen_param_shapes differ "
+                          "from " +
+                              first.entry.name + " (a file of another save)");
+      }
+      ranks[t].models.push_back(std::move(ms));
+    }
+    const ModelStates& ms = ranks[t].models.front();
+    if (t > 0) {
+      bool same = ms.flat_groups.size() == first.flat_groups.size();
+      for (size_t g = 0; same && g < ms.flat_groups.size(); ++g) {
+        same = ms.flat_groups[g].names == first.flat_groups[g].names;
+      }
+      if (!same) {
+        return FieldError(ms.reader, "param_shapes",
+                          "other parameters or flat groups than " + first.entry.name);
+      }
+    }
+    for (uint32_t r = 0; r < dp; ++r) {
+      UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *grid.optims[t][r], ms));
+      const OptimStates& head_os = t == 0 && r == 0 ? os : ranks[0].optims.front();
+      for (size_t g = 0; g < os.states.size(); ++g) {
+        bool same = os.states[g].size() == head_os.states[g].size();
+        for (size_t s = 0; same && s < os.states[g].size(); ++s) {
+          same =
+              os.states[g][s].key == head_os.states[g][s].key &&
+              os.states[g][s].tensor->dtype == head_os.states[g][s].tensor->dtype &&
+              (os.states[g][s].tensor->shape.empty() == head_os.states[g][s].tensor->shape.empty());
+          if (r > 0) {
+            same = same && os.states[g][s].tensor->shape ==
+                               ranks[t].optims.front().states[g][s].tensor->shape;
+          }
+        }
+        same = same && os.fp32[g]->dtype == head_os.fp32[g]->dtype;
+        if (!same || os.group_members != head_os.group_members) {
+          return FieldError(
+              os.reader,
+              std::string(kOsd) + "/" + std::string(kOsd) + "/state/" + std::to_string(g),
+              "other state keys, shapes or dtypes than " + head_os.entry.name);
+        }
+      }
+      ranks[t].optims.push_back(std::move(os));
+    }
+  }
+  return ranks;
+}
+
+// The flat groups of every TP rank must be the sub groups DeepSpeed makes of each parameter
+// group at that rank's slice sizes.
+Status CheckSubGroups(const std::vector<TpRank>& ranks) {
+  for (const TpRank& rank : ranks) {
+    const ModelStates& ms = rank.models.front();
+    const OptimStates& os = rank.optims.front();
+    for (size_t pg = 0; pg < os.group_members.size(); ++pg) {
+      std::vector<uint64_t> numels;
+      std::vector<size_t> sizes;
+      for (const int64_t g : os.group_members[pg]) {
+        const GroupLayout& layout = ms.flat_groups[static_cast<size_t>(g)];
+        numels.insert(numels.end(), layout.numels.begin(), layout.numels.end());
+        sizes.push_back(layout.names.size());
+      }
+      if (!numels.empty() && SubGroupSizes(numels, ms.dp, ms.sub_group_size) != sizes) {
+        return Status::Unsupported(
+            Prefix(ms.reader.path()) + "param_shapes: the flat groups of parameter group " +
+            std::to_string(pg) + " are not DeepSpeed's sub groups at sub_group_size " +
+            std::to_string(ms.sub_group_size) + " (ds_config not readable as a dict?)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// How each trainable parameter's TP slices make it: AutoTP's maps at tp > 1; at tp = 1 every
+// parameter is its one slice.
+Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
+  const ModelStates& head = ranks[0].models.front();
+  std::vector<std::string> names;
+  for (const GroupLayout& group : head.flat_groups) {
+    names.insert(names.end(), group.names.begin(), group.names.end());
+  }
+  if (head.tp == 1) {
+    AutoTpMaps whole;
+    for (const GroupLayout& group : head.flat_groups) {
+      for (size_t k = 0; k < group.names.size(); ++k) {
+        whole.maps.emplace(group.names[k], ShardMap{});
+        whole.whole_shapes.emplace(group.names[k], group.shapes[k]);
+      }
+    }
+    return whole;
+  }
+  if (!head.frozen.names.empty()) {
+    return Status::Unsupported(Prefix(head.reader.path()) + "frozen_param_shapes: frozen " +
+                               "parameters with AutoTP (" + head.frozen.names.front() +
+                               ") are not supported yet");
+  }
+  return ReadAutoTpMaps(head.reader, head.tp, names);
+}
+
 }  // namespace
 
 bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
@@ -580,11 +854,7 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenWrittenModelStates(tag_dir, model, have_model));
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
-  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(reader, "mp_world_size"));
-  if (mp != 1) {
-    return Status::Unsupported(Prefix(reader.path()) + "mp_world_size " + std::to_string(mp) +
-                               ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
-  }
+  UCP_ASSIGN_OR_RETURN(const uint32_t tp, TpDegree(reader));
   if (const Value* stage = OptionalField(reader, "ds_config/zero_optimization/stage")) {
     if (stage->kind() == Kind::kInt && stage->AsInt64() != 3) {
       return FieldError(reader, "ds_config/zero_optimization/stage",
@@ -594,157 +864,82 @@ Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
   const bool bf16 = Bf16Prefix(listing, reader);
   std::vector<std::string> files;
   const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelStatesName(r, 0));
-  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelStatesName(r, t));
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
+  }
   return files;
 }
 
 Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
                                                     const IndexOptions& options) const {
+  // 1. The ranks' files, read and checked to be one save's.
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   if (!listing.model_states.empty() || !listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "mp_rank_XX_model_states.pt or layer files beside ZeRO-3 model "
                                "states: pipeline or mixed tags are not supported");
   }
-  std::map<uint32_t, const RankFile*> models;
-  for (const RankFile& entry : listing.zero3_model_states) {
-    if (entry.mp != 0) {
-      return Status::Unsupported(Prefix(tag_dir + "/" + entry.name) + "mp rank " +
-                                 std::to_string(entry.mp) +
-                                 ": tensor- or pipeline-parallel ZeRO-3 is not supported yet");
-    }
-    models[entry.dp] = &entry;
-  }
-  if (!models.contains(0)) {
+  const auto head_entry =
+      std::find_if(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
+                   [](const RankFile& entry) { return entry.dp == 0 && entry.mp == 0; });
+  if (head_entry == listing.zero3_model_states.end()) {
     return Status::NotFound(Prefix(tag_dir) + Zero3ModelStatesName(0, 0) + ": not found");
   }
-  UCP_ASSIGN_OR_RETURN(ModelStates first_model, ReadModelStates(tag_dir, *models[0]));
-  const uint32_t dp = first_model.dp;
-  if (first_model.config_stage && *first_model.config_stage != 3) {
-    return FieldError(first_model.reader, "ds_config/zero_optimization/stage",
+  UCP_ASSIGN_OR_RETURN(ModelStates head, ReadModelStates(tag_dir, *head_entry));
+  if (head.config_stage && *head.config_stage != 3) {
+    return FieldError(head.reader, "ds_config/zero_optimization/stage",
                       "not 3, but the file is named as ZeRO-3's");
   }
-  if (listing.optim.empty()) {
-    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
-  }
-  const std::string prefix = listing.optim.front().prefix;
-  std::map<uint32_t, const RankFile*> optims;
-  for (const RankFile& entry : listing.optim) {
-    if (entry.prefix != prefix) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
-                             "\", but " + listing.optim.front().name + " has \"" + prefix +
-                             "\" (files of two saves)");
-    }
-    if (entry.mp != 0 || entry.dp >= dp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank beyond dp_world_size " +
-                             std::to_string(dp) + " of " + first_model.entry.name +
-                             " (a file of another save)");
-    }
-    optims[entry.dp] = &entry;
-  }
-  for (const auto& [rank, entry] : models) {
-    if (rank >= dp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry->name) + "rank beyond dp_world_size " +
-                             std::to_string(dp) + " of " + first_model.entry.name +
-                             " (a file of another save)");
-    }
-  }
-  for (uint32_t r = 0; r < dp; ++r) {
-    for (const auto& [found, name] : {std::pair{models.contains(r), Zero3ModelStatesName(r, 0)},
-                                      std::pair{optims.contains(r), OptimName(prefix, r, 0)}}) {
-      if (!found) {
-        return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (dp_world_size " +
-                                std::to_string(dp) + " in " + first_model.entry.name + ")");
-      }
-    }
-  }
+  const uint32_t dp = head.dp;
+  const uint32_t tp = head.tp;
+  UCP_ASSIGN_OR_RETURN(const RankGrid grid, GridOf(tag_dir, listing, head));
+  UCP_ASSIGN_OR_RETURN(const std::vector<TpRank> ranks, ReadRanks(tag_dir, grid, std::move(head)));
+  UCP_RETURN_IF_ERROR(CheckSubGroups(ranks));
+  UCP_ASSIGN_OR_RETURN(const AutoTpMaps slices, SliceMaps(ranks));
+  const ModelStates& ms = ranks[0].models.front();
+  const OptimStates& first = ranks[0].optims.front();
 
-  std::vector<ModelStates> model_ranks;
-  model_ranks.push_back(std::move(first_model));
-  for (uint32_t r = 1; r < dp; ++r) {
-    UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, *models[r]));
-    const ModelStates& head = model_ranks.front();
-    if (ms.dp != dp || ms.ds_version != head.ds_version || ms.frozen.names != head.frozen.names ||
-        ms.frozen.shapes != head.frozen.shapes) {
-      return FieldError(ms.reader, "dp_world_size",
-                        "dp_world_size, ds_version or frozen_param_shapes differ from " +
-                            head.entry.name + " (a file of another save)");
-    }
-    model_ranks.push_back(std::move(ms));
-  }
-  const ModelStates& ms = model_ranks.front();
-  std::vector<OptimStates> optim_ranks;
-  for (uint32_t r = 0; r < dp; ++r) {
-    UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *optims[r], ms));
-    if (r > 0) {
-      const OptimStates& head = optim_ranks.front();
-      for (size_t g = 0; g < os.states.size(); ++g) {
-        bool same = os.states[g].size() == head.states[g].size();
-        for (size_t s = 0; same && s < os.states[g].size(); ++s) {
-          same = os.states[g][s].key == head.states[g][s].key &&
-                 os.states[g][s].tensor->shape == head.states[g][s].tensor->shape &&
-                 os.states[g][s].tensor->dtype == head.states[g][s].tensor->dtype;
-        }
-        same = same && os.fp32[g]->dtype == head.fp32[g]->dtype;
-        if (!same || os.group_members != head.group_members) {
-          return FieldError(
-              os.reader,
-              std::string(kOsd) + "/" + std::string(kOsd) + "/state/" + std::to_string(g),
-              "other state keys, shapes or dtypes than " + head.entry.name);
-        }
-      }
-    }
-    optim_ranks.push_back(std::move(os));
-  }
-  const OptimStates& first = optim_ranks.front();
-
-  // The flat groups must be the sub groups DeepSpeed makes of each parameter group.
-  std::vector<size_t> flat_group_of;
-  for (size_t pg = 0; pg < first.group_members.size(); ++pg) {
-    std::vector<uint64_t> numels;
-    std::vector<size_t> sizes;
-    for (const int64_t g : first.group_members[pg]) {
-      const GroupLayout& layout = ms.flat_groups[static_cast<size_t>(g)];
-      numels.insert(numels.end(), layout.numels.begin(), layout.numels.end());
-      sizes.push_back(layout.names.size());
-      flat_group_of.push_back(pg);
-    }
-    if (!numels.empty() && SubGroupSizes(numels, dp, ms.sub_group_size) != sizes) {
-      return Status::Unsupported(
-          Prefix(ms.reader.path()) + "param_shapes: the flat groups of parameter group " +
-          std::to_string(pg) + " are not DeepSpeed's sub groups at sub_group_size " +
-          std::to_string(ms.sub_group_size) + " (ds_config not readable as a dict?)");
-    }
-  }
-
+  // 2. The index's files: model states, then optimizer states, each TP rank's in DP rank order.
   AtomIndexContents c;
   c.framework = "deepspeed";
   c.framework_version = ms.ds_version;
   c.adapter = std::string(kName);
   c.adapter_schema = kSchema;
   c.tag = TagName(tag_dir);
-  c.topology = {dp, 1, 1, dp, 3};
-
+  c.topology = {dp, tp, 1, dp * tp, 3};
+  const auto model_file = [dp](uint32_t t, uint32_t r) { return t * dp + r; };
+  const auto optim_file = [dp, tp](uint32_t t, uint32_t r) { return (tp + t) * dp + r; };
   std::vector<std::string> paths;
-  for (const ModelStates& m : model_ranks) paths.push_back(m.entry.name);
-  for (const OptimStates& os : optim_ranks) paths.push_back(os.entry.name);
+  for (const bool model : {true, false}) {
+    for (const TpRank& rank : ranks) {
+      for (uint32_t r = 0; r < dp; ++r) {
+        paths.push_back(model ? rank.models[r].entry.name : rank.optims[r].entry.name);
+      }
+    }
+  }
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
                        HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const bool model = i < dp;
+  for (uint32_t i = 0; i < paths.size(); ++i) {
+    const bool model = i < dp * tp;
+    const uint32_t rank = model ? i : i - dp * tp;
     c.files.push_back({paths[i], digests[i].size, digests[i].xxh3,
                        std::string(model ? kModelRole : kOptimRole),
-                       RankCoordinates{static_cast<uint32_t>(model ? i : i - dp), 0, 0}});
+                       RankCoordinates{rank % dp, rank / dp, 0}});
     c.files.back().chunks = digests[i].chunks;
   }
 
+  // 3. Atoms: each trainable parameter whole, from the DP pieces of its TP slices (of TP rank 0
+  // alone when every rank holds it whole).
   std::set<std::string> seen;
   const auto once = [&](const std::string& name, const std::string& field) -> Status {
     if (!seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
     return Status::Ok();
   };
   nlohmann::json flat_groups = nlohmann::json::array();
+  nlohmann::json shard_maps = nlohmann::json::object();
   for (const std::vector<int64_t>& members : first.group_members) {
     ParamGroup group;
     const Value* param_group = first.param_groups[c.groups.size()];
@@ -754,9 +949,13 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     for (const int64_t member : members) {
       const size_t g = static_cast<size_t>(member);
       const std::string gs = std::to_string(g);
-      UCP_ASSIGN_OR_RETURN(const FlatLayout layout, LayoutAt(ms.flat_groups[g], dp));
+      std::vector<FlatLayout> layouts;  // per TP rank
+      for (const TpRank& rank : ranks) {
+        UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().flat_groups[g], dp));
+        layouts.push_back(std::move(layout));
+      }
       flat_groups.push_back(
-          {{"param_group", c.groups.size()}, {"params", layout.params.names.size()}});
+          {{"param_group", c.groups.size()}, {"params", layouts[0].params.names.size()}});
       if (group.scalars.empty()) {
         for (const StateTensor& st : first.states[g]) {
           if (!st.tensor->shape.empty()) continue;
@@ -765,29 +964,51 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
           }
         }
       }
-      for (size_t k = 0; k < layout.params.names.size(); ++k) {
-        const std::string& name = layout.params.names[k];
+      for (size_t k = 0; k < layouts[0].params.names.size(); ++k) {
+        const std::string& name = layouts[0].params.names[k];
         UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
         group.params.push_back(name);
-        std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
-        for (uint32_t r = 0; r < dp; ++r) per_rank.emplace_back(dp + r, optim_ranks[r].fp32[g]);
-        Atom fp32{name, "fp32", first.fp32[g]->dtype, layout.params.shapes[k], {}};
-        UCP_RETURN_IF_ERROR(AddPieceFragments(fp32, layout, k, per_rank));
+        const ShardMap& map = slices.maps.at(name);
+        const Shape& whole = slices.whole_shapes.at(name);
+        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                             GeometryAt(name, map, whole, tp, std::nullopt));
+        for (uint32_t t = 0; t < tp; ++t) {
+          if (layouts[t].params.shapes[k] != geometry.local) {
+            return FieldError(ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
+                              ShapeText(layouts[t].params.shapes[k]) +
+                                  ", but AutoTP's affine map "
+                                  "gives TP rank " +
+                                  std::to_string(t) + " a slice of " + ShapeText(geometry.local));
+          }
+        }
+        if (tp > 1) shard_maps[name] = MapJson(map);
+        const uint32_t holders = map.rule == Rule::kSplit ? tp : 1;
+        // Every DP piece of every holding TP rank's slice of the state that `tensor_of` gives.
+        const auto add_pieces = [&](Atom& atom, const auto& tensor_of) -> Status {
+          for (uint32_t t = 0; t < holders; ++t) {
+            std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
+            for (uint32_t r = 0; r < dp; ++r) {
+              per_rank.emplace_back(optim_file(t, r), tensor_of(ranks[t].optims[r]));
+            }
+            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, t));
+          }
+          return Status::Ok();
+        };
+        Atom fp32{name, "fp32", first.fp32[g]->dtype, whole, {}};
+        UCP_RETURN_IF_ERROR(add_pieces(fp32, [g](const OptimStates& os) { return os.fp32[g]; }));
         c.atoms.push_back(std::move(fp32));
         for (size_t s = 0; s < first.states[g].size(); ++s) {
           const StateTensor& st = first.states[g][s];
           Atom atom{name, st.key, st.tensor->dtype, {}, {}};
           if (st.tensor->shape.empty()) {
             // ds_to_universal's ZeRO-1/2 step.pt: the flat group's 0-d state, here rank 0's.
-            UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
-            atom.fragments.push_back({dp, st.tensor->file_offset(), st.tensor->dtype, whole});
+            UCP_ASSIGN_OR_RETURN(Region region, Region::Whole(atom.shape));
+            atom.fragments.push_back(
+                {optim_file(0, 0), st.tensor->file_offset(), st.tensor->dtype, region});
           } else {
-            atom.shape = layout.params.shapes[k];
-            per_rank.clear();
-            for (uint32_t r = 0; r < dp; ++r) {
-              per_rank.emplace_back(dp + r, optim_ranks[r].states[g][s].tensor);
-            }
-            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layout, k, per_rank));
+            atom.shape = whole;
+            UCP_RETURN_IF_ERROR(
+                add_pieces(atom, [g, s](const OptimStates& os) { return os.states[g][s].tensor; }));
           }
           c.atoms.push_back(std::move(atom));
         }
@@ -797,7 +1018,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
   }
 
   nlohmann::json frozen_params = nlohmann::json::array();
-  if (!ms.frozen.names.empty()) {
+  if (!ms.frozen.names.empty()) {  // tp = 1 (SliceMaps refuses them above)
     UCP_ASSIGN_OR_RETURN(const FlatLayout frozen, LayoutAt(ms.frozen, dp));
     for (size_t k = 0; k < frozen.params.names.size(); ++k) {
       const std::string& name = frozen.params.names[k];
@@ -805,26 +1026,25 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
       frozen_params.push_back(name);
       std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
       for (uint32_t r = 0; r < dp; ++r) {
-        const TorchTensor* tensor = model_ranks[r].frozen_fragments[k];
+        const TorchTensor* tensor = ranks[0].models[r].frozen_fragments[k];
         if (tensor->dtype != ms.frozen_fragments[k]->dtype) {
-          return FieldError(model_ranks[r].reader, "frozen_param_fragments/" + name,
+          return FieldError(ranks[0].models[r].reader, "frozen_param_fragments/" + name,
                             "another dtype than in " + ms.entry.name);
         }
-        per_rank.emplace_back(r, tensor);
+        per_rank.emplace_back(model_file(0, r), tensor);
       }
       // Each fragment is a tensor of its own: its piece starts at its element 0.
       FlatLayout own = frozen;
       own.starts.assign(own.starts.size(), 0);
-      Atom atom{name,
-                std::string(kFrozenState),
-                ms.frozen_fragments[k]->dtype,
-                frozen.params.shapes[k],
-                {}};
-      UCP_RETURN_IF_ERROR(AddPieceFragments(atom, own, k, per_rank));
+      const Shape& shape = frozen.params.shapes[k];
+      Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, shape, {}};
+      UCP_RETURN_IF_ERROR(
+          AddPieceFragments(atom, own, k, per_rank, ShardMap{}, Geometry{1, shape, shape, {}}, 0));
       c.atoms.push_back(std::move(atom));
     }
   }
 
+  // 4. What the plans carry from the source files.
   std::vector<std::string> rewritten_optim = {std::string(kOsd) + "/partition_count",
                                               std::string(kOsd) + "/fp32_flat_groups"};
   for (size_t g = 0; g < first.states.size(); ++g) {
@@ -835,20 +1055,27 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
       }
     }
   }
-  for (uint32_t r = 0; r < dp; ++r) {
-    c.carried.push_back({std::string(kModelRole), r, {"dp_world_size", "frozen_param_fragments"}});
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) {
+      c.carried.push_back(
+          {std::string(kModelRole), model_file(t, r), {"dp_world_size", "frozen_param_fragments"}});
+    }
   }
-  c.carried.push_back({std::string(kOptimRole), dp, rewritten_optim});
-  c.carried.push_back({std::string(kUniversalRole), dp, {"param_groups"}});
+  c.carried.push_back({std::string(kOptimRole), optim_file(0, 0), rewritten_optim});
+  c.carried.push_back({std::string(kUniversalRole), optim_file(0, 0), {"param_groups"}});
   c.adapter_state = {
       {"optimizer", std::string(kOptimizer)},
-      {"file_prefix", prefix},
+      {"file_prefix", grid.prefix},
       {"mp_rank", 0},
       {"zero_stage", 3},
       {"sub_group_size", ms.sub_group_size},
       {"flat_groups", std::move(flat_groups)},
       {"frozen_params", std::move(frozen_params)},
   };
+  if (tp > 1) {
+    c.adapter_state["tp"] = {
+        {"degree", tp}, {"params", std::move(shard_maps)}, {"vocabulary", slices.vocabulary}};
+  }
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
 
@@ -856,8 +1083,28 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const std::string& tag_dir,
                                                       const Topology& target) const {
   UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
-  UCP_RETURN_IF_ERROR(CheckTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (facts.tp == 1) {
+    UCP_RETURN_IF_ERROR(CheckTarget(target));
+  } else {
+    // An AutoTP tag keeps its TP degree: each TP rank's slices are repartitioned over the DP size.
+    if (target.tp != facts.tp) {
+      return Status::Unsupported("deepspeed: ZeRO-3 with AutoTP at tp=" + std::to_string(facts.tp) +
+                                 " to tp=" + std::to_string(target.tp) +
+                                 ": changing the TP degree is not supported yet (another DP "
+                                 "size at tp=" +
+                                 std::to_string(facts.tp) +
+                                 " is, and DeepSpeed's universal load of `ucp "
+                                 "export --format deepspeed-universal` reaches any)");
+    }
+    UCP_RETURN_IF_ERROR(
+        CheckTarget({target.dp, 1, target.pp, target.world == 0 ? 0 : target.world / facts.tp,
+                     target.zero_stage, target.ep}));
+    if (target.world != 0 && target.world % facts.tp != 0) {
+      return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
+                                     " is not a multiple of tp=" + std::to_string(facts.tp));
+    }
+  }
   const uint32_t m = target.dp;
   std::vector<std::vector<uint64_t>> members;
   UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(facts, m, members));
@@ -867,10 +1114,10 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   }
   OutputPlan plan;
 
-  // Model states: rank 0's, with dp_world_size and each rank's frozen fragments.
-  {
-    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                         OpenSource(index, tag_dir, facts.model_file));
+  // Model states: DP rank 0's of each TP rank, with dp_world_size and each rank's frozen fragments.
+  for (uint32_t t = 0; t < facts.tp; ++t) {
+    const uint32_t model_file = facts.model_files[t * facts.dp];
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, model_file));
     std::vector<const TorchTensor*> frozen_templates;
     for (const std::string& name : facts.frozen.names) {
       UCP_ASSIGN_OR_RETURN(const Value* node, Field(reader, "frozen_param_fragments/" + name));
@@ -882,13 +1129,13 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     }
     for (uint32_t r = 0; r < m; ++r) {
       ArchiveOutput out;
-      out.path = Zero3ModelStatesName(r, 0);
+      out.path = Zero3ModelStatesName(r, t);
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
       if (regrouped) UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader));
       // engine._get_shared_params fills the map on global rank 0 only.
-      if (r > 0) {
+      if (r > 0 || t > 0) {
         if (Value** shared = MutableEntry(root, "shared_params");
             shared != nullptr && (*shared)->kind() == Kind::kDict) {
           *shared = out.graph.Dict({});
@@ -903,12 +1150,14 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         if (slot == nullptr) return FieldError(reader, "frozen_param_fragments/" + name, "missing");
         const uint64_t piece = PieceOf(facts.frozen.numels[k], m);
         UCP_ASSIGN_OR_RETURN(*slot, PartitionTensor(out.graph, tensor, piece, piece));
+        const Shape& shape = facts.frozen.shapes[k];
+        const Geometry whole{1, shape, shape, {}};  // tp = 1: AutoTP tags have no frozen ones
         UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
                              PieceSegments(index, name, kFrozenState, facts.frozen.numels[k], m, r,
-                                           ItemSize(tensor.dtype)));
+                                           ItemSize(tensor.dtype), SliceOf(facts, name, t, whole)));
       }
       UCP_ASSIGN_OR_RETURN(out.storages,
-                           CollectStorages(root, reader, facts.model_file, std::move(replaced)));
+                           CollectStorages(root, reader, model_file, std::move(replaced)));
       plan.archives.push_back(std::move(out));
     }
   }
@@ -924,9 +1173,13 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
     layouts.push_back(std::move(layout));
   }
-  for (uint32_t r = 0; r < m; ++r) {
+  // Rank (0, 0)'s file is every rank's template: with AutoTP's equal slices every TP rank's
+  // files differ only in the tensors written here.
+  for (uint32_t i = 0; i < m * facts.tp; ++i) {
+    const uint32_t r = i % m;
+    const uint32_t t = i / m;
     ArchiveOutput out;
-    out.path = OptimName(facts.prefix, r, 0);
+    out.path = OptimName(facts.prefix, r, t);
     Value* root = out.graph.Import(reader.root());
     out.graph.set_root(root);
     Value* dict = root->Get(kOsd);
@@ -977,8 +1230,8 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
           continue;
         }
         const std::string key = g == model ? tensor->storage->key : keys.Next();
-        UCP_ASSIGN_OR_RETURN(replaced[key],
-                             PartitionSegments(index, layout, state, r, ItemSize(tensor->dtype)));
+        UCP_ASSIGN_OR_RETURN(replaced[key], PartitionSegments(index, facts, layout, state, r,
+                                                              ItemSize(tensor->dtype), t));
         UCP_ASSIGN_OR_RETURN(
             *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
       }
@@ -1020,9 +1273,24 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   for (const Atom& atom : index.atoms()) {
     if (atom.shape.empty() || atom.state == kFrozenState) continue;
     UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+    const bool grad = requires_grad[atom.param + "/" + atom.state];
+    if (facts.tp == 1) {  // a bare 1-d tensor
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           UniversalAtomArchive(index, atom, {numel}, grad, false));
+      plan.archives.push_back(std::move(out));
+      continue;
+    }
+    // With AutoTP ds_to_universal merges the slices as its ZeRO-1/2 path does: {'param': the
+    // whole parameter}, marked 'vocab_tensor' first where vocabulary_parameter_patterns names it.
     UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                         UniversalAtomArchive(index, atom, {numel},
-                                              requires_grad[atom.param + "/" + atom.state], false));
+                         UniversalAtomArchive(index, atom, atom.shape, grad, false));
+    pickle::Graph& graph = out.graph;
+    std::vector<std::pair<Value*, Value*>> entries;
+    if (facts.vocabulary.contains(atom.param)) {
+      entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+    }
+    entries.emplace_back(graph.Str("param"), graph.root());
+    graph.set_root(graph.Dict(std::move(entries)));
     plan.archives.push_back(std::move(out));
   }
 
@@ -1044,8 +1312,8 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(dict, reader, facts.optim_file, {}));
   plan.archives.push_back(std::move(out));
 
-  for (uint32_t r = 0; r < facts.model_files.size(); ++r) {
-    plan.copies.push_back({Zero3ModelStatesName(r, 0), facts.model_files[r]});
+  for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
+    plan.copies.push_back({Zero3ModelStatesName(i % facts.dp, i / facts.dp), facts.model_files[i]});
   }
   return plan;
 }

@@ -2,13 +2,14 @@
 // DeepSpeedZeroOptimizer_Stage3 (fp32, fp16, bf16) as atoms, resharded to any DP size and
 // exported as ds_to_universal does.
 //
-// A tag it reads (tp = pp = 1; the optimizer files are `bf16_` ones exactly when bf16 is on):
-//   zero_pp_rank_<r>_mp_rank_00_model_states.pt, r = 0 .. dp_world_size-1
+// A tag it reads (pp = 1; the optimizer files are `bf16_` ones exactly when bf16 is on), per DP
+// rank r and, with AutoTP tensor parallelism (DeepSpeed 0.19), per TP rank t < mp_world_size:
+//   zero_pp_rank_<r>_mp_rank_<t:02>_model_states.pt, r = 0 .. dp_world_size-1
 //     module (buffers; every ZeRO-3 parameter an empty tensor), param_shapes (one OrderedDict
 //     name → torch.Size per flat group, in flat order), frozen_param_shapes and
 //     frozen_param_fragments (name → rank r's partition of every parameter without
 //     requires_grad), shared_params (filled on rank 0 only), dp_world_size, ds_config, ...
-//   [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt
+//   [bf16_]zero_pp_rank_<r>_mp_rank_<t:02>_optim_states.pt
 //     optimizer_state_dict: zero_stage (weights), loss_scaler, dynamic_loss_scale, overflow,
 //       partition_count (an int: the DP size), optimizer_state_dict (the torch optimizer's
 //       state_dict: state {i: {step, exp_avg, ...}} per flat group i, param_groups whose params
@@ -27,7 +28,15 @@
 // module dtype). Index groups are the optimizer's parameter groups (their flat groups' params
 // in flat order); any number of groups and of frozen parameters.
 //
-// Refused with kUnsupported: tp > 1, pp > 1.
+// With AutoTP every rule above holds per TP rank t over t's slices (param_shapes are the slices'
+// shapes), and the model states carry universal_checkpoint_info with AutoTP's affine map, which
+// says how the slices make each parameter (autotp.h): an atom is the whole parameter, made of
+// the DP pieces of every TP rank's slice (of TP rank 0's where every rank holds it whole), and
+// the index keeps each rule in adapter_state["tp"] = {"degree": T, "params": {<name>: shard map
+// (tp_shards.h MapJson)}, "vocabulary": [<names>]}.
+//
+// Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map; AutoTP layouts
+// autotp.h refuses; frozen parameters with AutoTP; another TP degree than an AutoTP tag's.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -53,10 +62,11 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // (zero_pp_rank_N_mp_rank_XX_model_states.pt).
   bool Recognizes(const std::string& tag_dir) const override;
 
-  // zero_pp_rank_<r>_mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_
-  // optim_states.pt for r < dp_world_size of rank 0's model states (bf16_ when such a file exists
-  // or ds_config enables bf16). kFailedPrecondition while rank 0's model states are missing or
-  // not a complete archive; kUnsupported for mp_world_size > 1 or a ds_config stage other than 3.
+  // zero_pp_rank_<r>_mp_rank_<t:02>_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_<t:02>_
+  // optim_states.pt for r < dp_world_size and t < mp_world_size of rank (0, 0)'s model states
+  // (bf16_ when such a file exists or ds_config enables bf16). kFailedPrecondition while that
+  // file is missing or not a complete archive; kUnsupported for mp_world_size > 1 without
+  // AutoTP's affine map; kCorrupt for a ds_config stage other than 3.
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag: a model-states and an optimizer file for every DP rank, all of one save
@@ -74,13 +84,17 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // partitioned states, padding zeros). Where the sub groups at target.dp differ from the
   // source's, param_shapes, fp32_flat_groups, the state dict and param_groups' params follow
   // them (a new flat group's tensors and 0-d states like flat group 0's). Targets as
-  // DeepSpeedZeroAdapter::PlanReshard.
+  // DeepSpeedZeroAdapter::PlanReshard. An AutoTP tag keeps its TP degree (target.tp must be it):
+  // the same per TP rank, each rank's model states from its DP rank 0's, its optimizer states
+  // from rank (0, 0)'s holding its slices (DeepSpeed 0.19's files at that size).
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
   // ds_to_universal's ZeRO-3 output: zero/<param>/<state>.pt (a bare 1-d tensor of the
-  // parameter's elements) for fp32 and every partitioned optimizer state (no step.pt, no frozen
-  // parameters, as ds_to_universal), zero/optimizer_state.pt (rank 0's whole
+  // parameter's elements; with AutoTP {'param': the whole parameter}, 'vocab_tensor': True first
+  // for a vocabulary parameter, as DeepSpeed 0.19's) for fp32 and every partitioned optimizer
+  // state (no step.pt, no frozen parameters, as ds_to_universal), zero/optimizer_state.pt (rank
+  // (0, 0)'s whole
   // optimizer_state_dict plus param_groups, shared with its inner state_dict's) and copies of
   // every model-states file. Unlike ds_to_universal (v0.14.5 reads state[0] and
   // fp32_flat_groups[0] only), every flat group is exported.

@@ -1,0 +1,322 @@
+#include "core/frameworks/deepspeed/autotp.h"
+
+#include <cctype>
+#include <optional>
+#include <regex>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "core/frameworks/deepspeed/common.h"
+#include "core/util/checked.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+const std::string kAffine = std::string(kUniversalCheckpointInfo) + "/affine_map";
+constexpr int64_t kAffineVersion = 1;
+
+// A list or tuple of ints, or nullopt.
+std::optional<std::vector<int64_t>> Ints(const Value* node) {
+  if (node == nullptr || (node->kind() != Kind::kList && node->kind() != Kind::kTuple)) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> out;
+  for (const Value* item : node->items()) {
+    if (item->kind() != Kind::kInt || !item->AsInt64()) return std::nullopt;
+    out.push_back(*item->AsInt64());
+  }
+  return out;
+}
+
+// The name a pattern "^<escaped name>$" matches alone (re.escape's escapes undone), or nullopt
+// when the pattern is not of that form.
+std::optional<std::string> LiteralName(const std::string& pattern) {
+  if (pattern.size() < 2 || pattern.front() != '^' || pattern.back() != '$') return std::nullopt;
+  std::string name;
+  for (size_t i = 1; i + 1 < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      if (i + 2 >= pattern.size()) return std::nullopt;
+      const char escaped = pattern[++i];
+      if (std::isalnum(static_cast<unsigned char>(escaped))) return std::nullopt;  // \d, \w, ...
+      name += escaped;
+    } else if (std::string_view(".^$*+?()[]{}|").find(c) != std::string_view::npos) {
+      return std::nullopt;
+    } else {
+      name += c;
+    }
+  }
+  return name;
+}
+
+// Patterns that name parameters: literal ones by name, the others as regexes (Python's re.match:
+// anchored at the start).
+class PatternTable {
+ public:
+  Status Add(const TorchArchiveReader& reader, const std::string& field, const std::string& pattern,
+             const Value* entry) {
+    if (std::optional<std::string> name = LiteralName(pattern)) {
+      if (!literal_.emplace(*name, Entry{pattern, entry}).second) {
+        return FieldError(reader, field, "a second entry for " + *name);
+      }
+      return Status::Ok();
+    }
+    try {
+      regexes_.emplace_back(std::regex(pattern, std::regex::ECMAScript), Entry{pattern, entry});
+    } catch (const std::regex_error&) {
+      return Status::Unsupported(Prefix(reader.path()) + field + ": pattern \"" + pattern +
+                                 "\" is not a regular expression ucp can use");
+    }
+    return Status::Ok();
+  }
+
+  struct Entry {
+    std::string pattern;
+    const Value* value = nullptr;
+  };
+
+  // Every entry whose pattern matches `name`.
+  std::vector<Entry> Matches(const std::string& name) const {
+    std::vector<Entry> out;
+    if (const auto it = literal_.find(name); it != literal_.end()) out.push_back(it->second);
+    for (const auto& [regex, entry] : regexes_) {
+      if (std::regex_search(name, regex, std::regex_constants::match_continuous)) {
+        out.push_back(entry);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::unordered_map<std::string, Entry> literal_;
+  std::vector<std::pair<std::regex, Entry>> regexes_;
+};
+
+Shape ContiguousStrides(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return strides;
+}
+
+Shape AsShape(const std::vector<int64_t>& values) {
+  Shape out;
+  for (const int64_t v : values) out.push_back(static_cast<uint64_t>(v));
+  return out;
+}
+
+bool NonNegative(const std::vector<int64_t>& values) {
+  for (const int64_t v : values) {
+    if (v < 0) return false;
+  }
+  return true;
+}
+
+// The one piece of TP rank t's slice: its shape, source view [offset, strides] of the whole
+// parameter, dest view of the slice, and the ranks holding it.
+struct WholeRankPiece {
+  Shape shard;
+  Shape shape;
+  int64_t source_offset = 0;
+  Shape source_strides;
+  int64_t dest_offset = 0;
+  Shape dest_strides;
+  std::vector<int64_t> locations;
+};
+
+Result<WholeRankPiece> ReadRankPiece(const TorchArchiveReader& reader, const std::string& field,
+                                     const Value* rank) {
+  const auto corrupt = [&](const std::string& member, const std::string& what) {
+    return FieldError(reader, field + "/" + member, what);
+  };
+  const std::optional<std::vector<int64_t>> shard = Ints(rank->Get("shard_shape"));
+  if (!shard || !NonNegative(*shard)) return corrupt("shard_shape", "not a list of sizes");
+  const Value* pieces = rank->Get("pieces");
+  if (pieces == nullptr || pieces->kind() != Kind::kList) {
+    return corrupt("pieces", "not a list");
+  }
+  if (pieces->items().size() != 1) {
+    return Status::Unsupported(Prefix(reader.path()) + field +
+                               "/pieces: " + std::to_string(pieces->items().size()) +
+                               " pieces; ucp reads slices of one piece each");
+  }
+  const Value* piece = pieces->items()[0];
+  if (piece->kind() != Kind::kDict) return corrupt("pieces/0", "not a dict");
+  WholeRankPiece out;
+  out.shard = AsShape(*shard);
+  const std::optional<std::vector<int64_t>> shape = Ints(piece->Get("shape"));
+  if (!shape || !NonNegative(*shape)) return corrupt("pieces/0/shape", "not a list of sizes");
+  out.shape = AsShape(*shape);
+  for (const auto& [member, offset, strides] :
+       {std::tuple{"source", &out.source_offset, &out.source_strides},
+        std::tuple{"dest", &out.dest_offset, &out.dest_strides}}) {
+    const Value* view = piece->Get(member);
+    const std::string at = std::string("pieces/0/") + member;
+    if (view == nullptr || (view->kind() != Kind::kList && view->kind() != Kind::kTuple) ||
+        view->items().size() != 2 || view->items()[0]->kind() != Kind::kInt ||
+        !view->items()[0]->AsInt64()) {
+      return corrupt(at, "not [offset, strides]");
+    }
+    const std::optional<std::vector<int64_t>> view_strides = Ints(view->items()[1]);
+    if (!view_strides || !NonNegative(*view_strides)) return corrupt(at, "strides not sizes");
+    *offset = *view->items()[0]->AsInt64();
+    *strides = AsShape(*view_strides);
+  }
+  const std::optional<std::vector<int64_t>> locations = Ints(piece->Get("locations"));
+  if (!locations) return corrupt("pieces/0/locations", "not a list of ranks");
+  out.locations = *locations;
+  if (const Value* scale = piece->Get("scale");
+      scale != nullptr && !(scale->kind() == Kind::kFloat && scale->float_value() == 1.0) &&
+      !(scale->kind() == Kind::kInt && scale->AsInt64() == 1)) {
+    return Status::Unsupported(Prefix(reader.path()) + field +
+                               "/pieces/0/scale: a scaled slice; ucp reads unscaled ones");
+  }
+  return out;
+}
+
+// The shard map of one affine_map entry at degree tp.
+Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
+                                              const std::string& field, const Value* entry,
+                                              uint32_t tp) {
+  if (entry->kind() != Kind::kDict) return FieldError(reader, field, "not a dict");
+  const std::optional<std::vector<int64_t>> logical = Ints(entry->Get("logical_shape"));
+  if (!logical || !NonNegative(*logical)) {
+    return FieldError(reader, field + "/logical_shape", "not a list of sizes");
+  }
+  const Shape whole = AsShape(*logical);
+  const Shape whole_strides = ContiguousStrides(whole);
+  const Value* ranks = entry->Get("ranks");
+  if (ranks == nullptr || ranks->kind() != Kind::kDict || ranks->entries().size() != tp) {
+    return FieldError(reader, field + "/ranks",
+                      "not a dict of the " + std::to_string(tp) + " TP ranks");
+  }
+  std::vector<const Value*> by_rank(tp, nullptr);
+  for (const auto& [key, value] : ranks->entries()) {
+    const std::optional<int64_t> t = key->kind() == Kind::kInt ? key->AsInt64() : std::nullopt;
+    if (!t || *t < 0 || *t >= tp || by_rank[*t] != nullptr || value->kind() != Kind::kDict) {
+      return FieldError(reader, field + "/ranks",
+                        "not a dict of the TP ranks 0.." + std::to_string(tp - 1) + " to dicts");
+    }
+    by_rank[*t] = value;
+  }
+  std::optional<ShardMap> agreed;
+  for (uint32_t t = 0; t < tp; ++t) {
+    const std::string at = field + "/ranks/" + std::to_string(t);
+    UCP_ASSIGN_OR_RETURN(const WholeRankPiece piece, ReadRankPiece(reader, at, by_rank[t]));
+    const auto unsupported = [&](const std::string& what) {
+      return Status::Unsupported(Prefix(reader.path()) + at + ": " + what +
+                                 "; ucp reads replicated slices and even contiguous splits");
+    };
+    if (piece.shape != piece.shard || piece.dest_offset != 0 ||
+        piece.dest_strides != ContiguousStrides(piece.shard) ||
+        piece.source_strides != whole_strides || piece.shard.size() != whole.size()) {
+      return unsupported("a piece other than the whole slice, or a strided view");
+    }
+    ShardMap map;
+    std::vector<size_t> cut;
+    for (size_t d = 0; d < whole.size(); ++d) {
+      if (piece.shard[d] != whole[d]) cut.push_back(d);
+    }
+    std::vector<int64_t> all(tp);
+    for (uint32_t r = 0; r < tp; ++r) all[r] = r;
+    if (cut.empty()) {
+      if (piece.source_offset != 0 || piece.locations != all) {
+        return unsupported("the whole parameter, but not held by every rank at offset 0");
+      }
+    } else {
+      const size_t d = cut.front();
+      if (cut.size() != 1 || piece.shard[d] * tp != whole[d] ||
+          piece.locations != std::vector<int64_t>{t} ||
+          static_cast<uint64_t>(piece.source_offset) != t * piece.shard[d] * whole_strides[d]) {
+        return unsupported("shard_shape " + ShapeText(piece.shard) + " of logical_shape " +
+                           ShapeText(whole) + " at this offset is not rank " + std::to_string(t) +
+                           "'s block of " + std::to_string(tp) + " equal ones along one dimension");
+      }
+      map.rule = Rule::kSplit;
+      map.dim = static_cast<uint32_t>(d);
+      map.sub_params = {whole[d]};
+    }
+    if (agreed && (agreed->rule != map.rule || agreed->dim != map.dim)) {
+      return unsupported("another layout than rank 0's");
+    }
+    agreed = map;
+  }
+  return std::pair{*agreed, whole};
+}
+
+}  // namespace
+
+bool HasAutoTpMaps(const TorchArchiveReader& reader) {
+  return OptionalField(reader, kAffine + "/params") != nullptr;
+}
+
+Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
+                                  const std::vector<std::string>& names) {
+  const std::string info(kUniversalCheckpointInfo);
+  if (const Value* unsupported =
+          OptionalField(reader, info + "/autotp_unsupported_parameter_patterns");
+      unsupported != nullptr && !NamedChildren(unsupported).empty()) {
+    return Status::Unsupported(
+        Prefix(reader.path()) + info +
+        "/autotp_unsupported_parameter_patterns: AutoTP could not describe " +
+        NamedChildren(unsupported).front().first + " and others");
+  }
+  UCP_ASSIGN_OR_RETURN(const int64_t version, IntField(reader, kAffine + "/version"));
+  if (version != kAffineVersion) {
+    return Status::Unsupported(Prefix(reader.path()) + kAffine +
+                               "/version: " + std::to_string(version) + "; ucp reads version 1");
+  }
+  UCP_ASSIGN_OR_RETURN(const Value* params, Field(reader, kAffine + "/params"));
+  if (params->kind() != Kind::kDict) {
+    return FieldError(reader, kAffine + "/params", "not a dict");
+  }
+  PatternTable table;
+  for (const auto& [key, entry] : params->entries()) {
+    if (key->kind() != Kind::kStr)
+      return FieldError(reader, kAffine + "/params", "a key not a str");
+    UCP_RETURN_IF_ERROR(table.Add(reader, kAffine + "/params/" + key->data(), key->data(), entry));
+  }
+  PatternTable vocabulary;
+  if (const Value* patterns = OptionalField(reader, info + "/vocabulary_parameter_patterns")) {
+    const std::string field = info + "/vocabulary_parameter_patterns";
+    if (patterns->kind() != Kind::kList) return FieldError(reader, field, "not a list");
+    for (const Value* pattern : patterns->items()) {
+      if (pattern->kind() != Kind::kStr) return FieldError(reader, field, "a pattern not a str");
+      UCP_RETURN_IF_ERROR(vocabulary.Add(reader, field, pattern->data(), pattern));
+    }
+  }
+  const Value* original_vocab = OptionalField(reader, info + "/original_vocab_size");
+
+  AutoTpMaps out;
+  for (const std::string& name : names) {
+    const std::vector<PatternTable::Entry> entries = table.Matches(name);
+    if (entries.size() != 1) {
+      return Status::Unsupported(Prefix(reader.path()) + kAffine +
+                                 "/params: " + std::to_string(entries.size()) +
+                                 " entries describe " + name + ", so its TP layout is not known");
+    }
+    UCP_ASSIGN_OR_RETURN(auto map_and_shape,
+                         MapOfEntry(reader, kAffine + "/params/" + entries.front().pattern,
+                                    entries.front().value, tp));
+    if (!vocabulary.Matches(name).empty()) {
+      // ds_to_universal keeps the first original_vocab_size rows of a vocabulary parameter.
+      if (original_vocab != nullptr &&
+          (original_vocab->kind() != Kind::kInt || map_and_shape.second.empty() ||
+           original_vocab->AsInt64() != static_cast<int64_t>(map_and_shape.second[0]))) {
+        return Status::Unsupported(Prefix(reader.path()) + info + "/original_vocab_size: not the " +
+                                   "rows of " + name + " (" + ShapeText(map_and_shape.second) +
+                                   "); ucp reads unpadded vocabularies");
+      }
+      out.vocabulary.insert(name);
+    }
+    out.maps.emplace(name, std::move(map_and_shape.first));
+    out.whole_shapes.emplace(name, std::move(map_and_shape.second));
+  }
+  return out;
+}
+
+}  // namespace ucp::deepspeed

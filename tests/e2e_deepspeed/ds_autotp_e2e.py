@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""ZeRO-3 with AutoTP tensor parallelism, as the current DeepSpeed release writes it, against
+DeepSpeed's own converter.
+
+  1. train_autotp.py saves a ZeRO-3 checkpoint at TP=2 x DP=2 (4 ranks, 3 steps) under the
+     preload, which indexes it at save.
+  2. DeepSpeed's ds_to_universal.py converts it (the oracle: every parameter whole, from the TP
+     slices its affine map describes).
+  3. The index built at save is the one `ucp index` builds: per parameter the rule its affine
+     map gives (column-parallel
+     weights and biases split on dim 0, row-parallel weights on dim 1, the rest whole), and
+     `ucp export --format deepspeed-universal` writes exactly DeepSpeed's files: every object,
+     tensor, dtype, stride and bit, and the model states byte for byte.
+  4. `ucp reshard --to dp=1` (TP=2 x DP=1) writes DeepSpeed's own files at that size: those its
+     universal load of the converted tag saves again (every object, tensor and bit but the
+     resaving run's micro batch and load_universal); so does the way through DP=3 (padding).
+  5. Live: the save resumed at TP=2 x DP=1 by a plain load_checkpoint under the preload (told
+     tp=2 by UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical to DeepSpeed's universal
+     load of the converted tag; the files served are `ucp reshard --to dp=1`'s.
+  6. What ucp does not do yet is refused by name: another TP degree; a slice the affine map
+     places other than as a whole rank's block (the map edited); mp_world_size 2 without the map.
+
+Usage: ds_autotp_e2e.py --dtype fp32|bf16 --work DIR --tools DIR --lib LIB --ucp UCP
+       --deepspeed VERSION [--required]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
+
+import ds_e2e  # noqa: E402
+import ds_objects  # noqa: E402
+import harness  # noqa: E402
+
+TP, DP, STEPS, RESUME_STEPS = 2, 2, 3, 6
+TAG = f'global_step{STEPS}'
+TRAINER = os.path.join(HERE, 'train_autotp.py')
+TP_REFUSAL = 'ZeRO-3 with AutoTP at tp=2 to tp=1: changing the TP degree is not supported yet'
+# The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
+EXPECTED_RULES = {
+    'self_attn.q_proj.weight': ('split', 0), 'self_attn.q_proj.bias': ('split', 0),
+    'self_attn.o_proj.weight': ('split', 1), 'self_attn.o_proj.bias': ('replicated', None),
+    'mlp.up_proj.weight': ('split', 0), 'mlp.down_proj.weight': ('split', 1),
+    'input_layernorm.weight': ('replicated', None), 'embed_tokens.weight': ('replicated', None),
+    'lm_head.weight': ('replicated', None),
+}
+
+
+def ucp(args, *arguments):
+    status, out, err = harness.run_ucp(args.ucp, *arguments)
+    return status, out + err
+
+
+def run_trainer(args, env, work, name, dp, extra, steps=STEPS, save=True):
+    """train_autotp.py at TP x `dp` ranks up to step `steps` with `extra` arguments, saving to
+    work/name when `save`; fails the test unless it ran. Returns (tag folder, losses)."""
+    save_dir = os.path.join(work, name)
+    out = os.path.join(work, f'{name}.json')
+    command = [sys.executable, 'launch.py', str(TP * dp), ds_e2e.PORT, TRAINER, '--tp', str(TP),
+               '--dtype', args.dtype, '--steps', str(steps), '--out', out] + extra
+    status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
+        command + (['--save_dir', save_dir] if save else []), args.tools, env,
+        os.path.join(work, f'{name}.log')), steps, save_dir if save else None)
+    if status != 0:
+        ds_e2e.fail(f'DeepSpeed TP={TP} x DP={dp} ZeRO-3 ({name}) exited {status}:\n'
+                    f'{output[-3000:]}')
+    print(f'TP={TP} x DP={dp} ZeRO-3 AutoTP {args.dtype} {name}: {seconds:.1f} s')
+    return os.path.join(save_dir, TAG), ds_e2e.losses(out)
+
+
+def train(args, env, work):
+    env = ds_e2e.preload_env(env, args.lib, os.path.join(work, 'logs_save'))
+    return run_trainer(args, env, work, 'ckpt', DP, [])[0]
+
+
+def check_reshard(report, args, env, work, tag_dir, universal):
+    """ucp's TP=2 x DP=1 files, directly and through DP=3, against DeepSpeed's resave at DP=1."""
+    resaved, _ = run_trainer(args, env, work, 'resaved_dp1', 1,
+                             ['--load_dir', os.path.dirname(universal), '--load_tag', TAG,
+                              '--universal'])
+    out = os.path.join(work, 'reshard_dp1')
+    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=1', '--out', out)
+    if report.check(status == 0, f'ucp reshard --to dp=1 exited {status}: {output[-2000:]}'):
+        harness.compare_resaved(report, 'tp2dp1', out, resaved, TAG)
+    through = os.path.join(work, 'reshard_dp3')
+    back = os.path.join(work, 'reshard_dp3_dp1')
+    for source, target, to in ((tag_dir, through, 'dp=3'), (os.path.join(through, TAG), back,
+                                                           'dp=1')):
+        status, output = ucp(args, 'reshard', source, '--to', to, '--out', target)
+        if not report.check(status == 0, f'ucp reshard {source} --to {to} exited {status}: '
+                            f'{output[-2000:]}'):
+            return
+    failures = len(report.failures)
+    harness.compare_resaved(report, 'tp2dp3 -> tp2dp1', back, resaved, TAG)
+    if len(report.failures) == failures:
+        print('ucp reshard --to dp=1, directly and through dp=3 = DeepSpeed\'s resave at tp2dp1')
+
+
+def convert(env, tag_dir, universal):
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
+         '--input_folder', tag_dir, '--output_folder', universal, '--inject_missing_state'],
+        env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        ds_e2e.fail(f'ds_to_universal.py exited {result.returncode}:\n{result.stdout[-2000:]}'
+                    f'{result.stderr[-2000:]}')
+    print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
+
+
+def check_live_resume(report, args, env, work, tag_dir, universal):
+    """The save resumed at TP=2 x DP=1 for steps 4..6 by DeepSpeed's universal load of the
+    converted tag (the oracle) and by a plain load_checkpoint of the tag under the preload, told
+    tp=2 by UCP_TOPOLOGY (DeepSpeed refuses that load without ucp): losses bit-identical, and the
+    files served are `ucp reshard --to dp=1`'s."""
+    load = ['--load_tag', TAG]
+    _, oracle = run_trainer(args, env, work, 'universal_dp1', 1,
+                            load + ['--load_dir', os.path.dirname(universal), '--universal'],
+                            steps=RESUME_STEPS, save=False)
+    logs = os.path.join(work, 'logs_preload')
+    preload = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={TP}')
+    _, got = run_trainer(args, preload, work, 'preload_dp1', 1,
+                         load + ['--load_dir', os.path.dirname(tag_dir)], steps=RESUME_STEPS,
+                         save=False)
+    steps = list(range(STEPS + 1, RESUME_STEPS + 1))
+    ds_e2e.print_losses('losses TP=2 x DP=1 universal', oracle)
+    ds_e2e.print_losses('losses TP=2 x DP=1 preload', got)
+    report.check(sorted(got) == steps and sorted(oracle) == steps,
+                 f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}')
+    report.check({s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
+                 {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
+                 'losses under the preload differ from DeepSpeed\'s universal load')
+    views = os.path.join(tag_dir, '.ucp', 'views')
+    served = os.listdir(views) if os.path.isdir(views) else []
+    if not report.check(len(served) == 1, f'views {served}; ucp logs:\n{ds_e2e.log_tail(logs)}'):
+        return
+    resharded = os.path.join(work, 'reshard_dp1', TAG)
+    for name in sorted(n for n in os.listdir(resharded) if n.endswith('.pt')):
+        stored = os.path.join(views, served[0], 'served.' + name)
+        report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
+                     harness.read_bytes(os.path.join(resharded, name)),
+                     f'{name}: not served, or not `ucp reshard`\'s bytes')
+
+
+def check_index(report, tag_dir):
+    with open(os.path.join(tag_dir, '.ucp', 'index.json')) as f:
+        index = json.load(f)
+    topology = index['topology']
+    report.check((topology['dp'], topology['tp']) == (DP, TP), f'index topology {topology}')
+    rules = index['adapter_state']['tp']['params']
+    for suffix, (rule, dim) in EXPECTED_RULES.items():
+        names = [name for name in rules if name.endswith(suffix)]
+        report.check(bool(names), f'no shard map of a parameter ending in {suffix}')
+        for name in names:
+            got = (rules[name]['rule'], rules[name].get('dim'))
+            report.check(got == (rule, dim), f'{name}: rule {got}, expected {(rule, dim)}')
+
+
+def edited_copy(tag_dir, work, name, edit):
+    """A copy of the tag whose model states `edit` changed (every one alike)."""
+    copy = harness.copy_tag(tag_dir, os.path.join(work, name))
+    shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
+    for file in os.listdir(copy):
+        if file.endswith('_model_states.pt'):
+            states = ds_objects.load(os.path.join(copy, file))
+            edit(states['universal_checkpoint_info'])
+            ds_objects.save(states, os.path.join(copy, file))
+    return copy
+
+
+def check_refusals(report, args, tag_dir, work):
+    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=2,tp=1', '--out',
+                         os.path.join(work, 'reshard_tp1'))
+    report.check(status != 0 and TP_REFUSAL in output,
+                 f'ucp reshard --to dp=2,tp=1: exit {status}, not the refusal: {output[-500:]}')
+
+    pattern = '^layers\\.0\\.self_attn\\.q_proj\\.weight$'
+
+    def shift_rank_1(info):
+        piece = info['affine_map']['params'][pattern]['ranks'][1]['pieces'][0]
+        piece['source'][0] += 1
+    copy = edited_copy(tag_dir, work, 'shifted', shift_rank_1)
+    status, output = ucp(args, 'index', copy)
+    report.check(status != 0 and f'affine_map/params/{pattern}/ranks/1' in output and
+                 'block of 2 equal ones' in output,
+                 f'index of a shifted slice: exit {status}: {output[-500:]}')
+
+    copy = edited_copy(tag_dir, work, 'no_map', lambda info: info.pop('affine_map'))
+    status, output = ucp(args, 'index', copy)
+    report.check(status != 0 and 'mp_world_size 2 without AutoTP' in output,
+                 f'index without the affine map: exit {status}: {output[-500:]}')
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--dtype', choices=['fp32', 'bf16'], required=True)
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
+    env = ds_e2e.trainer_environment(args)
+    work = harness.fresh_dir(os.path.join(args.work, f'autotp_{args.dtype}'))
+    report = harness.Report(f'ZeRO-3 AutoTP {args.dtype}')
+
+    tag_dir = train(args, env, work)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not report.check(os.path.isfile(index), f'no index built at save; ucp logs:\n'
+                        f'{ds_e2e.log_tail(os.path.join(work, "logs_save"))}'):
+        report.exit()
+    at_save = harness.read_bytes(index)
+    universal = os.path.join(work, 'universal', TAG)
+    convert(env, tag_dir, universal)
+    status, output = ucp(args, 'index', tag_dir)
+    if not report.check(status == 0, f'ucp index exited {status}: {output[-2000:]}'):
+        report.exit()
+    report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
+                 'ucp index\'s')
+    check_index(report, tag_dir)
+    export = os.path.join(work, 'export')
+    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal',
+                         '--out', export)
+    if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
+        failures = len(report.failures)
+        names = harness.compare_export(report, 'export', universal, export)
+        for name in names:
+            if name.endswith('model_states.pt'):
+                report.check(harness.read_bytes(f'{universal}/{name}') ==
+                             harness.read_bytes(f'{export}/{name}'), f'{name}: bytes differ')
+        if len(report.failures) == failures:
+            print(f'ucp export = ds_to_universal: {len(names)} files')
+    check_reshard(report, args, env, work, tag_dir, universal)
+    check_live_resume(report, args, env, work, tag_dir, universal)
+    check_refusals(report, args, tag_dir, work)
+    report.exit()
+
+
+if __name__ == '__main__':
+    main()

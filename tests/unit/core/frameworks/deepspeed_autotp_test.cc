@@ -1,0 +1,169 @@
+// AutoTP's affine maps read into shard maps: the layouts DeepSpeed 0.19 writes (the live check,
+// tests/e2e_deepspeed/ds_autotp_e2e.py, holds the export to DeepSpeed's converter), and every
+// other layout refused naming the file and the field.
+#include "core/frameworks/deepspeed/autotp.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/format/pickle_value.h"
+#include "core/format/torch_archive_writer.h"
+#include "tests/unit/core/frameworks/deepspeed_testing.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+using deepspeed_testing::TempDir;
+
+// The pickle of `json`: objects as dicts (keys of digits as ints, as AutoTP's rank keys), arrays
+// as lists.
+pickle::Value* PickleOf(pickle::Graph& graph, const Json& json) {
+  if (json.is_object()) {
+    std::vector<std::pair<pickle::Value*, pickle::Value*>> entries;
+    for (const auto& [key, value] : json.items()) {
+      const bool digits = !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+      entries.emplace_back(digits ? graph.Int(std::stoll(key)) : graph.Str(key),
+                           PickleOf(graph, value));
+    }
+    return graph.Dict(std::move(entries));
+  }
+  if (json.is_array()) {
+    std::vector<pickle::Value*> items;
+    for (const Json& item : json) items.push_back(PickleOf(graph, item));
+    return graph.List(std::move(items));
+  }
+  if (json.is_string()) return graph.Str(json.get<std::string>());
+  if (json.is_number_float()) return graph.Float(json.get<double>());
+  return graph.Int(json.get<int64_t>());
+}
+
+// An affine-map entry at TP degree 2: each rank's one piece (shape, source offset, locations) of
+// a parameter of `logical` shape.
+Json Entry(const std::vector<uint64_t>& logical, const std::vector<uint64_t>& shard,
+           const std::vector<int64_t>& offsets, const std::vector<std::vector<int>>& locations) {
+  std::vector<uint64_t> strides(logical.size(), 1);
+  for (size_t d = logical.size(); d-- > 1;) strides[d - 1] = strides[d] * logical[d];
+  std::vector<uint64_t> shard_strides(shard.size(), 1);
+  for (size_t d = shard.size(); d-- > 1;) shard_strides[d - 1] = shard_strides[d] * shard[d];
+  Json ranks = Json::object();
+  for (size_t t = 0; t < offsets.size(); ++t) {
+    ranks[std::to_string(t)] = {{"shard_shape", shard},
+                                {"pieces",
+                                 {{{"shape", shard},
+                                   {"source", {offsets[t], strides}},
+                                   {"dest", {0, shard_strides}},
+                                   {"locations", locations[t]}}}}};
+  }
+  return {{"logical_shape", logical}, {"ranks", ranks}};
+}
+
+class AutoTpMapsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    info_ = {{"universal_checkpoint_version", 0.4},
+             {"vocabulary_parameter_patterns", {"^embed\\.weight$"}},
+             {"original_vocab_size", 8},
+             {"autotp_unsupported_parameter_patterns", Json::object()},
+             {"affine_map",
+              {{"version", 1},
+               {"params",
+                {{"^q\\.weight$", Entry({8, 4}, {4, 4}, {0, 16}, {{0}, {1}})},
+                 {"^o\\.weight$", Entry({4, 8}, {4, 4}, {0, 4}, {{0}, {1}})},
+                 {"^layers\\.\\d+\\.norm\\.weight$", Entry({4}, {4}, {0, 0}, {{0, 1}, {0, 1}})},
+                 {"^embed\\.weight$", Entry({8, 4}, {4, 4}, {0, 16}, {{0}, {1}})}}}}}};
+  }
+
+  // ReadAutoTpMaps of a model-states file carrying info_, at TP degree 2.
+  Result<AutoTpMaps> Read(const std::vector<std::string>& names) {
+    pickle::Graph graph;
+    graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
+                               {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
+    const std::string path = dir_.path() + "/model_states.pt";
+    Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+    if (!writer.ok()) return writer.status();
+    if (Result<uint64_t> size = writer->Finish(graph.root()); !size.ok()) return size.status();
+    Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+    if (!reader.ok()) return reader.status();
+    EXPECT_TRUE(HasAutoTpMaps(*reader));
+    return ReadAutoTpMaps(*reader, 2, names);
+  }
+
+  Json& Piece(const std::string& pattern, int rank) {
+    return info_["affine_map"]["params"][pattern]["ranks"][std::to_string(rank)]["pieces"][0];
+  }
+
+  TempDir dir_;
+  Json info_;
+};
+
+TEST_F(AutoTpMapsTest, ColumnAndRowSplitsAndWholeParametersAreTheirShardMaps) {
+  Result<AutoTpMaps> maps = Read({"q.weight", "o.weight", "layers.3.norm.weight", "embed.weight"});
+  ASSERT_TRUE(maps.ok()) << maps.status().ToString();
+  EXPECT_EQ(MapJson(maps->maps.at("q.weight")),
+            Json::parse(R"({"rule": "split", "dim": 0, "sub_params": [8], "vocab": false,
+                            "universal": "none"})"));
+  EXPECT_EQ(maps->maps.at("o.weight").rule, Rule::kSplit);
+  EXPECT_EQ(maps->maps.at("o.weight").dim, 1u);
+  EXPECT_EQ(maps->maps.at("layers.3.norm.weight").rule, Rule::kReplicated);  // by a regex
+  EXPECT_EQ(maps->whole_shapes.at("o.weight"), (Shape{4, 8}));
+  EXPECT_EQ(maps->vocabulary, (std::set<std::string>{"embed.weight"}));
+}
+
+TEST_F(AutoTpMapsTest, LayoutsOtherThanWholeRankBlocksAreRefusedNamingTheField) {
+  const auto refusal = [this](const std::string& name) { return Read({name}).status(); };
+  const std::string q = "universal_checkpoint_info/affine_map/params/^q\\.weight$/ranks/1";
+
+  Piece("^q\\.weight$", 1)["source"][0] = 17;  // not rank 1's block
+  EXPECT_EQ(refusal("q.weight").code(), StatusCode::kUnsupported);
+  EXPECT_THAT(refusal("q.weight").message(),
+              AllOf(HasSubstr("model_states.pt: " + q), HasSubstr("block of 2 equal ones")));
+  SetUp();
+  Piece("^q\\.weight$", 1)["scale"] = 0.5;
+  EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + "/pieces/0/scale: a scaled slice"));
+  SetUp();
+  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["pieces"].push_back(
+      Piece("^q\\.weight$", 1));
+  EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + "/pieces: 2 pieces"));
+  SetUp();
+  // Uneven (AutoTP splits a vocabulary of 67 rows 34 / 33).
+  info_["affine_map"]["params"]["^q\\.weight$"] = Entry({7, 4}, {4, 4}, {0, 16}, {{0}, {1}});
+  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["shard_shape"] = {3, 4};
+  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["pieces"][0]["shape"] = {3, 4};
+  EXPECT_EQ(refusal("q.weight").code(), StatusCode::kUnsupported);
+  SetUp();
+  EXPECT_THAT(refusal("missing.weight").message(),
+              HasSubstr("0 entries describe missing.weight, so its TP layout is not known"));
+  info_["autotp_unsupported_parameter_patterns"] = {{"^q\\.weight$", "fused"}};
+  EXPECT_THAT(refusal("q.weight").message(),
+              HasSubstr("autotp_unsupported_parameter_patterns: AutoTP could not describe"));
+  SetUp();
+  info_["original_vocab_size"] = 7;  // ds_to_universal would cut a row
+  EXPECT_THAT(refusal("embed.weight").message(),
+              HasSubstr("original_vocab_size: not the rows of embed.weight"));
+  SetUp();
+  info_["affine_map"]["version"] = 2;
+  EXPECT_THAT(refusal("q.weight").message(), HasSubstr("affine_map/version: 2"));
+}
+
+TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
+  info_["affine_map"]["params"]["^o\\.weight$"]["logical_shape"] = "4x8";
+  Result<AutoTpMaps> maps = Read({"o.weight"});
+  EXPECT_EQ(maps.status().code(), StatusCode::kCorrupt);
+  EXPECT_THAT(maps.status().message(),
+              HasSubstr("affine_map/params/^o\\.weight$/logical_shape: not a list of sizes"));
+  SetUp();
+  info_["affine_map"]["params"]["^o\\.weight$"]["ranks"].erase("1");
+  EXPECT_THAT(Read({"o.weight"}).status().message(),
+              HasSubstr("ranks: not a dict of the 2 TP ranks"));
+}
+
+}  // namespace
+}  // namespace ucp::deepspeed
