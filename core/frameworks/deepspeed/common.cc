@@ -432,6 +432,13 @@ Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values) {
   for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
   return graph.List(std::move(items));
 }
+
+Value* SizeNode(pickle::Graph& graph, const Shape& shape) {
+  std::vector<Value*> dims;
+  for (const uint64_t d : shape) dims.push_back(graph.Int(static_cast<int64_t>(d)));
+  return graph.Object(pickle::Construction::kReduce, graph.Global("torch", "Size"),
+                      graph.Tuple({graph.Tuple(std::move(dims))}));
+}
 Result<Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,
                           Shape shape, uint64_t storage_numel) {
   TensorNodeSpec spec;

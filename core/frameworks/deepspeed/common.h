@@ -147,6 +147,8 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
                    const std::string& where);
 // A pickled list of ints.
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
+// torch.Size((a, b, ...)) as torch pickles it.
+pickle::Value* SizeNode(pickle::Graph& graph, const Shape& shape);
 // Writes a ZeRO-1/2 rank's partition fields into its optimizer_state_dict `dict`, one entry per
 // group: single_partition_of_fp32_groups (`fp32_partitions`), group_paddings, partition_count
 // (`partition_counts`: the ranks each group is partitioned over) and param_slice_mappings

@@ -88,6 +88,7 @@ using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
+using deepspeed::SizeNode;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
@@ -115,14 +116,6 @@ constexpr int64_t kMaxTpWorldSize = int64_t{1} << 16;
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's ZeRO-1/2 partitions of one TP rank's flat buffer (deepspeed_common.h states the
 // rule; tensor-parallel runs have no round-robin order).
-
-// torch.Size((a, b, ...)) as torch pickles it.
-Value* SizeNode(pickle::Graph& graph, const Shape& shape) {
-  std::vector<Value*> dims;
-  for (const uint64_t d : shape) dims.push_back(graph.Int(static_cast<int64_t>(d)));
-  return graph.Object(pickle::Construction::kReduce, graph.Global("torch", "Size"),
-                      graph.Tuple({graph.Tuple(std::move(dims))}));
-}
 
 // The elements of parameter k of `layout` that DP rank r's partition holds: local elements
 // [begin, end) of the parameter at element `at` of the rank's partition tensor.
