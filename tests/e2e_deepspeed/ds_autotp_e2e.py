@@ -11,14 +11,17 @@ DeepSpeed's own converter.
      weights and biases split on dim 0, row-parallel weights on dim 1, the rest whole), and
      `ucp export --format deepspeed-universal` writes exactly DeepSpeed's files: every object,
      tensor, dtype, stride and bit, and the model states byte for byte.
-  4. `ucp reshard --to dp=1` (TP=2 x DP=1) writes DeepSpeed's own files at that size: those its
-     universal load of the converted tag saves again (every object, tensor and bit but the
-     resaving run's micro batch and load_universal); so does the way through DP=3 (padding).
-  5. Live: the save resumed at TP=2 x DP=1 by a plain load_checkpoint under the preload (told
-     tp=2 by UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical to DeepSpeed's universal
-     load of the converted tag; the files served are `ucp reshard --to dp=1`'s.
-  6. What ucp does not do yet is refused by name: another TP degree; a slice the affine map
-     places other than as a whole rank's block (the map edited); mp_world_size 2 without the map.
+  4. `ucp reshard` to TP=2 x DP=1, TP=1 x DP=2 and TP=4 x DP=1 writes DeepSpeed's own files
+     there: those its universal load of the converted tag saves again (every object, tensor and
+     bit but the resaving run's micro batch and load_universal); so do the ways through DP=3
+     (padding) and through TP=4 back to TP=2 x DP=1.
+  5. Live: the save resumed at TP=2 x DP=1 and at TP=1 x DP=2 by a plain load_checkpoint under
+     the preload (told the TP degree by UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical
+     to DeepSpeed's universal load of the converted tag at that size; the files served are
+     `ucp reshard`'s.
+  6. What ucp does not do is refused by name: a TP degree a split does not divide (tp=3); a slice
+     the affine map places other than as a whole rank's block (the map edited); mp_world_size 2
+     without the map.
 
 Usage: ds_autotp_e2e.py --dtype fp32|bf16 --work DIR --tools DIR --lib LIB --ucp UCP
        --deepspeed VERSION [--required]
@@ -42,7 +45,9 @@ import harness  # noqa: E402
 TP, DP, STEPS, RESUME_STEPS = 2, 2, 3, 6
 TAG = f'global_step{STEPS}'
 TRAINER = os.path.join(HERE, 'train_autotp.py')
-TP_REFUSAL = 'ZeRO-3 with AutoTP at tp=2 to tp=1: changing the TP degree is not supported yet'
+TP_REFUSAL = 'does not split evenly'
+# The sizes ucp reshards to, against DeepSpeed's own resaves there: (tp, dp).
+TARGETS = ((2, 1), (1, 2), (4, 1))
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
 EXPECTED_RULES = {
     'self_attn.q_proj.weight': ('split', 0), 'self_attn.q_proj.bias': ('split', 0),
@@ -58,49 +63,26 @@ def ucp(args, *arguments):
     return status, out + err
 
 
-def run_trainer(args, env, work, name, dp, extra, steps=STEPS, save=True):
-    """train_autotp.py at TP x `dp` ranks up to step `steps` with `extra` arguments, saving to
+def run_trainer(args, env, work, name, tp, dp, extra, steps=STEPS, save=True):
+    """train_autotp.py at `tp` x `dp` ranks up to step `steps` with `extra` arguments, saving to
     work/name when `save`; fails the test unless it ran. Returns (tag folder, losses)."""
     save_dir = os.path.join(work, name)
     out = os.path.join(work, f'{name}.json')
-    command = [sys.executable, 'launch.py', str(TP * dp), ds_e2e.PORT, TRAINER, '--tp', str(TP),
+    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, TRAINER, '--tp', str(tp),
                '--dtype', args.dtype, '--steps', str(steps), '--out', out] + extra
     status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
         command + (['--save_dir', save_dir] if save else []), args.tools, env,
         os.path.join(work, f'{name}.log')), steps, save_dir if save else None)
     if status != 0:
-        ds_e2e.fail(f'DeepSpeed TP={TP} x DP={dp} ZeRO-3 ({name}) exited {status}:\n'
+        ds_e2e.fail(f'DeepSpeed TP={tp} x DP={dp} ZeRO-3 ({name}) exited {status}:\n'
                     f'{output[-3000:]}')
-    print(f'TP={TP} x DP={dp} ZeRO-3 AutoTP {args.dtype} {name}: {seconds:.1f} s')
+    print(f'TP={tp} x DP={dp} ZeRO-3 AutoTP {args.dtype} {name}: {seconds:.1f} s')
     return os.path.join(save_dir, TAG), ds_e2e.losses(out)
 
 
 def train(args, env, work):
     env = ds_e2e.preload_env(env, args.lib, os.path.join(work, 'logs_save'))
-    return run_trainer(args, env, work, 'ckpt', DP, [])[0]
-
-
-def check_reshard(report, args, env, work, tag_dir, universal):
-    """ucp's TP=2 x DP=1 files, directly and through DP=3, against DeepSpeed's resave at DP=1."""
-    resaved, _ = run_trainer(args, env, work, 'resaved_dp1', 1,
-                             ['--load_dir', os.path.dirname(universal), '--load_tag', TAG,
-                              '--universal'])
-    out = os.path.join(work, 'reshard_dp1')
-    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=1', '--out', out)
-    if report.check(status == 0, f'ucp reshard --to dp=1 exited {status}: {output[-2000:]}'):
-        harness.compare_resaved(report, 'tp2dp1', out, resaved, TAG)
-    through = os.path.join(work, 'reshard_dp3')
-    back = os.path.join(work, 'reshard_dp3_dp1')
-    for source, target, to in ((tag_dir, through, 'dp=3'), (os.path.join(through, TAG), back,
-                                                           'dp=1')):
-        status, output = ucp(args, 'reshard', source, '--to', to, '--out', target)
-        if not report.check(status == 0, f'ucp reshard {source} --to {to} exited {status}: '
-                            f'{output[-2000:]}'):
-            return
-    failures = len(report.failures)
-    harness.compare_resaved(report, 'tp2dp3 -> tp2dp1', back, resaved, TAG)
-    if len(report.failures) == failures:
-        print('ucp reshard --to dp=1, directly and through dp=3 = DeepSpeed\'s resave at tp2dp1')
+    return run_trainer(args, env, work, 'ckpt', TP, DP, [])[0]
 
 
 def convert(env, tag_dir, universal):
@@ -115,38 +97,72 @@ def convert(env, tag_dir, universal):
     print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
 
 
-def check_live_resume(report, args, env, work, tag_dir, universal):
-    """The save resumed at TP=2 x DP=1 for steps 4..6 by DeepSpeed's universal load of the
+def reshard(report, args, source, out, tp, dp):
+    status, output = ucp(args, 'reshard', source, '--to', f'dp={dp},tp={tp}', '--out', out)
+    return report.check(status == 0, f'ucp reshard {source} --to dp={dp},tp={tp} exited '
+                        f'{status}: {output[-2000:]}')
+
+
+def check_reshard(report, args, env, work, tag_dir, universal):
+    """ucp's files at each of TARGETS against DeepSpeed's resave there (its universal load of the
+    converted tag, saved again), and the ways through tp2dp3 and tp4dp1 to tp2dp1."""
+    resaved = {}
+    for tp, dp in TARGETS:
+        name = f'tp{tp}dp{dp}'
+        resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', tp, dp,
+                                       ['--load_dir', os.path.dirname(universal), '--load_tag',
+                                        TAG, '--universal'])
+        failures = len(report.failures)
+        out = os.path.join(work, f'reshard_{name}')
+        if reshard(report, args, tag_dir, out, tp, dp):
+            harness.compare_resaved(report, name, out, resaved[name], TAG)
+        if len(report.failures) == failures:
+            print(f'ucp reshard to {name} = DeepSpeed\'s resave there')
+    for through in ((2, 3), (4, 1)):
+        name = f'tp{through[0]}dp{through[1]}'
+        middle = os.path.join(work, f'reshard_{name}')
+        back = os.path.join(work, f'reshard_{name}_tp2dp1')
+        failures = len(report.failures)
+        if (os.path.isdir(middle) or reshard(report, args, tag_dir, middle, *through)) and \
+                reshard(report, args, os.path.join(middle, TAG), back, 2, 1):
+            harness.compare_resaved(report, f'{name} -> tp2dp1', back, resaved['tp2dp1'], TAG)
+        if len(report.failures) == failures:
+            print(f'ucp reshard to {name}, then to tp2dp1 = DeepSpeed\'s resave at tp2dp1')
+
+
+def check_live_resume(report, args, env, work, tag_dir, universal, tp, dp):
+    """The save resumed at `tp` x `dp` for steps 4..6 by DeepSpeed's universal load of the
     converted tag (the oracle) and by a plain load_checkpoint of the tag under the preload, told
-    tp=2 by UCP_TOPOLOGY (DeepSpeed refuses that load without ucp): losses bit-identical, and the
-    files served are `ucp reshard --to dp=1`'s."""
+    the TP degree by UCP_TOPOLOGY (DeepSpeed refuses that load without ucp): losses
+    bit-identical, and the files served are `ucp reshard`'s."""
+    size = f'tp{tp}dp{dp}'
     load = ['--load_tag', TAG]
-    _, oracle = run_trainer(args, env, work, 'universal_dp1', 1,
+    _, oracle = run_trainer(args, env, work, f'universal_{size}', tp, dp,
                             load + ['--load_dir', os.path.dirname(universal), '--universal'],
                             steps=RESUME_STEPS, save=False)
-    logs = os.path.join(work, 'logs_preload')
-    preload = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={TP}')
-    _, got = run_trainer(args, preload, work, 'preload_dp1', 1,
+    logs = os.path.join(work, f'logs_preload_{size}')
+    preload = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp}')
+    _, got = run_trainer(args, preload, work, f'preload_{size}', tp, dp,
                          load + ['--load_dir', os.path.dirname(tag_dir)], steps=RESUME_STEPS,
                          save=False)
     steps = list(range(STEPS + 1, RESUME_STEPS + 1))
-    ds_e2e.print_losses('losses TP=2 x DP=1 universal', oracle)
-    ds_e2e.print_losses('losses TP=2 x DP=1 preload', got)
+    ds_e2e.print_losses(f'losses {size} universal', oracle)
+    ds_e2e.print_losses(f'losses {size} preload', got)
     report.check(sorted(got) == steps and sorted(oracle) == steps,
-                 f'resumed steps {sorted(got)}, universal steps {sorted(oracle)}')
+                 f'{size}: resumed steps {sorted(got)}, universal steps {sorted(oracle)}')
     report.check({s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
                  {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
-                 'losses under the preload differ from DeepSpeed\'s universal load')
-    views = os.path.join(tag_dir, '.ucp', 'views')
-    served = os.listdir(views) if os.path.isdir(views) else []
-    if not report.check(len(served) == 1, f'views {served}; ucp logs:\n{ds_e2e.log_tail(logs)}'):
+                 f'{size}: losses under the preload differ from DeepSpeed\'s universal load')
+    view = os.path.join(tag_dir, '.ucp', 'views', f'tp{tp}-pp1-dp{dp}')
+    if not report.check(os.path.isdir(view), f'{size}: no view {view}; ucp logs:\n'
+                        f'{ds_e2e.log_tail(logs)}'):
         return
-    resharded = os.path.join(work, 'reshard_dp1', TAG)
+    resharded = os.path.join(work, f'reshard_{size}', TAG)
     for name in sorted(n for n in os.listdir(resharded) if n.endswith('.pt')):
-        stored = os.path.join(views, served[0], 'served.' + name)
+        stored = os.path.join(view, 'served.' + name)
         report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
                      harness.read_bytes(os.path.join(resharded, name)),
-                     f'{name}: not served, or not `ucp reshard`\'s bytes')
+                     f'{size}/{name}: not served, or not `ucp reshard`\'s bytes')
 
 
 def check_index(report, tag_dir):
@@ -176,10 +192,10 @@ def edited_copy(tag_dir, work, name, edit):
 
 
 def check_refusals(report, args, tag_dir, work):
-    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=2,tp=1', '--out',
-                         os.path.join(work, 'reshard_tp1'))
+    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=1,tp=3', '--out',
+                         os.path.join(work, 'reshard_tp3'))
     report.check(status != 0 and TP_REFUSAL in output,
-                 f'ucp reshard --to dp=2,tp=1: exit {status}, not the refusal: {output[-500:]}')
+                 f'ucp reshard --to dp=1,tp=3: exit {status}, not the refusal: {output[-500:]}')
 
     pattern = '^layers\\.0\\.self_attn\\.q_proj\\.weight$'
 
@@ -234,7 +250,8 @@ def main():
         if len(report.failures) == failures:
             print(f'ucp export = ds_to_universal: {len(names)} files')
     check_reshard(report, args, env, work, tag_dir, universal)
-    check_live_resume(report, args, env, work, tag_dir, universal)
+    for tp, dp in ((2, 1), (1, 2)):
+        check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
     check_refusals(report, args, tag_dir, work)
     report.exit()
 

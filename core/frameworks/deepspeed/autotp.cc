@@ -248,7 +248,79 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
   return std::pair{*agreed, whole};
 }
 
+// A pickled list of sizes.
+Value* Sizes(pickle::Graph& graph, const Shape& values) {
+  std::vector<Value*> items;
+  for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
+  return graph.List(std::move(items));
+}
+
 }  // namespace
+
+Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
+                          const std::string& where) {
+  if (params == nullptr || params->kind() != Kind::kDict) {
+    return Status::Corrupt(Prefix(where) + kAffine + "/params: not a dict");
+  }
+  for (auto& [key, entry] : params->mutable_entries()) {
+    const std::string field = kAffine + "/params/" + (key->kind() == Kind::kStr ? key->data() : "");
+    const std::optional<std::vector<int64_t>> logical =
+        entry->kind() == Kind::kDict ? Ints(entry->Get("logical_shape")) : std::nullopt;
+    const Value* ranks = entry->kind() == Kind::kDict ? entry->Get("ranks") : nullptr;
+    const Value* first = nullptr;
+    if (ranks != nullptr && ranks->kind() == Kind::kDict) {
+      for (const auto& [rank, value] : ranks->entries()) {
+        if (rank->kind() == Kind::kInt && rank->AsInt64() == 0) first = value;
+      }
+    }
+    const std::optional<std::vector<int64_t>> shard =
+        first != nullptr && first->kind() == Kind::kDict ? Ints(first->Get("shard_shape"))
+                                                         : std::nullopt;
+    if (!logical || !shard || !NonNegative(*logical) || shard->size() != logical->size()) {
+      return Status::Corrupt(Prefix(where) + field + ": no logical_shape or rank 0's shard_shape");
+    }
+    const Shape whole = AsShape(*logical);
+    const Shape strides = ContiguousStrides(whole);
+    std::optional<size_t> cut;
+    for (size_t d = 0; d < whole.size(); ++d) {
+      if (static_cast<uint64_t>((*shard)[d]) != whole[d]) cut = d;
+    }
+    if (cut && whole[*cut] % tp != 0) {
+      return Status::Unsupported(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
+                                 " does not split evenly over tp=" + std::to_string(tp) +
+                                 " along dim " + std::to_string(*cut));
+    }
+    std::vector<std::pair<Value*, Value*>> new_ranks;
+    for (uint32_t t = 0; t < tp; ++t) {
+      Shape slice = whole;
+      uint64_t offset = 0;
+      Shape holders;
+      if (cut) {
+        slice[*cut] = whole[*cut] / tp;
+        offset = t * slice[*cut] * strides[*cut];
+        holders = {t};
+      } else {
+        for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
+      }
+      const auto view = [&](uint64_t at, const Shape& view_strides) {
+        return graph.List({graph.Int(static_cast<int64_t>(at)), Sizes(graph, view_strides)});
+      };
+      Value* piece = graph.Dict({{graph.Str("shape"), Sizes(graph, slice)},
+                                 {graph.Str("source"), view(offset, strides)},
+                                 {graph.Str("dest"), view(0, ContiguousStrides(slice))},
+                                 {graph.Str("locations"), Sizes(graph, holders)}});
+      new_ranks.emplace_back(graph.Int(t),
+                             graph.Dict({{graph.Str("shard_shape"), Sizes(graph, slice)},
+                                         {graph.Str("pieces"), graph.List({piece})}}));
+    }
+    for (auto& [member, value] : entry->mutable_entries()) {
+      if (member->kind() == Kind::kStr && member->data() == "ranks") {
+        value = graph.Dict(std::move(new_ranks));
+      }
+    }
+  }
+  return Status::Ok();
+}
 
 bool HasAutoTpMaps(const TorchArchiveReader& reader) {
   return OptionalField(reader, kAffine + "/params") != nullptr;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/format/atom_index.h"
+#include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/util/status.h"
@@ -48,5 +49,13 @@ bool HasAutoTpMaps(const TorchArchiveReader& reader);
 // both name the file and the field.
 Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
                                   const std::vector<std::string>& names);
+
+// Rewrites `params` (a copy of a model-states file's affine_map/params, read by ReadAutoTpMaps)
+// for TP degree `tp`: every entry's "ranks" as AutoTP writes them at that degree, whole slices
+// held by every rank or the t-th of tp equal blocks along the entry's split dimension.
+// kUnsupported naming the pattern where a split dimension does not divide by tp; `where` names
+// the source file in messages.
+Status SetAffineMapDegree(pickle::Graph& graph, pickle::Value* params, uint32_t tp,
+                          const std::string& where);
 
 }  // namespace ucp::deepspeed

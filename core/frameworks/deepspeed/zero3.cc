@@ -58,10 +58,12 @@ using deepspeed::ReadAutoTpMaps;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::Rule;
 using deepspeed::ScalarValue;
+using deepspeed::SetAffineMapDegree;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
+using deepspeed::SizeNode;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -579,6 +581,63 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
+// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there, and the flat groups
+// of their shapes (the whole parameters at tp = 1). The source's files stay as they are.
+Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp) {
+  IndexFacts out = facts;
+  out.tp = tp;
+  out.slices.clear();
+  for (GroupLayout& group : out.flat_groups) {
+    std::vector<Shape> shapes;
+    for (const std::string& name : group.names) {
+      const Shape& whole = facts.slices.at(name).atom;
+      UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                           GeometryAt(name, facts.maps.at(name), whole, tp, std::nullopt));
+      shapes.push_back(geometry.local);
+      out.slices.emplace(name, std::move(geometry));
+    }
+    UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
+  }
+  return out;
+}
+
+// The ds_config's tensor_parallel.autotp_size of a file's `root`, where it has one, set to `tp`:
+// DeepSpeed saves the config of the run, which trains at `tp`.
+Status SetAutoTpSize(pickle::Graph& graph, Value* root, uint32_t tp,
+                     const TorchArchiveReader& reader) {
+  Value* config = root->Get("ds_config");
+  if (Value* section = config == nullptr ? nullptr : config->Get("tensor_parallel");
+      section != nullptr && section->kind() == Kind::kDict && section->Get("autotp_size")) {
+    return SetDictItem(section, "autotp_size", graph.Int(tp), reader.path());
+  }
+  return Status::Ok();
+}
+
+// A model states' record of its TP degree set to `tp`, as DeepSpeed 0.19 writes it there:
+// mp_world_size, checkpoint_parallel_dimensions' tp_degree, ds_config's autotp_size, and
+// universal_checkpoint_info with the affine map at `tp` (none at tp = 1: DeepSpeed records no
+// AutoTP then).
+Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp,
+                   const TorchArchiveReader& reader) {
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(tp), reader.path()));
+  if (Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+      dimensions != nullptr && dimensions->kind() == Kind::kDict) {
+    UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(tp), reader.path()));
+  }
+  UCP_RETURN_IF_ERROR(SetAutoTpSize(graph, root, tp, reader));
+  if (tp == 1) {
+    std::erase_if(root->mutable_entries(), [](const std::pair<Value*, Value*>& entry) {
+      return entry.first->kind() == Kind::kStr &&
+             entry.first->data() == deepspeed::kUniversalCheckpointInfo;
+    });
+    return Status::Ok();
+  }
+  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
+  Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
+  return SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"), tp,
+                            reader.path());
+}
+
 // The flat groups DeepSpeed makes at `dp`: each parameter group's parameters split into sub
 // groups by the partition elements at that size.
 Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp,
@@ -612,9 +671,9 @@ Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t 
 }
 
 // param_shapes for other flat groups: one OrderedDict per group, holding the source's
-// name → torch.Size items regrouped.
+// name → torch.Size items regrouped, or with `resized` the groups' own shapes.
 Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupLayout>& groups,
-                     const TorchArchiveReader& reader) {
+                     const TorchArchiveReader& reader, bool resized = false) {
   Value* shapes = root->Get("param_shapes");
   if (shapes == nullptr || shapes->kind() != Kind::kList || shapes->items().empty()) {
     return FieldError(reader, "param_shapes", "not a list of flat groups");
@@ -634,10 +693,11 @@ Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupL
   std::vector<Value*> regrouped;
   for (const GroupLayout& group : groups) {
     Value* dict = graph.Object(model->construction(), model->callable(), graph.Tuple({}));
-    for (const std::string& name : group.names) {
-      const auto it = items.find(name);
-      if (it == items.end()) return FieldError(reader, "param_shapes/" + name, "missing");
+    for (size_t k = 0; k < group.names.size(); ++k) {
+      const auto it = items.find(group.names[k]);
+      if (it == items.end()) return FieldError(reader, "param_shapes/" + group.names[k], "missing");
       dict->mutable_mutations().push_back(it->second);
+      if (resized) dict->mutable_mutations().back().second = SizeNode(graph, group.shapes[k]);
     }
     regrouped.push_back(dict);
   }
@@ -1084,39 +1144,34 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const Topology& target) const {
   UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  const uint32_t tp = target.tp;
   if (facts.tp == 1) {
-    UCP_RETURN_IF_ERROR(CheckTarget(target));
+    UCP_RETURN_IF_ERROR(CheckTarget(target));  // a tag without AutoTP's maps stays at tp = 1
   } else {
-    // An AutoTP tag keeps its TP degree: each TP rank's slices are repartitioned over the DP size.
-    if (target.tp != facts.tp) {
-      return Status::Unsupported("deepspeed: ZeRO-3 with AutoTP at tp=" + std::to_string(facts.tp) +
-                                 " to tp=" + std::to_string(target.tp) +
-                                 ": changing the TP degree is not supported yet (another DP "
-                                 "size at tp=" +
-                                 std::to_string(facts.tp) +
-                                 " is, and DeepSpeed's universal load of `ucp "
-                                 "export --format deepspeed-universal` reaches any)");
+    if (tp == 0 || (target.world != 0 && target.world % tp != 0)) {
+      return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
+                                     " is not a multiple of tp=" + std::to_string(tp));
     }
     UCP_RETURN_IF_ERROR(
-        CheckTarget({target.dp, 1, target.pp, target.world == 0 ? 0 : target.world / facts.tp,
+        CheckTarget({target.dp, 1, target.pp, target.world == 0 ? 0 : target.world / tp,
                      target.zero_stage, target.ep}));
-    if (target.world != 0 && target.world % facts.tp != 0) {
-      return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
-                                     " is not a multiple of tp=" + std::to_string(facts.tp));
-    }
   }
+  // At another TP degree each parameter's slices, and so the flat groups, are those at `tp`.
+  const bool reshaped = tp != facts.tp;
+  UCP_ASSIGN_OR_RETURN(const IndexFacts at, reshaped ? FactsAtTp(facts, tp) : facts);
   const uint32_t m = target.dp;
   std::vector<std::vector<uint64_t>> members;
-  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(facts, m, members));
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(at, m, members));
   bool regrouped = flat_groups.size() != facts.flat_groups.size();
   for (size_t g = 0; !regrouped && g < flat_groups.size(); ++g) {
     regrouped = flat_groups[g].names != facts.flat_groups[g].names;
   }
   OutputPlan plan;
 
-  // Model states: DP rank 0's of each TP rank, with dp_world_size and each rank's frozen fragments.
-  for (uint32_t t = 0; t < facts.tp; ++t) {
-    const uint32_t model_file = facts.model_files[t * facts.dp];
+  // Model states: DP rank 0's of each TP rank (at another TP degree rank (0, 0)'s, its TP facts
+  // rewritten), with dp_world_size and each rank's frozen fragments.
+  for (uint32_t t = 0; t < tp; ++t) {
+    const uint32_t model_file = reshaped ? facts.model_file : facts.model_files[t * facts.dp];
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, model_file));
     std::vector<const TorchTensor*> frozen_templates;
     for (const std::string& name : facts.frozen.names) {
@@ -1133,7 +1188,10 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-      if (regrouped) UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader));
+      if (regrouped || reshaped) {
+        UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader, reshaped));
+      }
+      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader));
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0 || t > 0) {
         if (Value** shared = MutableEntry(root, "shared_params");
@@ -1154,7 +1212,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         const Geometry whole{1, shape, shape, {}};  // tp = 1: AutoTP tags have no frozen ones
         UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
                              PieceSegments(index, name, kFrozenState, facts.frozen.numels[k], m, r,
-                                           ItemSize(tensor.dtype), SliceOf(facts, name, t, whole)));
+                                           ItemSize(tensor.dtype), SliceOf(at, name, t, whole)));
       }
       UCP_ASSIGN_OR_RETURN(out.storages,
                            CollectStorages(root, reader, model_file, std::move(replaced)));
@@ -1175,7 +1233,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   }
   // Rank (0, 0)'s file is every rank's template: with AutoTP's equal slices every TP rank's
   // files differ only in the tensors written here.
-  for (uint32_t i = 0; i < m * facts.tp; ++i) {
+  for (uint32_t i = 0; i < m * tp; ++i) {
     const uint32_t r = i % m;
     const uint32_t t = i / m;
     ArchiveOutput out;
@@ -1184,6 +1242,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     out.graph.set_root(root);
     Value* dict = root->Get(kOsd);
     UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count", out.graph.Int(m), reader.path()));
+    if (reshaped) UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, tp, reader));
     Value* inner = dict->Get(kOsd);
     Value* states = inner == nullptr ? nullptr : inner->Get("state");
     Value* fp32 = dict->Get("fp32_flat_groups");
@@ -1230,7 +1289,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
           continue;
         }
         const std::string key = g == model ? tensor->storage->key : keys.Next();
-        UCP_ASSIGN_OR_RETURN(replaced[key], PartitionSegments(index, facts, layout, state, r,
+        UCP_ASSIGN_OR_RETURN(replaced[key], PartitionSegments(index, at, layout, state, r,
                                                               ItemSize(tensor->dtype), t));
         UCP_ASSIGN_OR_RETURN(
             *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));

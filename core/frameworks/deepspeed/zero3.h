@@ -36,7 +36,8 @@
 // (tp_shards.h MapJson)}, "vocabulary": [<names>]}.
 //
 // Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map; AutoTP layouts
-// autotp.h refuses; frozen parameters with AutoTP; another TP degree than an AutoTP tag's.
+// autotp.h refuses; frozen parameters with AutoTP; a target TP degree that does not divide a
+// split (tp > 1 at all for a tag without AutoTP's maps).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -84,9 +85,12 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // partitioned states, padding zeros). Where the sub groups at target.dp differ from the
   // source's, param_shapes, fp32_flat_groups, the state dict and param_groups' params follow
   // them (a new flat group's tensors and 0-d states like flat group 0's). Targets as
-  // DeepSpeedZeroAdapter::PlanReshard. An AutoTP tag keeps its TP degree (target.tp must be it):
-  // the same per TP rank, each rank's model states from its DP rank 0's, its optimizer states
-  // from rank (0, 0)'s holding its slices (DeepSpeed 0.19's files at that size).
+  // DeepSpeedZeroAdapter::PlanReshard. An AutoTP tag goes to any target.tp its splits divide:
+  // the same per TP rank over the slices at target.tp, each rank's model states from its DP rank
+  // 0's (at another degree rank (0, 0)'s, with param_shapes, mp_world_size, the parallel
+  // dimensions, autotp_size and the affine map of target.tp; no universal_checkpoint_info at
+  // tp 1), its optimizer states from rank (0, 0)'s holding its slices (DeepSpeed 0.19's files at
+  // that size).
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 

@@ -81,11 +81,19 @@ class AutoTpMapsTest : public ::testing::Test {
                  {"^embed\\.weight$", Entry({8, 4}, {4, 4}, {0, 16}, {{0}, {1}})}}}}}};
   }
 
-  // ReadAutoTpMaps of a model-states file carrying info_, at TP degree 2.
-  Result<AutoTpMaps> Read(const std::vector<std::string>& names) {
+  // ReadAutoTpMaps of a model-states file carrying info_, at TP degree `tp`, its affine map first
+  // rewritten for `tp` where `rewrite`.
+  Result<AutoTpMaps> Read(const std::vector<std::string>& names, uint32_t tp = 2,
+                          bool rewrite = false) {
     pickle::Graph graph;
-    graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
-                               {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
+    pickle::Value* info = PickleOf(graph, info_);
+    if (rewrite) {
+      const Status status =
+          SetAffineMapDegree(graph, info->Get("affine_map")->Get("params"), tp, "made.pt");
+      if (!status.ok()) return status;
+    }
+    graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(tp)},
+                               {graph.Str("universal_checkpoint_info"), info}}));
     const std::string path = dir_.path() + "/model_states.pt";
     Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
     if (!writer.ok()) return writer.status();
@@ -93,7 +101,7 @@ class AutoTpMapsTest : public ::testing::Test {
     Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
     if (!reader.ok()) return reader.status();
     EXPECT_TRUE(HasAutoTpMaps(*reader));
-    return ReadAutoTpMaps(*reader, 2, names);
+    return ReadAutoTpMaps(*reader, tp, names);
   }
 
   Json& Piece(const std::string& pattern, int rank) {
@@ -151,6 +159,22 @@ TEST_F(AutoTpMapsTest, LayoutsOtherThanWholeRankBlocksAreRefusedNamingTheField) 
   SetUp();
   info_["affine_map"]["version"] = 2;
   EXPECT_THAT(refusal("q.weight").message(), HasSubstr("affine_map/version: 2"));
+}
+
+TEST_F(AutoTpMapsTest, TheAffineMapRewrittenForAnotherDegreeDescribesTheSameLayoutThere) {
+  const std::vector<std::string> names = {"q.weight", "o.weight", "layers.3.norm.weight"};
+  Result<AutoTpMaps> at_two = Read(names);
+  Result<AutoTpMaps> at_four = Read(names, 4, /*rewrite=*/true);
+  ASSERT_TRUE(at_two.ok() && at_four.ok()) << at_four.status().ToString();
+  for (const std::string& name : names) {
+    EXPECT_EQ(MapJson(at_four->maps.at(name)), MapJson(at_two->maps.at(name))) << name;
+    EXPECT_EQ(at_four->whole_shapes.at(name), at_two->whole_shapes.at(name)) << name;
+  }
+  // 8 rows do not split over 3 ranks: the first entry (the map's keys are in sorted order here).
+  EXPECT_THAT(
+      Read(names, 3, /*rewrite=*/true).status().message(),
+      AllOf(HasSubstr("made.pt: universal_checkpoint_info/affine_map/params/^embed\\.weight$"),
+            HasSubstr("does not split evenly over tp=3 along dim 0")));
 }
 
 TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
