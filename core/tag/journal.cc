@@ -205,9 +205,15 @@ int64_t LauncherRank() {
 }
 
 std::string LauncherJob() {
+  // Printable ASCII only: the id goes into a JSON line, which must be valid UTF-8, and a close
+  // record that cannot be written would lose the close.
   const auto value = [](const char* name) -> std::string {
     const char* text = std::getenv(name);
-    return text == nullptr ? "" : text;
+    std::string out = text == nullptr ? "" : text;
+    for (char& c : out) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    return out;
   };
   std::string job;
   const auto add = [&job](const std::string& launcher, const std::string& id) {

@@ -334,6 +334,12 @@ TEST(JournalFormatTest, LauncherJobJoinsEveryLaunchersIdOfThisRun) {
   ::setenv("SLURM_RESTART_COUNT", "2", 1);  // requeued twice
   ::setenv("PMIX_NAMESPACE", "slurm.pmix.812.3", 1);
   EXPECT_EQ(LauncherJob(), "slurm=812.3.2;pmix=slurm.pmix.812.3;torchelastic=none.1");
+  ::setenv("PMIX_NAMESPACE", "ns\xff\n", 1);  // not valid UTF-8 and not one line
+  EXPECT_EQ(LauncherJob(), "slurm=812.3.2;pmix=ns??;torchelastic=none.1");
+  JournalRecord record;
+  record.path = "a.pt";
+  record.job = LauncherJob();
+  EXPECT_TRUE(EncodeJournalRecord(record).ok());
   for (const char* name : kVariables) ::unsetenv(name);
 }
 
