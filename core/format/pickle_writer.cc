@@ -427,6 +427,13 @@ class Pickler {
     // A value reached again while its own parts are being written terminates only when a
     // container memoized before its contents lies on the way back to it.
     int64_t& on_path = path_index_[v];
+    if (on_path >= 0 && (v->kind() == Kind::kSet || v->kind() == Kind::kFrozenSet)) {
+      // Written as REDUCE(set, ([items],)), a set is memoized only after its items, so it would
+      // be written twice over and read back as another graph. Python's sets hold only hashable
+      // values, so no pickle of Python's holds such a set.
+      return Status::InvalidArgument("pickle: write: a " + std::string(KindName(v->kind())) +
+                                     " contains itself");
+    }
     if (on_path >= 0) {
       bool broken = false;
       for (size_t i = static_cast<size_t>(on_path) + 1; i < path_.size() && !broken; ++i) {
