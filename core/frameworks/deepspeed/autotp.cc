@@ -248,13 +248,6 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
   return std::pair{*agreed, whole};
 }
 
-// A pickled list of sizes.
-Value* Sizes(pickle::Graph& graph, const Shape& values) {
-  std::vector<Value*> items;
-  for (const uint64_t value : values) items.push_back(graph.Int(static_cast<int64_t>(value)));
-  return graph.List(std::move(items));
-}
-
 }  // namespace
 
 Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
@@ -303,14 +296,14 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
         for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
       }
       const auto view = [&](uint64_t at, const Shape& view_strides) {
-        return graph.List({graph.Int(static_cast<int64_t>(at)), Sizes(graph, view_strides)});
+        return graph.List({graph.Int(static_cast<int64_t>(at)), IntList(graph, view_strides)});
       };
-      Value* piece = graph.Dict({{graph.Str("shape"), Sizes(graph, slice)},
+      Value* piece = graph.Dict({{graph.Str("shape"), IntList(graph, slice)},
                                  {graph.Str("source"), view(offset, strides)},
                                  {graph.Str("dest"), view(0, ContiguousStrides(slice))},
-                                 {graph.Str("locations"), Sizes(graph, holders)}});
+                                 {graph.Str("locations"), IntList(graph, holders)}});
       new_ranks.emplace_back(graph.Int(t),
-                             graph.Dict({{graph.Str("shard_shape"), Sizes(graph, slice)},
+                             graph.Dict({{graph.Str("shard_shape"), IntList(graph, slice)},
                                          {graph.Str("pieces"), graph.List({piece})}}));
     }
     for (auto& [member, value] : entry->mutable_entries()) {

@@ -25,6 +25,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddSliceFragments;
+using deepspeed::AppendSliceSegments;
 using deepspeed::Bf16Prefix;
 using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
@@ -39,7 +40,6 @@ using deepspeed::FileName;
 using deepspeed::FormName;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
-using deepspeed::GlobalRun;
 using deepspeed::GroupLayout;
 using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
@@ -55,7 +55,6 @@ using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
-using deepspeed::MapLocalRange;
 using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
@@ -697,17 +696,7 @@ Status SliceSegments(const AtomIndex& index, const IndexFacts& facts, const std:
   if (atom == nullptr) {
     return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
   }
-  UCP_ASSIGN_OR_RETURN(const std::vector<GlobalRun> runs,
-                       MapLocalRange(facts.maps.at(name), geometry, t, begin, end));
-  for (const GlobalRun& run : runs) {
-    if (!run.region) {
-      AppendZeros(segments, run.count * ItemSize(atom->dtype));
-      continue;
-    }
-    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
-    AppendSegments(segments, more);
-  }
-  return Status::Ok();
+  return AppendSliceSegments(index, *atom, facts.maps.at(name), geometry, t, begin, end, segments);
 }
 
 // Bytes of elements [begin, end) (end <= total) of state `state`'s flat buffer of TP rank t.

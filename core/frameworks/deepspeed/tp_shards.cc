@@ -271,4 +271,20 @@ Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geomet
   return Status::Ok();
 }
 
+Status AppendSliceSegments(const AtomIndex& index, const Atom& atom, const ShardMap& map,
+                           const Geometry& geometry, uint32_t t, uint64_t begin, uint64_t end,
+                           std::vector<Segment>& segments) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<GlobalRun> runs,
+                       MapLocalRange(map, geometry, t, begin, end));
+  for (const GlobalRun& run : runs) {
+    if (!run.region) {
+      AppendZeros(segments, run.count * ItemSize(atom.dtype));
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, atom, *run.region));
+    AppendSegments(segments, more);
+  }
+  return Status::Ok();
+}
+
 }  // namespace ucp::deepspeed

@@ -17,6 +17,7 @@
 
 #include "core/format/atom_index.h"
 #include "core/layout/region.h"
+#include "core/plan/copy_plan.h"
 #include "core/util/status.h"
 
 namespace ucp::deepspeed {
@@ -109,5 +110,11 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
 // [begin, end) stored from byte `byte` of index file `file`.
 Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geometry, uint32_t t,
                          uint64_t begin, uint64_t end, uint32_t file, uint64_t byte, DType dtype);
+
+// Appends to `segments` the bytes of TP rank t's local elements [begin, end) of `atom` (of
+// `map`, target geometry `geometry`): the atom's bytes, zeros for vocabulary padding rows.
+Status AppendSliceSegments(const AtomIndex& index, const Atom& atom, const ShardMap& map,
+                           const Geometry& geometry, uint32_t t, uint64_t begin, uint64_t end,
+                           std::vector<Segment>& segments);
 
 }  // namespace ucp::deepspeed

@@ -20,6 +20,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddSliceFragments;
+using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
 using deepspeed::Bf16Prefix;
 using deepspeed::CheckIndexAdapter;
@@ -31,7 +32,6 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
-using deepspeed::GlobalRun;
 using deepspeed::GroupLayout;
 using deepspeed::HasAutoTpMaps;
 using deepspeed::IntField;
@@ -46,7 +46,6 @@ using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
-using deepspeed::MapLocalRange;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimName;
@@ -156,16 +155,8 @@ Result<std::vector<Segment>> PieceSegments(const AtomIndex& index, const std::st
   const uint64_t hi = std::min(lo + piece, numel);
   std::vector<Segment> segments;
   if (lo < hi) {
-    UCP_ASSIGN_OR_RETURN(const std::vector<GlobalRun> runs,
-                         MapLocalRange(*slice.map, *slice.geometry, slice.t, lo, hi));
-    for (const GlobalRun& run : runs) {
-      if (!run.region) {
-        AppendZeros(segments, run.count * item);
-        continue;
-      }
-      UCP_ASSIGN_OR_RETURN(const std::vector<Segment> more, PlanRegion(index, *atom, *run.region));
-      AppendSegments(segments, more);
-    }
+    UCP_RETURN_IF_ERROR(
+        AppendSliceSegments(index, *atom, *slice.map, *slice.geometry, slice.t, lo, hi, segments));
   }
   AppendZeros(segments, (piece - (hi - lo)) * item);
   return segments;
