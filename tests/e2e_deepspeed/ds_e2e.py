@@ -247,15 +247,18 @@ def save_dir_of(extra):
 NAN_LOSS = re.compile(r'^STEP (\d+) loss nan$', re.MULTILINE)
 
 
-def run_past_flakes(run, last_step, save_dir=None):
+def run_past_flakes(run, last_step, save_dir=None, finished=None):
     """Runs `run` (a DeepSpeed run through `last_step`, returning (status, seconds, output)) once
-    more, saying so, after either of two flakes outside ucp: it trained through `last_step` and
-    then aborted at exit with TEARDOWN_ABORT, after every loss the test compares; or it printed a
-    NaN loss (NAN_LOSS). A saving run's `save_dir` is removed first, so that the second run saves
-    afresh. Any other failure, an abort before the last step included, is the test's failure."""
+    more, saying so, after either of two flakes outside ucp: it trained through `last_step`, or
+    wrote `finished` (the file its rank 0 writes after the last barrier: a run that resaves a
+    loaded step trains none), and then aborted at exit with TEARDOWN_ABORT, after every loss and
+    file the test compares; or it printed a NaN loss (NAN_LOSS). A saving run's `save_dir` is
+    removed first, so that the second run saves afresh. Any other failure, an abort before the
+    last step included, is the test's failure."""
     status, seconds, output = run()
-    if status != 0 and TEARDOWN_ABORT in output and f'STEP {last_step} loss' in output:
-        flake = f'trained through step {last_step}, then aborted at exit ("{TEARDOWN_ABORT}")'
+    if status != 0 and TEARDOWN_ABORT in output and (f'STEP {last_step} loss' in output or
+                                                     (finished and os.path.isfile(finished))):
+        flake = f'ran to its end, then aborted at exit ("{TEARDOWN_ABORT}")'
     elif NAN_LOSS.search(output):
         flake = f'printed a NaN loss at step {NAN_LOSS.search(output).group(1)}'
     else:
