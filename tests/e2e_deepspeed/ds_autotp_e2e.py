@@ -19,9 +19,11 @@ DeepSpeed's own converter.
      the preload (told the TP degree by UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical
      to DeepSpeed's universal load of the converted tag at that size; the files served are
      `ucp reshard`'s.
-  6. What ucp does not do is refused by name: a TP degree a split does not divide (tp=3); a slice
+  6. What ucp does not do is refused by name: a TP degree AutoTP would split unevenly (tp=3); a slice
      the affine map places other than as a whole rank's block (the map edited); mp_world_size 2
      without the map.
+  7. A model config beside the tag: with its true key/value head count (4) the tp=4 files are
+     those without a config; with 2 heads AutoTP would split q/k/v unevenly at tp=4: refused.
 
 Usage: ds_autotp_e2e.py --dtype fp32|bf16 --work DIR --tools DIR --lib LIB --ucp UCP
        --deepspeed VERSION [--required]
@@ -45,7 +47,9 @@ import harness  # noqa: E402
 TP, DP, STEPS, RESUME_STEPS = 2, 2, 3, 6
 TAG = f'global_step{STEPS}'
 TRAINER = os.path.join(HERE, 'train_autotp.py')
-TP_REFUSAL = 'does not split evenly'
+TP_REFUSAL = 'ucp reshards even splits only'
+# train_autotp.py's attention heads: WIDTH 32 in heads of HEAD 8.
+MODEL_HEADS = 4
 # The sizes ucp reshards to, against DeepSpeed's own resaves there: (tp, dp).
 TARGETS = ((2, 1), (1, 2), (4, 1))
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
@@ -214,6 +218,34 @@ def check_refusals(report, args, tag_dir, work):
                  f'index without the affine map: exit {status}: {output[-500:]}')
 
 
+def check_model_config(report, args, work, tag_dir):
+    """AutoTP splits an attention layer in whole key/value heads where the model has a config that
+    names them, and ucp reads them from the Hugging Face config.json beside the tag: with the
+    model's 4 heads tp=4 is the even split ucp writes without a config; with 2 heads AutoTP would
+    split q/k/v at tp=4 as 16, 16, 0, 0, which ucp refuses naming the heads and their source."""
+    for heads in (MODEL_HEADS, 2):
+        folder = os.path.join(work, f'kv_heads_{heads}')
+        copy = harness.copy_tag(tag_dir, os.path.join(folder, TAG))
+        with open(os.path.join(folder, 'config.json'), 'w') as f:
+            json.dump({'num_attention_heads': MODEL_HEADS, 'num_key_value_heads': heads}, f)
+        out = os.path.join(work, f'reshard_kv_heads_{heads}')
+        status, output = ucp(args, 'reshard', copy, '--to', 'dp=1,tp=4', '--out', out)
+        if heads == MODEL_HEADS:
+            if report.check(status == 0, f'ucp reshard with 4 heads: exit {status}: '
+                            f'{output[-2000:]}'):
+                plain = os.path.join(work, 'reshard_tp4dp1', TAG)
+                names = [n for n in harness.files_under(plain) if n.endswith('.pt')]
+                report.check(bool(names) and all(
+                    harness.read_bytes(os.path.join(plain, n)) ==
+                    harness.read_bytes(os.path.join(out, TAG, n)) for n in names),
+                    'tp=4 with the model\'s 4 heads: not the files of the reshard without them')
+        else:
+            report.check(status != 0 and 'with 2 key/value heads' in output and
+                         'config.json: num_key_value_heads' in output and 'q_proj' in output,
+                         f'ucp reshard with 2 heads: exit {status}, not the refusal: '
+                         f'{output[-500:]}')
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], required=True)
@@ -253,6 +285,7 @@ def main():
     for tp, dp in ((2, 1), (1, 2)):
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
     check_refusals(report, args, tag_dir, work)
+    check_model_config(report, args, work, tag_dir)
     report.exit()
 
 

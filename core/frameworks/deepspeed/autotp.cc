@@ -1,6 +1,8 @@
 #include "core/frameworks/deepspeed/autotp.h"
 
+#include <algorithm>
 #include <cctype>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <string_view>
@@ -9,6 +11,7 @@
 #include <utility>
 
 #include "core/frameworks/deepspeed/common.h"
+#include "core/io/file.h"
 #include "core/util/checked.h"
 
 namespace ucp::deepspeed {
@@ -19,6 +22,32 @@ using pickle::Value;
 
 const std::string kAffine = std::string(kUniversalCheckpointInfo) + "/affine_map";
 constexpr int64_t kAffineVersion = 1;
+
+// AutoTPMeta.from_model_config's names of the key/value head count, in its probe order. A
+// transformers config reads num_attention_heads through its attribute_map where the file keeps
+// the model's own name for it (GPT-2 and BLOOM: n_head; GPT-Neo: num_heads).
+constexpr std::string_view kKvHeadKeys[] = {"num_key_value_heads",
+                                            "num_kv_heads",
+                                            "multi_query_group_num",
+                                            "n_head_kv",
+                                            "kv_n_heads",
+                                            "num_attention_heads",
+                                            "n_head",
+                                            "num_heads",
+                                            "n_heads",
+                                            "attention_heads"};
+// A config.json is a few kB; anything far larger is not one.
+constexpr uint64_t kMaxModelConfigBytes = 16u << 20;
+
+std::string BlocksText(const std::vector<uint64_t>& blocks) {
+  std::string out;
+  for (const uint64_t block : blocks) out += (out.empty() ? "" : ", ") + std::to_string(block);
+  return "[" + out + "]";
+}
+
+bool Equal(const std::vector<uint64_t>& blocks) {
+  return std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) == blocks.end();
+}
 
 // A list or tuple of ints, or nullopt.
 std::optional<std::vector<int64_t>> Ints(const Value* node) {
@@ -382,6 +411,104 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
     out.whole_shapes.emplace(name, std::move(map_and_shape.second));
   }
   return out;
+}
+
+std::vector<uint64_t> GrainBlocks(uint64_t total, uint32_t tp, uint64_t grain) {
+  std::vector<uint64_t> blocks(tp);
+  if (total < grain) {
+    for (uint32_t t = 0; t < tp; ++t) blocks[t] = total / tp + (t < total % tp ? 1 : 0);
+    return blocks;
+  }
+  const uint64_t units = total / grain;
+  for (uint32_t t = 0; t < tp; ++t) blocks[t] = (units / tp + (t < units % tp ? 1 : 0)) * grain;
+  blocks[tp - 1] += total % grain;
+  return blocks;
+}
+
+std::vector<uint64_t> HeadBlocks(uint64_t total, uint32_t tp, uint64_t kv_heads) {
+  std::vector<uint64_t> blocks(tp);
+  for (uint32_t t = 0; t < tp; ++t) {
+    const uint64_t heads = kv_heads / tp + (t < kv_heads % tp ? 1 : 0);
+    blocks[t] = total / kv_heads * heads;
+  }
+  return blocks;
+}
+
+Result<AutoTpSplitRule> ReadAutoTpSplitRule(const TorchArchiveReader& reader,
+                                            const std::string& tag_dir) {
+  AutoTpSplitRule rule;
+  const std::string grain_field = "ds_config/tensor_parallel/tp_grain_size";
+  if (const Value* grain = OptionalField(reader, grain_field)) {
+    const std::optional<int64_t> value =
+        grain->kind() == Kind::kInt ? grain->AsInt64() : std::nullopt;
+    if (!value || *value < 1) return FieldError(reader, grain_field, "not a positive int");
+    rule.grain = static_cast<uint64_t>(*value);
+  }
+  std::string folder = tag_dir;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  const size_t slash = folder.rfind('/');
+  folder = slash == std::string::npos ? "." : slash == 0 ? "/" : folder.substr(0, slash);
+  const std::string path = folder + "/config.json";
+  Result<std::string> text = ReadSmallFile(path, kMaxModelConfigBytes);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return rule;
+    return text.status();
+  }
+  rule.model_config = true;
+  const nlohmann::json config = nlohmann::json::parse(*text, nullptr, false);
+  if (!config.is_object()) return Status::Corrupt(Prefix(path) + "not a JSON object");
+  const bool nested = config.contains("text_config") && config["text_config"].is_object();
+  const nlohmann::json& text_config = nested ? config["text_config"] : config;
+  for (const std::string_view key : kKvHeadKeys) {
+    const auto found = text_config.find(std::string(key));
+    if (found == text_config.end() || found->is_null()) continue;
+    const std::string field = (nested ? "text_config/" : "") + std::string(key);
+    if (!found->is_number_unsigned() || found->get<uint64_t>() == 0) {
+      return Status::Corrupt(Prefix(path) + field + ": not a positive int");
+    }
+    rule.kv_heads = found->get<uint64_t>();
+    rule.kv_heads_from = path + ": " + field;
+    break;
+  }
+  return rule;
+}
+
+Status CheckEvenAtDegree(const std::string& name, uint64_t total, uint32_t from, uint32_t to,
+                         const AutoTpSplitRule& rule) {
+  const std::string grain = "tp_grain_size " + std::to_string(rule.grain);
+  const auto refuse = [&](const std::string& why) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(to) + ": " + name + " (" +
+                               std::to_string(total) + " along its split dimension): " + why);
+  };
+  if (rule.model_config && !rule.kv_heads) {
+    return refuse(
+        "the config.json beside the tag names no key/value head count, so how AutoTP splits an "
+        "attention layer at another degree is not known");
+  }
+  const bool by_heads = rule.kv_heads && total % *rule.kv_heads == 0;
+  const std::string heads =
+      by_heads ? std::to_string(*rule.kv_heads) + " key/value heads (" + rule.kv_heads_from + ")"
+               : "";
+  const std::vector<uint64_t> even(from, total / from);
+  if (total % from != 0 || (GrainBlocks(total, from, rule.grain) != even &&
+                            !(by_heads && HeadBlocks(total, from, *rule.kv_heads) == even))) {
+    return refuse("AutoTP split it at tp=" + std::to_string(from) + " into equal blocks, which " +
+                  grain + (by_heads ? " and " + heads : "") +
+                  " do not give; the split rule ucp read is not the one the model ran with (a "
+                  "model with a Hugging Face config needs its config.json beside the tag)");
+  }
+  if (const std::vector<uint64_t> blocks = GrainBlocks(total, to, rule.grain); !Equal(blocks)) {
+    return refuse("AutoTP splits it into blocks of " + BlocksText(blocks) + " (" + grain +
+                  "); ucp reshards even splits only");
+  }
+  if (by_heads) {
+    if (const std::vector<uint64_t> blocks = HeadBlocks(total, to, *rule.kv_heads);
+        !Equal(blocks)) {
+      return refuse("with " + heads + " AutoTP splits an attention layer into blocks of " +
+                    BlocksText(blocks) + "; ucp reshards even splits only");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace ucp::deepspeed

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,5 +58,38 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
 // the source file in messages.
 Status SetAffineMapDegree(pickle::Graph& graph, pickle::Value* params, uint32_t tp,
                           const std::string& where);
+
+// How AutoTP sizes the blocks of a split dimension of `total` over tp ranks
+// (deepspeed/module_inject/tp_shard.py, get_shard_size): near evenly in units of the ds_config's
+// tensor_parallel.tp_grain_size, the remainder on the last rank; or, where the model has a config
+// whose key/value head count K divides `total`, in whole heads, rank t taking K / tp heads and one
+// more for t < K % tp. Which of the two a layer takes depends on its module name as AutoTP saw it,
+// which the checkpoint does not record.
+struct AutoTpSplitRule {
+  uint64_t grain = 1;
+  bool model_config = false;         // a config.json lies beside the tag
+  std::optional<uint64_t> kv_heads;  // K, read from it
+  std::string kv_heads_from;         // "<path>: <key>", for messages
+};
+
+// Rank t's block of a dimension of `total` split over `tp` ranks near evenly in units of `grain`
+// (the remainder on the last rank), and in whole heads of `kv_heads`.
+std::vector<uint64_t> GrainBlocks(uint64_t total, uint32_t tp, uint64_t grain);
+std::vector<uint64_t> HeadBlocks(uint64_t total, uint32_t tp, uint64_t kv_heads);
+
+// The rule of a tag whose model states `reader` is, in `tag_dir`: the grain from its ds_config,
+// the head count from the Hugging Face config.json in the checkpoint folder holding the tag (where
+// the HF Trainer and save_pretrained write it), probed by AutoTPMeta's names (text_config first
+// where the config has one). Without a config.json the model is taken to have no config, as a
+// plain torch module has none. kCorrupt naming the file and the field for a malformed one.
+Result<AutoTpSplitRule> ReadAutoTpSplitRule(const TorchArchiveReader& reader,
+                                            const std::string& tag_dir);
+
+// Ok when a dimension of `total` that AutoTP split into `from` equal blocks splits into `to` equal
+// blocks too, whichever of the rule's two ways its layer takes. kUnsupported naming `name`, the
+// blocks and the reason otherwise: an uneven split at `to`; a config.json without a head count; or
+// equal blocks at `from` that neither way gives, so the rule read is not the one the model ran.
+Status CheckEvenAtDegree(const std::string& name, uint64_t total, uint32_t from, uint32_t to,
+                         const AutoTpSplitRule& rule);
 
 }  // namespace ucp::deepspeed

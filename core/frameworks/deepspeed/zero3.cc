@@ -22,7 +22,9 @@ namespace {
 using deepspeed::AddSliceFragments;
 using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
+using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
+using deepspeed::CheckEvenAtDegree;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
@@ -54,6 +56,7 @@ using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadAutoTpMaps;
+using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::Rule;
 using deepspeed::ScalarValue;
@@ -572,9 +575,10 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there, and the flat groups
-// of their shapes (the whole parameters at tp = 1). The source's files stay as they are.
-Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp) {
+// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there, as AutoTP splits it by
+// `rule`, and the flat groups of their shapes (the whole parameters at tp = 1). The source's
+// files stay as they are.
+Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpSplitRule& rule) {
   IndexFacts out = facts;
   out.tp = tp;
   out.slices.clear();
@@ -582,8 +586,11 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp) {
     std::vector<Shape> shapes;
     for (const std::string& name : group.names) {
       const Shape& whole = facts.slices.at(name).atom;
-      UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                           GeometryAt(name, facts.maps.at(name), whole, tp, std::nullopt));
+      const ShardMap& map = facts.maps.at(name);
+      if (map.rule == Rule::kSplit) {
+        UCP_RETURN_IF_ERROR(CheckEvenAtDegree(name, whole.at(map.dim), facts.tp, tp, rule));
+      }
+      UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map, whole, tp, std::nullopt));
       shapes.push_back(geometry.local);
       out.slices.emplace(name, std::move(geometry));
     }
@@ -1149,7 +1156,13 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   }
   // At another TP degree each parameter's slices, and so the flat groups, are those at `tp`.
   const bool reshaped = tp != facts.tp;
-  UCP_ASSIGN_OR_RETURN(const IndexFacts at, reshaped ? FactsAtTp(facts, tp) : facts);
+  AutoTpSplitRule rule;
+  if (reshaped) {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader head,
+                         OpenSource(index, tag_dir, facts.model_file));
+    UCP_ASSIGN_OR_RETURN(rule, ReadAutoTpSplitRule(head, tag_dir));
+  }
+  UCP_ASSIGN_OR_RETURN(const IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
   const uint32_t m = target.dp;
   std::vector<std::vector<uint64_t>> members;
   UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(at, m, members));

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -187,6 +189,127 @@ TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
   info_["affine_map"]["params"]["^o\\.weight$"]["ranks"].erase("1");
   EXPECT_THAT(Read({"o.weight"}).status().message(),
               HasSubstr("ranks: not a dict of the 2 TP ranks"));
+}
+
+// The blocks of DeepSpeed 0.19.8's get_shard_size_list for the same arguments (a layer named
+// "q" or "lm_head" for the grain split, an attention layer for the heads).
+TEST(AutoTpSplitRuleTest, TheBlocksAreAutoTpsGrainAndHeadSplits) {
+  using Blocks = std::vector<uint64_t>;
+  EXPECT_EQ(GrainBlocks(32, 4, 1), (Blocks{8, 8, 8, 8}));
+  EXPECT_EQ(GrainBlocks(32, 3, 1), (Blocks{11, 11, 10}));
+  EXPECT_EQ(GrainBlocks(67, 2, 1), (Blocks{34, 33}));
+  EXPECT_EQ(GrainBlocks(96, 2, 64), (Blocks{64, 32}));
+  EXPECT_EQ(GrainBlocks(200, 3, 64), (Blocks{64, 64, 72}));
+  EXPECT_EQ(GrainBlocks(256, 8, 64), (Blocks{64, 64, 64, 64, 0, 0, 0, 0}));
+  EXPECT_EQ(GrainBlocks(10, 4, 64), (Blocks{3, 3, 2, 2}));
+  EXPECT_EQ(HeadBlocks(32, 8, 4), (Blocks{8, 8, 8, 8, 0, 0, 0, 0}));
+  EXPECT_EQ(HeadBlocks(48, 4, 6), (Blocks{16, 16, 8, 8}));
+  EXPECT_EQ(HeadBlocks(48, 3, 6), (Blocks{16, 16, 16}));
+}
+
+TEST(AutoTpSplitRuleTest, AnotherDegreeIsRefusedWhereAutoTpMaySplitUnevenly) {
+  const AutoTpSplitRule plain;  // a model without a config, tp_grain_size 1
+  EXPECT_TRUE(CheckEvenAtDegree("q.weight", 32, 2, 4, plain).ok());
+  EXPECT_TRUE(CheckEvenAtDegree("q.weight", 32, 2, 1, plain).ok());
+  EXPECT_THAT(CheckEvenAtDegree("q.weight", 32, 2, 3, plain).message(),
+              AllOf(HasSubstr("tp=3: q.weight (32 along its split dimension)"),
+                    HasSubstr("blocks of [11, 11, 10] (tp_grain_size 1)")));
+
+  AutoTpSplitRule grain;
+  grain.grain = 64;
+  EXPECT_TRUE(CheckEvenAtDegree("up.weight", 256, 2, 4, grain).ok());
+  EXPECT_THAT(CheckEvenAtDegree("up.weight", 256, 2, 8, grain).message(),
+              HasSubstr("[64, 64, 64, 64, 0, 0, 0, 0] (tp_grain_size 64)"));
+  // Equal blocks of 48 at tp=2 are not what a grain of 64 gives: not the rule the model ran.
+  EXPECT_THAT(CheckEvenAtDegree("up.weight", 96, 2, 1, grain).message(),
+              AllOf(HasSubstr("split it at tp=2 into equal blocks, which tp_grain_size 64 do not "
+                              "give"),
+                    HasSubstr("config.json beside the tag")));
+
+  AutoTpSplitRule heads;
+  heads.model_config = true;
+  heads.kv_heads = 6;
+  heads.kv_heads_from = "/c/config.json: num_key_value_heads";
+  EXPECT_TRUE(CheckEvenAtDegree("k.weight", 48, 2, 3, heads).ok());
+  // Near even at tp=4 (12 each), but an attention layer takes whole heads: 2, 2, 1, 1.
+  EXPECT_THAT(CheckEvenAtDegree("k.weight", 48, 2, 4, heads).message(),
+              AllOf(HasSubstr("with 6 key/value heads (/c/config.json: num_key_value_heads)"),
+                    HasSubstr("[16, 16, 8, 8]")));
+  // The heads do not divide 50: only the grain split applies.
+  EXPECT_TRUE(CheckEvenAtDegree("norm.weight", 50, 2, 5, heads).ok());
+  heads.kv_heads = 4;
+  EXPECT_THAT(CheckEvenAtDegree("k.weight", 32, 2, 8, heads).message(),
+              HasSubstr("[8, 8, 8, 8, 0, 0, 0, 0]"));
+
+  AutoTpSplitRule headless;
+  headless.model_config = true;
+  EXPECT_THAT(CheckEvenAtDegree("q.weight", 32, 2, 4, headless).message(),
+              HasSubstr("config.json beside the tag names no key/value head count"));
+}
+
+class AutoTpSplitRuleReadTest : public ::testing::Test {
+ protected:
+  // ReadAutoTpSplitRule of a model states in <dir>/global_step3 whose ds_config has
+  // tensor_parallel `section`, beside `config` (none where null) written as <dir>/config.json.
+  Result<AutoTpSplitRule> Read(const Json& section, const std::string& config) {
+    const std::string tag = dir_.path() + "/global_step3";
+    std::filesystem::create_directories(tag);
+    pickle::Graph graph;
+    graph.set_root(
+        graph.Dict({{graph.Str("ds_config"), PickleOf(graph, {{"tensor_parallel", section}})}}));
+    const std::string path = tag + "/zero_pp_rank_0_mp_rank_00_model_states.pt";
+    Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+    if (!writer.ok()) return writer.status();
+    if (Result<uint64_t> size = writer->Finish(graph.root()); !size.ok()) return size.status();
+    std::filesystem::remove(dir_.path() + "/config.json");
+    if (!config.empty()) std::ofstream(dir_.path() + "/config.json") << config;
+    Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+    if (!reader.ok()) return reader.status();
+    return ReadAutoTpSplitRule(*reader, tag + "/");
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(AutoTpSplitRuleReadTest, TheGrainIsTheDsConfigsAndTheHeadsTheConfigJsonsBesideTheTag) {
+  Result<AutoTpSplitRule> rule = Read({{"autotp_size", 2}}, "");
+  ASSERT_TRUE(rule.ok()) << rule.status().ToString();
+  EXPECT_EQ(rule->grain, 1u);
+  EXPECT_FALSE(rule->model_config);
+  EXPECT_FALSE(rule->kv_heads);
+
+  rule = Read({{"autotp_size", 2}, {"tp_grain_size", 64}},
+              R"({"num_attention_heads": 8, "num_key_value_heads": 2})");
+  ASSERT_TRUE(rule.ok()) << rule.status().ToString();
+  EXPECT_EQ(rule->grain, 64u);
+  EXPECT_TRUE(rule->model_config);
+  EXPECT_EQ(rule->kv_heads, 2u);
+  EXPECT_EQ(rule->kv_heads_from, dir_.path() + "/config.json: num_key_value_heads");
+
+  // GPT-2 keeps num_attention_heads as n_head; a vision-language model its text model's apart.
+  rule = Read(Json::object(), R"({"n_head": 12, "n_embd": 768})");
+  ASSERT_TRUE(rule.ok()) << rule.status().ToString();
+  EXPECT_EQ(rule->kv_heads, 12u);
+  rule = Read(Json::object(),
+              R"({"num_attention_heads": 16, "text_config": {"num_key_value_heads": 4}})");
+  ASSERT_TRUE(rule.ok()) << rule.status().ToString();
+  EXPECT_EQ(rule->kv_heads, 4u);
+  EXPECT_THAT(rule->kv_heads_from, HasSubstr("text_config/num_key_value_heads"));
+  rule = Read(Json::object(), R"({"hidden_size": 64})");
+  ASSERT_TRUE(rule.ok()) << rule.status().ToString();
+  EXPECT_TRUE(rule->model_config);
+  EXPECT_FALSE(rule->kv_heads);
+}
+
+TEST_F(AutoTpSplitRuleReadTest, MalformedValuesAreRefusedNamingTheFileAndTheField) {
+  EXPECT_THAT(Read({{"tp_grain_size", 0}}, "").status().message(),
+              AllOf(HasSubstr("zero_pp_rank_0_mp_rank_00_model_states.pt"),
+                    HasSubstr("ds_config/tensor_parallel/tp_grain_size: not a positive int")));
+  Result<AutoTpSplitRule> rule = Read(Json::object(), "{\"num_key_value_heads\": ");
+  EXPECT_EQ(rule.status().code(), StatusCode::kCorrupt);
+  EXPECT_THAT(rule.status().message(), HasSubstr("config.json: not a JSON object"));
+  EXPECT_THAT(Read(Json::object(), R"({"num_key_value_heads": "8"})").status().message(),
+              HasSubstr("config.json: num_key_value_heads: not a positive int"));
 }
 
 }  // namespace
