@@ -7,7 +7,9 @@ parser recognises it (a class named ...Model whose layers sit in an nn.ModuleLis
 q/k/v and up projections become column-parallel LinearLayers (split on dim 0, bias too),
 o and down projections row-parallel LinearAllreduce (weight split on dim 1, bias whole), layer
 norms stay whole; the embedding, the final norm and the head are outside the layers and stay
-whole. Every rank of a data-parallel rank's TP group trains on the same micro batch.
+whole. The MLP is 65 wide, so AutoTP splits up and down unevenly (33 and 32 at TP=2; 17, 16, 16
+and 16 at TP=4), attention's 32 evenly. Every rank of a data-parallel rank's TP group trains on
+the same micro batch.
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 # The shared-memory collectives op would be compiled at run time; gloo does without it.
 deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False
 
-VOCAB, SEQ, WIDTH, HIDDEN, HEAD = 64, 8, 32, 64, 8
+VOCAB, SEQ, WIDTH, HIDDEN, HEAD = 64, 8, 32, 65, 8
 GLOBAL_BATCH = 4
 
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <functional>
 #include <optional>
 #include <regex>
 #include <string_view>
@@ -43,10 +42,6 @@ std::string BlocksText(const std::vector<uint64_t>& blocks) {
   std::string out;
   for (const uint64_t block : blocks) out += (out.empty() ? "" : ", ") + std::to_string(block);
   return "[" + out + "]";
-}
-
-bool Equal(const std::vector<uint64_t>& blocks) {
-  return std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) == blocks.end();
 }
 
 // A list or tuple of ints, or nullopt.
@@ -233,6 +228,7 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
     by_rank[*t] = value;
   }
   std::optional<ShardMap> agreed;
+  std::vector<uint64_t> blocks;  // split: each rank's extent along the split dimension
   for (uint32_t t = 0; t < tp; ++t) {
     const std::string at = field + "/ranks/" + std::to_string(t);
     UCP_ASSIGN_OR_RETURN(const WholeRankPiece piece, ReadRankPiece(reader, at, by_rank[t]));
@@ -258,21 +254,34 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
       }
     } else {
       const size_t d = cut.front();
-      if (cut.size() != 1 || piece.shard[d] * tp != whole[d] ||
-          piece.locations != std::vector<int64_t>{t} ||
-          static_cast<uint64_t>(piece.source_offset) != t * piece.shard[d] * whole_strides[d]) {
+      uint64_t before = 0;
+      for (const uint64_t block : blocks) before += block;
+      if (cut.size() != 1 || piece.shard[d] == 0 || piece.locations != std::vector<int64_t>{t} ||
+          static_cast<uint64_t>(piece.source_offset) != before * whole_strides[d]) {
         return unsupported("shard_shape " + ShapeText(piece.shard) + " of logical_shape " +
                            ShapeText(whole) + " at this offset is not rank " + std::to_string(t) +
-                           "'s block of " + std::to_string(tp) + " equal ones along one dimension");
+                           "'s block along one dimension, after those of the ranks before it");
       }
       map.rule = Rule::kSplit;
       map.dim = static_cast<uint32_t>(d);
       map.sub_params = {whole[d]};
+      blocks.push_back(piece.shard[d]);
     }
     if (agreed && (agreed->rule != map.rule || agreed->dim != map.dim)) {
       return unsupported("another layout than rank 0's");
     }
     agreed = map;
+  }
+  if (agreed->rule == Rule::kSplit) {
+    uint64_t total = 0;
+    for (const uint64_t block : blocks) total += block;
+    if (total != whole[agreed->dim]) {
+      return Status::Unsupported(Prefix(reader.path()) + field + "/ranks: blocks " +
+                                 ShapeText(blocks) + " do not make dim " +
+                                 std::to_string(agreed->dim) + " of logical_shape " +
+                                 ShapeText(whole));
+    }
+    SetBlocks(*agreed, std::move(blocks));
   }
   return std::pair{*agreed, whole};
 }
@@ -280,7 +289,8 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
 }  // namespace
 
 Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
-                          const std::string& where) {
+                          const std::string& where,
+                          const std::map<std::string, std::vector<uint64_t>>& blocks) {
   if (params == nullptr || params->kind() != Kind::kDict) {
     return Status::Corrupt(Prefix(where) + kAffine + "/params: not a dict");
   }
@@ -307,19 +317,35 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
     for (size_t d = 0; d < whole.size(); ++d) {
       if (static_cast<uint64_t>((*shard)[d]) != whole[d]) cut = d;
     }
-    if (cut && whole[*cut] % tp != 0) {
-      return Status::Unsupported(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
-                                 " does not split evenly over tp=" + std::to_string(tp) +
-                                 " along dim " + std::to_string(*cut));
+    std::vector<uint64_t> extents;  // split: each rank's along the cut
+    if (cut) {
+      const std::optional<std::string> name =
+          key->kind() == Kind::kStr ? LiteralName(key->data()) : std::nullopt;
+      const auto given = name ? blocks.find(*name) : blocks.end();
+      if (given != blocks.end()) {
+        extents = given->second;
+      } else if (whole[*cut] % tp == 0) {
+        extents.assign(tp, whole[*cut] / tp);
+      }
+      uint64_t total = 0;
+      for (const uint64_t extent : extents) total += extent;
+      if (extents.size() != tp || total != whole[*cut]) {
+        return Status::Unsupported(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
+                                   " does not split evenly over tp=" + std::to_string(tp) +
+                                   " along dim " + std::to_string(*cut) +
+                                   ", nor by blocks given for it");
+      }
     }
     std::vector<std::pair<Value*, Value*>> new_ranks;
+    uint64_t before = 0;  // along the cut, the blocks of the ranks before t
     for (uint32_t t = 0; t < tp; ++t) {
       Shape slice = whole;
       uint64_t offset = 0;
       Shape holders;
       if (cut) {
-        slice[*cut] = whole[*cut] / tp;
-        offset = t * slice[*cut] * strides[*cut];
+        slice[*cut] = extents[t];
+        offset = before * strides[*cut];
+        before += extents[t];
         holders = {t};
       } else {
         for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
@@ -473,8 +499,10 @@ Result<AutoTpSplitRule> ReadAutoTpSplitRule(const TorchArchiveReader& reader,
   return rule;
 }
 
-Status CheckEvenAtDegree(const std::string& name, uint64_t total, uint32_t from, uint32_t to,
-                         const AutoTpSplitRule& rule) {
+Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t total,
+                                             const std::vector<uint64_t>& saved, uint32_t to,
+                                             const AutoTpSplitRule& rule) {
+  const uint32_t from = static_cast<uint32_t>(saved.size());
   const std::string grain = "tp_grain_size " + std::to_string(rule.grain);
   const auto refuse = [&](const std::string& why) {
     return Status::Unsupported("deepspeed: tp=" + std::to_string(to) + ": " + name + " (" +
@@ -485,30 +513,33 @@ Status CheckEvenAtDegree(const std::string& name, uint64_t total, uint32_t from,
         "the config.json beside the tag names no key/value head count, so how AutoTP splits an "
         "attention layer at another degree is not known");
   }
-  const bool by_heads = rule.kv_heads && total % *rule.kv_heads == 0;
-  const std::string heads =
-      by_heads ? std::to_string(*rule.kv_heads) + " key/value heads (" + rule.kv_heads_from + ")"
-               : "";
-  const std::vector<uint64_t> even(from, total / from);
-  if (total % from != 0 || (GrainBlocks(total, from, rule.grain) != even &&
-                            !(by_heads && HeadBlocks(total, from, *rule.kv_heads) == even))) {
-    return refuse("AutoTP split it at tp=" + std::to_string(from) + " into equal blocks, which " +
-                  grain + (by_heads ? " and " + heads : "") +
+  const bool can_take_heads = rule.kv_heads && total % *rule.kv_heads == 0;
+  const std::string heads = can_take_heads ? std::to_string(*rule.kv_heads) + " key/value heads (" +
+                                                 rule.kv_heads_from + ")"
+                                           : "";
+  // The saved blocks say which way the layer went where the two ways differ at `from`.
+  const bool took_grain = GrainBlocks(total, from, rule.grain) == saved;
+  const bool took_heads = can_take_heads && HeadBlocks(total, from, *rule.kv_heads) == saved;
+  if (!took_grain && !took_heads) {
+    return refuse("AutoTP split it at tp=" + std::to_string(from) + " into blocks of " +
+                  BlocksText(saved) + ", which " + grain + (can_take_heads ? " and " + heads : "") +
                   " do not give; the split rule ucp read is not the one the model ran with (a "
                   "model with a Hugging Face config needs its config.json beside the tag)");
   }
-  if (const std::vector<uint64_t> blocks = GrainBlocks(total, to, rule.grain); !Equal(blocks)) {
-    return refuse("AutoTP splits it into blocks of " + BlocksText(blocks) + " (" + grain +
-                  "); ucp reshards even splits only");
+  const std::vector<uint64_t> by_grain = GrainBlocks(total, to, rule.grain);
+  const std::vector<uint64_t> by_heads =
+      can_take_heads ? HeadBlocks(total, to, *rule.kv_heads) : by_grain;
+  if (took_grain && took_heads && by_grain != by_heads) {
+    return refuse("AutoTP splits it into blocks of " + BlocksText(by_grain) + " (" + grain +
+                  ") or, if it is an attention layer, of " + BlocksText(by_heads) + " (" + heads +
+                  "), and the checkpoint does not say which it is");
   }
-  if (by_heads) {
-    if (const std::vector<uint64_t> blocks = HeadBlocks(total, to, *rule.kv_heads);
-        !Equal(blocks)) {
-      return refuse("with " + heads + " AutoTP splits an attention layer into blocks of " +
-                    BlocksText(blocks) + "; ucp reshards even splits only");
-    }
+  const std::vector<uint64_t>& blocks = took_grain ? by_grain : by_heads;
+  if (std::find(blocks.begin(), blocks.end(), 0) != blocks.end()) {
+    return refuse("AutoTP splits it into blocks of " + BlocksText(blocks) + " (" +
+                  (took_grain ? grain : heads) + "); ucp writes no empty slices");
   }
-  return Status::Ok();
+  return blocks;
 }
 
 }  // namespace ucp::deepspeed

@@ -13,9 +13,9 @@
 // describe).
 //
 // ucp takes the two layouts AutoTP writes for whole-rank slices: every rank holds the whole
-// parameter (replicated), or rank t holds the t-th of tp equal contiguous blocks along one
-// dimension (split: LinearLayer's rows, LinearAllreduce's columns, an evenly split vocabulary).
-// Anything else (uneven splits, pieces, scales) is refused naming the parameter and the field.
+// parameter (replicated), or rank t holds the t-th of tp contiguous blocks along one dimension,
+// equal or not (split: LinearLayer's rows, LinearAllreduce's columns, a vocabulary). Anything
+// else (several pieces, scales, empty slices) is refused naming the parameter and the field.
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once
@@ -53,11 +53,13 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
 
 // Rewrites `params` (a copy of a model-states file's affine_map/params, read by ReadAutoTpMaps)
 // for TP degree `tp`: every entry's "ranks" as AutoTP writes them at that degree, whole slices
-// held by every rank or the t-th of tp equal blocks along the entry's split dimension.
-// kUnsupported naming the pattern where a split dimension does not divide by tp; `where` names
-// the source file in messages.
+// held by every rank, or rank t's block along the entry's split dimension: `blocks`[name][t] for
+// the parameter an entry names literally where `blocks` has it, else the t-th of tp equal ones.
+// kUnsupported naming the pattern where a split dimension does not divide by tp or the blocks do
+// not make it; `where` names the source file in messages.
 Status SetAffineMapDegree(pickle::Graph& graph, pickle::Value* params, uint32_t tp,
-                          const std::string& where);
+                          const std::string& where,
+                          const std::map<std::string, std::vector<uint64_t>>& blocks = {});
 
 // How AutoTP sizes the blocks of a split dimension of `total` over tp ranks
 // (deepspeed/module_inject/tp_shard.py, get_shard_size): near evenly in units of the ds_config's
@@ -85,11 +87,14 @@ std::vector<uint64_t> HeadBlocks(uint64_t total, uint32_t tp, uint64_t kv_heads)
 Result<AutoTpSplitRule> ReadAutoTpSplitRule(const TorchArchiveReader& reader,
                                             const std::string& tag_dir);
 
-// Ok when a dimension of `total` that AutoTP split into `from` equal blocks splits into `to` equal
-// blocks too, whichever of the rule's two ways its layer takes. kUnsupported naming `name`, the
-// blocks and the reason otherwise: an uneven split at `to`; a config.json without a head count; or
-// equal blocks at `from` that neither way gives, so the rule read is not the one the model ran.
-Status CheckEvenAtDegree(const std::string& name, uint64_t total, uint32_t from, uint32_t to,
-                         const AutoTpSplitRule& rule);
+// The blocks AutoTP splits a dimension of `total` into over `to` ranks, where it split it into
+// the `saved` blocks over saved.size() ranks: the way of the rule that gives the saved blocks, or
+// either where both give them and agree at `to`. kUnsupported naming `name`, the blocks and the
+// reason otherwise: the two ways disagree at `to` and the saved blocks do not say which the layer
+// takes; neither gives the saved blocks (the rule read is not the one the model ran with); a
+// config.json without a head count; a rank left with an empty slice.
+Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t total,
+                                             const std::vector<uint64_t>& saved, uint32_t to,
+                                             const AutoTpSplitRule& rule);
 
 }  // namespace ucp::deepspeed

@@ -1,6 +1,7 @@
 #include "core/frameworks/deepspeed/tp_shards.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "core/util/checked.h"
@@ -83,6 +84,7 @@ nlohmann::json MapJson(const ShardMap& map) {
   out["vocab"] = map.vocab;
   out["universal"] = FormName(map.universal);
   if (map.universal == UniversalForm::kSubParamShape) out["sub_param_shape"] = map.sub_param_shape;
+  if (!map.blocks.empty()) out["blocks"] = map.blocks;
   return out;
 }
 
@@ -132,12 +134,51 @@ Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json
     return bad;
   }
   if (map.vocab && (map.dim != 0 || map.sub_params.size() != 1)) return bad;
+  if (const auto blocks = json.find("blocks"); blocks != json.end()) {
+    if (!blocks->is_array() || blocks->size() < 2 || map.vocab || map.sub_params.size() != 1) {
+      return bad;
+    }
+    uint64_t total = 0;
+    for (const nlohmann::json& block : *blocks) {
+      if (!block.is_number_unsigned() || block.get<uint64_t>() == 0) return bad;
+      map.blocks.push_back(block.get<uint64_t>());
+      total += map.blocks.back();
+    }
+    if (total != map.sub_params[0]) return bad;
+  }
   return map;
 }
 
+void SetBlocks(ShardMap& map, std::vector<uint64_t> blocks) {
+  const bool equal =
+      std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) == blocks.end();
+  map.blocks = equal ? std::vector<uint64_t>{} : std::move(blocks);
+}
+
+std::vector<uint64_t> SplitBlocks(const Geometry& g) {
+  if (!g.blocks.empty()) return g.blocks;
+  return std::vector<uint64_t>(g.tp, g.atom[g.dim] / g.tp);
+}
+
+Geometry WholeGeometry(uint32_t tp, const Shape& shape) {
+  Geometry g;
+  g.tp = tp;
+  g.local = shape;
+  g.atom = shape;
+  return g;
+}
+
+Shape LocalShape(const Geometry& g, uint32_t t) {
+  if (g.blocks.empty()) return g.local;
+  Shape local = g.local;
+  local[g.dim] = g.blocks[t];
+  return local;
+}
+
 Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
-                            uint32_t tp, const std::optional<Vocab>& vocab) {
-  Geometry g{tp, atom, atom, {}};
+                            uint32_t tp, const std::optional<Vocab>& vocab,
+                            const std::vector<uint64_t>& blocks) {
+  Geometry g = WholeGeometry(tp, atom);
   if (map.rule == Rule::kUnnamed && tp > 1) {
     return Status::Unsupported(
         "deepspeed: tp=" + std::to_string(tp) + ": " + name + ": no rule of " +
@@ -152,6 +193,21 @@ Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const 
                            " of a " + std::to_string(atom.size()) + "-d parameter");
   }
   g.sub_params = map.sub_params;
+  g.dim = map.dim;
+  if (!blocks.empty()) {
+    uint64_t total = 0;
+    for (const uint64_t block : blocks) total += block;
+    if (map.vocab || map.sub_params.size() != 1 || blocks.size() != tp ||
+        std::find(blocks.begin(), blocks.end(), 0) != blocks.end() || total != atom[map.dim] ||
+        total != map.sub_params[0]) {
+      return Status::Corrupt("deepspeed: " + name + ": TP blocks that do not split dim " +
+                             std::to_string(map.dim) + " of " + std::to_string(atom[map.dim]) +
+                             " over tp=" + std::to_string(tp));
+    }
+    g.blocks = blocks;
+    g.local[map.dim] = blocks[0];
+    return g;
+  }
   if (map.vocab) {
     if (!vocab) return Status::Corrupt("deepspeed: " + name + ": a vocabulary without its sizes");
     UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, tp));
@@ -189,7 +245,8 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
     AppendRun(runs, std::move(region), end - begin);
     return runs;
   }
-  UCP_ASSIGN_OR_RETURN(const Region range, Region::Flat(begin, end, g.local));
+  const Shape local = LocalShape(g, t);
+  UCP_ASSIGN_OR_RETURN(const Region range, Region::Flat(begin, end, local));
   // Sub-parameter i is the box of the slice at [local_lo, + part) along dim, and of the padded
   // global tensor at [global_lo + t·part, + part).
   struct Hit {
@@ -204,18 +261,25 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
   uint64_t local_lo = 0;
   uint64_t global_lo = 0;
   for (size_t i = 0; i < g.sub_params.size(); ++i) {
-    const uint64_t part = g.sub_params[i] / g.tp;
-    Shape local_offsets(g.local.size(), 0);
+    // Rank t's part of the sub-parameter and where it starts: equal parts, or the blocks'.
+    uint64_t part = g.sub_params[i] / g.tp;
+    uint64_t before = uint64_t{t} * part;
+    if (!g.blocks.empty()) {
+      part = g.blocks[t];
+      before = 0;
+      for (uint32_t s = 0; s < t; ++s) before += g.blocks[s];
+    }
+    Shape local_offsets(local.size(), 0);
     local_offsets[map.dim] = local_lo;
-    Shape extents = g.local;
+    Shape extents = local;
     extents[map.dim] = part;
-    UCP_ASSIGN_OR_RETURN(const Region box, Region::Box(local_offsets, extents, g.local));
+    UCP_ASSIGN_OR_RETURN(const Region box, Region::Box(local_offsets, extents, local));
     UCP_ASSIGN_OR_RETURN(const std::vector<OverlapPiece> pieces, Overlap(range, box));
     for (const OverlapPiece& piece : pieces) {
       hits.push_back({piece.a_position, piece.length, piece.b_position, i});
     }
-    Shape offsets(g.local.size(), 0);
-    offsets[map.dim] = global_lo + uint64_t{t} * part;
+    Shape offsets(local.size(), 0);
+    offsets[map.dim] = global_lo + before;
     global_offsets.push_back(std::move(offsets));
     block_extents.push_back(std::move(extents));
     local_lo += part;

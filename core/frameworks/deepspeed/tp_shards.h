@@ -38,6 +38,9 @@ struct ShardMap {
   bool vocab = false;
   UniversalForm universal = UniversalForm::kNone;
   uint32_t sub_param_shape = 0;  // kSubParamShape: entry of parameter_with_sub_params
+  // kSplit of one sub-parameter split unevenly (AutoTP): each TP rank's extent along dim at the
+  // tag's degree, in rank order; empty for equal parts.
+  std::vector<uint64_t> blocks;
 };
 
 struct Vocab {
@@ -81,19 +84,38 @@ constexpr const char* FormName(UniversalForm form) {
 nlohmann::json MapJson(const ShardMap& map);
 Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json);
 
-// A parameter's slices at TP degree `tp`: each rank's local shape, the atom's shape and the
-// global extents of the sub-parameters along the split dimension (vocabulary: padded for tp).
+// A parameter's slices at TP degree `tp`: each rank's local shape (rank 0's where `blocks` are
+// uneven: LocalShape gives each rank's), the atom's shape, the global extents of the
+// sub-parameters along the split dimension (vocabulary: padded for tp), and for one sub-parameter
+// split unevenly each rank's extent along it.
 struct Geometry {
   uint32_t tp = 1;
   Shape local;
   Shape atom;
   std::vector<uint64_t> sub_params;
+  std::vector<uint64_t> blocks;  // uneven: rank t's extent along dim
+  uint32_t dim = 0;
 };
 
-// The geometry of `map`'s slices of an atom of shape `atom` at TP degree `tp`. kUnsupported for an
-// unnamed parameter at tp > 1 and for sub-parameters that do not split evenly.
+// TP rank t's local shape.
+Shape LocalShape(const Geometry& g, uint32_t t);
+
+// Sets map.blocks to `blocks` where they are not all equal, else to none (equal parts).
+void SetBlocks(ShardMap& map, std::vector<uint64_t> blocks);
+
+// Each TP rank's extent along the split dimension of `g`, a kSplit geometry of one sub-parameter.
+std::vector<uint64_t> SplitBlocks(const Geometry& g);
+
+// The geometry of a parameter of shape `shape` that every one of `tp` ranks holds whole.
+Geometry WholeGeometry(uint32_t tp, const Shape& shape);
+
+// The geometry of `map`'s slices of an atom of shape `atom` at TP degree `tp`: equal parts of each
+// sub-parameter, or the `blocks` given (one sub-parameter, not a vocabulary: each rank's extent,
+// tp of them, none empty, summing to the atom's). kUnsupported for an unnamed parameter at tp > 1
+// and for sub-parameters that do not split evenly; kCorrupt for blocks that do not fit.
 Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
-                            uint32_t tp, const std::optional<Vocab>& vocab);
+                            uint32_t tp, const std::optional<Vocab>& vocab,
+                            const std::vector<uint64_t>& blocks = {});
 
 // A run of `count` elements of a TP slice, in the slice's order: where they are in the atom
 // (nullopt: vocabulary padding rows, in no atom).

@@ -24,7 +24,7 @@ using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
 using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
-using deepspeed::CheckEvenAtDegree;
+using deepspeed::BlocksAtDegree;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
@@ -45,6 +45,7 @@ using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
+using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
@@ -61,16 +62,19 @@ using deepspeed::RefuseExpertParallel;
 using deepspeed::Rule;
 using deepspeed::ScalarValue;
 using deepspeed::SetAffineMapDegree;
+using deepspeed::SetBlocks;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
 using deepspeed::SizeNode;
+using deepspeed::SplitBlocks;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
+using deepspeed::WholeGeometry;
 using deepspeed::Zero3ModelStatesName;
 using deepspeed::ZeroStageOf;
 using pickle::Kind;
@@ -451,7 +455,7 @@ Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const Ind
   std::vector<Segment> segments;
   for (size_t k = 0; k < layout.params.names.size(); ++k) {
     const std::string& name = layout.params.names[k];
-    const Geometry whole{1, layout.params.shapes[k], layout.params.shapes[k], {}};
+    const Geometry whole = WholeGeometry(1, layout.params.shapes[k]);
     UCP_ASSIGN_OR_RETURN(const std::vector<Segment> piece,
                          PieceSegments(index, name, state, layout.params.numels[k], layout.dp, r,
                                        item, SliceOf(facts, name, t, whole)));
@@ -529,8 +533,8 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
           return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
                                  name);
         }
-        UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                             GeometryAt(name, map->second, shape, facts.tp, std::nullopt));
+        UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map->second, shape, facts.tp,
+                                                           std::nullopt, map->second.blocks));
         shape = geometry.local;
         facts.slices.emplace(name, std::move(geometry));
       }
@@ -576,8 +580,8 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
 }
 
 // An AutoTP tag's facts at TP degree `tp`: each parameter's slices there, as AutoTP splits it by
-// `rule`, and the flat groups of their shapes (the whole parameters at tp = 1). The source's
-// files stay as they are.
+// `rule`, and the flat groups of TP rank 0's slices' shapes (the whole parameters at tp = 1). The
+// source's files stay as they are.
 Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpSplitRule& rule) {
   IndexFacts out = facts;
   out.tp = tp;
@@ -585,12 +589,16 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
   for (GroupLayout& group : out.flat_groups) {
     std::vector<Shape> shapes;
     for (const std::string& name : group.names) {
-      const Shape& whole = facts.slices.at(name).atom;
-      const ShardMap& map = facts.maps.at(name);
+      const Geometry& saved = facts.slices.at(name);
+      const Shape& whole = saved.atom;
+      ShardMap& map = out.maps.at(name);
       if (map.rule == Rule::kSplit) {
-        UCP_RETURN_IF_ERROR(CheckEvenAtDegree(name, whole.at(map.dim), facts.tp, tp, rule));
+        UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks,
+                             BlocksAtDegree(name, whole.at(map.dim), SplitBlocks(saved), tp, rule));
+        SetBlocks(map, std::move(blocks));
       }
-      UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map, whole, tp, std::nullopt));
+      UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                           GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
       shapes.push_back(geometry.local);
       out.slices.emplace(name, std::move(geometry));
     }
@@ -614,9 +622,9 @@ Status SetAutoTpSize(pickle::Graph& graph, Value* root, uint32_t tp,
 // A model states' record of its TP degree set to `tp`, as DeepSpeed 0.19 writes it there:
 // mp_world_size, checkpoint_parallel_dimensions' tp_degree, ds_config's autotp_size, and
 // universal_checkpoint_info with the affine map at `tp` (none at tp = 1: DeepSpeed records no
-// AutoTP then).
-Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp,
-                   const TorchArchiveReader& reader) {
+// AutoTP then), the parameters of `uneven` split in its blocks.
+Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp, const TorchArchiveReader& reader,
+                   const std::map<std::string, std::vector<uint64_t>>& uneven) {
   UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(tp), reader.path()));
   if (Value* dimensions = root->Get("checkpoint_parallel_dimensions");
       dimensions != nullptr && dimensions->kind() == Kind::kDict) {
@@ -633,13 +641,32 @@ Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp,
   Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
   Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
   return SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"), tp,
-                            reader.path());
+                            reader.path(), uneven);
 }
 
-// The flat groups DeepSpeed makes at `dp`: each parameter group's parameters split into sub
-// groups by the partition elements at that size.
-Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp,
+// TP rank t's flat groups: `groups` (of TP rank 0's slices) with rank t's slices' shapes, which
+// differ where AutoTP splits a parameter unevenly.
+Result<std::vector<GroupLayout>> RankGroups(const IndexFacts& facts,
+                                            const std::vector<GroupLayout>& groups, uint32_t t) {
+  if (t == 0 || facts.tp == 1) return groups;
+  std::vector<GroupLayout> out;
+  for (const GroupLayout& group : groups) {
+    std::vector<Shape> shapes;
+    for (const std::string& name : group.names) {
+      shapes.push_back(LocalShape(facts.slices.at(name), t));
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.names, std::move(shapes)));
+    out.push_back(std::move(layout));
+  }
+  return out;
+}
+
+// The flat groups DeepSpeed makes at `dp` on TP rank t: each parameter group's parameters split
+// into sub groups by the partition elements of t's slices at that size.
+Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp, uint32_t t,
                                               std::vector<std::vector<uint64_t>>& members) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> groups,
+                       RankGroups(facts, facts.flat_groups, t));
   std::vector<GroupLayout> out;
   members.assign(facts.param_groups.size(), {});
   size_t flat = 0;
@@ -647,8 +674,8 @@ Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t 
     std::vector<std::string> names;
     std::vector<Shape> shapes;
     std::vector<uint64_t> numels;
-    for (; flat < facts.flat_groups.size() && facts.flat_group_of[flat] == pg; ++flat) {
-      const GroupLayout& group = facts.flat_groups[flat];
+    for (; flat < groups.size() && facts.flat_group_of[flat] == pg; ++flat) {
+      const GroupLayout& group = groups[flat];
       names.insert(names.end(), group.names.begin(), group.names.end());
       shapes.insert(shapes.end(), group.shapes.begin(), group.shapes.end());
       numels.insert(numels.end(), group.numels.begin(), group.numels.end());
@@ -1029,14 +1056,13 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
         const ShardMap& map = slices.maps.at(name);
         const Shape& whole = slices.whole_shapes.at(name);
         UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                             GeometryAt(name, map, whole, tp, std::nullopt));
+                             GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
         for (uint32_t t = 0; t < tp; ++t) {
-          if (layouts[t].params.shapes[k] != geometry.local) {
+          if (layouts[t].params.shapes[k] != LocalShape(geometry, t)) {
             return FieldError(ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
                               ShapeText(layouts[t].params.shapes[k]) +
-                                  ", but AutoTP's affine map "
-                                  "gives TP rank " +
-                                  std::to_string(t) + " a slice of " + ShapeText(geometry.local));
+                                  ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
+                                  " a slice of " + ShapeText(LocalShape(geometry, t)));
           }
         }
         if (tp > 1) shard_maps[name] = MapJson(map);
@@ -1097,7 +1123,7 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
       const Shape& shape = frozen.params.shapes[k];
       Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, shape, {}};
       UCP_RETURN_IF_ERROR(
-          AddPieceFragments(atom, own, k, per_rank, ShardMap{}, Geometry{1, shape, shape, {}}, 0));
+          AddPieceFragments(atom, own, k, per_rank, ShardMap{}, WholeGeometry(1, shape), 0));
       c.atoms.push_back(std::move(atom));
     }
   }
@@ -1164,11 +1190,33 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   }
   UCP_ASSIGN_OR_RETURN(const IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
   const uint32_t m = target.dp;
+  // Each TP rank's flat groups; DeepSpeed makes each rank's sub groups of its own slices, and
+  // ucp writes one group structure for all (rank (0, 0)'s files are the templates).
   std::vector<std::vector<uint64_t>> members;
-  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(at, m, members));
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> flat_groups, FlatGroupsAt(at, m, 0, members));
+  std::vector<std::vector<GroupLayout>> rank_groups = {flat_groups};
+  for (uint32_t t = 1; t < tp; ++t) {
+    std::vector<std::vector<uint64_t>> rank_members;
+    UCP_ASSIGN_OR_RETURN(std::vector<GroupLayout> groups, FlatGroupsAt(at, m, t, rank_members));
+    bool same = rank_members == members && groups.size() == flat_groups.size();
+    for (size_t g = 0; same && g < groups.size(); ++g) {
+      same = groups[g].names == flat_groups[g].names;
+    }
+    if (!same) {
+      return Status::Unsupported(
+          "deepspeed: tp=" + std::to_string(tp) + ", dp=" + std::to_string(m) +
+          ": DeepSpeed's sub groups (sub_group_size " + std::to_string(at.sub_group_size) +
+          ") of TP rank " + std::to_string(t) + "'s slices differ from TP rank 0's");
+    }
+    rank_groups.push_back(std::move(groups));
+  }
   bool regrouped = flat_groups.size() != facts.flat_groups.size();
   for (size_t g = 0; !regrouped && g < flat_groups.size(); ++g) {
     regrouped = flat_groups[g].names != facts.flat_groups[g].names;
+  }
+  std::map<std::string, std::vector<uint64_t>> uneven;  // reshaped: the blocks of uneven splits
+  for (const auto& [name, map] : at.maps) {
+    if (!map.blocks.empty()) uneven.emplace(name, map.blocks);
   }
   OutputPlan plan;
 
@@ -1193,9 +1241,9 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
       if (regrouped || reshaped) {
-        UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, flat_groups, reader, reshaped));
+        UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped));
       }
-      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader));
+      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader, uneven));
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0 || t > 0) {
         if (Value** shared = MutableEntry(root, "shared_params");
@@ -1213,7 +1261,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         const uint64_t piece = PieceOf(facts.frozen.numels[k], m);
         UCP_ASSIGN_OR_RETURN(*slot, PartitionTensor(out.graph, tensor, piece, piece));
         const Shape& shape = facts.frozen.shapes[k];
-        const Geometry whole{1, shape, shape, {}};  // tp = 1: AutoTP tags have no frozen ones
+        const Geometry whole = WholeGeometry(1, shape);  // tp = 1: AutoTP tags have no frozen ones
         UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
                              PieceSegments(index, name, kFrozenState, facts.frozen.numels[k], m, r,
                                            ItemSize(tensor.dtype), SliceOf(at, name, t, whole)));
@@ -1230,16 +1278,19 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
-  std::vector<FlatLayout> layouts;
-  for (const GroupLayout& group : flat_groups) {
-    UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
-    layouts.push_back(std::move(layout));
+  std::vector<std::vector<FlatLayout>> rank_layouts(tp);
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (const GroupLayout& group : rank_groups[t]) {
+      UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
+      rank_layouts[t].push_back(std::move(layout));
+    }
   }
-  // Rank (0, 0)'s file is every rank's template: with AutoTP's equal slices every TP rank's
-  // files differ only in the tensors written here.
+  // Rank (0, 0)'s file is every rank's template: every TP rank's files differ only in the
+  // tensors written here, sized by that rank's slices.
   for (uint32_t i = 0; i < m * tp; ++i) {
     const uint32_t r = i % m;
     const uint32_t t = i / m;
+    const std::vector<FlatLayout>& layouts = rank_layouts[t];
     ArchiveOutput out;
     out.path = OptimName(facts.prefix, r, t);
     Value* root = out.graph.Import(reader.root());

@@ -134,7 +134,9 @@ TEST_F(AutoTpMapsTest, LayoutsOtherThanWholeRankBlocksAreRefusedNamingTheField) 
   Piece("^q\\.weight$", 1)["source"][0] = 17;  // not rank 1's block
   EXPECT_EQ(refusal("q.weight").code(), StatusCode::kUnsupported);
   EXPECT_THAT(refusal("q.weight").message(),
-              AllOf(HasSubstr("model_states.pt: " + q), HasSubstr("block of 2 equal ones")));
+              AllOf(HasSubstr("model_states.pt: " + q),
+                    HasSubstr("not rank 1's block along one dimension, after those of the ranks "
+                              "before it")));
   SetUp();
   Piece("^q\\.weight$", 1)["scale"] = 0.5;
   EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + "/pieces/0/scale: a scaled slice"));
@@ -143,11 +145,13 @@ TEST_F(AutoTpMapsTest, LayoutsOtherThanWholeRankBlocksAreRefusedNamingTheField) 
       Piece("^q\\.weight$", 1));
   EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + "/pieces: 2 pieces"));
   SetUp();
-  // Uneven (AutoTP splits a vocabulary of 67 rows 34 / 33).
+  // Blocks of 4 and 4 of 7 rows; an empty block.
   info_["affine_map"]["params"]["^q\\.weight$"] = Entry({7, 4}, {4, 4}, {0, 16}, {{0}, {1}});
-  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["shard_shape"] = {3, 4};
-  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["pieces"][0]["shape"] = {3, 4};
-  EXPECT_EQ(refusal("q.weight").code(), StatusCode::kUnsupported);
+  EXPECT_THAT(refusal("q.weight").message(),
+              HasSubstr("ranks: blocks [4, 4] do not make dim 0 of logical_shape [7, 4]"));
+  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["shard_shape"] = {0, 4};
+  info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["pieces"][0]["shape"] = {0, 4};
+  EXPECT_THAT(refusal("q.weight").message(), HasSubstr("not rank 1's block"));
   SetUp();
   EXPECT_THAT(refusal("missing.weight").message(),
               HasSubstr("0 entries describe missing.weight, so its TP layout is not known"));
@@ -179,6 +183,57 @@ TEST_F(AutoTpMapsTest, TheAffineMapRewrittenForAnotherDegreeDescribesTheSameLayo
             HasSubstr("does not split evenly over tp=3 along dim 0")));
 }
 
+TEST_F(AutoTpMapsTest, UnevenBlocksAreASplitThatKeepsThemAndIsRewrittenInTheBlocksGiven) {
+  // up: 5 rows as 3 and 2 (rank 1's block starts at row 3, element 12).
+  Json up = Entry({5, 4}, {3, 4}, {0, 12}, {{0}, {1}});
+  up["ranks"]["1"]["shard_shape"] = {2, 4};
+  up["ranks"]["1"]["pieces"][0]["shape"] = {2, 4};
+  info_["affine_map"]["params"]["^up\\.weight$"] = up;
+  Result<AutoTpMaps> maps = Read({"up.weight", "q.weight"});
+  ASSERT_TRUE(maps.ok()) << maps.status().ToString();
+  const ShardMap& map = maps->maps.at("up.weight");
+  EXPECT_EQ(map.blocks, (std::vector<uint64_t>{3, 2}));
+  EXPECT_TRUE(maps->maps.at("q.weight").blocks.empty());  // equal blocks
+  Result<ShardMap> back = MapFromJson("up.weight", MapJson(map));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->blocks, map.blocks);
+
+  // The geometry: rank 1 holds rows 3 and 4.
+  Result<Geometry> geometry = GeometryAt("up.weight", map, {5, 4}, 2, std::nullopt, map.blocks);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+  EXPECT_EQ(LocalShape(*geometry, 0), (Shape{3, 4}));
+  EXPECT_EQ(LocalShape(*geometry, 1), (Shape{2, 4}));
+  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, *geometry, 1, 0, 8);
+  ASSERT_TRUE(runs.ok() && runs->size() == 1 && runs->front().region) << runs.status().ToString();
+  EXPECT_EQ(runs->front().region->Runs(), (std::vector<FlatRange>{{12, 20}}));
+  EXPECT_EQ(GeometryAt("up.weight", map, {5, 4}, 2, std::nullopt, {5, 0}).status().code(),
+            StatusCode::kCorrupt);
+
+  // Rewritten at tp=3 in blocks 2, 2, 1 (the parameters without blocks split evenly or not at
+  // all there: the others are left out).
+  info_["affine_map"]["params"].erase("^embed\\.weight$");
+  info_["affine_map"]["params"].erase("^q\\.weight$");
+  info_["affine_map"]["params"].erase("^o\\.weight$");
+  pickle::Graph graph;
+  pickle::Value* info = PickleOf(graph, info_);
+  ASSERT_TRUE(SetAffineMapDegree(graph, info->Get("affine_map")->Get("params"), 3, "made.pt",
+                                 {{"up.weight", {2, 2, 1}}})
+                  .ok());
+  const pickle::Value* ranks =
+      info->Get("affine_map")->Get("params")->Get("^up\\.weight$")->Get("ranks");
+  ASSERT_NE(ranks, nullptr);
+  std::vector<int64_t> offsets;
+  for (const auto& [rank, value] : ranks->entries()) {
+    offsets.push_back(*value->Get("pieces")->items()[0]->Get("source")->items()[0]->AsInt64());
+  }
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, 8, 16}));
+  EXPECT_THAT(SetAffineMapDegree(graph, info->Get("affine_map")->Get("params"), 3, "made.pt",
+                                 {{"up.weight", {2, 2}}})
+                  .message(),
+              HasSubstr("^up\\.weight$: logical_shape [5, 4] does not split evenly over tp=3 "
+                        "along dim 0, nor by blocks given for it"));
+}
+
 TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
   info_["affine_map"]["params"]["^o\\.weight$"]["logical_shape"] = "4x8";
   Result<AutoTpMaps> maps = Read({"o.weight"});
@@ -207,43 +262,59 @@ TEST(AutoTpSplitRuleTest, TheBlocksAreAutoTpsGrainAndHeadSplits) {
   EXPECT_EQ(HeadBlocks(48, 3, 6), (Blocks{16, 16, 16}));
 }
 
-TEST(AutoTpSplitRuleTest, AnotherDegreeIsRefusedWhereAutoTpMaySplitUnevenly) {
-  const AutoTpSplitRule plain;  // a model without a config, tp_grain_size 1
-  EXPECT_TRUE(CheckEvenAtDegree("q.weight", 32, 2, 4, plain).ok());
-  EXPECT_TRUE(CheckEvenAtDegree("q.weight", 32, 2, 1, plain).ok());
-  EXPECT_THAT(CheckEvenAtDegree("q.weight", 32, 2, 3, plain).message(),
-              AllOf(HasSubstr("tp=3: q.weight (32 along its split dimension)"),
-                    HasSubstr("blocks of [11, 11, 10] (tp_grain_size 1)")));
+TEST(AutoTpSplitRuleTest, TheBlocksAtAnotherDegreeAreThoseOfTheWayTheSavedBlocksShow) {
+  using Blocks = std::vector<uint64_t>;
+  const auto blocks = [](uint64_t total, const Blocks& saved, uint32_t to,
+                         const AutoTpSplitRule& rule) {
+    Result<Blocks> out = BlocksAtDegree("w", total, saved, to, rule);
+    return out.ok() ? *out : Blocks{};
+  };
+  const auto refusal = [](uint64_t total, const Blocks& saved, uint32_t to,
+                          const AutoTpSplitRule& rule) {
+    return std::string(BlocksAtDegree("w", total, saved, to, rule).status().message());
+  };
+  const AutoTpSplitRule plain;  // a model without a config, tp_grain_size 1: near even
+  EXPECT_EQ(blocks(32, {16, 16}, 4, plain), (Blocks{8, 8, 8, 8}));
+  EXPECT_EQ(blocks(32, {16, 16}, 3, plain), (Blocks{11, 11, 10}));
+  EXPECT_EQ(blocks(65, {33, 32}, 4, plain), (Blocks{17, 16, 16, 16}));
+  EXPECT_EQ(blocks(65, {33, 32}, 1, plain), (Blocks{65}));
+  EXPECT_THAT(refusal(65, {32, 33}, 4, plain),
+              AllOf(HasSubstr("tp=4: w (65 along its split dimension)"),
+                    HasSubstr("split it at tp=2 into blocks of [32, 33], which tp_grain_size 1 do "
+                              "not give"),
+                    HasSubstr("config.json beside the tag")));
+  EXPECT_THAT(refusal(2, {1, 1}, 4, plain),
+              HasSubstr("blocks of [1, 1, 0, 0] (tp_grain_size 1); ucp writes no empty slices"));
 
   AutoTpSplitRule grain;
   grain.grain = 64;
-  EXPECT_TRUE(CheckEvenAtDegree("up.weight", 256, 2, 4, grain).ok());
-  EXPECT_THAT(CheckEvenAtDegree("up.weight", 256, 2, 8, grain).message(),
-              HasSubstr("[64, 64, 64, 64, 0, 0, 0, 0] (tp_grain_size 64)"));
-  // Equal blocks of 48 at tp=2 are not what a grain of 64 gives: not the rule the model ran.
-  EXPECT_THAT(CheckEvenAtDegree("up.weight", 96, 2, 1, grain).message(),
-              AllOf(HasSubstr("split it at tp=2 into equal blocks, which tp_grain_size 64 do not "
-                              "give"),
-                    HasSubstr("config.json beside the tag")));
+  EXPECT_EQ(blocks(200, {128, 72}, 3, grain), (Blocks{64, 64, 72}));
+  EXPECT_EQ(blocks(256, {128, 128}, 4, grain), (Blocks{64, 64, 64, 64}));
+  EXPECT_THAT(refusal(96, {48, 48}, 1, grain), HasSubstr("which tp_grain_size 64 do not give"));
 
   AutoTpSplitRule heads;
   heads.model_config = true;
   heads.kv_heads = 6;
   heads.kv_heads_from = "/c/config.json: num_key_value_heads";
-  EXPECT_TRUE(CheckEvenAtDegree("k.weight", 48, 2, 3, heads).ok());
-  // Near even at tp=4 (12 each), but an attention layer takes whole heads: 2, 2, 1, 1.
-  EXPECT_THAT(CheckEvenAtDegree("k.weight", 48, 2, 4, heads).message(),
-              AllOf(HasSubstr("with 6 key/value heads (/c/config.json: num_key_value_heads)"),
-                    HasSubstr("[16, 16, 8, 8]")));
+  // 24 and 24 at tp=2 are either way's; at tp=3 both give 16 each, at tp=4 they differ.
+  EXPECT_EQ(blocks(48, {24, 24}, 3, heads), (Blocks{16, 16, 16}));
+  EXPECT_THAT(refusal(48, {24, 24}, 4, heads),
+              AllOf(HasSubstr("blocks of [12, 12, 12, 12] (tp_grain_size 1) or, if it is an "
+                              "attention layer, of [16, 16, 8, 8] (6 key/value heads "
+                              "(/c/config.json: num_key_value_heads))"),
+                    HasSubstr("the checkpoint does not say which")));
+  // Whole heads at tp=4 (an attention layer), near even at tp=4 (an MLP's).
+  EXPECT_EQ(blocks(48, {16, 16, 8, 8}, 5, heads), (Blocks{16, 8, 8, 8, 8}));
+  EXPECT_EQ(blocks(48, {12, 12, 12, 12}, 5, heads), (Blocks{10, 10, 10, 9, 9}));
   // The heads do not divide 50: only the grain split applies.
-  EXPECT_TRUE(CheckEvenAtDegree("norm.weight", 50, 2, 5, heads).ok());
+  EXPECT_EQ(blocks(50, {25, 25}, 3, heads), (Blocks{17, 17, 16}));
   heads.kv_heads = 4;
-  EXPECT_THAT(CheckEvenAtDegree("k.weight", 32, 2, 8, heads).message(),
-              HasSubstr("[8, 8, 8, 8, 0, 0, 0, 0]"));
+  EXPECT_THAT(refusal(32, {8, 8, 8, 8}, 8, heads),
+              HasSubstr("[8, 8, 8, 8, 0, 0, 0, 0] (4 key/value heads"));
 
   AutoTpSplitRule headless;
   headless.model_config = true;
-  EXPECT_THAT(CheckEvenAtDegree("q.weight", 32, 2, 4, headless).message(),
+  EXPECT_THAT(refusal(32, {16, 16}, 4, headless),
               HasSubstr("config.json beside the tag names no key/value head count"));
 }
 
