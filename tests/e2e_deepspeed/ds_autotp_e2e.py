@@ -25,7 +25,11 @@ DeepSpeed's own converter.
      those without a config; with 2 heads an attention layer would split as 16, 16, 0, 0 at tp=4,
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
 
-Usage: ds_autotp_e2e.py --dtype fp32|bf16 --work DIR --tools DIR --lib LIB --ucp UCP
+With --model llama the trainer's model is a Hugging Face LlamaForCausalLM (its head of 67 rows
+split 34/33) and its config.json lies beside the tag: 3 to 5 for the sizes of its plan (PLANS),
+and instead of 6 and 7 the TP=3 refusal that names the config.json's heads.
+
+Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] --work DIR --tools DIR --lib LIB --ucp UCP
        --deepspeed VERSION [--required]
 """
 import argparse
@@ -49,10 +53,17 @@ TAG = f'global_step{STEPS}'
 TRAINER = os.path.join(HERE, 'train_autotp.py')
 # train_autotp.py's attention heads: WIDTH 32 in heads of HEAD 8.
 MODEL_HEADS = 4
-# The sizes ucp reshards to, against DeepSpeed's own resaves there: (tp, dp). At TP=3 every split
-# is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no step,
-# whose attention could not take heads of 8 from 11 rows.
-TARGETS = ((2, 1), (1, 2), (4, 1), (3, 1))
+# Per model (train_autotp.py's --model): the sizes (tp, dp) ucp reshards to against DeepSpeed's
+# own resaves there ('targets'), those it reshards to and then back to TP=2 x DP=1 ('through'),
+# and those resumed live under the preload ('live'). At TP=3 every split of the tiny model is
+# uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no step,
+# whose attention could not take heads of 8 from 11 rows. The Llama's head of 67 is 34/33 at TP=2,
+# 17/17/17/16 at TP=4.
+PLANS = {
+    'tiny': {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)), 'through': ((2, 3), (4, 1)),
+             'live': ((2, 1), (1, 2), (4, 1))},
+    'llama': {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+}
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
 EXPECTED_RULES = {
     'self_attn.q_proj.weight': ('split', 0), 'self_attn.q_proj.bias': ('split', 0),
@@ -78,7 +89,7 @@ def run_trainer(args, env, work, name, tp, dp, extra, steps=STEPS, save=True):
     save_dir = os.path.join(work, name)
     out = os.path.join(work, f'{name}.json')
     command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, TRAINER, '--tp', str(tp),
-               '--dtype', args.dtype, '--steps', str(steps), '--out', out] + extra
+               '--model', args.model, '--dtype', args.dtype, '--steps', str(steps), '--out', out] + extra
     status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
         command + (['--save_dir', save_dir] if save else []), args.tools, env,
         os.path.join(work, f'{name}.log')), steps, save_dir if save else None, out)
@@ -113,10 +124,10 @@ def reshard(report, args, source, out, tp, dp):
 
 
 def check_reshard(report, args, env, work, tag_dir, universal):
-    """ucp's files at each of TARGETS against DeepSpeed's resave there (its universal load of the
-    converted tag, saved again), and the ways through tp2dp3 and tp4dp1 to tp2dp1."""
+    """ucp's files at each of the plan's targets against DeepSpeed's resave there (its universal
+    load of the converted tag, saved again), and the ways through its sizes to tp2dp1."""
     resaved = {}
-    for tp, dp in TARGETS:
+    for tp, dp in PLANS[args.model]['targets']:
         name = f'tp{tp}dp{dp}'
         resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', tp, dp,
                                        ['--load_dir', os.path.dirname(universal), '--load_tag',
@@ -127,7 +138,7 @@ def check_reshard(report, args, env, work, tag_dir, universal):
             harness.compare_resaved(report, name, out, resaved[name], TAG)
         if len(report.failures) == failures:
             print(f'ucp reshard to {name} = DeepSpeed\'s resave there')
-    for through in ((2, 3), (4, 1)):
+    for through in PLANS[args.model]['through']:
         name = f'tp{through[0]}dp{through[1]}'
         middle = os.path.join(work, f'reshard_{name}')
         back = os.path.join(work, f'reshard_{name}_tp2dp1')
@@ -192,6 +203,30 @@ def check_index(report, tag_dir):
                      f'{name}: blocks {rule.get("blocks")}, expected {expected}')
 
 
+def check_llama_index(report, tag_dir):
+    """The Llama's head of 67 rows in blocks of 34 and 33, a vocabulary parameter; attention's and
+    the MLP's splits even."""
+    with open(os.path.join(tag_dir, '.ucp', 'index.json')) as f:
+        tp_state = json.load(f)['adapter_state']['tp']
+    report.check(tp_state['vocabulary'] == ['lm_head.weight'], f'vocabulary {tp_state["vocabulary"]}')
+    for name, rule in tp_state['params'].items():
+        expected = [34, 33] if name == 'lm_head.weight' else None
+        report.check(rule.get('blocks') == expected,
+                     f'{name}: blocks {rule.get("blocks")}, expected {expected}')
+
+
+def check_llama_heads(report, args, work, tag_dir):
+    """The key/value heads come from the config.json the trainer wrote beside the tag: at TP=3 an
+    attention layer of the Llama's 4 heads would split 16/8/8 and an MLP's 11/11/10, and the saved
+    16/16 do not say which q is: refused, naming the heads and the file."""
+    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=1,tp=3', '--out',
+                         os.path.join(work, 'reshard_tp3'))
+    config = os.path.join(os.path.dirname(tag_dir), 'config.json')
+    report.check(status != 0 and 'of [16, 8, 8] (4 key/value heads (' + config in output and
+                 'self_attn.q_proj.weight' in output,
+                 f'ucp reshard --to dp=1,tp=3: exit {status}, not the refusal: {output[-500:]}')
+
+
 def edited_copy(tag_dir, work, name, edit):
     """A copy of the tag whose model states `edit` changed (every one alike)."""
     copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -253,11 +288,13 @@ def check_model_config(report, args, work, tag_dir):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], required=True)
+    parser.add_argument('--model', choices=sorted(PLANS), default='tiny')
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     env = ds_e2e.trainer_environment(args)
-    work = harness.fresh_dir(os.path.join(args.work, f'autotp_{args.dtype}'))
-    report = harness.Report(f'ZeRO-3 AutoTP {args.dtype}')
+    model = '' if args.model == 'tiny' else f'{args.model}_'
+    work = harness.fresh_dir(os.path.join(args.work, f'autotp_{model}{args.dtype}'))
+    report = harness.Report(f'ZeRO-3 AutoTP {model}{args.dtype}')
 
     tag_dir = train(args, env, work)
     index = os.path.join(tag_dir, '.ucp', 'index.json')
@@ -272,7 +309,10 @@ def main():
         report.exit()
     report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
                  'ucp index\'s')
-    check_index(report, tag_dir)
+    if args.model == 'tiny':
+        check_index(report, tag_dir)
+    else:
+        check_llama_index(report, tag_dir)
     export = os.path.join(work, 'export')
     status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal',
                          '--out', export)
@@ -286,10 +326,13 @@ def main():
         if len(report.failures) == failures:
             print(f'ucp export = ds_to_universal: {len(names)} files')
     check_reshard(report, args, env, work, tag_dir, universal)
-    for tp, dp in ((2, 1), (1, 2), (4, 1)):
+    for tp, dp in PLANS[args.model]['live']:
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
-    check_refusals(report, args, tag_dir, work)
-    check_model_config(report, args, work, tag_dir)
+    if args.model == 'tiny':
+        check_refusals(report, args, tag_dir, work)
+        check_model_config(report, args, work, tag_dir)
+    else:
+        check_llama_heads(report, args, work, tag_dir)
     report.exit()
 
 

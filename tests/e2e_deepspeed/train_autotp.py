@@ -11,9 +11,13 @@ whole. The MLP is 65 wide, so AutoTP splits up and down unevenly (33 and 32 at T
 and 16 at TP=4), attention's 32 evenly. Every rank of a data-parallel rank's TP group trains on
 the same micro batch.
 
+With --model llama it is a Hugging Face LlamaForCausalLM instead (transformers; 4 heads, 4
+key/value heads, a 67-token vocabulary and an untied head, which AutoTP splits 34/33 at TP=2), and
+rank 0 writes its config.json beside the tags, as the HF Trainer does.
+
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autotp.py --tp T [--dtype fp32|bf16] --steps N [--save_dir DIR]
+Usage: train_autotp.py --tp T [--model tiny|llama] [--dtype fp32|bf16] --steps N [--save_dir DIR]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
   --save_dir: with --load_dir and N the loaded step, a resave of the loaded state.
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False
 
 VOCAB, SEQ, WIDTH, HIDDEN, HEAD = 64, 8, 32, 65, 8
+LLAMA_VOCAB = 67
 GLOBAL_BATCH = 4
 
 
@@ -96,6 +101,17 @@ class TinyLlamaModel(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
+def llama():
+    """A tiny Llama of transformers, as AutoTP splits a Hugging Face model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=LLAMA_VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                         num_hidden_layers=2, num_attention_heads=WIDTH // HEAD,
+                         num_key_value_heads=WIDTH // HEAD, max_position_embeddings=2 * SEQ,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    return model, lambda engine, tokens, targets: engine(input_ids=tokens, labels=tokens).loss
+
+
 def global_batch(step):
     generator = torch.Generator().manual_seed(1000 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=generator)
@@ -105,6 +121,7 @@ def global_batch(step):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--tp', type=int, required=True)
+    parser.add_argument('--model', choices=['tiny', 'llama'], default='tiny')
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
@@ -130,7 +147,10 @@ def main():
         'steps_per_print': 1000000,
         'checkpoint': {'load_universal': args.universal},
     }
-    model = TinyLlamaModel()
+    if args.model == 'llama':
+        model, loss_of = llama()
+    else:
+        model, loss_of = TinyLlamaModel(), lambda engine, tokens, targets: engine(tokens, targets)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
     if args.load_dir:
@@ -143,7 +163,7 @@ def main():
     for step in range(engine.global_steps + 1, args.steps + 1):
         tokens, targets = global_batch(step)
         rows = slice(dp_rank * micro, (dp_rank + 1) * micro)
-        loss = engine(tokens[rows], targets[rows])
+        loss = loss_of(engine, tokens[rows], targets[rows])
         engine.backward(loss)
         engine.step()
         total = loss.detach().float().clone()
@@ -152,6 +172,8 @@ def main():
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
     if args.save_dir:
+        if rank == 0 and args.model == 'llama':
+            model.config.save_pretrained(args.save_dir)
         engine.save_checkpoint(args.save_dir, tag=f'global_step{args.steps}')
     dist.barrier()
     if rank == 0:
