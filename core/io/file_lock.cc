@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/io/fault_injection.h"
+#include "core/io/wait_backoff.h"
 
 namespace ucp {
 
@@ -18,7 +19,7 @@ Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::millise
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return PosixError("lock: open " + path, errno);
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  std::chrono::milliseconds backoff{1};
+  WaitBackoff backoff;
   while (true) {
     const int injected = MaybeInjectFault(IoOp::kLock, path, 0).error;
     if (injected == 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
@@ -45,8 +46,7 @@ Result<FileLock> FileLock::Acquire(const std::string& path, std::chrono::millise
           " ms");
     }
     std::this_thread::sleep_for(
-        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds{50});
+        std::min<std::chrono::steady_clock::duration>(backoff.Next(now), deadline - now));
   }
   return FileLock(fd);
 }

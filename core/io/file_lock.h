@@ -27,9 +27,9 @@ inline constexpr std::chrono::milliseconds kLockWaitLimit = std::chrono::minutes
 
 class FileLock {
  public:
-  // Opens `path` (creating it, mode 0644) and takes the lock, retrying with backoff (1 ms doubling
-  // to 50 ms) while another holder has it, for at most `wait`; then kFailedPrecondition naming
-  // the path and the wait.
+  // Opens `path` (creating it, mode 0644) and takes the lock, retrying while another holder has
+  // it with WaitBackoff's pauses (every rank of a job takes a view's lock, to see the view's
+  // files made), for at most `wait`; then kFailedPrecondition naming the path and the wait.
   [[nodiscard]] static Result<FileLock> Acquire(const std::string& path,
                                                 std::chrono::milliseconds wait = kLockWaitLimit);
 

@@ -94,7 +94,7 @@ Result<std::optional<OwnerLease>> OwnerLease::Acquire(const std::string& path,
                                                       const std::function<bool()>& done) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options.wait;
-  std::chrono::milliseconds backoff{1};
+  WaitBackoff backoff(options.max_poll);
   std::optional<Sighting> watched;
   auto watched_since = start;
   std::string last_owner;
@@ -154,12 +154,7 @@ Result<std::optional<OwnerLease>> OwnerLease::Acquire(const std::string& path,
           " ms");
     }
     std::this_thread::sleep_for(
-        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
-    const auto twentieth_waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - start) / 20;
-    const auto ceiling =
-        std::min(std::max(twentieth_waited, std::chrono::milliseconds{50}), options.max_poll);
-    backoff = std::min(backoff * 2, ceiling);
+        std::min<std::chrono::steady_clock::duration>(backoff.Next(now), deadline - now));
   }
 }
 

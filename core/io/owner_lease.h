@@ -25,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include "core/io/wait_backoff.h"
 #include "core/util/status.h"
 
 namespace ucp {
@@ -37,18 +38,17 @@ class OwnerLease {
     std::chrono::milliseconds heartbeat = std::chrono::seconds(1);
     // A lease unchanged for this long belongs to a hung or dead owner.
     std::chrono::milliseconds stale_after = std::chrono::seconds(30);
-    // The longest pause between a waiter's looks at the lease (see Acquire).
-    std::chrono::milliseconds max_poll = std::chrono::seconds(2);
+    // The longest pause between a waiter's looks at the lease (WaitBackoff).
+    std::chrono::milliseconds max_poll = kMaxPoll;
   };
 
   // Takes the lease at `path` (creating it, mode 0644), waiting with backoff while a live owner
-  // holds it and taking over a dead or hung one. The pause between looks doubles from 1 ms up to
-  // a twentieth of the time waited so far (at least 50 ms, at most `max_poll`): the end of a
-  // build is seen at most about 5% late, and the thousands of ranks of a job waiting minutes for
-  // one owner (the model states of a large model) look at the lease about once per `max_poll`
-  // each, not 20 times a second. `done` (may be empty) is asked between tries: when it says the
-  // work is finished, Acquire returns nullopt without the lease. kFailedPrecondition naming the
-  // path, the owner and the wait after `options.wait`; a system error creating the lease otherwise.
+  // holds it and taking over a dead or hung one, its pauses between looks WaitBackoff's (the end
+  // of a build seen at most about 5% late; the thousands of ranks of a job waiting minutes for
+  // one owner, the model states of a large model, look about once per `max_poll` each). `done` (may
+  // be empty) is asked between tries: when it says the work is finished, Acquire returns nullopt
+  // without the lease. kFailedPrecondition naming the path, the owner and the wait after
+  // `options.wait`; a system error creating the lease otherwise.
   [[nodiscard]] static Result<std::optional<OwnerLease>> Acquire(
       const std::string& path, const Options& options, const std::function<bool()>& done = {});
 

@@ -5,11 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
+#include "core/io/fault_injection.h"
 #include "tests/unit/core/test_bytes.h"
 
 namespace ucp {
@@ -33,6 +36,35 @@ TEST_F(FileLockTest, ASecondHolderWaitsAtMostItsLimitThenFailsNamingTheLock) {
   EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(second.status().message(),
             "lock: " + path_ + ": still held by another process after 200 ms");
+}
+
+// Counts the flock calls on one path, failing none.
+class LockTries : public IoFaultInjector {
+ public:
+  explicit LockTries(std::string path) : path_(std::move(path)) {}
+  IoFault Decide(IoPhase, IoOp op, std::string_view path, size_t) noexcept override {
+    if (op == IoOp::kLock && path == path_) tries_.fetch_add(1);
+    return {};
+  }
+  int tries() const { return tries_.load(); }
+
+ private:
+  std::string path_;
+  std::atomic<int> tries_{0};
+};
+
+// Every rank of a job takes a view's lock: a waiter's pauses grow with its wait (WaitBackoff),
+// where a cap of 50 ms made about 85 tries in 4 s (1, 2, ..., 32 ms, then 50 ms each).
+TEST_F(FileLockTest, AWaiterTriesLessOftenTheLongerItWaits) {
+  Result<FileLock> held = FileLock::Acquire(path_);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  LockTries tries(path_);
+  SetIoFaultInjector(&tries);
+  Result<FileLock> waiter = FileLock::Acquire(path_, 4s);
+  SetIoFaultInjector(nullptr);
+  EXPECT_EQ(waiter.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_GE(tries.tries(), 10);
+  EXPECT_LE(tries.tries(), 62);
 }
 
 TEST_F(FileLockTest, AWaiterGetsTheLockOnceItsHolderLetsGo) {
