@@ -36,16 +36,6 @@ OSD = "optimizer_state_dict"
 harness.fresh_dir(work)
 
 
-def reshard(tag_dir, to, save_dir, what):
-    harness.fresh_dir(save_dir)
-    status, _, err = harness.run_ucp(ucp, "reshard", tag_dir, "--to", to, "--out", save_dir)
-    ok = report.check(status == 0, f"{what}: ucp reshard exit {status}: {err}")
-    if ok:
-        report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{what}: latest")
-        report.check(not harness.temp_leftovers(save_dir), f"{what}: temporaries left")
-    return ok
-
-
 def structure_diffs(expected, actual):
     """compare() differences other than tensor values and the run-config fields."""
     return [d for d in harness.compare_files(expected, actual, harness.RUN_CONFIG_FIELDS)
@@ -115,7 +105,7 @@ for config in ("moe_z1_fp32", "moe_z2_fp32"):
     for source, other, source_dp, target_dp in ((dp4, dp2, 4, 2), (dp2, dp4, 2, 4)):
         what = f"{config} dp{source_dp} -> dp{target_dp}"
         there = f"{work}/{config}_dp{source_dp}_to_dp{target_dp}"
-        if not reshard(source, f"dp={target_dp}", there, what):
+        if not harness.reshard(report, ucp, source, f"dp={target_dp}", there, what):
             continue
         names = harness.files_under(other)
         report.check(harness.files_under(f"{there}/{TAG}") == names,
@@ -126,7 +116,8 @@ for config in ("moe_z1_fp32", "moe_z2_fp32"):
         check_values(what, source, f"{there}/{TAG}", source_dp, target_dp)
 
         back = f"{work}/{config}_dp{source_dp}_to_dp{target_dp}_back"
-        if reshard(f"{there}/{TAG}", f"dp={source_dp}", back, f"{what} -> dp{source_dp}"):
+        if harness.reshard(report, ucp, f"{there}/{TAG}", f"dp={source_dp}", back,
+                           f"{what} -> dp{source_dp}"):
             harness.compare_resaved(report, f"{what} -> dp{source_dp}", back, source, TAG, ())
 
 for to, words in (("dp=3", "not a multiple of the expert-parallel size 2 (the tag's)"),

@@ -23,21 +23,11 @@ SOURCE = f"{CFG}/pp2dp2/{TAG}"
 harness.fresh_dir(work)
 
 
-def reshard(tag_dir, to, save_dir, what):
-    harness.fresh_dir(save_dir)
-    status, _, err = harness.run_ucp(ucp, "reshard", tag_dir, "--to", to, "--out", save_dir)
-    ok = report.check(status == 0, f"{what}: ucp reshard exit {status}: {err}")
-    if ok:
-        report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{what}: latest")
-        report.check(not harness.temp_leftovers(save_dir), f"{what}: temporaries left")
-    return ok
-
-
 for pp, dp in ((1, 2), (2, 1), (4, 1), (2, 2)):
     case = f"pp{pp}dp{dp}_from_pp2dp2"
     expected = f"{CFG}/resaved/{case}/{TAG}"
     save_dir = f"{work}/{case}"
-    if not reshard(SOURCE, f"pp={pp},dp={dp}", save_dir, case):
+    if not harness.reshard(report, ucp, SOURCE, f"pp={pp},dp={dp}", save_dir, case):
         continue
     names = harness.files_under(expected)
     report.check(harness.files_under(save_dir) == sorted(["latest"] + [f"{TAG}/{n}" for n in names]),
@@ -53,8 +43,8 @@ for pp, dp in ((1, 2), (2, 1), (4, 1), (2, 2)):
 for pp, dp in ((1, 2), (4, 1), (1, 1)):
     what = f"pp2dp2 -> pp{pp}dp{dp} -> pp2dp2"
     first, second = f"{work}/rt_pp{pp}dp{dp}_a", f"{work}/rt_pp{pp}dp{dp}_b"
-    if not (reshard(SOURCE, f"pp={pp},dp={dp}", first, what) and
-            reshard(f"{first}/{TAG}", "pp=2,dp=2", second, what)):
+    if not (harness.reshard(report, ucp, SOURCE, f"pp={pp},dp={dp}", first, what) and
+            harness.reshard(report, ucp, f"{first}/{TAG}", "pp=2,dp=2", second, what)):
         continue
     names = harness.files_under(SOURCE)
     report.check(harness.files_under(f"{second}/{TAG}") == names, f"{what}: files")

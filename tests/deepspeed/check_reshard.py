@@ -26,17 +26,6 @@ TAG = "global_step5"
 ZERO3_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 
 
-def reshard(tag_dir, dp, save_dir, what):
-    harness.fresh_dir(save_dir)
-    status, _, err = harness.run_ucp(ucp, "reshard", tag_dir, "--to", f"dp={dp}", "--out",
-                                     save_dir)
-    ok = report.check(status == 0, f"{what}: ucp reshard exit {status}: {err}")
-    if ok:
-        report.check(harness.read_bytes(f"{save_dir}/latest") == TAG.encode(), f"{what}: latest")
-        report.check(not harness.temp_leftovers(save_dir), f"{what}: temporaries left")
-    return ok
-
-
 def check_run_config(source_tag, ours, what):
     """The run-config fields of our file hold the source's values (every file of a DeepSpeed
     save, model states and optimizer states alike, holds the same top-level ds_config)."""
@@ -54,7 +43,7 @@ for cfg in configs:
         source_tag = f"{fixtures}/{cfg}/dp{source_dp}/{TAG}"
         expected = f"{fixtures}/{cfg}/resaved/{case}/{TAG}"
         save_dir = f"{work}/{cfg}/{case}"
-        if not reshard(source_tag, target, save_dir, what):
+        if not harness.reshard(report, ucp, source_tag, f"dp={target}", save_dir, what):
             continue
         ours = f"{save_dir}/{TAG}"
         names = harness.files_under(expected)
@@ -71,8 +60,8 @@ for cfg in configs:
         what = f"{cfg}: dp4 -> dp{middle} -> dp4"
         original = f"{fixtures}/{cfg}/dp4/{TAG}"
         first, second = f"{work}/{cfg}/rt{middle}_a", f"{work}/{cfg}/rt{middle}_b"
-        if not (reshard(original, middle, first, what) and
-                reshard(f"{first}/{TAG}", 4, second, what)):
+        if not (harness.reshard(report, ucp, original, f"dp={middle}", first, what) and
+                harness.reshard(report, ucp, f"{first}/{TAG}", "dp=4", second, what)):
             continue
         names = harness.files_under(original)
         report.check(harness.files_under(f"{second}/{TAG}") == names, f"{what}: files")

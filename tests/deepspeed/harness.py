@@ -65,6 +65,19 @@ def run_ucp(ucp, *args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def reshard(report, ucp, tag_dir, to, save_dir, what):
+    """`ucp reshard tag_dir --to <to> --out save_dir` into a fresh save_dir: checks that it exited
+    0, that `latest` names the tag and that no temporaries are left; returns whether it exited 0."""
+    fresh_dir(save_dir)
+    status, _, err = run_ucp(ucp, "reshard", tag_dir, "--to", to, "--out", save_dir)
+    ok = report.check(status == 0, f"{what}: ucp reshard exit {status}: {err}")
+    if ok:
+        tag = os.path.basename(os.path.normpath(tag_dir))
+        report.check(read_bytes(f"{save_dir}/latest") == tag.encode(), f"{what}: latest")
+        report.check(not temp_leftovers(save_dir), f"{what}: temporaries left")
+    return ok
+
+
 def fresh_dir(path):
     """An empty directory at path (removed first if present)."""
     if os.path.lexists(path):
