@@ -284,46 +284,61 @@ def print_losses(title, values):
     print(f'{title}: ' + ' '.join(f'{step}:{values[step]:.9g}' for step in sorted(values)), flush=True)
 
 
-def step_save(args, env, work):
+def save_with_and_without_preload(args, env, work, label, run, expected_files=None):
+    """Trains and saves twice in `work`, made afresh: without the preload into ckpt_plain and under
+    it into ckpt, `run(name, env, save_dir)` launching the run called `name` ('plain', 'save'),
+    which writes its losses to work/<name>.json, and returning (status, seconds, output). Fails
+    the test unless both ran, their losses are bit-identical, the preload committed an index of
+    ckpt/TAG, its .pt files are `expected_files` (where given) and each is byte-identical to the
+    plain run's. Returns (the tag folder, the saving run's losses, the .pt files)."""
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     logs = os.path.join(work, 'logs_save')
     runs = {}
     for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
                                     ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = run_past_flakes(lambda: launch(
-            args, run_env, SAVE_DP, os.path.join(work, f'{name}.log'),
-            ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
-             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')]),
-            STEPS, os.path.join(work, save_dir))
+        status, seconds, output = run(name, run_env, os.path.join(work, save_dir))
         if status != 0:
-            fail(f'DeepSpeed DP={SAVE_DP} training ({name}) exited {status}:\n{output[-3000:]}')
+            fail(f'DeepSpeed {label} training ({name}) exited {status}:\n{output[-3000:]}')
         runs[name] = losses(os.path.join(work, f'{name}.json'))
-        print(f'DP={SAVE_DP} run {"under" if name == "save" else "without"} the preload '
-              f'(steps 1..{STEPS}, save at {SAVE_AT}): {seconds:.1f} s')
-    print_losses(f'losses DP={SAVE_DP}', runs['save'])
+        print(f'{label} run {"under" if name == "save" else "without"} the preload: '
+              f'{seconds:.1f} s')
+    print_losses(f'losses {label}', runs['save'])
     if {s: float32_bits(v) for s, v in runs['save'].items()} != \
             {s: float32_bits(v) for s, v in runs['plain'].items()}:
-        print_losses(f'losses DP={SAVE_DP} without the preload', runs['plain'])
+        print_losses(f'losses {label} without the preload', runs['plain'])
         fail('the preload changed the losses of the saving run')
     tag_dir = os.path.join(work, 'ckpt', TAG)
     index = os.path.join(tag_dir, '.ucp', 'index.json')
     if not os.path.isfile(index):
         fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
-    with open(os.path.join(work, 'ckpt', 'latest')) as f:
-        if f.read().strip() != TAG:
-            fail('latest does not name the saved tag')
     # DeepSpeed's own file set, nothing added beside it (ucp's files live under .ucp/).
     files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
-    prefix = 'bf16_' if 'bf16' in args.config else ''
-    expected = sorted(model_states_names(args.config, SAVE_DP) +
-                      [f'{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(SAVE_DP)])
-    if files != expected:
-        fail(f'tag files {files}, expected {expected}')
+    if expected_files is not None and files != sorted(expected_files):
+        fail(f'tag files {files}, expected {sorted(expected_files)}')
     for name in files:
         plain = os.path.join(work, 'ckpt_plain', TAG, name)
         if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
             fail(f'{name} saved under the preload differs from {plain}')
+    return tag_dir, runs['save'], files
+
+
+def step_save(args, env, work):
+    prefix = 'bf16_' if 'bf16' in args.config else ''
+    expected = model_states_names(args.config, SAVE_DP) + \
+        [f'{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(SAVE_DP)]
+
+    def run(name, run_env, save_dir):
+        return run_past_flakes(lambda: launch(
+            args, run_env, SAVE_DP, os.path.join(work, f'{name}.log'),
+            ['--steps', str(STEPS), '--save_dir', save_dir, '--save_at', str(SAVE_AT),
+             '--out', os.path.join(work, f'{name}.json')]), STEPS, save_dir)
+    tag_dir, _, _ = save_with_and_without_preload(
+        args, env, work, f'DP={SAVE_DP} (steps 1..{STEPS}, save at {SAVE_AT})', run, expected)
+    with open(os.path.join(work, 'ckpt', 'latest')) as f:
+        if f.read().strip() != TAG:
+            fail('latest does not name the saved tag')
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
     print(f'index committed: {index} ({os.path.getsize(index)} bytes)')
 
 

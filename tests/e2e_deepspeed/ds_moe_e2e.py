@@ -30,7 +30,7 @@ import subprocess
 import sys
 
 import ds_e2e
-from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
+from ds_e2e import fail, log_tail, losses, preload_env, print_losses
 
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
@@ -58,36 +58,13 @@ def launch(args, env, nproc, name, extra, ep=None):
 
 
 def step_save(args, env):
-    work = args.work
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    logs = os.path.join(work, 'logs_save')
-    runs = {}
-    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
-                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = launch(
-            args, run_env, SAVE_DP, name,
-            ['--save_dir', os.path.join(work, save_dir), '--save_at', str(SAVE_AT)])
-        if status != 0:
-            fail(f'DeepSpeed DP={SAVE_DP} MoE training ({name}) exited {status}:\n{output[-3000:]}')
-        runs[name] = losses(os.path.join(work, f'{name}.json'))
-        print(f'DP={SAVE_DP} run {"under" if name == "save" else "without"} the preload: '
-              f'{seconds:.1f} s')
-    print_losses(f'losses DP={SAVE_DP}', runs['save'])
-    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
-            {s: float32_bits(v) for s, v in runs['plain'].items()}:
-        fail('the preload changed the losses of the saving run')
-    tag_dir = os.path.join(work, 'ckpt', TAG)
-    index = os.path.join(tag_dir, '.ucp', 'index.json')
-    if not os.path.isfile(index):
-        fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
-    files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    def run(name, run_env, save_dir):
+        return launch(args, run_env, SAVE_DP, name,
+                      ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+    tag_dir, _, files = ds_e2e.save_with_and_without_preload(
+        args, env, args.work, f'DP={SAVE_DP} MoE', run)
     if not any(n.startswith('layer_0_expert_') for n in files):
         fail(f'no expert files among {files}')
-    for name in files:
-        plain = os.path.join(work, 'ckpt_plain', TAG, name)
-        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
-            fail(f'{name} saved under the preload differs from {plain}')
     inspect = subprocess.run([args.ucp, 'inspect', tag_dir], capture_output=True, text=True)
     if 'adapter deepspeed-moe' not in inspect.stdout:
         fail(f'the index is not the deepspeed-moe adapter\'s:\n{inspect.stdout[:500]}'

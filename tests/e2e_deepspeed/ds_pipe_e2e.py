@@ -93,43 +93,19 @@ def step_save(args, env, work):
     model = MODELS[args.model]
     save = name_of(model.save)
     tp, pp, dp = model.save
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    logs = os.path.join(work, 'logs_save')
-    runs = {}
-    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
-                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
-            args, run_env, model.save, os.path.join(work, f'{name}.log'),
-            ['--steps', str(STEPS), '--save_dir', os.path.join(work, save_dir),
-             '--save_at', str(SAVE_AT), '--out', os.path.join(work, f'{name}.json')]),
-            STEPS, os.path.join(work, save_dir))
-        if status != 0:
-            fail(f'DeepSpeed {save} training ({name}) exited {status}:\n'
-                 f'{output[-3000:]}')
-        runs[name] = losses(os.path.join(work, f'{name}.json'))
-        print(f'{save} run {"under" if name == "save" else "without"} the preload: '
-              f'{seconds:.1f} s')
-    print_losses(f'losses {save}', runs['save'])
-    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
-            {s: float32_bits(v) for s, v in runs['plain'].items()}:
-        fail('the preload changed the losses of the saving run')
-    tag_dir = os.path.join(work, 'ckpt', TAG)
-    index = os.path.join(tag_dir, '.ucp', 'index.json')
-    if not os.path.isfile(index):
-        fail(f'no committed index {index} after the save; ucp logs:\n{log_tail(logs)}')
-    files = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
     prefix = 'bf16_' if args.dtype == 'bf16' else ''
-    expected = sorted(model.layer_files +
-                      [f'mp_rank_{m:02d}_model_states.pt' for m in range(tp * pp)] +
-                      [f'{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt'
-                       for m in range(tp * pp) for r in range(dp)])
-    if files != expected:
-        fail(f'tag files {files}, expected {expected}')
-    for name in files:
-        plain = os.path.join(work, 'ckpt_plain', TAG, name)
-        if open(plain, 'rb').read() != open(os.path.join(tag_dir, name), 'rb').read():
-            fail(f'{name} saved under the preload differs from {plain}')
+    expected = model.layer_files + \
+        [f'mp_rank_{m:02d}_model_states.pt' for m in range(tp * pp)] + \
+        [f'{prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt'
+         for m in range(tp * pp) for r in range(dp)]
+
+    def run(name, run_env, save_dir):
+        return ds_e2e.run_past_flakes(lambda: launch(
+            args, run_env, model.save, os.path.join(work, f'{name}.log'),
+            ['--steps', str(STEPS), '--save_dir', save_dir, '--save_at', str(SAVE_AT),
+             '--out', os.path.join(work, f'{name}.json')]), STEPS, save_dir)
+    tag_dir, _, _ = ds_e2e.save_with_and_without_preload(args, env, work, save, run, expected)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
     print(f'index committed: {index} ({os.path.getsize(index)} bytes)')
 
 
