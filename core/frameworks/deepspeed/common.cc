@@ -544,6 +544,29 @@ Result<Partitioning> Partition(uint64_t total, uint32_t dp) {
   return p;
 }
 
+Result<Partitioning> SavablePartition(uint64_t total, uint32_t dp, std::string_view what) {
+  UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(total, dp));
+  if (p.padding > p.partition) {
+    return Status::Unsupported("deepspeed: dp=" + std::to_string(dp) + ": " + std::string(what) +
+                               " of " + std::to_string(total) +
+                               " elements leaves whole ranks empty (DeepSpeed cannot save it)");
+  }
+  return p;
+}
+
+PlannedRankPart PlanRankPart(const Partitioning& p, uint32_t i, uint64_t total, bool elastic,
+                             bool bf16_optimizer) {
+  PlannedRankPart part;
+  part.begin = p.begin(i);
+  part.real_end = std::min(part.begin + p.partition, total);
+  const uint64_t padding = p.padding_of(i);
+  part.sizes.partition = p.partition;
+  part.sizes.state_numel = StateNumel(elastic, p.partition, padding);
+  part.sizes.fp32_numel = bf16_optimizer ? p.partition : p.partition - padding;
+  part.sizes.tail = part.begin + p.partition - std::max(part.begin, part.real_end);
+  return part;
+}
+
 std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts) {
   std::vector<size_t> order;
   order.reserve(n);

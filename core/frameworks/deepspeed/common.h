@@ -217,6 +217,9 @@ struct Partitioning {
 // The partitioning of a flat buffer of `total` real elements over `dp` > 0 ranks; kOutOfRange
 // when the padded length overflows.
 Result<Partitioning> Partition(uint64_t total, uint32_t dp);
+// Partition(total, dp) of a flat group DeepSpeed can save at dp: kUnsupported naming `what` (the
+// group) where the padding leaves whole ranks empty.
+Result<Partitioning> SavablePartition(uint64_t total, uint32_t dp, std::string_view what);
 
 // DeepSpeed's _round_robin_reorder: positions 0 .. n-1 grouped by i % parts, groups in order.
 std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts);
@@ -395,6 +398,16 @@ struct GroupPartition {
   uint64_t tail = 0;                       // zero elements after the rank's real ones (its padding)
   std::optional<uint64_t> template_numel;  // when set, the template's states must have it
 };
+// DP rank i's part of a flat group of `total` real elements partitioned as `p`: its real elements
+// [begin, real_end), and the sizes of its partitions (`elastic`: partition-shaped states without
+// the padding; `bf16_optimizer`: the fp32 partition with it). template_numel is left unset.
+struct PlannedRankPart {
+  uint64_t begin = 0;
+  uint64_t real_end = 0;
+  GroupPartition sizes;
+};
+PlannedRankPart PlanRankPart(const Partitioning& p, uint32_t i, uint64_t total, bool elastic,
+                             bool bf16_optimizer);
 // Plans group g of a rank's optimizer file: in `graph` (imported from the template `reader`,
 // `dict` its optimizer_state_dict) every partition-shaped state of the group becomes a tensor of
 // `sizes.state_numel` elements over a P-element storage and the fp32 partition one of

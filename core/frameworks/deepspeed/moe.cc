@@ -33,7 +33,6 @@ using deepspeed::FileKind;
 using deepspeed::FlatSegments;
 using deepspeed::GroupExpectation;
 using deepspeed::GroupLayout;
-using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
 using deepspeed::IndexedLayout;
 using deepspeed::IntField;
@@ -57,12 +56,15 @@ using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PlanGroupPartitions;
+using deepspeed::PlannedRankPart;
+using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::RankPartition;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
+using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -944,12 +946,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     const bool experts = g == facts.expert_group;
     const uint64_t total = experts ? experts_at.local.total : facts.groups[g].total;
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(total, experts ? expert_m : m));
-    if (p.padding > p.partition) {
-      return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
-                                 std::to_string(total) +
-                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
-    }
+    UCP_ASSIGN_OR_RETURN(const Partitioning p,
+                         SavablePartition(total, experts ? expert_m : m, "a group"));
     partitions.push_back(p);
   }
   OutputPlan plan;
@@ -1011,27 +1009,21 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
       const GroupLayout& layout = experts ? experts_at.global[r % ep] : facts.groups[g];
       const Partitioning& p = partitions[g];
       const uint32_t index_in_group = experts ? r / ep : r;
-      const uint64_t begin = p.begin(index_in_group);
-      const uint64_t padding = p.padding_of(index_in_group);
-      const uint64_t real_end = std::min(begin + p.partition, layout.total);
+      PlannedRankPart part =
+          PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
                            Partition(experts ? facts.local.total : layout.total,
                                      experts ? facts.dp / facts.ep : facts.dp));
-      GroupPartition sizes;
-      sizes.partition = p.partition;
-      sizes.state_numel = p.partition;
-      sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-      sizes.tail = begin + p.partition - std::max(begin, real_end);
-      sizes.template_numel = source_p.partition;  // the template is rank 0's file
+      part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
       UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, false, sizes,
+                                             out.graph, dict, reader, g, false, part.sizes,
                                              [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, begin,
-                                                                   real_end);
+                                               return FlatSegments(index, layout, state, part.begin,
+                                                                   part.real_end);
                                              },
                                              replaced));
       fp32_items.push_back(fp32);
-      paddings.push_back(padding);
+      paddings.push_back(p.padding_of(index_in_group));
       params_per_group.push_back(layout.names.size());
       // DeepSpeed's mappings name an expert by its local id.
       mapping_items.push_back(MappingsNode(

@@ -34,7 +34,6 @@ using deepspeed::FileKind;
 using deepspeed::FileName;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
-using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
 using deepspeed::IntField;
 using deepspeed::IntListField;
@@ -63,6 +62,8 @@ using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionUniform;
 using deepspeed::PlanGroupPartitions;
+using deepspeed::PlannedRankPart;
+using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::RankPartition;
@@ -70,6 +71,7 @@ using deepspeed::ReadMappings;
 using deepspeed::RefuseElasticForm;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
+using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeOf;
@@ -450,39 +452,27 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
                                      uint32_t template_file, const GroupLayout& layout, uint32_t r,
                                      uint32_t stage, uint32_t dp, const std::string& prefix) {
   const std::string osd(kOsd);
-  UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
-  if (p.padding > p.partition) {
-    return Status::Unsupported("deepspeed: dp=" + std::to_string(dp) + ": stage " +
-                               std::to_string(stage) + " of " + std::to_string(layout.total) +
-                               " elements leaves whole ranks empty (DeepSpeed cannot save it)");
-  }
+  UCP_ASSIGN_OR_RETURN(const Partitioning p,
+                       SavablePartition(layout.total, dp, "stage " + std::to_string(stage)));
   ArchiveOutput out;
   out.path = OptimName(prefix, r, stage);
   Value* root = out.graph.Import(reader.root());
   out.graph.set_root(root);
   Value* dict = root->Get(kOsd);
   if (dict == nullptr) return FieldError(reader, osd, "missing");
-  const uint64_t begin = p.begin(r);
-  const uint64_t padding = p.padding_of(r);
-  const uint64_t real_end = std::min(begin + p.partition, layout.total);
-  const uint64_t pad_elements = begin + p.partition - std::max(begin, real_end);
+  const PlannedRankPart part =
+      PlanRankPart(p, r, layout.total, /*elastic=*/false, /*bf16_optimizer=*/false);
   std::map<std::string, std::vector<Segment>> replaced;
-
-  GroupPartition sizes;
-  sizes.partition = p.partition;
-  sizes.state_numel = p.partition;
-  sizes.fp32_numel = p.partition - padding;
-  sizes.tail = pad_elements;
   UCP_ASSIGN_OR_RETURN(Value * node, PlanGroupPartitions(
-                                         out.graph, dict, reader, 0, /*elastic=*/false, sizes,
+                                         out.graph, dict, reader, 0, /*elastic=*/false, part.sizes,
                                          [&](const std::string& state) {
-                                           return FlatSegments(index, layout, state, begin,
-                                                               real_end);
+                                           return FlatSegments(index, layout, state, part.begin,
+                                                               part.real_end);
                                          },
                                          replaced));
 
   UCP_RETURN_IF_ERROR(SetPartitionFields(
-      out.graph, dict, {node}, {padding}, {dp},
+      out.graph, dict, {node}, {p.padding_of(r)}, {dp},
       {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))},
       {layout.names.size()}, reader.path()));
   UCP_ASSIGN_OR_RETURN(out.storages,

@@ -41,7 +41,6 @@ using deepspeed::FormName;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
 using deepspeed::GroupLayout;
-using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
 using deepspeed::IntField;
 using deepspeed::kAlignmentFactor;
@@ -74,6 +73,8 @@ using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionUniform;
 using deepspeed::PlanGroupPartitions;
+using deepspeed::PlannedRankPart;
+using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::ReadModelStates;
@@ -83,6 +84,7 @@ using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
 using deepspeed::RuleName;
+using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -676,12 +678,8 @@ Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const Inde
       group.geometry.push_back(std::move(g));
     }
     UCP_ASSIGN_OR_RETURN(group.layout, MakeLayout(names, std::move(shapes)));
-    UCP_ASSIGN_OR_RETURN(group.partition, Partition(group.layout.total, target.dp));
-    if (group.partition.padding > group.partition.partition) {
-      return Status::Unsupported("deepspeed: dp=" + std::to_string(target.dp) + ": a group of " +
-                                 std::to_string(group.layout.total) +
-                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
-    }
+    UCP_ASSIGN_OR_RETURN(group.partition,
+                         SavablePartition(group.layout.total, target.dp, "a group"));
     out.push_back(std::move(group));
   }
   return out;
@@ -1253,24 +1251,18 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
     const GroupLayout& layout = groups[g].layout;
     params_per_group.push_back(layout.names.size());
     const Partitioning& p = groups[g].partition;
-    const uint64_t begin = p.begin(r);
-    const uint64_t padding = p.padding_of(r);
-    const uint64_t real_end = std::min(begin + p.partition, layout.total);
-    const uint64_t tail = begin + p.partition - std::max(begin, real_end);
-    GroupPartition sizes;
-    sizes.partition = p.partition;
-    sizes.state_numel = p.partition;
-    sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-    sizes.tail = tail;
-    UCP_ASSIGN_OR_RETURN(Value * node, PlanGroupPartitions(
-                                           out.graph, dict, reader, g, /*elastic=*/false, sizes,
-                                           [&](const std::string& state) {
-                                             return FlatSegments(index, facts, groups[g], t, state,
-                                                                 begin, real_end);
-                                           },
-                                           replaced));
+    const PlannedRankPart part =
+        PlanRankPart(p, r, layout.total, /*elastic=*/false, facts.bf16_optimizer);
+    UCP_ASSIGN_OR_RETURN(Value * node,
+                         PlanGroupPartitions(
+                             out.graph, dict, reader, g, /*elastic=*/false, part.sizes,
+                             [&](const std::string& state) {
+                               return FlatSegments(index, facts, groups[g], t, state, part.begin,
+                                                   part.real_end);
+                             },
+                             replaced));
     fp32_items.push_back(node);
-    paddings.push_back(padding);
+    paddings.push_back(p.padding_of(r));
     mapping_items.push_back(
         MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
   }

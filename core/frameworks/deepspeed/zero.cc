@@ -31,7 +31,6 @@ using deepspeed::ExpectedMappings;
 using deepspeed::FieldError;
 using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
-using deepspeed::GroupPartition;
 using deepspeed::GroupSettings;
 using deepspeed::GroupStatesField;
 using deepspeed::IndexedLayout;
@@ -59,6 +58,8 @@ using deepspeed::OrderStatesAs;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PlanGroupPartitions;
+using deepspeed::PlannedRankPart;
+using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::RankPartition;
@@ -68,6 +69,7 @@ using deepspeed::RefuseExpertParallel;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
+using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -404,12 +406,7 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
   std::vector<Partitioning> partitions;
   for (const GroupLayout& source : facts.groups) {
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, Relayout(source, facts.round_robin, facts.dp, m));
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, m));
-    if (p.padding > p.partition) {
-      return Status::Unsupported("deepspeed: dp=" + std::to_string(m) + ": a group of " +
-                                 std::to_string(layout.total) +
-                                 " elements leaves whole ranks empty (DeepSpeed cannot save it)");
-    }
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, SavablePartition(layout.total, m, "a group"));
     layouts.push_back(std::move(layout));
     partitions.push_back(p);
   }
@@ -479,27 +476,21 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
       const GroupLayout& layout = layouts[g];
       params_per_group.push_back(layout.names.size());
       const Partitioning& p = partitions[g];
-      const uint64_t begin = p.begin(r);
-      const uint64_t padding = p.padding_of(r);
-      const uint64_t real_end = std::min(begin + p.partition, layout.total);
+      PlannedRankPart part = PlanRankPart(p, r, layout.total, facts.elastic, facts.bf16_optimizer);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
-      GroupPartition sizes;
-      sizes.partition = p.partition;
-      sizes.state_numel = StateNumel(facts.elastic, p.partition, padding);
-      sizes.fp32_numel = facts.bf16_optimizer ? p.partition : p.partition - padding;
-      sizes.tail = begin + p.partition - std::max(begin, real_end);
       // The template is rank 0's file.
-      sizes.template_numel = StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
+      part.sizes.template_numel =
+          StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
       UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, facts.elastic, sizes,
+                                             out.graph, dict, reader, g, facts.elastic, part.sizes,
                                              [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, begin,
-                                                                   real_end);
+                                               return FlatSegments(index, layout, state, part.begin,
+                                                                   part.real_end);
                                              },
                                              replaced));
       fp32_items.push_back(fp32);
 
-      paddings.push_back(padding);
+      paddings.push_back(p.padding_of(r));
       mapping_items.push_back(
           MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
     }
