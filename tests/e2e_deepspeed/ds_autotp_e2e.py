@@ -16,18 +16,19 @@ DeepSpeed's own converter.
      tensor and bit but the resaving run's micro batch and load_universal); so do the ways through
      DP=3 (padding) and through TP=4 back to TP=2 x DP=1.
   5. Live: the save resumed at TP=2 x DP=1, TP=1 x DP=2 and TP=4 x DP=1 (the MLP's 65 as 17, 16,
-     16 and 16) by a plain load_checkpoint under the preload (told the TP degree by UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical
-     to DeepSpeed's universal load of the converted tag at that size; the files served are
-     `ucp reshard`'s.
+     16 and 16) by a plain load_checkpoint under the preload (told the TP degree by
+     UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical to DeepSpeed's universal load of
+     the converted tag at that size; the files served are `ucp reshard`'s.
   6. What ucp does not do is refused by name: a slice the affine map places other than as a
      whole rank's block (the map edited); mp_world_size 2 without the map.
   7. A model config beside the tag: with its true key/value head count (4) the tp=4 files are
      those without a config; with 2 heads an attention layer would split as 16, 16, 0, 0 at tp=4,
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
+  8. (fp32) A ZeRO-1 AutoTP save is refused by name: its splits are only in the affine map.
 
 With --model llama the trainer's model is a Hugging Face LlamaForCausalLM (its head of 67 rows
 split 34/33) and its config.json lies beside the tag: 3 to 5 for the sizes of its plan (PLANS),
-and instead of 6 and 7 the TP=3 refusal that names the config.json's heads.
+and instead of 6 to 8 the TP=3 refusal that names the config.json's heads.
 
 Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] --work DIR --tools DIR --lib LIB --ucp UCP
        --deepspeed VERSION [--required]
@@ -227,6 +228,18 @@ def check_llama_heads(report, args, work, tag_dir):
                  f'ucp reshard --to dp=1,tp=3: exit {status}, not the refusal: {output[-500:]}')
 
 
+def check_zero1_refused(report, args, env, work):
+    """AutoTP under ZeRO-1 writes mp_rank_XX files, its splits only in the affine map: refused by
+    name, not taken for Megatron's tensor parallelism."""
+    tag_dir, _ = run_trainer(args, env, work, 'zero1', TP, 1, ['--zero_stage', '1'])
+    status, output = ucp(args, 'index', tag_dir)
+    report.check(status != 0 and 'mp_rank_00_model_states.pt: universal_checkpoint_info/'
+                 'affine_map: AutoTP tensor parallelism under ZeRO stage 0, 1 or 2 is not '
+                 'supported yet' in output,
+                 f'ucp index of a ZeRO-1 AutoTP save: exit {status}, not the refusal: '
+                 f'{output[-500:]}')
+
+
 def edited_copy(tag_dir, work, name, edit):
     """A copy of the tag whose model states `edit` changed (every one alike)."""
     copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -331,6 +344,8 @@ def main():
     if args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
         check_model_config(report, args, work, tag_dir)
+        if args.dtype == 'fp32':
+            check_zero1_refused(report, args, env, work)
     else:
         check_llama_heads(report, args, work, tag_dir)
     report.exit()

@@ -17,7 +17,8 @@ rank 0 writes its config.json beside the tags, as the HF Trainer does.
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autotp.py --tp T [--model tiny|llama] [--dtype fp32|bf16] --steps N [--save_dir DIR]
+Usage: train_autotp.py --tp T [--model tiny|llama] [--zero_stage S] [--dtype fp32|bf16] --steps N
+         [--save_dir DIR]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
   --save_dir: with --load_dir and N the loaded step, a resave of the loaded state.
@@ -122,6 +123,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--tp', type=int, required=True)
     parser.add_argument('--model', choices=['tiny', 'llama'], default='tiny')
+    parser.add_argument('--zero_stage', type=int, default=3)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
@@ -141,7 +143,7 @@ def main():
         'gradient_accumulation_steps': 1,
         'optimizer': {'type': 'Adam', 'params': {'lr': 1e-2, 'torch_adam': True,
                                                  'adam_w_mode': False}},
-        'zero_optimization': {'stage': 3},
+        'zero_optimization': {'stage': args.zero_stage},
         'tensor_parallel': {'autotp_size': args.tp},
         'bf16': {'enabled': args.dtype == 'bf16'},
         'steps_per_print': 1000000,

@@ -14,6 +14,7 @@
 
 #include "core/format/torch_archive_reader.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/io/file.h"
@@ -42,6 +43,7 @@ using deepspeed::Geometry;
 using deepspeed::GeometryAt;
 using deepspeed::GroupLayout;
 using deepspeed::GroupSettings;
+using deepspeed::HasAutoTpMaps;
 using deepspeed::IntField;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kLayerRole;
@@ -1625,6 +1627,18 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   //    pipeline tag, its layer-file tensors.
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  if (listing.model_states.contains(0)) {
+    // DeepSpeed 0.19's AutoTP under ZeRO stage 0-2 writes mp_rank_XX files as Megatron's TP
+    // does, but names its splits (uneven ones too) only in the affine map, which this adapter
+    // does not read yet.
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader head,
+                         TorchArchiveReader::Open(tag_dir + "/" + ModelStatesName(0)));
+    if (HasAutoTpMaps(head)) {
+      return Status::Unsupported(Prefix(head.path()) + std::string(kInfo) +
+                                 "/affine_map: AutoTP tensor parallelism under ZeRO stage 0, 1 "
+                                 "or 2 is not supported yet (under ZeRO-3 it is)");
+    }
+  }
   UCP_ASSIGN_OR_RETURN(GridTag grid, ReadGrid(tag_dir, listing));
   const TpModelStates& ms0 = grid.stages[0].models[0];
   UCP_ASSIGN_OR_RETURN(const Patterns patterns, ReadPatterns(ms0.reader));
