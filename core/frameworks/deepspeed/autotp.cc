@@ -441,6 +441,7 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
 
 std::vector<uint64_t> GrainBlocks(uint64_t total, uint32_t tp, uint64_t grain) {
   std::vector<uint64_t> blocks(tp);
+  if (tp == 0 || grain == 0) return blocks;
   if (total < grain) {
     for (uint32_t t = 0; t < tp; ++t) blocks[t] = total / tp + (t < total % tp ? 1 : 0);
     return blocks;
@@ -453,6 +454,7 @@ std::vector<uint64_t> GrainBlocks(uint64_t total, uint32_t tp, uint64_t grain) {
 
 std::vector<uint64_t> HeadBlocks(uint64_t total, uint32_t tp, uint64_t kv_heads) {
   std::vector<uint64_t> blocks(tp);
+  if (kv_heads == 0) return blocks;
   for (uint32_t t = 0; t < tp; ++t) {
     const uint64_t heads = kv_heads / tp + (t < kv_heads % tp ? 1 : 0);
     blocks[t] = total / kv_heads * heads;

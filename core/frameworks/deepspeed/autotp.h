@@ -74,8 +74,9 @@ struct AutoTpSplitRule {
   std::string kv_heads_from;         // "<path>: <key>", for messages
 };
 
-// Rank t's block of a dimension of `total` split over `tp` ranks near evenly in units of `grain`
-// (the remainder on the last rank), and in whole heads of `kv_heads`.
+// Each rank's block of a dimension of `total` split over `tp` ranks near evenly in units of
+// `grain` (the remainder on the last rank), and in whole heads of `kv_heads` (which divide
+// `total`); all zero for a tp, grain or kv_heads of 0.
 std::vector<uint64_t> GrainBlocks(uint64_t total, uint32_t tp, uint64_t grain);
 std::vector<uint64_t> HeadBlocks(uint64_t total, uint32_t tp, uint64_t kv_heads);
 

@@ -423,8 +423,8 @@ struct IndexFacts {
   std::map<std::string, Geometry> slices;  // tp > 1: each parameter's slices at tp
   std::string prefix;
   uint64_t sub_group_size = kDefaultSubGroupSize;
-  std::vector<GroupLayout> flat_groups;                // of the TP slices' shapes
-  std::vector<size_t> flat_group_of;                   // param group of each flat group
+  std::vector<GroupLayout> flat_groups;  // of TP rank 0's slices' shapes (RankGroups: another's)
+  std::vector<size_t> flat_group_of;     // param group of each flat group
   std::vector<std::vector<std::string>> param_groups;  // params of each param group
   GroupLayout frozen;
   uint32_t model_file = 0;            // rank (0, 0)'s model states

@@ -260,6 +260,9 @@ TEST(AutoTpSplitRuleTest, TheBlocksAreAutoTpsGrainAndHeadSplits) {
   EXPECT_EQ(HeadBlocks(32, 8, 4), (Blocks{8, 8, 8, 8, 0, 0, 0, 0}));
   EXPECT_EQ(HeadBlocks(48, 4, 6), (Blocks{16, 16, 8, 8}));
   EXPECT_EQ(HeadBlocks(48, 3, 6), (Blocks{16, 16, 16}));
+  EXPECT_EQ(GrainBlocks(32, 0, 1), Blocks{});
+  EXPECT_EQ(GrainBlocks(32, 2, 0), (Blocks{0, 0}));
+  EXPECT_EQ(HeadBlocks(32, 2, 0), (Blocks{0, 0}));
 }
 
 TEST(AutoTpSplitRuleTest, TheBlocksAtAnotherDegreeAreThoseOfTheWayTheSavedBlocksShow) {
