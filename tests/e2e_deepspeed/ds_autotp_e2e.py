@@ -26,6 +26,9 @@ DeepSpeed's own converter.
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
   8. (fp32) A ZeRO-1 AutoTP save is refused by name: its splits are only in the affine map.
 
+Steps 4 and 5 take the sizes of the model's and dtype's plan (PLANS): those above in fp32, fewer
+in bf16.
+
 With --model llama the trainer's model is a Hugging Face LlamaForCausalLM (its head of 67 rows
 split 34/33) and its config.json lies beside the tag: 3 to 5 for the sizes of its plan (PLANS),
 and instead of 6 to 8 the TP=3 refusal that names the config.json's heads.
@@ -54,16 +57,19 @@ TAG = f'global_step{STEPS}'
 TRAINER = os.path.join(HERE, 'train_autotp.py')
 # train_autotp.py's attention heads: WIDTH 32 in heads of HEAD 8.
 MODEL_HEADS = 4
-# Per model (train_autotp.py's --model): the sizes (tp, dp) ucp reshards to against DeepSpeed's
-# own resaves there ('targets'), those it reshards to and then back to TP=2 x DP=1 ('through'),
-# and those resumed live under the preload ('live'). At TP=3 every split of the tiny model is
-# uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no step,
-# whose attention could not take heads of 8 from 11 rows. The Llama's head of 67 is 34/33 at TP=2,
-# 17/17/17/16 at TP=4.
+# Per model (train_autotp.py's --model) and dtype: the sizes (tp, dp) ucp reshards to against
+# DeepSpeed's own resaves there ('targets'), those it reshards to and then back to TP=2 x DP=1
+# ('through'), and those resumed live under the preload ('live'). At TP=3 every split of the tiny
+# model is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no
+# step, whose attention could not take heads of 8 from 11 rows. The split logic does not depend on
+# the dtype: bf16 takes each kind of size once (the saved degree, tp1, uneven tp4 there and back,
+# live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4.
 PLANS = {
-    'tiny': {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)), 'through': ((2, 3), (4, 1)),
-             'live': ((2, 1), (1, 2), (4, 1))},
-    'llama': {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+    ('tiny', 'fp32'): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)), 'through': ((2, 3), (4, 1)),
+                       'live': ((2, 1), (1, 2), (4, 1))},
+    ('tiny', 'bf16'): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
+                       'live': ((4, 1),)},
+    ('llama', 'fp32'): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
 }
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
 EXPECTED_RULES = {
@@ -128,7 +134,7 @@ def check_reshard(report, args, env, work, tag_dir, universal):
     """ucp's files at each of the plan's targets against DeepSpeed's resave there (its universal
     load of the converted tag, saved again), and the ways through its sizes to tp2dp1."""
     resaved = {}
-    for tp, dp in PLANS[args.model]['targets']:
+    for tp, dp in args.plan['targets']:
         name = f'tp{tp}dp{dp}'
         resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', tp, dp,
                                        ['--load_dir', os.path.dirname(universal), '--load_tag',
@@ -139,7 +145,7 @@ def check_reshard(report, args, env, work, tag_dir, universal):
             harness.compare_resaved(report, name, out, resaved[name], TAG)
         if len(report.failures) == failures:
             print(f'ucp reshard to {name} = DeepSpeed\'s resave there')
-    for through in PLANS[args.model]['through']:
+    for through in args.plan['through']:
         name = f'tp{through[0]}dp{through[1]}'
         middle = os.path.join(work, f'reshard_{name}')
         back = os.path.join(work, f'reshard_{name}_tp2dp1')
@@ -301,9 +307,12 @@ def check_model_config(report, args, work, tag_dir):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], required=True)
-    parser.add_argument('--model', choices=sorted(PLANS), default='tiny')
+    parser.add_argument('--model', choices=sorted({model for model, _ in PLANS}), default='tiny')
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
+    if (args.model, args.dtype) not in PLANS:
+        ds_e2e.fail(f'no plan for --model {args.model} --dtype {args.dtype}')
+    args.plan = PLANS[(args.model, args.dtype)]
     env = ds_e2e.trainer_environment(args)
     model = '' if args.model == 'tiny' else f'{args.model}_'
     work = harness.fresh_dir(os.path.join(args.work, f'autotp_{model}{args.dtype}'))
@@ -339,7 +348,7 @@ def main():
         if len(report.failures) == failures:
             print(f'ucp export = ds_to_universal: {len(names)} files')
     check_reshard(report, args, env, work, tag_dir, universal)
-    for tp, dp in PLANS[args.model]['live']:
+    for tp, dp in args.plan['live']:
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
     if args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
