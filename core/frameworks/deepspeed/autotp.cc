@@ -370,6 +370,36 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
   return Status::Ok();
 }
 
+Status SetAutoTpSize(pickle::Graph& graph, Value* root, uint32_t tp,
+                     const TorchArchiveReader& reader) {
+  Value* config = root->Get("ds_config");
+  if (Value* section = config == nullptr ? nullptr : config->Get("tensor_parallel");
+      section != nullptr && section->kind() == Kind::kDict && section->Get("autotp_size")) {
+    return SetDictItem(section, "autotp_size", graph.Int(tp), reader.path());
+  }
+  return Status::Ok();
+}
+
+Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp, const TorchArchiveReader& reader,
+                   const std::map<std::string, std::vector<uint64_t>>& uneven) {
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(tp), reader.path()));
+  if (Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+      dimensions != nullptr && dimensions->kind() == Kind::kDict) {
+    UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(tp), reader.path()));
+  }
+  UCP_RETURN_IF_ERROR(SetAutoTpSize(graph, root, tp, reader));
+  if (tp == 1) {
+    std::erase_if(root->mutable_entries(), [](const std::pair<Value*, Value*>& entry) {
+      return entry.first->kind() == Kind::kStr && entry.first->data() == kUniversalCheckpointInfo;
+    });
+    return Status::Ok();
+  }
+  Value* info = root->Get(kUniversalCheckpointInfo);
+  Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
+  return SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"), tp,
+                            reader.path(), uneven);
+}
+
 bool HasAutoTpMaps(const TorchArchiveReader& reader) {
   return OptionalField(reader, kAffine + "/params") != nullptr;
 }

@@ -61,6 +61,20 @@ Status SetAffineMapDegree(pickle::Graph& graph, pickle::Value* params, uint32_t 
                           const std::string& where,
                           const std::map<std::string, std::vector<uint64_t>>& blocks = {});
 
+// The ds_config's tensor_parallel.autotp_size of a file's `root` (model states or optimizer
+// states), where it has one, set to `tp`: DeepSpeed saves the config of the run, which trains at
+// `tp`. `reader` is the file imported into `graph`, for messages.
+Status SetAutoTpSize(pickle::Graph& graph, pickle::Value* root, uint32_t tp,
+                     const TorchArchiveReader& reader);
+
+// A model states' record of its TP degree set to `tp`, as DeepSpeed 0.19 writes it there:
+// mp_world_size, checkpoint_parallel_dimensions' tp_degree, ds_config's autotp_size, and
+// universal_checkpoint_info with the affine map at `tp` (none at tp = 1: DeepSpeed records no
+// AutoTP then), the parameters of `uneven` split in its blocks.
+Status SetTpDegree(pickle::Graph& graph, pickle::Value* root, uint32_t tp,
+                   const TorchArchiveReader& reader,
+                   const std::map<std::string, std::vector<uint64_t>>& uneven);
+
 // How AutoTP sizes the blocks of a split dimension of `total` over tp ranks
 // (deepspeed/module_inject/tp_shard.py, get_shard_size): near evenly in units of the ds_config's
 // tensor_parallel.tp_grain_size, the remainder on the last rank; or, where the model has a config

@@ -61,9 +61,10 @@ using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::Rule;
 using deepspeed::ScalarValue;
-using deepspeed::SetAffineMapDegree;
+using deepspeed::SetAutoTpSize;
 using deepspeed::SetBlocks;
 using deepspeed::SetDictItem;
+using deepspeed::SetTpDegree;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
@@ -605,43 +606,6 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
     UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
   }
   return out;
-}
-
-// The ds_config's tensor_parallel.autotp_size of a file's `root`, where it has one, set to `tp`:
-// DeepSpeed saves the config of the run, which trains at `tp`.
-Status SetAutoTpSize(pickle::Graph& graph, Value* root, uint32_t tp,
-                     const TorchArchiveReader& reader) {
-  Value* config = root->Get("ds_config");
-  if (Value* section = config == nullptr ? nullptr : config->Get("tensor_parallel");
-      section != nullptr && section->kind() == Kind::kDict && section->Get("autotp_size")) {
-    return SetDictItem(section, "autotp_size", graph.Int(tp), reader.path());
-  }
-  return Status::Ok();
-}
-
-// A model states' record of its TP degree set to `tp`, as DeepSpeed 0.19 writes it there:
-// mp_world_size, checkpoint_parallel_dimensions' tp_degree, ds_config's autotp_size, and
-// universal_checkpoint_info with the affine map at `tp` (none at tp = 1: DeepSpeed records no
-// AutoTP then), the parameters of `uneven` split in its blocks.
-Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp, const TorchArchiveReader& reader,
-                   const std::map<std::string, std::vector<uint64_t>>& uneven) {
-  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(tp), reader.path()));
-  if (Value* dimensions = root->Get("checkpoint_parallel_dimensions");
-      dimensions != nullptr && dimensions->kind() == Kind::kDict) {
-    UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(tp), reader.path()));
-  }
-  UCP_RETURN_IF_ERROR(SetAutoTpSize(graph, root, tp, reader));
-  if (tp == 1) {
-    std::erase_if(root->mutable_entries(), [](const std::pair<Value*, Value*>& entry) {
-      return entry.first->kind() == Kind::kStr &&
-             entry.first->data() == deepspeed::kUniversalCheckpointInfo;
-    });
-    return Status::Ok();
-  }
-  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
-  Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
-  return SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"), tp,
-                            reader.path(), uneven);
 }
 
 // TP rank t's flat groups: `groups` (of TP rank 0's slices) with rank t's slices' shapes, which
