@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""ZeRO-3 with AutoTP tensor parallelism, as the current DeepSpeed release writes it, against
-DeepSpeed's own converter.
+"""AutoTP tensor parallelism under ZeRO-3 (or with --zero_stage, ZeRO-1 or 2), as the current
+DeepSpeed release writes it, against DeepSpeed's own converter.
 
   1. train_autotp.py saves a ZeRO-3 checkpoint at TP=2 x DP=2 (4 ranks, 3 steps) under the
-     preload, which indexes it at save.
+     preload, which indexes it at save (ZeRO-1/2: mp_rank_XX model states and
+     zero_pp_rank_D_mp_rank_XX optimizer files, the splits only in the affine map).
   2. DeepSpeed's ds_to_universal.py converts it (the oracle: every parameter whole, from the TP
      slices its affine map describes).
   3. The index built at save is the one `ucp index` builds: per parameter the rule its affine
@@ -24,17 +25,17 @@ DeepSpeed's own converter.
   7. A model config beside the tag: with its true key/value head count (4) the tp=4 files are
      those without a config; with 2 heads an attention layer would split as 16, 16, 0, 0 at tp=4,
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
-  8. (fp32) A ZeRO-1 AutoTP save is refused by name: its splits are only in the affine map.
 
-Steps 4 and 5 take the sizes of the model's and dtype's plan (PLANS): those above in fp32, fewer
-in bf16.
+Steps 4 and 5 take the sizes of the model's, dtype's and ZeRO stage's plan (PLANS): those above
+in ZeRO-3 fp32, fewer in bf16 and under ZeRO-1/2. Steps 6 and 7 run under ZeRO-3 only: the affine
+map and the split rule are read by the same code under every stage.
 
 With --model llama the trainer's model is a Hugging Face LlamaForCausalLM (its head of 67 rows
 split 34/33) and its config.json lies beside the tag: 3 to 5 for the sizes of its plan (PLANS),
 and instead of 6 to 8 the TP=3 refusal that names the config.json's heads.
 
-Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] --work DIR --tools DIR --lib LIB --ucp UCP
-       --deepspeed VERSION [--required]
+Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] [--zero_stage 1|2|3] --work DIR
+       --tools DIR --lib LIB --ucp UCP --deepspeed VERSION [--required]
 """
 import argparse
 import json
@@ -57,19 +58,23 @@ TAG = f'global_step{STEPS}'
 TRAINER = os.path.join(HERE, 'train_autotp.py')
 # train_autotp.py's attention heads: WIDTH 32 in heads of HEAD 8.
 MODEL_HEADS = 4
-# Per model (train_autotp.py's --model) and dtype: the sizes (tp, dp) ucp reshards to against
+# Per model (train_autotp.py's --model), dtype and ZeRO stage: the sizes (tp, dp) ucp reshards to
+# against
 # DeepSpeed's own resaves there ('targets'), those it reshards to and then back to TP=2 x DP=1
 # ('through'), and those resumed live under the preload ('live'). At TP=3 every split of the tiny
 # model is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no
 # step, whose attention could not take heads of 8 from 11 rows. The split logic does not depend on
 # the dtype: bf16 takes each kind of size once (the saved degree, tp1, uneven tp4 there and back,
-# live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4.
+# live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4. ZeRO-1 and 2 share the
+# split code with ZeRO-3 and differ in the optimizer files: each kind of size once.
 PLANS = {
-    ('tiny', 'fp32'): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)), 'through': ((2, 3), (4, 1)),
-                       'live': ((2, 1), (1, 2), (4, 1))},
-    ('tiny', 'bf16'): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
-                       'live': ((4, 1),)},
-    ('llama', 'fp32'): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+    ('tiny', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)),
+                          'through': ((2, 3), (4, 1)), 'live': ((2, 1), (1, 2), (4, 1))},
+    ('tiny', 'bf16', 3): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
+                          'live': ((4, 1),)},
+    ('llama', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+    ('tiny', 'fp32', 1): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
+                          'live': ((4, 1),)},
 }
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
 EXPECTED_RULES = {
@@ -96,14 +101,15 @@ def run_trainer(args, env, work, name, tp, dp, extra, steps=STEPS, save=True):
     save_dir = os.path.join(work, name)
     out = os.path.join(work, f'{name}.json')
     command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, TRAINER, '--tp', str(tp),
-               '--model', args.model, '--dtype', args.dtype, '--steps', str(steps), '--out', out] + extra
+               '--model', args.model, '--dtype', args.dtype, '--zero_stage', str(args.zero_stage),
+               '--steps', str(steps), '--out', out] + extra
     status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
         command + (['--save_dir', save_dir] if save else []), args.tools, env,
         os.path.join(work, f'{name}.log')), steps, save_dir if save else None, out)
     if status != 0:
-        ds_e2e.fail(f'DeepSpeed TP={tp} x DP={dp} ZeRO-3 ({name}) exited {status}:\n'
-                    f'{output[-3000:]}')
-    print(f'TP={tp} x DP={dp} ZeRO-3 AutoTP {args.dtype} {name}: {seconds:.1f} s')
+        ds_e2e.fail(f'DeepSpeed TP={tp} x DP={dp} ZeRO-{args.zero_stage} ({name}) exited '
+                    f'{status}:\n{output[-3000:]}')
+    print(f'TP={tp} x DP={dp} ZeRO-{args.zero_stage} AutoTP {args.dtype} {name}: {seconds:.1f} s')
     return os.path.join(save_dir, TAG), ds_e2e.losses(out)
 
 
@@ -234,18 +240,6 @@ def check_llama_heads(report, args, work, tag_dir):
                  f'ucp reshard --to dp=1,tp=3: exit {status}, not the refusal: {output[-500:]}')
 
 
-def check_zero1_refused(report, args, env, work):
-    """AutoTP under ZeRO-1 writes mp_rank_XX files, its splits only in the affine map: refused by
-    name, not taken for Megatron's tensor parallelism."""
-    tag_dir, _ = run_trainer(args, env, work, 'zero1', TP, 1, ['--zero_stage', '1'])
-    status, output = ucp(args, 'index', tag_dir)
-    report.check(status != 0 and 'mp_rank_00_model_states.pt: universal_checkpoint_info/'
-                 'affine_map: AutoTP tensor parallelism under ZeRO stage 0, 1 or 2 is not '
-                 'supported yet' in output,
-                 f'ucp index of a ZeRO-1 AutoTP save: exit {status}, not the refusal: '
-                 f'{output[-500:]}')
-
-
 def edited_copy(tag_dir, work, name, edit):
     """A copy of the tag whose model states `edit` changed (every one alike)."""
     copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -307,16 +301,21 @@ def check_model_config(report, args, work, tag_dir):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], required=True)
-    parser.add_argument('--model', choices=sorted({model for model, _ in PLANS}), default='tiny')
+    parser.add_argument('--model', choices=sorted({model for model, _, _ in PLANS}),
+                        default='tiny')
+    parser.add_argument('--zero_stage', type=int, choices=(1, 2, 3), default=3)
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
-    if (args.model, args.dtype) not in PLANS:
-        ds_e2e.fail(f'no plan for --model {args.model} --dtype {args.dtype}')
-    args.plan = PLANS[(args.model, args.dtype)]
+    plan = (args.model, args.dtype, args.zero_stage)
+    if plan not in PLANS:
+        ds_e2e.fail(f'no plan for --model {args.model} --dtype {args.dtype} '
+                    f'--zero_stage {args.zero_stage}')
+    args.plan = PLANS[plan]
     env = ds_e2e.trainer_environment(args)
     model = '' if args.model == 'tiny' else f'{args.model}_'
-    work = harness.fresh_dir(os.path.join(args.work, f'autotp_{model}{args.dtype}'))
-    report = harness.Report(f'ZeRO-3 AutoTP {model}{args.dtype}')
+    stage = '' if args.zero_stage == 3 else f'z{args.zero_stage}_'
+    work = harness.fresh_dir(os.path.join(args.work, f'autotp_{stage}{model}{args.dtype}'))
+    report = harness.Report(f'ZeRO-{args.zero_stage} AutoTP {model}{args.dtype}')
 
     tag_dir = train(args, env, work)
     index = os.path.join(tag_dir, '.ucp', 'index.json')
@@ -350,12 +349,10 @@ def main():
     check_reshard(report, args, env, work, tag_dir, universal)
     for tp, dp in args.plan['live']:
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
-    if args.model == 'tiny':
+    if args.zero_stage == 3 and args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
         check_model_config(report, args, work, tag_dir)
-        if args.dtype == 'fp32':
-            check_zero1_refused(report, args, env, work)
-    else:
+    elif args.zero_stage == 3:
         check_llama_heads(report, args, work, tag_dir)
     report.exit()
 

@@ -27,7 +27,10 @@ namespace {
 
 using deepspeed::AddSliceFragments;
 using deepspeed::AppendSliceSegments;
+using deepspeed::AutoTpMaps;
+using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
+using deepspeed::BlocksAtDegree;
 using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
@@ -53,6 +56,7 @@ using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
+using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
@@ -79,6 +83,8 @@ using deepspeed::PlannedRankPart;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadAutoTpMaps;
+using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
 using deepspeed::RefuseElasticForm;
@@ -87,11 +93,15 @@ using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
 using deepspeed::RuleName;
 using deepspeed::SavablePartition;
+using deepspeed::SetAutoTpSize;
+using deepspeed::SetBlocks;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
+using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
 using deepspeed::SizeNode;
+using deepspeed::SplitBlocks;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
@@ -532,6 +542,10 @@ struct IndexFacts {
   uint32_t optim_file = 0;
   std::optional<Vocab> vocab;
   std::map<std::string, ShardMap> maps;
+  // AutoTP (DeepSpeed 0.19): the maps are its affine map's, which the target's model states get
+  // at the target's degree; and the parameters vocabulary_parameter_patterns names.
+  bool autotp = false;
+  std::set<std::string> vocabulary;
   std::vector<std::vector<std::string>> groups;  // parameter names, flat-buffer order
   // A pipeline tag (its module in layer files): every stage's groups, copies of pipeline-
   // replicated parameters included, and every layer file of TP rank 0 with its parameters.
@@ -625,6 +639,19 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     facts.vocab = Vocab{v["original"].get<uint64_t>(), v["padded"].get<uint64_t>(),
                         v["divisible_by"].get<uint64_t>()};
   }
+  if (tp.contains("autotp")) {
+    const nlohmann::json& autotp = tp["autotp"];
+    if (!autotp.is_object() || !autotp.contains("vocabulary") || !autotp["vocabulary"].is_array()) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp.autotp: no vocabulary list");
+    }
+    facts.autotp = true;
+    for (const nlohmann::json& name : autotp["vocabulary"]) {
+      if (!name.is_string()) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.autotp.vocabulary: not names");
+      }
+      facts.vocabulary.insert(name.get<std::string>());
+    }
+  }
   for (const auto& [name, json] : tp["params"].items()) {
     UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
     if (map.vocab && !facts.vocab) {
@@ -656,7 +683,8 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// A parameter group laid out for one target TP rank: local shapes, geometries, flat layout.
+// A parameter group laid out for one target TP rank: geometries, the rank's flat layout of its
+// local shapes.
 struct TargetGroup {
   GroupLayout layout;
   std::vector<Geometry> geometry;
@@ -664,25 +692,44 @@ struct TargetGroup {
 };
 
 // The groups of one target stage (`names`: per group, its parameters in flat order) at
-// (target.tp, target.dp).
+// (target.tp, target.dp) for TP rank t; `facts` at target.tp (AutoTpFactsAt).
 Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const IndexFacts& facts,
                                               const std::vector<std::vector<std::string>>& stage,
-                                              const Topology& target) {
+                                              const Topology& target, uint32_t t) {
   std::vector<TargetGroup> out;
   for (const std::vector<std::string>& names : stage) {
     TargetGroup group;
     std::vector<Shape> shapes;
     for (const std::string& name : names) {
       const Atom* atom = index.Find(name, "fp32");
-      UCP_ASSIGN_OR_RETURN(
-          Geometry g, GeometryAt(name, facts.maps.at(name), atom->shape, target.tp, facts.vocab));
-      shapes.push_back(g.local);
+      const ShardMap& map = facts.maps.at(name);
+      UCP_ASSIGN_OR_RETURN(Geometry g,
+                           GeometryAt(name, map, atom->shape, target.tp, facts.vocab, map.blocks));
+      shapes.push_back(LocalShape(g, t));
       group.geometry.push_back(std::move(g));
     }
     UCP_ASSIGN_OR_RETURN(group.layout, MakeLayout(names, std::move(shapes)));
     UCP_ASSIGN_OR_RETURN(group.partition,
                          SavablePartition(group.layout.total, target.dp, "a group"));
     out.push_back(std::move(group));
+  }
+  return out;
+}
+
+// An AutoTP tag's facts at TP degree `tp`: each split parameter's blocks there, as AutoTP splits
+// it by `rule` (BlocksAtDegree). Only the maps change: the atoms are the whole parameters.
+Result<IndexFacts> AutoTpFactsAt(const AtomIndex& index, const IndexFacts& facts, uint32_t tp,
+                                 const AutoTpSplitRule& rule) {
+  IndexFacts out = facts;
+  for (auto& [name, map] : out.maps) {
+    if (map.rule != Rule::kSplit) continue;
+    const Atom* atom = index.Find(name, "fp32");
+    UCP_ASSIGN_OR_RETURN(const Geometry saved,
+                         GeometryAt(name, map, atom->shape, facts.tp, std::nullopt, map.blocks));
+    UCP_ASSIGN_OR_RETURN(
+        std::vector<uint64_t> blocks,
+        BlocksAtDegree(name, atom->shape.at(map.dim), SplitBlocks(saved), tp, rule));
+    SetBlocks(map, std::move(blocks));
   }
   return out;
 }
@@ -758,6 +805,9 @@ struct GridTag {
   uint32_t tp = 1;
   uint32_t pp = 1;
   uint32_t dp = 0;
+  // DeepSpeed 0.19's AutoTP: the splits are in universal_checkpoint_info/affine_map, uneven ones
+  // too (TP ranks' slices of other shapes).
+  bool autotp = false;
   std::string prefix;                            // of the optimizer files: "" or "bf16_"
   std::vector<TpTag> stages;                     // by pipeline stage
   std::vector<std::string> layer_names;          // pipeline: every layer file, sorted
@@ -794,15 +844,12 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
   }
   GridTag grid;
   UCP_ASSIGN_OR_RETURN(TpModelStates ms0, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
-  if (HasAutoTpMaps(ms0.reader)) {
-    // DeepSpeed 0.19's AutoTP under ZeRO stage 0-2 writes mp_rank_XX files as Megatron's TP
-    // does, but names its splits (uneven ones too) only in the affine map, which this adapter
-    // does not read yet; refused before the other ranks' slices are compared with these.
-    return Status::Unsupported(Prefix(ms0.reader.path()) + std::string(kInfo) +
-                               "/affine_map: AutoTP tensor parallelism under ZeRO stage 0, 1 or "
-                               "2 is not supported yet (under ZeRO-3 it is)");
-  }
+  grid.autotp = HasAutoTpMaps(ms0.reader);
   UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> layer_tp, LayerFileTpDegree(tag_dir, listing));
+  if (grid.autotp && layer_tp) {
+    return Status::Unsupported(Prefix(ms0.reader.path()) + std::string(kInfo) +
+                               "/affine_map: AutoTP beside pipeline layer files is not supported");
+  }
   const uint32_t mp = ms0.mp;
   grid.tp = layer_tp.value_or(mp);
   if (mp % grid.tp != 0) {
@@ -862,10 +909,11 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
         return FieldError(ms.reader, "param_shapes", "other parameter groups than " + first.name);
       }
       if (t > 0) {  // the TP ranks of a stage hold slices of the same parameters
+        // AutoTP's uneven slices differ in shape: BuildIndex checks each against its map.
         const TpModelStates& stage_first = models.front();
         for (size_t g = 0; g < ms.groups.size(); ++g) {
           if (ms.groups[g].names != stage_first.groups[g].names ||
-              ms.groups[g].shapes != stage_first.groups[g].shapes) {
+              (!grid.autotp && ms.groups[g].shapes != stage_first.groups[g].shapes)) {
             return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
                               "other parameters or slice shapes than " + stage_first.name);
           }
@@ -1143,7 +1191,7 @@ Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
     spec.location = buffer.storage->location;
     spec.storage_numel = groups[g].partition.padded;
     spec.storage_offset = groups[g].layout.offsets[k];
-    spec.shape = groups[g].geometry[k].local;
+    spec.shape = groups[g].layout.shapes[k];
     spec.requires_grad = buffer.requires_grad;
     spec.parameter = buffer.parameter;
     UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
@@ -1191,10 +1239,11 @@ Status SetMegatronArgs(pickle::Graph& graph, Value* root, const IndexFacts& fact
 }
 
 // The model states of one target stage's TP rank t (its groups `groups`) from the template
-// `model`: dp_world_size, mp_world_size (tp·pp), the vocabulary's padded size, param_shapes of the
-// stage's slices and, outside a pipeline, the module's flat buffers.
+// `model` of a tag of source_tp TP ranks (`facts` at the target's degree): dp_world_size,
+// mp_world_size (tp·pp), the vocabulary's padded size, AutoTP's record of the degree where it
+// changes, param_shapes of the stage's slices and, outside a pipeline, the module's flat buffers.
 Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& facts,
-                                      const TorchArchiveReader& model,
+                                      uint32_t source_tp, const TorchArchiveReader& model,
                                       const std::vector<TargetGroup>& groups, uint32_t t,
                                       const Topology& target, std::string path) {
   ArchiveOutput out;
@@ -1214,6 +1263,13 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
     }
   }
   UCP_RETURN_IF_ERROR(SetMegatronArgs(out.graph, root, facts, target, model.path()));
+  if (facts.autotp && target.tp != source_tp) {
+    std::map<std::string, std::vector<uint64_t>> uneven;
+    for (const auto& [name, map] : facts.maps) {
+      if (!map.blocks.empty()) uneven.emplace(name, map.blocks);
+    }
+    UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, target.tp, model, uneven));
+  }
   Value* shapes = root->Get("param_shapes");
   for (size_t g = 0; g < groups.size(); ++g) {
     Value* group = shapes == nullptr ? nullptr : shapes->Item(g);
@@ -1223,7 +1279,7 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
     std::vector<pickle::Mutation> items;
     for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
       items.push_back({pickle::Mutation::Op::kSetItem, out.graph.Str(groups[g].layout.names[k]),
-                       SizeNode(out.graph, groups[g].geometry[k].local)});
+                       SizeNode(out.graph, groups[g].layout.shapes[k])});
     }
     for (const pickle::Mutation& mutation : group->mutations()) {
       if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
@@ -1239,12 +1295,14 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
   return out;
 }
 
-// The optimizer file of DP rank r of one target stage's TP rank t (its groups `groups`, m DP
-// ranks), from the template `reader`: partitions, paddings, partition_count, param_slice_mappings.
+// The optimizer file of DP rank r of one target stage's TP rank t (its groups `groups`, target.dp
+// DP ranks), from the template `reader` of a tag of source_tp TP ranks: partitions, paddings,
+// partition_count, param_slice_mappings, and AutoTP's autotp_size where the degree changes.
 Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& facts,
-                                    const TorchArchiveReader& reader,
+                                    uint32_t source_tp, const TorchArchiveReader& reader,
                                     const std::vector<TargetGroup>& groups, uint32_t t, uint32_t r,
-                                    uint32_t m, std::string path) {
+                                    const Topology& target, std::string path) {
+  const uint32_t m = target.dp;
   const std::string osd(kOsd);
   ArchiveOutput out;
   out.path = std::move(path);
@@ -1252,6 +1310,9 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
   out.graph.set_root(root);
   Value* dict = root->Get(kOsd);
   if (dict == nullptr) return FieldError(reader, osd, "missing");
+  if (facts.autotp && target.tp != source_tp) {
+    UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, target.tp, reader));
+  }
   std::map<std::string, std::vector<Segment>> replaced;
   std::vector<uint64_t> paddings;
   std::vector<Value*> fp32_items;
@@ -1651,7 +1712,14 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                       "dp_world_size × mp_world_size exceeds 4294967295");
   }
 
-  // 2. The shard map of every parameter, from its owning stage's slices.
+  // 2. The shard map of every parameter: from AutoTP's affine map, or from the rules and its
+  //    owning stage's slices.
+  std::optional<AutoTpMaps> autotp;
+  if (grid.autotp) {
+    std::vector<std::string> names;
+    for (const auto& [name, where] : grid.owner) names.push_back(name);
+    UCP_ASSIGN_OR_RETURN(autotp, ReadAutoTpMaps(ms0.reader, tp, names));
+  }
   std::map<std::string, ShardMap> maps;
   std::map<std::string, Shape> atom_shapes;
   bool any_vocab = false;
@@ -1659,20 +1727,26 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
     const auto [s, g, k] = where;
     const TpTag& stage = grid.stages[s];
     const TpModelStates& owner = stage.models[0];
-    const GroupLayout& layout = owner.groups[g];
-    UCP_ASSIGN_OR_RETURN(Resolved resolved,
-                         Resolve(owner.reader, patterns, name, layout.shapes[k], tp));
+    Resolved resolved;
+    if (autotp) {
+      resolved.map = autotp->maps.at(name);
+      resolved.atom = autotp->whole_shapes.at(name);
+      resolved.check_slices = resolved.map->rule == Rule::kReplicated;
+    } else {
+      UCP_ASSIGN_OR_RETURN(resolved,
+                           Resolve(owner.reader, patterns, name, owner.groups[g].shapes[k], tp));
+    }
     for (const TpModelStates& ms : stage.models) {
       const auto it = ms.module.find(name);
       if (it == ms.module.end() || it->second.tensor == nullptr) {
         return FieldError(ms.reader, "module/" + name,
                           "missing (param_shapes/" + std::to_string(g) + " names it)");
       }
-      if (it->second.tensor->shape != layout.shapes[k] || !it->second.tensor->contiguous()) {
-        return Status::Corrupt(Prefix(it->second.path) + name + ": shape " +
-                               ShapeText(it->second.tensor->shape) +
-                               " or strides disagree with param_shapes " +
-                               ShapeText(layout.shapes[k]) + " of " + ms.name);
+      const Shape& listed = ms.groups[g].shapes[k];
+      if (it->second.tensor->shape != listed || !it->second.tensor->contiguous()) {
+        return Status::Corrupt(
+            Prefix(it->second.path) + name + ": shape " + ShapeText(it->second.tensor->shape) +
+            " or strides disagree with param_shapes " + ShapeText(listed) + " of " + ms.name);
       }
     }
     const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
@@ -1763,7 +1837,13 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
     for (uint32_t s = 0; s < pp; ++s) {
       const TpTag& stage = grid.stages[s];
       const GroupLayout& layout = stage.models[0].groups[g];
-      UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
+      // Each TP rank's flat buffer and its partitions: AutoTP's uneven slices make them differ.
+      std::vector<Partitioning> parts;
+      for (const TpModelStates& ms : stage.models) {
+        UCP_ASSIGN_OR_RETURN(Partitioning part, Partition(ms.groups[g].total, dp));
+        parts.push_back(std::move(part));
+      }
+      const Partitioning& p = parts[0];
       for (size_t k = 0; k < layout.names.size(); ++k) {
         const std::string& name = layout.names[k];
         if (std::get<0>(grid.owner.at(name)) != s) continue;
@@ -1771,16 +1851,21 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
         const ShardMap& map = maps.at(name);
         params[name] = MapJson(map);
         const Shape& shape = atom_shapes.at(name);
-        UCP_ASSIGN_OR_RETURN(const Geometry geometry, GeometryAt(name, map, shape, tp, vocab));
-        if (geometry.local != layout.shapes[k]) {
-          return Status::Internal(Prefix(tag_dir) + name + ": shard map gives slices of " +
-                                  ShapeText(geometry.local) + ", param_shapes " +
-                                  ShapeText(layout.shapes[k]));
+        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                             GeometryAt(name, map, shape, tp, vocab, map.blocks));
+        for (uint32_t t = 0; t < tp; ++t) {
+          const Shape& listed = stage.models[t].groups[g].shapes[k];
+          if (LocalShape(geometry, t) != listed) {
+            return Status::Corrupt(Prefix(stage.models[t].reader.path()) + "param_shapes/" +
+                                   std::to_string(g) + "/" + name + ": " + ShapeText(listed) +
+                                   ", but its shard map gives TP rank " + std::to_string(t) + " " +
+                                   ShapeText(LocalShape(geometry, t)));
+          }
         }
         const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
         const auto add_partitioned = [&](Atom& atom, int which) -> Status {
           for (uint32_t t = 0; t < ranks; ++t) {
-            for (const Piece& piece : Pieces(layout, k, p)) {
+            for (const Piece& piece : Pieces(stage.models[t].groups[g], k, parts[t])) {
               const OptimGroup& og = stage.optim[t][piece.rank].groups[g];
               const TorchTensor* tensor =
                   which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
@@ -1846,6 +1931,14 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
                                               "mp_world_size"};
   if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
+  if (autotp) {
+    for (const char* field :
+         {"checkpoint_parallel_dimensions/tp_degree", "ds_config/tensor_parallel/autotp_size",
+          "universal_checkpoint_info"}) {
+      rewritten_model.push_back(field);
+    }
+    rewritten_optim.push_back("ds_config/tensor_parallel/autotp_size");
+  }
   nlohmann::json pipeline;  // null unless a pipeline tag
   c.carried = {
       {std::string(kModelRole), 0, rewritten_model},
@@ -1857,6 +1950,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   // The universal export copies every mp rank's model states.
   for (uint32_t i = 1; i < mp; ++i) c.carried.push_back({std::string(kCopiedModelRole), i, {}});
   nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
+  if (autotp) tp_state["autotp"] = {{"vocabulary", autotp->vocabulary}};
   if (vocab) {
     tp_state["vocab"] = {{"original", vocab->original},
                          {"padded", vocab->padded},
@@ -1930,16 +2024,26 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                    " × pp=" + std::to_string(target.pp));
   }
   // 1. Where every parameter goes: the target's stages, their groups laid out at (tp, dp).
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp));
-  std::vector<std::vector<TargetGroup>> stage_groups;
-  for (const std::vector<std::vector<std::string>>& stage : stages) {
-    UCP_ASSIGN_OR_RETURN(std::vector<TargetGroup> groups,
-                         TargetGroups(index, facts, stage, target));
-    stage_groups.push_back(std::move(groups));
-  }
+  UCP_ASSIGN_OR_RETURN(const IndexFacts source, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
-                       OpenSource(index, tag_dir, facts.model_file));
+                       OpenSource(index, tag_dir, source.model_file));
+  // AutoTP re-splits each parameter at another degree by its own rule.
+  IndexFacts facts = source;
+  if (source.autotp && target.tp != source.tp) {
+    UCP_ASSIGN_OR_RETURN(const AutoTpSplitRule rule, ReadAutoTpSplitRule(model, tag_dir));
+    UCP_ASSIGN_OR_RETURN(facts, AutoTpFactsAt(index, source, target.tp, rule));
+  }
+  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp));
+  // [stage][TP rank]: the groups laid out at (tp, dp).
+  std::vector<std::vector<std::vector<TargetGroup>>> stage_groups;
+  for (const std::vector<std::vector<std::string>>& stage : stages) {
+    stage_groups.emplace_back();
+    for (uint32_t t = 0; t < target.tp; ++t) {
+      UCP_ASSIGN_OR_RETURN(std::vector<TargetGroup> groups,
+                           TargetGroups(index, facts, stage, target, t));
+      stage_groups.back().push_back(std::move(groups));
+    }
+  }
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim,
                        OpenSource(index, tag_dir, facts.optim_file));
   OutputPlan plan;
@@ -1947,17 +2051,18 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
   for (uint32_t s = 0; s < target.pp; ++s) {
     for (uint32_t t = 0; t < target.tp; ++t) {
       UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           PlanModelStates(index, facts, model, stage_groups[s], t, target,
-                                           ModelStatesName(MpRank(s, t, target.tp))));
+                           PlanModelStates(index, facts, source.tp, model, stage_groups[s][t], t,
+                                           target, ModelStatesName(MpRank(s, t, target.tp))));
       plan.archives.push_back(std::move(out));
     }
   }
   for (uint32_t s = 0; s < target.pp; ++s) {
     for (uint32_t t = 0; t < target.tp; ++t) {
       for (uint32_t r = 0; r < target.dp; ++r) {
-        UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                             PlanOptimFile(index, facts, optim, stage_groups[s], t, r, target.dp,
-                                           OptimName(facts.prefix, r, MpRank(s, t, target.tp))));
+        UCP_ASSIGN_OR_RETURN(
+            ArchiveOutput out,
+            PlanOptimFile(index, facts, source.tp, optim, stage_groups[s][t], t, r, target,
+                          OptimName(facts.prefix, r, MpRank(s, t, target.tp))));
         plan.archives.push_back(std::move(out));
       }
     }
@@ -2059,7 +2164,9 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
         break;
       }
     }
-    if (map.vocab) entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+    if (map.vocab || facts.vocabulary.contains(atom.param)) {
+      entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+    }
     entries.emplace_back(graph.Str("param"), tensor);
     graph.set_root(graph.Dict(std::move(entries)));
     UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
