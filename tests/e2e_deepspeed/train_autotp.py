@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A DeepSpeed ZeRO-3 trainer with AutoTP tensor parallelism (DeepSpeed 0.19: the config's
+"""A DeepSpeed trainer with AutoTP tensor parallelism (DeepSpeed 0.19: the config's
 "tensor_parallel": {"autotp_size": T}) on CPU with gloo, for the AutoTP checks.
 
 The model is a tiny Llama-like stack of plain torch modules, laid out as AutoTP's heuristic
