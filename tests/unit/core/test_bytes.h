@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -34,14 +35,45 @@ inline std::string ReadAll(const std::string& path) {
   return text.str();
 }
 
-// A fresh, empty directory for the running test: <tmp>/<prefix>_<pid>_<test name>.
+// Removes the scratch directories a test made when it ends, unless it failed: those stay for a
+// look at what it left.
+class ScratchRemover : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (!info.result()->Failed()) {
+      for (const std::filesystem::path& dir : directories_) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    }
+    directories_.clear();
+  }
+  std::vector<std::filesystem::path>& directories() { return directories_; }
+
+ private:
+  std::vector<std::filesystem::path> directories_;
+};
+
+// The remover of this test program, registered with GoogleTest (which owns it) at first use.
+inline ScratchRemover& TheScratchRemover() {
+  static ScratchRemover* remover = [] {
+    auto* created = new ScratchRemover;
+    ::testing::UnitTest::GetInstance()->listeners().Append(created);
+    return created;
+  }();
+  return *remover;
+}
+
+// A fresh, empty directory for the running test: <tmp>/<prefix>_<pid>_<test name> (a
+// parameterized test's "Name/N" as "Name_N"), removed when the test passes.
 inline std::filesystem::path ScratchDirectory(const std::string& prefix) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      (prefix + "_" + std::to_string(::getpid()) + "_" +
-       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(test.begin(), test.end(), '/', '_');
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    (prefix + "_" + std::to_string(::getpid()) + "_" + test);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  TheScratchRemover().directories().push_back(dir);
   return dir;
 }
 
