@@ -12,7 +12,10 @@ variants: "ok" at tp2dp2, tp1dp2, tp2dp1, tp1dp1, tp2dp3 (the reshard oracles of
 "ruled" at tp1dp2, tp1dp1, tp2dp2, tp2dp1, tp4dp2, tp4dp1: the same state with extra.scale named
 replicated, so that its TP=1 tags can be split (each other's oracles); "uncovered" and
 "averaged_differs" at tp2dp2 (tags ucp must refuse); "no_info" at tp1dp2: no
-universal_checkpoint_info at all (no rules to split a TP=1 tag by).
+universal_checkpoint_info at all (no rules to split a TP=1 tag by); "frozen" at tp2dp2, tp1dp2 and
+tp4dp1: the "ruled" state with three frozen parameters (FROZEN), which ZeRO-1 keeps only in each TP
+rank's module, each its own tensor: a row-parallel one and a column-parallel one split like the
+trained ones, a norm every rank holds whole.
 
 The state's parameters cover every rule of universal_checkpoint_info: a vocabulary
 (word_embeddings, 35 rows padded by Megatron's _vocab_size_with_padding with divisible_by 4: 36
@@ -52,6 +55,11 @@ PARAMS = [
      ("final_norm.weight", (6,), ("replicated",)),
      ("extra.scale", (5,), ("replicated",))],
 ]
+# Frozen parameters (requires_grad False: in the module alone, not in param_shapes), the rules as
+# in PARAMS.
+FROZEN = [("layers.1.attention.dense.weight", (6, 8), ("split", 1)),
+          ("layers.1.mlp.dense_h_to_4h.weight", (12, 6), ("split", 0)),
+          ("layers.1.frozen_norm.weight", (6,), ("replicated",))]
 HYPER = [{"lr": 0.003, "betas": (0.9, 0.95), "eps": 1e-08, "weight_decay": 0.1},
          {"lr": 0.003, "betas": (0.9, 0.95), "eps": 1e-08, "weight_decay": 0.0}]
 
@@ -102,9 +110,10 @@ def tp_slice(full, rule, tp, t):
     return torch.cat([part.chunk(tp, dim)[t] for part in full.split(list(sizes), dim)], dim)
 
 
-def write_tag(tag_dir, state, tp, dp, perturb=None, info=INFO):
+def write_tag(tag_dir, state, tp, dp, perturb=None, info=INFO, frozen=None):
     """perturb: a parameter whose TP rank 1 slices are changed (slices that differ); info: the
-    client's universal_checkpoint_info (None: none saved)."""
+    client's universal_checkpoint_info (None: none saved); frozen: {name: full tensor} of FROZEN's
+    parameters, each TP rank's slice in its module after the trained ones."""
     os.makedirs(tag_dir, exist_ok=True)
     # The same config at every size: ds_config is the new run's, which no resharder can know.
     ds_config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
@@ -134,6 +143,8 @@ def write_tag(tag_dir, state, tp, dp, perturb=None, info=INFO):
                 shape = slices[name]["fp32"].shape
                 module[name] = flat.narrow(0, offset, shape.numel()).view(shape)
                 offset += shape.numel()
+        for name, _, rule in FROZEN if frozen else ():
+            module[name] = tp_slice(frozen[name], rule, tp, t)
         model = {
             "module": module,
             "buffer_names": [],
@@ -220,6 +231,14 @@ def main():
     for tp, dp in ((1, 2), (1, 1), (2, 2), (2, 1), (4, 2), (4, 1)):
         write_tag(f"{out}/ruled/tp{tp}dp{dp}/global_step5", state, tp, dp, info=ruled)
     write_tag(f"{out}/no_info/tp1dp2/global_step5", state, 1, 2, info=None)
+    gen = torch.Generator().manual_seed(7)
+    frozen = {name: torch.randn(shape, generator=gen) for name, shape, _ in FROZEN}
+    for tp, dp in ((2, 2), (1, 2), (4, 1)):
+        write_tag(f"{out}/frozen/tp{tp}dp{dp}/global_step5", state, tp, dp, info=ruled,
+                  frozen=frozen)
+    for name, tensor in frozen.items():  # what a frozen parameter's bit16 atom holds
+        os.makedirs(f"{out}/full/{name}", exist_ok=True)
+        torch.save(tensor, f"{out}/full/{name}/fp32.pt")
     for name, tensors in state.items():
         for key, tensor in tensors.items():
             os.makedirs(f"{out}/full/{name}", exist_ok=True)

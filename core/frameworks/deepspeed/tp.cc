@@ -547,6 +547,9 @@ struct IndexFacts {
   bool autotp = false;
   std::set<std::string> vocabulary;
   std::vector<std::vector<std::string>> groups;  // parameter names, flat-buffer order
+  // Frozen parameters split over the TP ranks: in `module` alone, each its own storage; their
+  // bit16 atoms are what the target's module entries hold.
+  std::vector<std::string> frozen;
   // A pipeline tag (its module in layer files): every stage's groups, copies of pipeline-
   // replicated parameters included, and every layer file of TP rank 0 with its parameters.
   bool pipeline = false;
@@ -660,6 +663,17 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.maps.emplace(name, std::move(map));
   }
+  if (tp.contains("frozen")) {
+    for (const nlohmann::json& name : tp["frozen"]) {
+      if (!name.is_string() || !facts.maps.contains(name.get<std::string>()) ||
+          index.Find(name.get<std::string>(), "bit16") == nullptr) {
+        return Status::Corrupt(
+            "deepspeed: index adapter_state.tp.frozen: not parameters with a shard map and a "
+            "bit16 atom");
+      }
+      facts.frozen.push_back(name.get<std::string>());
+    }
+  }
   UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
   facts.model_file = templates.model_file;
   facts.optim_file = templates.optim_file;
@@ -723,7 +737,7 @@ Result<IndexFacts> AutoTpFactsAt(const AtomIndex& index, const IndexFacts& facts
   IndexFacts out = facts;
   for (auto& [name, map] : out.maps) {
     if (map.rule != Rule::kSplit) continue;
-    const Atom* atom = index.Find(name, "fp32");
+    const Atom* atom = index.Find(name, "bit16");  // every parameter's, frozen ones' too
     UCP_ASSIGN_OR_RETURN(const Geometry saved,
                          GeometryAt(name, map, atom->shape, facts.tp, std::nullopt, map.blocks));
     UCP_ASSIGN_OR_RETURN(
@@ -761,6 +775,28 @@ Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFac
                                       lo - off, hi - off, segments));
   }
   return segments;
+}
+
+// Whether every TP rank of `stage` holds module entry `name` alike (shape, dtype and bytes): a
+// buffer or a frozen parameter each rank keeps whole; false for one split over them.
+Result<bool> ModuleSlicesAlike(const TpTag& stage, const std::string& name) {
+  const ModuleTensor& first = stage.models[0].module.at(name);
+  UCP_ASSIGN_OR_RETURN(
+      const std::string reference,
+      ReadRange(first.path, first.tensor->file_offset(), first.tensor->byte_size()));
+  for (size_t t = 1; t < stage.models.size(); ++t) {
+    const auto it = stage.models[t].module.find(name);
+    if (it == stage.models[t].module.end() || it->second.tensor == nullptr) {
+      return FieldError(stage.models[t].reader, "module/" + name,
+                        "missing (" + first.file + " holds it)");
+    }
+    const TorchTensor& tensor = *it->second.tensor;
+    if (tensor.shape != first.tensor->shape || tensor.dtype != first.tensor->dtype) return false;
+    UCP_ASSIGN_OR_RETURN(const std::string bytes,
+                         ReadRange(it->second.path, tensor.file_offset(), tensor.byte_size()));
+    if (bytes != reference) return false;
+  }
+  return true;
 }
 
 // Whether a model-states file holds the client's universal_checkpoint_info.
@@ -1151,11 +1187,12 @@ Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, u
 }
 
 // Outside a pipeline the model states hold the module, every group's tensors views of one flat
-// buffer: its tensors rewritten in `graph` (the imported template) at the target's slices, and the
-// buffers' bytes by storage key.
+// buffer: its tensors rewritten in `graph` (the imported template) at TP rank t's slices of the
+// target's tp, and the buffers' bytes by storage key; the frozen parameters split over TP ranks
+// likewise, each in its own storage.
 Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
     const AtomIndex& index, const IndexFacts& facts, const TorchArchiveReader& model,
-    const std::vector<TargetGroup>& groups, uint32_t t, pickle::Graph& graph) {
+    const std::vector<TargetGroup>& groups, uint32_t t, uint32_t tp, pickle::Graph& graph) {
   std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, index)
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t k = 0; k < groups[g].layout.names.size(); ++k) {
@@ -1179,9 +1216,35 @@ Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
   if (module == nullptr || module->kind() != Kind::kObject) {
     return FieldError(model, "module", "not an OrderedDict");
   }
+  std::map<std::string, std::vector<Segment>> replaced;
+  const std::set<std::string> frozen(facts.frozen.begin(), facts.frozen.end());
   for (pickle::Mutation& mutation : module->mutable_mutations()) {
     if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-    const auto it = position.find(KeyText(mutation.first));
+    const std::string name = KeyText(mutation.first);
+    if (frozen.contains(name)) {
+      Result<const Value*> node = model.Find("module/" + name);
+      const TorchTensor* tensor = node.ok() ? model.TensorAt(*node) : nullptr;
+      const Atom* atom = index.Find(name, "bit16");
+      if (tensor == nullptr) return FieldError(model, "module/" + name, "not a tensor");
+      const ShardMap& map = facts.maps.at(name);
+      UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                           GeometryAt(name, map, atom->shape, tp, facts.vocab, map.blocks));
+      const Shape local = LocalShape(geometry, t);
+      UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(local));
+      TensorNodeSpec spec;
+      spec.storage_key = tensor->storage->key;
+      spec.dtype = tensor->dtype;
+      spec.location = tensor->storage->location;
+      spec.storage_numel = numel;
+      spec.shape = local;
+      spec.requires_grad = tensor->requires_grad;
+      spec.parameter = tensor->parameter;
+      UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
+      std::vector<Segment>& segments = replaced[tensor->storage->key];
+      UCP_RETURN_IF_ERROR(AppendSliceSegments(index, *atom, map, geometry, t, 0, numel, segments));
+      continue;
+    }
+    const auto it = position.find(name);
     if (it == position.end()) continue;  // a buffer: carried
     const auto [g, k] = it->second;
     const TorchTensor& buffer = *buffer_of[g];
@@ -1196,7 +1259,6 @@ Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
     spec.parameter = buffer.parameter;
     UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
   }
-  std::map<std::string, std::vector<Segment>> replaced;
   for (size_t g = 0; g < groups.size(); ++g) {
     const TargetGroup& group = groups[g];
     UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
@@ -1288,7 +1350,8 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
   }
   std::map<std::string, std::vector<Segment>> replaced;
   if (!facts.pipeline) {
-    UCP_ASSIGN_OR_RETURN(replaced, PlanModuleBuffers(index, facts, model, groups, t, out.graph));
+    UCP_ASSIGN_OR_RETURN(replaced,
+                         PlanModuleBuffers(index, facts, model, groups, t, target.tp, out.graph));
   }
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, model, facts.model_file, std::move(replaced)));
@@ -1781,6 +1844,39 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
     maps.emplace(name, *resolved.map);
     atom_shapes.emplace(name, std::move(resolved.atom));
   }
+  // 2b. Module entries outside param_shapes (buffers, frozen parameters): ZeRO-1/2 keeps them
+  //     only in each TP rank's `module`, whole slices. Those every TP rank holds alike are carried
+  //     with the template (at tp = 1, those no rule splits); a frozen parameter split over the TP
+  //     ranks is indexed as its bit16 atom, to be written at the target's slices.
+  std::vector<std::string> frozen;
+  for (const auto& [name, module0] : ms0.module) {
+    if (grid.owner.contains(name) || module0.tensor == nullptr) continue;
+    bool alike = true;  // at tp = 1, whatever no rule splits
+    if (tp > 1) {
+      UCP_ASSIGN_OR_RETURN(alike, ModuleSlicesAlike(grid.stages[0], name));
+      if (alike) continue;
+    }
+    Resolved resolved;
+    if (autotp) {
+      UCP_ASSIGN_OR_RETURN(const AutoTpMaps found, ReadAutoTpMaps(ms0.reader, tp, {name}));
+      resolved.map = found.maps.at(name);
+      resolved.atom = found.whole_shapes.at(name);
+    } else {
+      UCP_ASSIGN_OR_RETURN(resolved,
+                           Resolve(ms0.reader, patterns, name, module0.tensor->shape, tp));
+    }
+    if (!resolved.map || resolved.map->rule != Rule::kSplit || resolved.map->vocab) {
+      if (alike) continue;
+      return Status::Unsupported(
+          Prefix(module0.path) + "module/" + name +
+          ": not in param_shapes (a frozen parameter or a buffer), its TP slices differ, and no "
+          "rule of " +
+          std::string(kInfo) + " splits it; ucp cannot place it at another size");
+    }
+    maps.emplace(name, *resolved.map);
+    atom_shapes.emplace(name, std::move(resolved.atom));
+    frozen.push_back(name);
+  }
   std::optional<Vocab> vocab;
   if (any_vocab) {
     UCP_ASSIGN_OR_RETURN(vocab, ReadVocab(ms0.reader, patterns, tp));
@@ -1829,8 +1925,29 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
     return mp + MpRank(s, t, tp) * dp + r;
   };
 
-  // 4. The atoms of each parameter from its owning stage's files, groups in stage order.
+  // 4. The atoms of each parameter from its owning stage's files, groups in stage order; the
+  //    frozen ones' bit16 atoms after them.
   nlohmann::json params = nlohmann::json::object();
+  // The bit16 atom of `name` from its TP slices in `stage`'s module tensors (rank 0's alone
+  // unless split).
+  const auto add_module_atom = [&](const TpTag& stage, const std::string& name, const ShardMap& map,
+                                   const Geometry& geometry) -> Status {
+    const ModuleTensor& module0 = stage.models[0].module.at(name);
+    Atom bit16{name, "bit16", module0.tensor->dtype, geometry.atom, {}};
+    const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
+    for (uint32_t t = 0; t < ranks; ++t) {
+      const ModuleTensor& module = stage.models[t].module.at(name);
+      if (module.tensor->dtype != bit16.dtype) {
+        return Status::Corrupt(Prefix(module.path) + name + ": dtype differs from " + module0.file +
+                               "'s");
+      }
+      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
+                                            file_index.at(module.file),
+                                            module.tensor->file_offset(), module.tensor->dtype));
+    }
+    c.atoms.push_back(std::move(bit16));
+    return Status::Ok();
+  };
   for (size_t g = 0; g < ms0.groups.size(); ++g) {
     ParamGroup group =
         GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
@@ -1897,22 +2014,26 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
           }
           c.atoms.push_back(std::move(atom));
         }
-        const ModuleTensor& module0 = stage.models[0].module.at(name);
-        Atom bit16{name, "bit16", module0.tensor->dtype, shape, {}};
-        for (uint32_t t = 0; t < ranks; ++t) {
-          const ModuleTensor& module = stage.models[t].module.at(name);
-          if (module.tensor->dtype != bit16.dtype) {
-            return Status::Corrupt(Prefix(module.path) + name + ": dtype differs from " +
-                                   module0.file + "'s");
-          }
-          UCP_RETURN_IF_ERROR(AddSliceFragments(
-              bit16, map, geometry, t, 0, module.tensor->numel(), file_index.at(module.file),
-              module.tensor->file_offset(), module.tensor->dtype));
-        }
-        c.atoms.push_back(std::move(bit16));
+        UCP_RETURN_IF_ERROR(add_module_atom(stage, name, map, geometry));
       }
     }
     c.groups.push_back(std::move(group));
+  }
+  for (const std::string& name : frozen) {
+    const ShardMap& map = maps.at(name);
+    params[name] = MapJson(map);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, atom_shapes.at(name), tp, vocab, map.blocks));
+    for (uint32_t t = 0; t < tp; ++t) {
+      const ModuleTensor& module = grid.stages[0].models[t].module.at(name);
+      if (LocalShape(geometry, t) != module.tensor->shape || !module.tensor->contiguous()) {
+        return Status::Corrupt(Prefix(module.path) + "module/" + name + ": " +
+                               ShapeText(module.tensor->shape) +
+                               ", but its shard map gives TP rank " + std::to_string(t) + " " +
+                               ShapeText(LocalShape(geometry, t)));
+      }
+    }
+    UCP_RETURN_IF_ERROR(add_module_atom(grid.stages[0], name, map, geometry));
   }
 
   // 5. What the plans carry from the source files, and the rules.
@@ -1951,6 +2072,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   for (uint32_t i = 1; i < mp; ++i) c.carried.push_back({std::string(kCopiedModelRole), i, {}});
   nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
   if (autotp) tp_state["autotp"] = {{"vocabulary", autotp->vocabulary}};
+  if (!frozen.empty()) tp_state["frozen"] = frozen;
   if (vocab) {
     tp_state["vocab"] = {{"original", vocab->original},
                          {"padded", vocab->padded},

@@ -66,10 +66,11 @@ TempDir* DeepSpeedTpGeneratedTest::dir_ = nullptr;
 
 // Every fp32 and optimizer-state atom of `index` (of `tag`) is the full tensor the TP slices were
 // cut from (the vocabulary without its padding rows); the module's bit16 atoms hold the same fp32
-// weights.
+// weights; `frozen` frozen parameters have a bit16 atom alone.
 void ExpectAtomsAreTheFullTensors(
     const AtomIndex& index, const std::string& tag,
-    const std::function<std::string(const std::string&, const std::string&)>& full_of) {
+    const std::function<std::string(const std::string&, const std::string&)>& full_of,
+    size_t frozen = 0) {
   size_t compared = 0;
   for (const Atom& atom : index.atoms()) {
     if (atom.state == "step") continue;
@@ -87,7 +88,7 @@ void ExpectAtomsAreTheFullTensors(
     EXPECT_TRUE(SegmentBytes(index, tag, *segments) == TensorBytes(*full, *tensor));
     ++compared;
   }
-  EXPECT_EQ(compared, 9u * 4u);
+  EXPECT_EQ(compared, 9u * 4u + frozen);
 }
 
 // Executing `plan` (a reshard of `index`, of `tag`) writes the files of `oracle`: every object and
@@ -272,6 +273,37 @@ TEST_F(DeepSpeedTpGeneratedTest, LeavesATp1TagWithoutRulesToZero12) {
   Result<OutputPlan> stale = zero12.PlanReshard(*old, ruled, Topology{2, 2, 1, 0, 0});
   EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(stale.status().message(), HasSubstr("rebuild it"));
+}
+
+// Frozen parameters are in each TP rank's module alone (not in param_shapes, their own tensors):
+// the split ones (row-parallel by pattern, column-parallel by Megatron's name) are indexed as their
+// bit16 atoms, the full tensors, and written at every target's slices; the norm every rank holds
+// whole is carried. From TP=2 and from TP=1 each reshard is the generator's tag at the target.
+TEST_F(DeepSpeedTpGeneratedTest, FrozenParametersSplitOverTpRanksAreWrittenAtTheTargetsSlices) {
+  const std::vector<std::string> split = {"layers.1.attention.dense.weight",
+                                          "layers.1.mlp.dense_h_to_4h.weight"};
+  for (const char* source : {"tp2dp2", "tp1dp2"}) {
+    SCOPED_TRACE(source);
+    const std::string tag = Tag("frozen", source);
+    Result<AtomIndex> index = Adapter().BuildIndex(tag, {});
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    EXPECT_EQ(index->contents().adapter_state["tp"]["frozen"], nlohmann::json(split));
+    for (const std::string& name : split) {
+      EXPECT_NE(index->Find(name, "bit16"), nullptr) << name;
+      EXPECT_EQ(index->Find(name, "fp32"), nullptr) << name;
+    }
+    EXPECT_EQ(index->Find("layers.1.frozen_norm.weight", "bit16"), nullptr);
+    ExpectAtomsAreTheFullTensors(*index, tag, Full, split.size());
+    for (const char* target : {"tp2dp2", "tp1dp2", "tp4dp1"}) {
+      SCOPED_TRACE(target);
+      const Topology to = std::string(target) == "tp2dp2"   ? Topology{2, 2, 1, 0, 0}
+                          : std::string(target) == "tp1dp2" ? Topology{2, 1, 1, 0, 0}
+                                                            : Topology{1, 4, 1, 0, 0};
+      Result<OutputPlan> plan = Adapter().PlanReshard(*index, tag, to);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      ExpectPlanWritesTheTag(*plan, *index, tag, Tag("frozen", target));
+    }
+  }
 }
 
 // A parameter no rule covers whose TP slices differ is refused, named: ds_to_universal would
