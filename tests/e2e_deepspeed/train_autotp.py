@@ -17,8 +17,8 @@ rank 0 writes its config.json beside the tags, as the HF Trainer does.
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autotp.py --tp T [--model tiny|llama] [--zero_stage S] [--dtype fp32|bf16] --steps N
-         [--save_dir DIR]
+Usage: train_autotp.py --tp T [--model tiny|llama] [--zero_stage S] [--dtype fp32|bf16] [--frozen]
+         --steps N [--save_dir DIR]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
   --save_dir: with --load_dir and N the loaded step, a resave of the loaded state.
@@ -39,6 +39,10 @@ deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False
 
 VOCAB, SEQ, WIDTH, HIDDEN, HEAD = 64, 8, 32, 65, 8
 LLAMA_VOCAB = 67
+# --frozen's parameters (the tiny model's): AutoTP splits the first 33/32 at TP=2 and the last on
+# dim 1, and keeps the norm whole.
+FROZEN = ('layers.0.mlp.up_proj.weight', 'layers.0.input_layernorm.weight',
+          'layers.1.self_attn.o_proj.weight')
 GLOBAL_BATCH = 4
 
 
@@ -131,6 +135,8 @@ def main():
     parser.add_argument('--load_tag')
     parser.add_argument('--universal', action='store_true',
                         help='load --load_tag with DeepSpeed\'s universal load')
+    parser.add_argument('--frozen', action='store_true',
+                        help='freeze FROZEN (split unevenly, replicated, row-parallel)')
     parser.add_argument('--out', required=True)
     args = parser.parse_args()
 
@@ -153,8 +159,11 @@ def main():
         model, loss_of = llama()
     else:
         model, loss_of = TinyLlamaModel(), lambda engine, tokens, targets: engine(tokens, targets)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(not (args.frozen and name in FROZEN))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=config)
     if args.load_dir:
         path, _ = engine.load_checkpoint(args.load_dir, tag=args.load_tag)
         if path is None:
