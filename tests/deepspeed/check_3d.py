@@ -8,13 +8,19 @@ embedding tied to the output layer (TiedLayerSpec on the first and the last stag
 merged over TP by universal_checkpoint_info's rules, the pipeline-replicated tied parameters taken
 from the first stage (the last stage's never-used position-embedding copy differs and is not
 read), the vocabulary cut to its 67 real rows, zero/optimizer_state.pt and the four model-states
-copies, every object and tensor bit-identical. Resharding a 3D tag is not implemented yet and must
-be refused naming the reason; a tag missing one layer file must be refused naming that file.
+copies, every object and tensor bit-identical. `ucp reshard` to tp2pp2dp1, tp1pp2dp2, tp2pp1dp2,
+tp1pp1dp2 and tp2pp2dp2 must write DeepSpeed's own resaves there (where DeepSpeed has none, the
+export of ucp's files must hold the source's atoms), through tp1pp2dp1 and back the same-size
+resave, and from DeepSpeed's pp=4 resave back to pp=2; pp=4 from pp=2 is refused as ambiguous. A
+tag missing one layer file must be refused naming that file, and one whose layer files hold a
+frozen parameter split over the TP ranks naming it.
 """
 
 import os
 import shutil
 import sys
+
+import torch
 
 import ds_objects
 import harness
@@ -120,6 +126,18 @@ status, _, err = harness.run_ucp(ucp, "export", copy, "--format", "deepspeed-uni
                                  f"{work}/missing_layer/out")
 report.check(status != 0 and "layer_03-model_01-model_states.pt" in err,
              f"missing layer file not named: exit {status}: {err}")
+# A frozen parameter (in the layer files, not in param_shapes) whose TP slices differ: a reshard
+# would carry TP rank 0's to every TP rank, so it is refused, naming it.
+copy = harness.fresh_dir(f"{work}/frozen_split") + f"/{TAG}"
+shutil.copytree(f"{fixtures}/3d_z1_fp32/tp2pp2dp2/{TAG}", copy)
+for t in (0, 1):
+    layer = f"{copy}/layer_02-model_{t:02d}-model_states.pt"
+    states = ds_objects.load(layer)
+    states["frozen.weight"] = torch.full((3, 2), float(t))
+    ds_objects.save(states, layer)
+status, _, err = harness.run_ucp(ucp, "index", copy)
+report.check(status != 0 and "layer_02-model_01-model_states.pt: frozen.weight: not a trained "
+             "parameter" in err, f"a frozen split layer entry not refused: exit {status}: {err}")
 print(f"without a DeepSpeed resave (checked by their atoms): {checked_without_resave}")
 
 report.exit()

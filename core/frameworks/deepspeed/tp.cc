@@ -1156,6 +1156,54 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
   return Status::Ok();
 }
 
+// A pipeline's layer files keep their entries that are no trained parameter (buffers, frozen
+// parameters) per TP rank; a reshard carries TP rank 0's to every TP rank. Refused, naming the
+// entry, where another TP rank's differs: a frozen parameter split over the TP ranks.
+Status RefuseSplitLayerEntries(GridTag& grid, const std::string& tag_dir) {
+  std::map<std::string, std::set<std::string>> trained;  // layer file → its parameters' keys
+  for (const TpTag& stage : grid.stages) {
+    for (const TpModelStates& ms : stage.models) {
+      for (const auto& [name, module] : ms.module) trained[module.file].insert(module.key);
+    }
+  }
+  for (const std::string& file : grid.layer_names) {
+    const std::optional<FileName> parsed = ParseFileName(file);
+    if (!parsed || parsed->model_rank != 0) continue;
+    UCP_ASSIGN_OR_RETURN(const LayerFile* first, OpenLayerFile(grid, tag_dir, file));
+    for (const auto& [key, tensor] : first->tensors) {
+      if (trained[file].contains(key)) continue;
+      UCP_ASSIGN_OR_RETURN(
+          const std::string reference,
+          ReadRange(first->reader.path(), tensor->file_offset(), tensor->byte_size()));
+      for (uint32_t t = 1; t < grid.tp; ++t) {
+        UCP_ASSIGN_OR_RETURN(const LayerFile* other,
+                             OpenLayerFile(grid, tag_dir, TpLayerStatesName(parsed->layer, t)));
+        const auto it = other->tensors.find(key);
+        if (it == other->tensors.end()) {
+          return FieldError(other->reader, key, "missing (" + file + " holds it)");
+        }
+        bool alike = it->second->shape == tensor->shape && it->second->dtype == tensor->dtype;
+        if (alike) {
+          UCP_ASSIGN_OR_RETURN(
+              const std::string bytes,
+              ReadRange(other->reader.path(), it->second->file_offset(), it->second->byte_size()));
+          alike = bytes == reference;
+        }
+        if (!alike) {
+          return Status::Unsupported(
+              Prefix(other->reader.path()) + key +
+              ": not a trained parameter (a frozen parameter or a buffer), and its TP slices "
+              "differ from " +
+              file +
+              "'s: frozen parameters split over the TP ranks of a "
+              "pipeline are not supported");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The vocabulary's sizes: original and padded from universal_checkpoint_info, the padding
 // multiple from args.make_vocab_size_divisible_by when saved, else inferred (InferDivisibleBy).
 Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, uint32_t tp) {
@@ -1763,7 +1811,10 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   const TpModelStates& ms0 = grid.stages[0].models[0];
   UCP_ASSIGN_OR_RETURN(const Patterns patterns, ReadPatterns(ms0.reader));
   UCP_RETURN_IF_ERROR(AssignOwners(grid, patterns.pipeline_replicated));
-  if (!grid.layer_names.empty()) UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
+  if (!grid.layer_names.empty()) {
+    UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
+    UCP_RETURN_IF_ERROR(RefuseSplitLayerEntries(grid, tag_dir));
+  }
   const uint32_t tp = grid.tp;
   const uint32_t pp = grid.pp;
   const uint32_t dp = grid.dp;
