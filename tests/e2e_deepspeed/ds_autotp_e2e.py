@@ -24,8 +24,8 @@ DeepSpeed release writes it, against DeepSpeed's own converter.
   7. A model config beside the tag: with its true key/value head count (4) the tp=4 files are
      those without a config; with 2 heads an attention layer would split as 16, 16, 0, 0 at tp=4,
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
-  8. (ZeRO-1) Frozen parameters, which ZeRO-1 keeps in each TP rank's module alone: indexed,
-     round-tripped through tp4dp1, and resumed there live (check_frozen).
+  8. (fp32) Frozen parameters: indexed, round-tripped through tp4dp1, and resumed there live
+     (check_frozen).
 
 Steps 4 and 5 take the sizes of the model's, dtype's and ZeRO stage's plan (PLANS): those above
 in ZeRO-3 fp32, fewer in bf16 and under ZeRO-1/2. Steps 6 and 7 run under ZeRO-3 only: the affine
@@ -41,6 +41,7 @@ Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] [--zero_stage 1|2
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,8 @@ PLANS = {
     ('tiny', 'fp32', 1): {'targets': ((2, 1), (4, 1)), 'through': ((4, 1),), 'live': ((4, 1),)},
     ('tiny', 'bf16', 2): {'targets': ((1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
 }
+# A ZeRO-3 optimizer file: (DP rank, TP rank).
+ZERO3_OPTIM = re.compile(r'(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt')
 # check_frozen: the relative difference allowed between the losses of a resume at tp4dp1 under the
 # preload and DeepSpeed's own at the saved tp2dp2 (measured: 1.1e-7 at step 4, 0 after).
 FROZEN_LOSS_TOLERANCE = 1e-6
@@ -249,13 +252,14 @@ def check_llama_heads(report, args, work, tag_dir):
 
 def check_frozen(report, args, env, work):
     """Frozen parameters (train_autotp.py --frozen: one split 33/32, one row-parallel, a norm) are
-    in each TP rank's module alone. DeepSpeed 0.19.8's ds_to_universal fails on such a save
-    ("Unused patterns ... while merging tp slices") and its plain load takes no other size, so
-    there is no oracle but the round trip and the losses: the save resharded to tp4dp1 and back
-    to tp2dp2 is the save again, every object and bit; resumed at tp4dp1 under the preload it
-    trains steps 4..6 with the losses of DeepSpeed's own resume at the saved size within
-    FROZEN_LOSS_TOLERANCE (the split's reductions differ in their last bits; a wrong slice moves
-    them by far more)."""
+    in each TP rank's module alone (ZeRO-1/2) or in its frozen_param_fragments, DP pieces of its
+    slices (ZeRO-3). DeepSpeed 0.19.8's ds_to_universal fails on such a save ("Unused patterns
+    ... while merging tp slices") and its plain load takes no other size, so there is no oracle
+    but the round trip and the losses: the save resharded to tp4dp1 and back to tp2dp2 is the
+    save again, every object and bit (under ZeRO-3 but the optimizer partitions' padding, which a
+    training save leaves uninitialised); resumed at tp4dp1 under the preload it trains steps 4..6
+    with the losses of DeepSpeed's own resume at the saved size within FROZEN_LOSS_TOLERANCE (the
+    split's reductions differ in their last bits; a wrong slice moves them by far more)."""
     logs = os.path.join(work, 'logs_frozen_save')
     tag_dir, _ = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'frozen', TP,
                              DP, ['--frozen'])
@@ -264,17 +268,30 @@ def check_frozen(report, args, env, work):
                         f'{ds_e2e.log_tail(logs)}'):
         return
     with open(index) as f:
-        frozen = json.load(f)['adapter_state']['tp'].get('frozen')
-    report.check(frozen == ['layers.0.mlp.up_proj.weight', 'layers.1.self_attn.o_proj.weight'],
-                 f'frozen: index adapter_state.tp.frozen {frozen}')
+        state = json.load(f)['adapter_state']
+    # deepspeed-zero3 lists every frozen parameter, deepspeed-tp those split over the TP ranks.
+    frozen, expected = (state['frozen_params'], ['layers.0.input_layernorm.weight',
+                                                 'layers.0.mlp.up_proj.weight',
+                                                 'layers.1.self_attn.o_proj.weight']) \
+        if args.zero_stage == 3 else (state['tp'].get('frozen'), ['layers.0.mlp.up_proj.weight',
+                                                                  'layers.1.self_attn.o_proj.weight'])
+    report.check(frozen == expected, f'frozen: the index lists {frozen} as frozen')
     middle = os.path.join(work, 'frozen_tp4dp1')
     back = os.path.join(work, 'frozen_tp4dp1_tp2dp2')
     if reshard(report, args, tag_dir, middle, 4, 1) and \
             reshard(report, args, os.path.join(middle, TAG), back, TP, DP):
         for name in sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt')):
-            report.diffs(harness.compare_files(os.path.join(tag_dir, name),
-                                               os.path.join(back, TAG, name)),
-                         f'frozen: tp4dp1 and back/{name}')
+            saved, got = os.path.join(tag_dir, name), os.path.join(back, TAG, name)
+            optim = ZERO3_OPTIM.match(name)
+            if args.zero_stage == 3 and optim:
+                shapes = ds_objects.load(os.path.join(
+                    tag_dir, f'zero_pp_rank_{optim[1]}_mp_rank_{optim[2]}_model_states.pt'))
+                saved = harness.zero3_padding_zeroed(ds_objects.load(saved),
+                                                     shapes['param_shapes'], DP, int(optim[1]))
+                diffs = ds_objects.compare(saved, ds_objects.load(got))
+            else:
+                diffs = harness.compare_files(saved, got)
+            report.diffs(diffs, f'frozen: tp4dp1 and back/{name}')
     load = ['--frozen', '--load_tag', TAG, '--load_dir', os.path.dirname(tag_dir)]
     _, oracle = run_trainer(args, env, work, 'frozen_resumed', TP, DP, load, steps=RESUME_STEPS,
                             save=False)
@@ -400,7 +417,7 @@ def main():
     check_reshard(report, args, env, work, tag_dir, universal)
     for tp, dp in args.plan['live']:
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
-    if args.zero_stage == 1 and args.model == 'tiny':  # FROZEN names the tiny model's
+    if args.model == 'tiny' and args.dtype == 'fp32':  # FROZEN names the tiny model's
         check_frozen(report, args, env, work)
     if args.zero_stage == 3 and args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)

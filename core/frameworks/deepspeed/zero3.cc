@@ -554,6 +554,17 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     if (!name.is_string()) return bad();
     frozen_names.push_back(name.get<std::string>());
     UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, frozen_names.back(), kFrozenState));
+    if (facts.tp > 1) {  // the layout is of the whole shapes; each TP rank's slices in `slices`
+      const auto map = facts.maps.find(frozen_names.back());
+      if (map == facts.maps.end()) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                               frozen_names.back());
+      }
+      UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                           GeometryAt(frozen_names.back(), map->second, shape, facts.tp,
+                                      std::nullopt, map->second.blocks));
+      facts.slices.emplace(frozen_names.back(), std::move(geometry));
+    }
     frozen_shapes.push_back(std::move(shape));
   }
   UCP_ASSIGN_OR_RETURN(facts.frozen, MakeLayout(std::move(frozen_names), std::move(frozen_shapes)));
@@ -580,32 +591,55 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there, as AutoTP splits it by
-// `rule`, and the flat groups of TP rank 0's slices' shapes (the whole parameters at tp = 1). The
-// source's files stay as they are.
+// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there (frozen ones' too), as
+// AutoTP splits it by `rule`, and the flat groups of TP rank 0's slices' shapes (the whole
+// parameters at tp = 1). The source's files stay as they are.
 Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpSplitRule& rule) {
   IndexFacts out = facts;
   out.tp = tp;
   out.slices.clear();
+  // Parameter `name`'s slices at `tp`: its map's blocks there, and their geometry.
+  const auto reslice = [&](const std::string& name) -> Result<Shape> {
+    const Geometry& saved = facts.slices.at(name);
+    const Shape& whole = saved.atom;
+    ShardMap& map = out.maps.at(name);
+    if (map.rule == Rule::kSplit) {
+      UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks,
+                           BlocksAtDegree(name, whole.at(map.dim), SplitBlocks(saved), tp, rule));
+      SetBlocks(map, std::move(blocks));
+    }
+    UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
+    Shape local = geometry.local;
+    out.slices.emplace(name, std::move(geometry));
+    return local;
+  };
   for (GroupLayout& group : out.flat_groups) {
     std::vector<Shape> shapes;
     for (const std::string& name : group.names) {
-      const Geometry& saved = facts.slices.at(name);
-      const Shape& whole = saved.atom;
-      ShardMap& map = out.maps.at(name);
-      if (map.rule == Rule::kSplit) {
-        UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks,
-                             BlocksAtDegree(name, whole.at(map.dim), SplitBlocks(saved), tp, rule));
-        SetBlocks(map, std::move(blocks));
-      }
-      UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                           GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
-      shapes.push_back(geometry.local);
-      out.slices.emplace(name, std::move(geometry));
+      UCP_ASSIGN_OR_RETURN(Shape shape, reslice(name));
+      shapes.push_back(std::move(shape));
     }
     UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
   }
+  for (const std::string& name : out.frozen.names) UCP_RETURN_IF_ERROR(reslice(name).status());
   return out;
+}
+
+// frozen_param_shapes' entry of `name` in a model states' `root` set to `shape`: rank (0, 0)'s
+// file is every TP rank's template at another TP degree.
+Status SetFrozenShape(pickle::Graph& graph, Value* root, const std::string& name,
+                      const Shape& shape, const TorchArchiveReader& reader) {
+  Value* shapes = root->Get("frozen_param_shapes");
+  if (shapes != nullptr && shapes->kind() == Kind::kObject) {
+    for (pickle::Mutation& mutation : shapes->mutable_mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem && KeyText(mutation.first) == name) {
+        mutation.second = SizeNode(graph, shape);
+        return Status::Ok();
+      }
+    }
+  }
+  return FieldError(reader, "frozen_param_shapes/" + name, "missing");
 }
 
 // TP rank t's flat groups: `groups` (of TP rank 0's slices) with rank t's slices' shapes, which
@@ -786,8 +820,11 @@ Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid
     if (t > 0) ranks.emplace_back();
     for (uint32_t r = t == 0 ? 1 : 0; r < dp; ++r) {
       UCP_ASSIGN_OR_RETURN(ModelStates ms, ReadModelStates(tag_dir, *grid.models[t][r]));
+      // A TP rank's DP ranks list its frozen slices alike; AutoTP's TP ranks may hold slices of
+      // other shapes, which BuildIndex checks against their maps.
+      const ModelStates& rank_first = ranks[t].models.empty() ? ms : ranks[t].models.front();
       if (ms.dp != dp || ms.tp != tp || ms.ds_version != first.ds_version ||
-          ms.frozen.names != first.frozen.names || ms.frozen.shapes != first.frozen.shapes) {
+          ms.frozen.names != first.frozen.names || ms.frozen.shapes != rank_first.frozen.shapes) {
         return FieldError(ms.reader, "dp_world_size",
                           "dp_world_size, mp_world_size, ds_version or frozen_param_shapes differ "
                           "from " +
@@ -860,8 +897,8 @@ Status CheckSubGroups(const std::vector<TpRank>& ranks) {
   return Status::Ok();
 }
 
-// How each trainable parameter's TP slices make it: AutoTP's maps at tp > 1; at tp = 1 every
-// parameter is its one slice.
+// How each parameter's TP slices make it, the frozen ones' too: AutoTP's maps at tp > 1; at
+// tp = 1 every parameter is its one slice.
 Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
   const ModelStates& head = ranks[0].models.front();
   std::vector<std::string> names;
@@ -870,19 +907,17 @@ Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
   }
   if (head.tp == 1) {
     AutoTpMaps whole;
-    for (const GroupLayout& group : head.flat_groups) {
+    const auto add = [&whole](const GroupLayout& group) {
       for (size_t k = 0; k < group.names.size(); ++k) {
         whole.maps.emplace(group.names[k], ShardMap{});
         whole.whole_shapes.emplace(group.names[k], group.shapes[k]);
       }
-    }
+    };
+    for (const GroupLayout& group : head.flat_groups) add(group);
+    add(head.frozen);
     return whole;
   }
-  if (!head.frozen.names.empty()) {
-    return Status::Unsupported(Prefix(head.reader.path()) + "frozen_param_shapes: frozen " +
-                               "parameters with AutoTP (" + head.frozen.names.front() +
-                               ") are not supported yet");
-  }
+  names.insert(names.end(), head.frozen.names.begin(), head.frozen.names.end());
   return ReadAutoTpMaps(head.reader, head.tp, names);
 }
 
@@ -1065,31 +1100,46 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     c.groups.push_back(std::move(group));
   }
 
+  // Frozen parameters: each whole, from the DP pieces of its TP slices (frozen_param_fragments,
+  // each a tensor of its own) as for the trainable ones.
   nlohmann::json frozen_params = nlohmann::json::array();
-  if (!ms.frozen.names.empty()) {  // tp = 1 (SliceMaps refuses them above)
-    UCP_ASSIGN_OR_RETURN(const FlatLayout frozen, LayoutAt(ms.frozen, dp));
-    for (size_t k = 0; k < frozen.params.names.size(); ++k) {
-      const std::string& name = frozen.params.names[k];
-      UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
-      frozen_params.push_back(name);
+  std::vector<FlatLayout> frozen_layouts;  // per TP rank, each piece starting at element 0
+  for (const TpRank& rank : ranks) {
+    UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().frozen, dp));
+    layout.starts.assign(layout.starts.size(), 0);
+    frozen_layouts.push_back(std::move(layout));
+  }
+  for (size_t k = 0; k < ms.frozen.names.size(); ++k) {
+    const std::string& name = ms.frozen.names[k];
+    UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
+    frozen_params.push_back(name);
+    const ShardMap& map = slices.maps.at(name);
+    const Shape& whole = slices.whole_shapes.at(name);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
+    if (tp > 1) shard_maps[name] = MapJson(map);
+    Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, whole, {}};
+    for (uint32_t t = 0; t < (map.rule == Rule::kSplit ? tp : 1); ++t) {
+      const std::vector<ModelStates>& models = ranks[t].models;
+      if (models.front().frozen.shapes[k] != LocalShape(geometry, t)) {
+        return FieldError(models.front().reader, "frozen_param_shapes/" + name,
+                          ShapeText(models.front().frozen.shapes[k]) +
+                              ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
+                              " a slice of " + ShapeText(LocalShape(geometry, t)));
+      }
       std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
       for (uint32_t r = 0; r < dp; ++r) {
-        const TorchTensor* tensor = ranks[0].models[r].frozen_fragments[k];
-        if (tensor->dtype != ms.frozen_fragments[k]->dtype) {
-          return FieldError(ranks[0].models[r].reader, "frozen_param_fragments/" + name,
+        const TorchTensor* tensor = models[r].frozen_fragments[k];
+        if (tensor->dtype != atom.dtype) {
+          return FieldError(models[r].reader, "frozen_param_fragments/" + name,
                             "another dtype than in " + ms.entry.name);
         }
-        per_rank.emplace_back(model_file(0, r), tensor);
+        per_rank.emplace_back(model_file(t, r), tensor);
       }
-      // Each fragment is a tensor of its own: its piece starts at its element 0.
-      FlatLayout own = frozen;
-      own.starts.assign(own.starts.size(), 0);
-      const Shape& shape = frozen.params.shapes[k];
-      Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, shape, {}};
       UCP_RETURN_IF_ERROR(
-          AddPieceFragments(atom, own, k, per_rank, ShardMap{}, WholeGeometry(1, shape), 0));
-      c.atoms.push_back(std::move(atom));
+          AddPieceFragments(atom, frozen_layouts[t], k, per_rank, map, geometry, t));
     }
+    c.atoms.push_back(std::move(atom));
   }
 
   // 4. What the plans carry from the source files.
@@ -1222,13 +1272,18 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         const TorchTensor& tensor = *frozen_templates[k];
         Value** slot = MutableEntry(fragments, name);
         if (slot == nullptr) return FieldError(reader, "frozen_param_fragments/" + name, "missing");
-        const uint64_t piece = PieceOf(facts.frozen.numels[k], m);
+        const Geometry whole = WholeGeometry(1, facts.frozen.shapes[k]);
+        const Slice slice = SliceOf(at, name, t, whole);
+        const Shape local = LocalShape(*slice.geometry, slice.t);
+        UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(local));
+        const uint64_t piece = PieceOf(numel, m);
         UCP_ASSIGN_OR_RETURN(*slot, PartitionTensor(out.graph, tensor, piece, piece));
-        const Shape& shape = facts.frozen.shapes[k];
-        const Geometry whole = WholeGeometry(1, shape);  // tp = 1: AutoTP tags have no frozen ones
-        UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
-                             PieceSegments(index, name, kFrozenState, facts.frozen.numels[k], m, r,
-                                           ItemSize(tensor.dtype), SliceOf(at, name, t, whole)));
+        UCP_ASSIGN_OR_RETURN(
+            replaced[tensor.storage->key],
+            PieceSegments(index, name, kFrozenState, numel, m, r, ItemSize(tensor.dtype), slice));
+        if (reshaped) {
+          UCP_RETURN_IF_ERROR(SetFrozenShape(out.graph, root, name, local, reader));
+        }
       }
       UCP_ASSIGN_OR_RETURN(out.storages,
                            CollectStorages(root, reader, model_file, std::move(replaced)));
