@@ -1190,13 +1190,13 @@ Status RefuseSplitLayerEntries(GridTag& grid, const std::string& tag_dir) {
           alike = bytes == reference;
         }
         if (!alike) {
-          return Status::Unsupported(
-              Prefix(other->reader.path()) + key +
+          const std::string what =
               ": not a trained parameter (a frozen parameter or a buffer), and its TP slices "
               "differ from " +
-              file +
-              "'s: frozen parameters split over the TP ranks of a "
-              "pipeline are not supported");
+              file + "'s";
+          return Status::Unsupported(
+              Prefix(other->reader.path()) + key + what +
+              ": frozen parameters split over the TP ranks of a pipeline are not supported");
         }
       }
     }
@@ -2082,6 +2082,13 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                ShapeText(module.tensor->shape) +
                                ", but its shard map gives TP rank " + std::to_string(t) + " " +
                                ShapeText(LocalShape(geometry, t)));
+      }
+      // A reshard writes the slice as the whole of the template's storage.
+      if (module.tensor->storage_offset != 0 ||
+          module.tensor->storage->numel != module.tensor->numel()) {
+        return Status::Unsupported(Prefix(module.path) + "module/" + name +
+                                   ": a frozen parameter split over the TP ranks that shares its "
+                                   "storage with other tensors; not supported");
       }
     }
     UCP_RETURN_IF_ERROR(add_module_atom(grid.stages[0], name, map, geometry));
