@@ -16,9 +16,10 @@ DeepSpeed release writes it, against DeepSpeed's own converter.
      own files there: those its universal load of the converted tag saves again (every object,
      tensor and bit but the resaving run's micro batch and load_universal); so do the ways through
      DP=3 (padding) and through TP=4 back to TP=2 x DP=1.
-  5. Live: the save resumed at TP=1 x DP=2 and TP=4 x DP=1 (the MLP's 65 as 17, 16, 16 and 16) by a plain load_checkpoint under the preload (told the TP degree by
-     UCP_TOPOLOGY) trains steps 4..6 with losses bit-identical to DeepSpeed's universal load of
-     the converted tag at that size; the files served are `ucp reshard`'s.
+  5. Live: the save resumed at TP=1 x DP=2 and TP=4 x DP=1 (the MLP's 65 as 17, 16, 16 and 16)
+     by a plain load_checkpoint under the preload (told the TP degree by UCP_TOPOLOGY) trains
+     steps 4..6 with losses bit-identical to DeepSpeed's universal load of the converted tag at
+     that size; the files served are `ucp reshard`'s.
   6. What ucp does not do is refused by name: a slice the affine map places other than as a
      whole rank's block (the map edited); mp_world_size 2 without the map.
   7. A model config beside the tag: with its true key/value head count (4) the tp=4 files are
@@ -61,15 +62,15 @@ TRAINER = os.path.join(HERE, 'train_autotp.py')
 # train_autotp.py's attention heads: WIDTH 32 in heads of HEAD 8.
 MODEL_HEADS = 4
 # Per model (train_autotp.py's --model), dtype and ZeRO stage: the sizes (tp, dp) ucp reshards to
-# against DeepSpeed's own resaves there ('targets'), those it reshards to and then back to TP=2 x DP=1
-# ('through'), and those resumed live under the preload ('live'). At TP=3 every split of the tiny
-# model is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the resave trains no
-# step, whose attention could not take heads of 8 from 11 rows. The split logic does not depend on
-# the dtype: bf16 takes each kind of size once (the saved degree, tp1, uneven tp4 there and back,
-# live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4. ZeRO-1 and 2 share the
-# split rule with ZeRO-3 and write other files (mp_rank_XX model states, ZeRO-1/2 optimizer
-# partitions): ZeRO-1 in fp32 the saved degree and uneven tp4 there and back, ZeRO-2 in bf16 tp1
-# and tp4; both live at tp4.
+# against DeepSpeed's own resaves there ('targets'), those it reshards to and then back to
+# TP=2 x DP=1 ('through'), and those resumed live under the preload ('live'). At TP=3 every split
+# of the tiny model is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the
+# resave trains no step, whose attention could not take heads of 8 from 11 rows. The split logic
+# does not depend on the dtype: bf16 takes each kind of size once (the saved degree, tp1, uneven
+# tp4 there and back, live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4.
+# ZeRO-1 and 2 share the split rule with ZeRO-3 and write other files (mp_rank_XX model states,
+# ZeRO-1/2 optimizer partitions): ZeRO-1 in fp32 the saved degree and uneven tp4 there and back,
+# ZeRO-2 in bf16 tp1 and tp4; both live at tp4.
 PLANS = {
     ('tiny', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)),
                           'through': ((2, 3), (4, 1)), 'live': ((1, 2), (4, 1))},
@@ -270,11 +271,11 @@ def check_frozen(report, args, env, work):
     with open(index) as f:
         state = json.load(f)['adapter_state']
     # deepspeed-zero3 lists every frozen parameter, deepspeed-tp those split over the TP ranks.
-    frozen, expected = (state['frozen_params'], ['layers.0.input_layernorm.weight',
-                                                 'layers.0.mlp.up_proj.weight',
-                                                 'layers.1.self_attn.o_proj.weight']) \
-        if args.zero_stage == 3 else (state['tp'].get('frozen'), ['layers.0.mlp.up_proj.weight',
-                                                                  'layers.1.self_attn.o_proj.weight'])
+    split = ['layers.0.mlp.up_proj.weight', 'layers.1.self_attn.o_proj.weight']
+    if args.zero_stage == 3:
+        frozen, expected = state['frozen_params'], ['layers.0.input_layernorm.weight'] + split
+    else:
+        frozen, expected = state['tp'].get('frozen'), split
     report.check(frozen == expected, f'frozen: the index lists {frozen} as frozen')
     middle = os.path.join(work, 'frozen_tp4dp1')
     back = os.path.join(work, 'frozen_tp4dp1_tp2dp2')
