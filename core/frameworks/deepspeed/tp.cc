@@ -1899,25 +1899,32 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
   //     only in each TP rank's `module`, whole slices. Those every TP rank holds alike are carried
   //     with the template (at tp = 1, those no rule splits); a frozen parameter split over the TP
   //     ranks is indexed as its bit16 atom, to be written at the target's slices.
-  std::vector<std::string> frozen;
+  std::vector<std::string> candidates;  // at tp > 1 those whose slices differ; at tp = 1 all
   for (const auto& [name, module0] : ms0.module) {
     if (grid.owner.contains(name) || module0.tensor == nullptr) continue;
-    bool alike = true;  // at tp = 1, whatever no rule splits
     if (tp > 1) {
-      UCP_ASSIGN_OR_RETURN(alike, ModuleSlicesAlike(grid.stages[0], name));
+      UCP_ASSIGN_OR_RETURN(const bool alike, ModuleSlicesAlike(grid.stages[0], name));
       if (alike) continue;
     }
+    candidates.push_back(name);
+  }
+  std::optional<AutoTpMaps> candidate_maps;  // one read of the affine map for all of them
+  if (autotp && !candidates.empty()) {
+    UCP_ASSIGN_OR_RETURN(candidate_maps, ReadAutoTpMaps(ms0.reader, tp, candidates));
+  }
+  std::vector<std::string> frozen;
+  for (const std::string& name : candidates) {
+    const ModuleTensor& module0 = ms0.module.at(name);
     Resolved resolved;
-    if (autotp) {
-      UCP_ASSIGN_OR_RETURN(const AutoTpMaps found, ReadAutoTpMaps(ms0.reader, tp, {name}));
-      resolved.map = found.maps.at(name);
-      resolved.atom = found.whole_shapes.at(name);
+    if (candidate_maps) {
+      resolved.map = candidate_maps->maps.at(name);
+      resolved.atom = candidate_maps->whole_shapes.at(name);
     } else {
       UCP_ASSIGN_OR_RETURN(resolved,
                            Resolve(ms0.reader, patterns, name, module0.tensor->shape, tp));
     }
     if (!resolved.map || resolved.map->rule != Rule::kSplit || resolved.map->vocab) {
-      if (alike) continue;
+      if (tp == 1) continue;  // one slice, and no rule splits it: whole at any tp
       return Status::Unsupported(
           Prefix(module0.path) + "module/" + name +
           ": not in param_shapes (a frozen parameter or a buffer), its TP slices differ, and no "
