@@ -15,7 +15,8 @@ replicated, so that its TP=1 tags can be split (each other's oracles); "uncovere
 universal_checkpoint_info at all (no rules to split a TP=1 tag by); "frozen" at tp2dp2, tp1dp2 and
 tp4dp1: the "ruled" state with three frozen parameters (FROZEN), which ZeRO-1 keeps only in each TP
 rank's module, each its own tensor: a row-parallel one and a column-parallel one split like the
-trained ones, a norm every rank holds whole.
+trained ones, a norm every rank holds whole; "frozen_uncovered" at tp2dp2: those and a frozen
+parameter split over the TP ranks that no rule names (a tag ucp must refuse).
 
 The state's parameters cover every rule of universal_checkpoint_info: a vocabulary
 (word_embeddings, 35 rows padded by Megatron's _vocab_size_with_padding with divisible_by 4: 36
@@ -236,6 +237,10 @@ def main():
     for tp, dp in ((2, 2), (1, 2), (4, 1)):
         write_tag(f"{out}/frozen/tp{tp}dp{dp}/global_step5", state, tp, dp, info=ruled,
                   frozen=frozen)
+    FROZEN.append(("extra.frozen_proj", (4, 6), ("split", 0)))  # no rule names it
+    write_tag(f"{out}/frozen_uncovered/tp2dp2/global_step5", state, 2, 2, info=ruled,
+              frozen=dict(frozen, **{"extra.frozen_proj": torch.randn((4, 6), generator=gen)}))
+    FROZEN.pop()
     for name, tensor in frozen.items():  # what a frozen parameter's bit16 atom holds
         os.makedirs(f"{out}/full/{name}", exist_ok=True)
         torch.save(tensor, f"{out}/full/{name}/fp32.pt")

@@ -306,6 +306,17 @@ TEST_F(DeepSpeedTpGeneratedTest, FrozenParametersSplitOverTpRanksAreWrittenAtThe
   }
 }
 
+// A frozen parameter whose TP slices differ and that no rule splits cannot be placed at another
+// size: refused, named.
+TEST_F(DeepSpeedTpGeneratedTest, RefusesAnUncoveredFrozenParameterNamingIt) {
+  Result<AtomIndex> index = Adapter().BuildIndex(Tag("frozen_uncovered", "tp2dp2"), {});
+  ASSERT_FALSE(index.ok());
+  EXPECT_EQ(index.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(index.status().message(),
+              HasSubstr("module/extra.frozen_proj: not in param_shapes (a frozen parameter or a "
+                        "buffer), its TP slices differ"));
+}
+
 // A parameter no rule covers whose TP slices differ is refused, named: ds_to_universal would
 // concatenate it on dim 0.
 TEST_F(DeepSpeedTpGeneratedTest, RefusesAnUncoveredParameterNamingIt) {
