@@ -290,7 +290,8 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
 
 Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
                           const std::string& where,
-                          const std::map<std::string, std::vector<uint64_t>>& blocks) {
+                          const std::map<std::string, std::vector<uint64_t>>& blocks,
+                          std::optional<size_t> split_dim) {
   if (params == nullptr || params->kind() != Kind::kDict) {
     return Status::Corrupt(Prefix(where) + kAffine + "/params: not a dict");
   }
@@ -313,9 +314,13 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
     }
     const Shape whole = AsShape(*logical);
     const Shape strides = ContiguousStrides(whole);
-    std::optional<size_t> cut;
-    for (size_t d = 0; d < whole.size(); ++d) {
+    std::optional<size_t> cut = split_dim;
+    for (size_t d = 0; d < whole.size() && !split_dim; ++d) {
       if (static_cast<uint64_t>((*shard)[d]) != whole[d]) cut = d;
+    }
+    if (cut && *cut >= whole.size()) {
+      return Status::Corrupt(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
+                             " has no dim " + std::to_string(*cut));
     }
     std::vector<uint64_t> extents;  // split: each rank's along the cut
     if (cut) {

@@ -56,10 +56,13 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
 // held by every rank, or rank t's block along the entry's split dimension: `blocks`[name][t] for
 // the parameter an entry names literally where `blocks` has it, else the t-th of tp equal ones.
 // kUnsupported naming the pattern where a split dimension does not divide by tp or the blocks do
-// not make it; `where` names the source file in messages.
+// not make it; `where` names the source file in messages. An entry's split dimension is the one
+// where rank 0's shard_shape differs from logical_shape, or `split_dim` where given (AutoEP's
+// expert dimension, which a map written at size 1 does not show).
 Status SetAffineMapDegree(pickle::Graph& graph, pickle::Value* params, uint32_t tp,
                           const std::string& where,
-                          const std::map<std::string, std::vector<uint64_t>>& blocks = {});
+                          const std::map<std::string, std::vector<uint64_t>>& blocks = {},
+                          std::optional<size_t> split_dim = std::nullopt);
 
 // The ds_config's tensor_parallel.autotp_size of a file's `root` (model states or optimizer
 // states), where it has one, set to `tp`: DeepSpeed saves the config of the run, which trains at
