@@ -45,6 +45,38 @@ bool EndsWith(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
+// The degree `config`'s section.key gives (tensor_parallel.autotp_size, expert_parallel's
+// autoep_size; a section with "enabled": false states nothing), into `degree` and `evidence`
+// unless a flag gave another (kFailedPrecondition naming both) or the same.
+Status ConfigDegree(const nlohmann::json& config, const std::string& path,
+                    std::string_view section_name, std::string_view key, std::string_view axis,
+                    std::optional<uint32_t>& degree, std::string& evidence) {
+  const auto section = config.find(section_name);
+  if (section == config.end() || !section->is_object() || !section->contains(key)) {
+    return Status::Ok();
+  }
+  if (const auto enabled = section->find("enabled");
+      enabled != section->end() && enabled->is_boolean() && !enabled->get<bool>()) {
+    return Status::Ok();
+  }
+  const std::string field = std::string(section_name) + "." + std::string(key);
+  const nlohmann::json& size = (*section)[std::string(key)];
+  if (!size.is_number_unsigned() || size.get<uint64_t>() == 0 ||
+      size.get<uint64_t>() > UINT32_MAX) {
+    return Status::FailedPrecondition("trainer arguments: " + path + ": " + field + " " +
+                                      size.dump() + " is not a positive integer");
+  }
+  const uint32_t value = size.get<uint32_t>();
+  const std::string stated = path + " " + field + " " + std::to_string(value);
+  if (degree && *degree != value) {
+    return Status::FailedPrecondition("trainer arguments disagree on " + std::string(axis) + ": " +
+                                      evidence + ", but " + stated);
+  }
+  degree = value;
+  if (evidence.empty()) evidence = stated;
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<std::string> ProcessArguments(uint64_t limit) {
@@ -117,25 +149,10 @@ Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& argu
       return Status::FailedPrecondition("trainer arguments: " + config_flag + " " + *config_path +
                                         ": not a JSON object");
     }
-    const auto section = config.find("tensor_parallel");
-    if (section != config.end() && section->is_object() && section->contains("autotp_size")) {
-      const nlohmann::json& size = (*section)["autotp_size"];
-      if (!size.is_number_unsigned() || size.get<uint64_t>() == 0 ||
-          size.get<uint64_t>() > UINT32_MAX) {
-        return Status::FailedPrecondition("trainer arguments: " + *config_path +
-                                          ": tensor_parallel.autotp_size " + size.dump() +
-                                          " is not a positive integer");
-      }
-      const uint32_t autotp = size.get<uint32_t>();
-      const std::string evidence =
-          *config_path + " tensor_parallel.autotp_size " + std::to_string(autotp);
-      if (degrees.tp && *degrees.tp != autotp) {
-        return Status::FailedPrecondition(
-            "trainer arguments disagree on tp: " + degrees.tp_evidence + ", but " + evidence);
-      }
-      degrees.tp = autotp;
-      if (degrees.tp_evidence.empty()) degrees.tp_evidence = evidence;
-    }
+    UCP_RETURN_IF_ERROR(ConfigDegree(config, *config_path, "tensor_parallel", "autotp_size", "tp",
+                                     degrees.tp, degrees.tp_evidence));
+    UCP_RETURN_IF_ERROR(ConfigDegree(config, *config_path, "expert_parallel", "autoep_size", "ep",
+                                     degrees.ep, degrees.ep_evidence));
   }
   return degrees;
 }

@@ -8,10 +8,11 @@
 //     --ep-world-size N (DeepSpeed's MoE examples and Megatron-DeepSpeed's);
 //   the DeepSpeed config file it names, --deepspeed_config PATH (DeepSpeed's own argument) or
 //     --deepspeed PATH (the Hugging Face Trainer's), a path ending in ".json": its
-//     tensor_parallel.autotp_size (DeepSpeed's AutoTP training) gives tp.
+//     tensor_parallel.autotp_size (DeepSpeed's AutoTP training) gives tp, and
+//     expert_parallel.autoep_size (its AutoEP training, unless "enabled" is false) ep.
 // A flag whose value is not a positive integer, a config file that cannot be read or parsed, or
-// two sources that give tp differently is kFailedPrecondition naming them: the caller passes the
-// tag through rather than guess.
+// two sources that give tp (or ep) differently is kFailedPrecondition naming them: the caller
+// passes the tag through rather than guess.
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once

@@ -78,6 +78,25 @@ TEST(TrainerDegreesTest, DeepSpeedConfigAutoTpSizeGivesTp) {
   }
 }
 
+TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpUnlessDisabled) {
+  const Files files = {
+      {"ep.json", R"({"expert_parallel": {"enabled": true, "autoep_size": 4}})"},
+      {"off.json", R"({"expert_parallel": {"enabled": false, "autoep_size": 4}})"}};
+  Result<TrainerDegrees> degrees = Degrees({"train.py", "--deepspeed_config", "ep.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->ep, 4u);
+  EXPECT_EQ(degrees->ep_evidence, "ep.json expert_parallel.autoep_size 4");
+  EXPECT_FALSE(degrees->tp.has_value());
+  // A flag stating the same size keeps its own evidence.
+  degrees = Degrees({"--ep-world-size", "4", "--deepspeed_config", "ep.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->ep, 4u);
+  EXPECT_EQ(degrees->ep_evidence, "--ep-world-size 4");
+  degrees = Degrees({"train.py", "--deepspeed_config", "off.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_FALSE(degrees->ep.has_value());
+}
+
 TEST(TrainerDegreesTest, AConfigWithoutAutoTpStatesNothing) {
   Result<TrainerDegrees> degrees = Degrees({"train.py", "--deepspeed", "ds.json"},
                                            {{"ds.json", R"({"zero_optimization": {}})"}});
@@ -101,6 +120,13 @@ TEST(TrainerDegreesTest, BadEvidenceIsFailedPreconditionNamingIt) {
       {{"--tensor-model-parallel-size", "4", "--deepspeed_config", "tp2.json"},
        {{"tp2.json", R"({"tensor_parallel": {"autotp_size": 2}})"}},
        "disagree on tp: --tensor-model-parallel-size 4, but tp2.json"},
+      {{"--expert-model-parallel-size", "2", "--deepspeed_config", "ep1.json"},
+       {{"ep1.json", R"({"expert_parallel": {"autoep_size": 1}})"}},
+       "disagree on ep: --expert-model-parallel-size 2, but ep1.json expert_parallel.autoep_size "
+       "1"},
+      {{"--deepspeed_config", "ep.json"},
+       {{"ep.json", R"({"expert_parallel": {"autoep_size": "2"}})"}},
+       "ep.json: expert_parallel.autoep_size \"2\" is not a positive integer"},
   };
   for (const auto& c : cases) {
     Result<TrainerDegrees> degrees = Degrees(c.arguments, c.files);
