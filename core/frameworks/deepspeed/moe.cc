@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
+#include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/layout/region.h"
 #include "core/plan/copy_plan.h"
@@ -28,6 +29,7 @@ using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
+using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
@@ -65,6 +67,7 @@ using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
+using deepspeed::SetAffineMapDegree;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -72,6 +75,7 @@ using deepspeed::SliceMapping;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
+using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using pickle::Kind;
@@ -88,6 +92,10 @@ constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
 constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
 // Bounds a corrupt num_experts entry (and the file names it makes).
 constexpr int64_t kMaxExperts = int64_t{1} << 20;
+// DeepSpeed 0.19's AutoEP records its layers in the model states under this key (and again in
+// universal_checkpoint_info), each written as one file per expert in this format.
+constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
+constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
 
 // Where an expert parameter's name holds the expert's id: digits [begin, end).
 struct ExpertIdAt {
@@ -109,6 +117,21 @@ std::optional<ExpertIdAt> FindExpertId(const std::string& name) {
   if (!id) return std::nullopt;
   found.id = *id;
   return found;
+}
+
+// An AutoEP expert's parameter in its file: "<experts module>.<fused parameter>.<G>", the rows of
+// expert G of the fused "<experts module>.<fused parameter>" (one row per expert).
+std::optional<ExpertIdAt> FindFusedExpertId(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0) return std::nullopt;
+  const size_t module_end = name.rfind('.', dot - 1);
+  const std::optional<uint32_t> id = deepspeed::Decimal(std::string_view(name).substr(dot + 1));
+  if (module_end == std::string::npos || !id) return std::nullopt;
+  return ExpertIdAt{module_end, dot + 1, name.size(), *id};
+}
+
+std::optional<ExpertIdAt> ExpertIdOf(const std::string& name, bool fused) {
+  return fused ? FindFusedExpertId(name) : FindExpertId(name);
 }
 
 std::string WithExpertId(const std::string& name, const ExpertIdAt& at, uint32_t id) {
@@ -191,6 +214,86 @@ Status CheckExpertFiles(const std::string& tag_dir, const ExpertFiles& files, ui
                            std::to_string(ep) + " (a file of another save)");
   }
   return Status::Ok();
+}
+
+// DeepSpeed 0.19's record of its AutoEP layers in `model` (rank 0's model states), read against
+// the expert files: one entry per MoE layer (moe_layer_id), each with num_experts' count for it,
+// one expert-parallel size E for all that divides `dp`, expert-parallel rank e holding the run of
+// experts [e·n, (e+1)·n), one file per expert, and rank 0's own coordinates. Sets each layer's
+// experts module (expert_key_prefix) and returns E; kUnsupported for another file format or
+// placement, kCorrupt naming the field otherwise.
+Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model, const ExpertFiles& files,
+                                  uint32_t dp, std::vector<std::string>& experts_modules) {
+  const std::string root(kAutoEpLayers);
+  const size_t layers = files.num_experts.size();
+  UCP_ASSIGN_OR_RETURN(const Value* list, Field(model, root));
+  if (list->kind() != Kind::kList || list->items().size() != layers) {
+    return FieldError(
+        model, root,
+        "not a list of one entry per MoE layer (num_experts lists " + std::to_string(layers) + ")");
+  }
+  experts_modules.assign(layers, "");
+  std::optional<uint32_t> ep;
+  for (size_t i = 0; i < layers; ++i) {
+    const std::string field = root + "/" + std::to_string(i);
+    UCP_ASSIGN_OR_RETURN(const int64_t layer, IntField(model, field + "/moe_layer_id"));
+    if (layer < 0 || static_cast<uint64_t>(layer) >= layers || !experts_modules[layer].empty()) {
+      return FieldError(
+          model, field + "/moe_layer_id",
+          std::to_string(layer) + ": no MoE layer of num_experts, or one listed twice");
+    }
+    UCP_ASSIGN_OR_RETURN(const std::string format, StrField(model, field + "/checkpoint_format"));
+    if (format != kAutoEpFileFormat) {
+      return Status::Unsupported(Prefix(model.path()) + field + "/checkpoint_format: \"" + format +
+                                 "\"; ucp reads AutoEP's " + std::string(kAutoEpFileFormat));
+    }
+    UCP_ASSIGN_OR_RETURN(const int64_t experts, IntField(model, field + "/num_experts"));
+    if (experts != files.num_experts[layer]) {
+      return FieldError(model, field + "/num_experts",
+                        std::to_string(experts) + ", but num_experts lists " +
+                            std::to_string(files.num_experts[layer]) + " for layer " +
+                            std::to_string(layer));
+    }
+    UCP_ASSIGN_OR_RETURN(const int64_t size, IntField(model, field + "/ep_size"));
+    if (size <= 0 || experts % size != 0 || dp % size != 0 || (ep && *ep != size)) {
+      return FieldError(model, field + "/ep_size",
+                        std::to_string(size) +
+                            ": not an expert-parallel size dividing the layer's " +
+                            std::to_string(experts) + " experts and dp_world_size " +
+                            std::to_string(dp) + ", alike in every layer");
+    }
+    ep = static_cast<uint32_t>(size);
+    for (const std::string_view key :
+         {"ep_rank", "expert_data_parallel_rank", "global_expert_start"}) {
+      UCP_ASSIGN_OR_RETURN(const int64_t value, IntField(model, field + "/" + std::string(key)));
+      if (value != 0) {
+        return FieldError(model, field + "/" + std::string(key),
+                          std::to_string(value) + ": rank 0's model states record rank 0's");
+      }
+    }
+    const std::string placement = field + "/expert_placement/ranks";
+    UCP_ASSIGN_OR_RETURN(const Value* ranks, Field(model, placement));
+    if (ranks->kind() != Kind::kList || ranks->items().size() != static_cast<size_t>(size)) {
+      return FieldError(model, placement,
+                        "not a list of ep_size " + std::to_string(size) + " ranks");
+    }
+    const int64_t per_rank = experts / size;
+    for (int64_t e = 0; e < size; ++e) {
+      const std::string at = placement + "/" + std::to_string(e);
+      UCP_ASSIGN_OR_RETURN(const int64_t rank, IntField(model, at + "/rank"));
+      UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> held, IntListField(model, at + "/experts"));
+      std::vector<int64_t> run(per_rank);
+      for (int64_t k = 0; k < per_rank; ++k) run[k] = e * per_rank + k;
+      if (rank != e || held != run) {
+        return Status::Unsupported(Prefix(model.path()) + at + ": rank " + std::to_string(rank) +
+                                   " holding experts " + ListText(held) +
+                                   "; ucp reads expert-parallel rank " + std::to_string(e) +
+                                   " holding " + ListText(run));
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(experts_modules[layer], StrField(model, field + "/expert_key_prefix"));
+  }
+  return *ep;
 }
 
 // The expert-parallel size an expert group's name gives ("ep_size_<E>"), or nullopt.
@@ -297,6 +400,7 @@ struct IndexFacts {
   size_t expert_group = 0;
   std::string prefix;
   bool bf16_optimizer = false;
+  bool fused = false;                 // AutoEP's fused experts (MoeTag::fused)
   std::vector<GroupLayout> groups;    // dense groups as indexed; the expert group: all EP ranks
   GroupLayout local;                  // the expert group of one EP rank, under local names
   std::vector<uint32_t> num_experts;  // per MoE layer
@@ -327,6 +431,12 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   facts.expert_group = state["expert_group"].get<size_t>();
   facts.prefix = state["file_prefix"].get<std::string>();
   facts.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
+  if (state.contains("fused_experts")) {
+    if (!state["fused_experts"].is_boolean()) {
+      return Status::Corrupt(what + "fused_experts: not a bool");
+    }
+    facts.fused = state["fused_experts"].get<bool>();
+  }
   for (const nlohmann::json& n : state["num_experts"]) {
     if (!n.is_number_unsigned() || n.get<uint64_t>() == 0 || n.get<uint64_t>() > kMaxExperts) {
       return Status::Corrupt(what + "num_experts: not a list of expert counts");
@@ -372,11 +482,86 @@ struct ExpertLayouts {
   std::vector<GroupLayout> global;
 };
 
+// AutoEP's expert group holds, MoE layer after MoE layer, each fused parameter of the layer's
+// experts module (its n local experts' rows one after another). The source's layout of
+// expert-parallel rank 0 (its experts' rows under global names "<fused>.<G>", G < n) gives each
+// fused parameter and its row, and those the layout at any `ep` that divides every layer's
+// experts: locally "<fused>" of n' = experts / ep rows, rank e's rows "<fused>.<e·n' + k>".
+Result<ExpertLayouts> FusedExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
+  struct Fused {
+    std::string name;
+    Shape row;
+    uint32_t experts = 0;  // rows seen on rank 0
+    size_t layer = 0;
+  };
+  std::vector<Fused> fused;
+  std::vector<std::string> modules;  // per MoE layer
+  const std::string what = "deepspeed: index: expert group: ";
+  for (size_t k = 0; k < facts.local.names.size(); ++k) {
+    const std::string& name = facts.local.names[k];
+    const std::optional<ExpertIdAt> at = FindFusedExpertId(name);
+    if (!at) return Status::Corrupt(what + name + ": no expert id");
+    const std::string module = name.substr(0, at->module_end);
+    const std::string fused_name = name.substr(0, at->begin - 1);
+    if (modules.empty() || modules.back() != module) modules.push_back(module);
+    if (fused.empty() || fused.back().name != fused_name) {
+      fused.push_back({fused_name, facts.local.shapes[k], 0, modules.size() - 1});
+    }
+    if (at->id != fused.back().experts || facts.local.shapes[k] != fused.back().row) {
+      return Status::Corrupt(what + name + ": not row " + std::to_string(fused.back().experts) +
+                             " of " + fused_name + " (" + ShapeText(fused.back().row) + ")");
+    }
+    ++fused.back().experts;
+  }
+  if (modules.size() != facts.num_experts.size()) {
+    return Status::Corrupt(what + std::to_string(modules.size()) +
+                           " experts modules, but num_experts lists " +
+                           std::to_string(facts.num_experts.size()) + " layers");
+  }
+  for (const Fused& f : fused) {
+    if (f.experts * facts.ep != facts.num_experts[f.layer]) {
+      return Status::Corrupt(what + f.name + ": " + std::to_string(f.experts) +
+                             " rows, but num_experts gives " +
+                             std::to_string(facts.num_experts[f.layer]) + " over " +
+                             std::to_string(facts.ep) + " expert-parallel ranks");
+    }
+    if (facts.num_experts[f.layer] % ep != 0) {
+      return Status::InvalidArgument(
+          "deepspeed: ep=" + std::to_string(ep) + ": MoE layer " + std::to_string(f.layer) + "'s " +
+          std::to_string(facts.num_experts[f.layer]) + " experts are not a multiple of it");
+    }
+  }
+  std::vector<std::string> local;
+  std::vector<Shape> local_shapes;
+  std::vector<std::vector<std::string>> global(ep);
+  std::vector<Shape> global_shapes;
+  for (const Fused& f : fused) {
+    const uint32_t per_rank = facts.num_experts[f.layer] / ep;
+    local.push_back(f.name);
+    local_shapes.push_back(f.row);
+    local_shapes.back().insert(local_shapes.back().begin(), per_rank);
+    for (uint32_t k = 0; k < per_rank; ++k) {
+      global_shapes.push_back(f.row);
+      for (uint32_t e = 0; e < ep; ++e) {
+        global[e].push_back(f.name + "." + std::to_string(e * per_rank + k));
+      }
+    }
+  }
+  ExpertLayouts layouts;
+  for (uint32_t e = 0; e < ep; ++e) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(global[e]), global_shapes));
+    layouts.global.push_back(std::move(layout));
+  }
+  UCP_ASSIGN_OR_RETURN(layouts.local, MakeLayout(std::move(local), std::move(local_shapes)));
+  return layouts;
+}
+
 // DeepSpeed's expert group holds, MoE layer after MoE layer (module order, which is the layer
 // order of num_experts), each local expert's parameters in the expert's own order. So the
 // source's local layout gives each MoE module's per-expert parameters (those of its local expert
 // 0), and those the layout at any `ep` that divides every layer's experts.
 Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
+  if (facts.fused) return FusedExpertLayoutsAt(facts, ep);
   struct Module {
     std::string prefix;                                 // the parameter names up to the expert id
     std::vector<std::pair<std::string, Shape>> params;  // after the id, of local expert 0
@@ -438,9 +623,10 @@ Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
 
 // The model states' param_shapes, where a release records them (0.19): the expert group's entry
 // lists one rank's experts under local ids, so at another E it becomes `local`'s names, each
-// with the shape entry of its counterpart in local expert 0 (as the release pickled it).
+// with the shape entry of its counterpart in local expert 0 (as the release pickled it); AutoEP's
+// (`fused`) lists its fused parameters, each then a tuple of its shape in `local`.
 Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
-                            size_t expert_group, const GroupLayout& local) {
+                            size_t expert_group, const GroupLayout& local, bool fused) {
   Value* shapes = root->Get("param_shapes");
   if (shapes == nullptr || shapes->kind() == Kind::kNone) return Status::Ok();
   Value* group = shapes->Item(expert_group);
@@ -455,7 +641,17 @@ Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiv
     }
   }
   std::vector<pickle::Mutation> items;
-  for (const std::string& name : local.names) {
+  for (size_t k = 0; k < local.names.size(); ++k) {
+    const std::string& name = local.names[k];
+    if (fused) {
+      if (!saved.contains(name)) return FieldError(reader, field, "no entry for " + name);
+      std::vector<Value*> extents;
+      for (const uint64_t extent : local.shapes[k]) {
+        extents.push_back(graph.Int(static_cast<int64_t>(extent)));
+      }
+      items.push_back({pickle::Mutation::Op::kSetItem, graph.Str(name), graph.Tuple(extents)});
+      continue;
+    }
     const std::optional<ExpertIdAt> at = FindExpertId(name);
     const auto first = at ? saved.find(WithExpertId(name, *at, 0)) : saved.end();
     if (first == saved.end()) {
@@ -467,6 +663,78 @@ Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiv
     if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
   }
   group->mutable_mutations() = std::move(items);
+  return Status::Ok();
+}
+
+// A file's ds_config/expert_parallel/autoep_size, where it has one, set to `ep`: DeepSpeed saves
+// the config of the run, which trains at `ep`.
+Status SetAutoEpSize(pickle::Graph& graph, Value* root, uint32_t ep,
+                     const TorchArchiveReader& reader) {
+  Value* config = root->Get("ds_config");
+  if (Value* section = config == nullptr ? nullptr : config->Get("expert_parallel");
+      section != nullptr && section->kind() == Kind::kDict && section->Get("autoep_size")) {
+    return SetDictItem(section, "autoep_size", graph.Int(ep), reader.path());
+  }
+  return Status::Ok();
+}
+
+// The model states' ds_autoep_layers (and universal_checkpoint_info's, where a release writes
+// them there too) as DeepSpeed records them in a run at expert-parallel size `ep` and DP size
+// `dp`, as rank 0 sees it: its local experts, the placement (rank e: [e·n, (e+1)·n)), the affine
+// maps split along the expert dimension, the expert group's name and the expert-data-parallel
+// size. ReadAutoEpLayers checked what the source's hold.
+Status SetAutoEpLayers(pickle::Graph& graph, Value* root, uint32_t ep, uint32_t dp,
+                       const TorchArchiveReader& reader) {
+  std::vector<Value*> lists = {root->Get(kAutoEpLayers)};
+  if (Value* info = root->Get(deepspeed::kUniversalCheckpointInfo); info != nullptr) {
+    if (Value* copy = info->Get(kAutoEpLayers); copy != nullptr) lists.push_back(copy);
+  }
+  const auto integer = [&](uint64_t value) { return graph.Int(static_cast<int64_t>(value)); };
+  for (Value* list : lists) {
+    if (list == nullptr || list->kind() != Kind::kList) {
+      return FieldError(reader, kAutoEpLayers, "not a list");
+    }
+    for (size_t i = 0; i < list->items().size(); ++i) {
+      Value* layer = list->items()[i];
+      const std::string field = std::string(kAutoEpLayers) + "/" + std::to_string(i);
+      const Value* count = layer->kind() == Kind::kDict ? layer->Get("num_experts") : nullptr;
+      const Value* placement =
+          layer->kind() == Kind::kDict ? layer->Get("expert_placement") : nullptr;
+      const Value* maps = layer->kind() == Kind::kDict ? layer->Get("affine_maps") : nullptr;
+      const std::optional<int64_t> experts =
+          count != nullptr && count->kind() == Kind::kInt ? count->AsInt64() : std::nullopt;
+      if (!experts || *experts <= 0 || *experts % ep != 0 || placement == nullptr ||
+          placement->kind() != Kind::kDict || maps == nullptr || maps->kind() != Kind::kDict) {
+        return FieldError(reader, field,
+                          "no num_experts dividing by " + std::to_string(ep) +
+                              ", expert_placement or affine_maps");
+      }
+      const uint64_t per_rank = static_cast<uint64_t>(*experts) / ep;
+      std::vector<Value*> ranks;
+      for (uint32_t e = 0; e < ep; ++e) {
+        std::vector<Value*> held;
+        for (uint64_t k = 0; k < per_rank; ++k) held.push_back(integer(e * per_rank + k));
+        ranks.push_back(graph.Dict({{graph.Str("rank"), integer(e)},
+                                    {graph.Str("experts"), graph.List(std::move(held))}}));
+      }
+      const std::string where = reader.path();
+      Value* mutable_placement = layer->Get("expert_placement");
+      UCP_RETURN_IF_ERROR(SetDictItem(mutable_placement, "ep_size", integer(ep), where));
+      UCP_RETURN_IF_ERROR(
+          SetDictItem(mutable_placement, "ranks", graph.List(std::move(ranks)), where));
+      UCP_RETURN_IF_ERROR(SetAffineMapDegree(graph, layer->Get("affine_maps")->Get("params"), ep,
+                                             where + ": " + field + "/affine_maps", {},
+                                             /*split_dim=*/0));
+      for (const auto& [key, value] :
+           {std::pair{"num_local_experts", integer(per_rank)}, std::pair{"ep_size", integer(ep)},
+            std::pair{"ep_group_name",
+                      graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep))},
+            std::pair{"expert_data_parallel_world_size", integer(dp / ep)},
+            std::pair{"global_expert_end", integer(per_rank)}}) {
+        UCP_RETURN_IF_ERROR(SetDictItem(layer, key, value, where));
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -517,6 +785,10 @@ struct MoeTag {
   size_t groups = 0;
   size_t expert_group = 0;
   std::string prefix;  // the optimizer files' ("" or "bf16_")
+  // AutoEP (ds_autoep_layers): each expert-parallel rank's experts are rows of fused parameters
+  // ("<experts module>.w1" of n rows), each expert file holding its rows ("….w1.<G>").
+  bool fused = false;
+  std::vector<std::string> experts_modules;  // AutoEP: per MoE layer, its expert_key_prefix
   ExpertFiles experts;
   std::vector<OptimStates> ranks;
   std::vector<std::string> paths;  // the index's files: model, optimizers, experts, expp
@@ -552,13 +824,14 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
     return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
                                ": MoE with tensor parallelism is not supported");
   }
-  if (const Value* autoep = OptionalField(model, "ds_autoep_layers");
-      autoep != nullptr && autoep->kind() != Kind::kNone) {
-    return Status::Unsupported(Prefix(model.path()) +
-                               "ds_autoep_layers: DeepSpeed's AutoEP layers (fused experts) are "
-                               "not supported; ucp reads deepspeed.moe.layer.MoE's experts");
-  }
   UCP_ASSIGN_OR_RETURN(tag.experts, ListExpertFiles(tag_dir, listing, model));
+  std::optional<uint32_t> autoep_size;
+  if (const Value* autoep = OptionalField(model, kAutoEpLayers);
+      autoep != nullptr && autoep->kind() != Kind::kNone) {
+    tag.fused = true;
+    UCP_ASSIGN_OR_RETURN(autoep_size,
+                         ReadAutoEpLayers(model, tag.experts, dp, tag.experts_modules));
+  }
 
   UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
                        OptimFilesByRank(tag_dir, listing, dp, tag.model_name));
@@ -615,7 +888,9 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
                                  ": a second expert group (MoE layers of several "
                                  "expert-parallel sizes) is not supported");
     }
-    const std::optional<uint32_t> size = ExpertGroupSize(param_group);
+    // AutoEP's size is its layers' ep_size: DeepSpeed's universal load at another size keeps the
+    // saved group's name, and so do its saves after it.
+    const std::optional<uint32_t> size = autoep_size ? autoep_size : ExpertGroupSize(param_group);
     if (!size || *size == 0 || dp % *size != 0) {
       return FieldError(first.reader, field + "/name",
                         "not ep_size_<N> with N dividing dp_world_size " + std::to_string(dp));
@@ -653,11 +928,17 @@ Status ReadExpertTensors(MoeTag& tag) {
     paths.push_back(name);
     for (const auto& [param, value] : NamedChildren(r.root())) {
       const TorchTensor* tensor = r.TensorAt(value);
-      const std::optional<ExpertIdAt> at = FindExpertId(param);
+      const std::optional<ExpertIdAt> at = ExpertIdOf(param, tag.fused);
       if (tensor == nullptr || !at || at->id != expert) {
         return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
       }
       const std::string module_name = param.substr(0, at->module_end);
+      if (tag.fused && module_name != tag.experts_modules[layer]) {
+        return FieldError(r, param,
+                          "not of MoE layer " + std::to_string(layer) + "'s experts " +
+                              tag.experts_modules[layer] + " (ds_autoep_layers of " +
+                              tag.model_name + ")");
+      }
       if (const auto [it, added] = tag.moe_layer_of.emplace(module_name, layer);
           !added && it->second != layer) {
         return FieldError(r, param,
@@ -687,6 +968,23 @@ Status LayOutGroups(MoeTag& tag) {
     const uint32_t per_rank = tag.experts.num_experts[layer->second] / ep;
     if (at->id >= per_rank) return std::nullopt;
     return WithExpertId(local, *at, e * per_rank + at->id);
+  };
+  // AutoEP: the rows of fused parameter `local` (per expert) on expert-parallel rank e, the first
+  // one's global name, and how many (nullopt: not a fused expert parameter).
+  struct FusedRows {
+    Shape row;
+    uint32_t first = 0;
+    uint32_t count = 0;
+  };
+  const auto fused_rows = [&](const std::string& local, uint32_t e) -> std::optional<FusedRows> {
+    const size_t dot = local.rfind('.');
+    const auto layer = dot == std::string::npos ? tag.moe_layer_of.end()
+                                                : tag.moe_layer_of.find(local.substr(0, dot));
+    if (layer == tag.moe_layer_of.end()) return std::nullopt;
+    const uint32_t per_rank = tag.experts.num_experts[layer->second] / ep;
+    const auto it = tag.expert_tensors.find(local + "." + std::to_string(e * per_rank));
+    if (it == tag.expert_tensors.end()) return std::nullopt;
+    return FusedRows{it->second.tensor->shape, e * per_rank, per_rank};
   };
 
   // Layouts: the dense groups over every rank; the expert group per EP rank, over its ranks.
@@ -720,6 +1018,13 @@ Status LayOutGroups(MoeTag& tag) {
         local[e], LayoutFromMappings(members, tag.expert_group,
                                      PartitionSize(*members.front(), tag.expert_group),
                                      [&](const std::string& name) -> std::optional<Shape> {
+                                       if (tag.fused) {
+                                         const std::optional<FusedRows> rows = fused_rows(name, e);
+                                         if (!rows) return std::nullopt;
+                                         Shape shape = rows->row;
+                                         shape.insert(shape.begin(), rows->count);
+                                         return shape;
+                                       }
                                        const std::optional<std::string> g = global_name(name, e);
                                        if (!g) return std::nullopt;
                                        const auto it = tag.expert_tensors.find(*g);
@@ -733,9 +1038,30 @@ Status LayOutGroups(MoeTag& tag) {
           "other local experts than " + ranks[0].entry.name +
               "'s (expert-parallel ranks must hold alike experts)");
     }
+    if (!tag.fused) {
+      std::vector<std::string> names;
+      for (const std::string& name : local[e].names) names.push_back(*global_name(name, e));
+      UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), local[e].shapes));
+      continue;
+    }
+    // A fused parameter's rows are its experts one after another: expert after expert, each the
+    // expert file's tensor.
     std::vector<std::string> names;
-    for (const std::string& name : local[e].names) names.push_back(*global_name(name, e));
-    UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), local[e].shapes));
+    std::vector<Shape> shapes;
+    for (const std::string& name : local[e].names) {
+      const FusedRows rows = *fused_rows(name, e);
+      for (uint32_t k = 0; k < rows.count; ++k) {
+        names.push_back(name + "." + std::to_string(rows.first + k));
+        const auto it = tag.expert_tensors.find(names.back());
+        if (it == tag.expert_tensors.end() || it->second.tensor->shape != rows.row) {
+          return Status::Corrupt(Prefix(tag.dir) + names.back() + ": no expert file holds it as " +
+                                 ShapeText(rows.row) + ", the rows of " + name + " in " +
+                                 members.front()->entry.name);
+        }
+        shapes.push_back(rows.row);
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), std::move(shapes)));
   }
   UCP_ASSIGN_OR_RETURN(tag.expert_p, Partition(local[0].total, tag.expert_dp));
   return Status::Ok();
@@ -861,7 +1187,12 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   for (std::string& field : RewrittenPartitionFields(first.reader)) {
     rewritten_optim.push_back(std::move(field));
   }
-  c.carried = {{std::string(kModelRole), 0, {"dp_world_size"}},
+  std::vector<std::string> rewritten_model = {"dp_world_size"};
+  if (tag.fused) {
+    rewritten_model.insert(rewritten_model.end(),
+                           {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
+  }
+  c.carried = {{std::string(kModelRole), 0, std::move(rewritten_model)},
                {std::string(kOptimRole), 1, rewritten_optim}};
   c.adapter_state = {
       {"optimizer", first.bf16_optimizer ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer"},
@@ -871,6 +1202,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
       {"expert_group", tag.expert_group},
       {"num_experts", tag.experts.num_experts},
   };
+  if (tag.fused) c.adapter_state["fused_experts"] = true;
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
 
@@ -967,8 +1299,12 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     UCP_RETURN_IF_ERROR(
         ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, m, resized));
     if (ep != facts.ep) {
-      UCP_RETURN_IF_ERROR(
-          SetLocalExpertShapes(out.graph, root, reader, facts.expert_group, experts_at.local));
+      UCP_RETURN_IF_ERROR(SetLocalExpertShapes(out.graph, root, reader, facts.expert_group,
+                                               experts_at.local, facts.fused));
+    }
+    if (facts.fused) {
+      UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, ep, m, reader));
+      UCP_RETURN_IF_ERROR(SetAutoEpSize(out.graph, root, ep, reader));
     }
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.model_file, std::move(resized)));
@@ -1024,7 +1360,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                              replaced));
       fp32_items.push_back(fp32);
       paddings.push_back(p.padding_of(index_in_group));
-      params_per_group.push_back(layout.names.size());
+      // One padding per parameter as the optimizer holds them: AutoEP's fused, not their rows.
+      params_per_group.push_back(experts ? experts_at.local.names.size() : layout.names.size());
       // DeepSpeed's mappings name an expert by its local id.
       mapping_items.push_back(MappingsNode(
           out.graph,
@@ -1033,8 +1370,10 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, counts,
                                            std::move(mapping_items), params_per_group,
                                            reader.path()));
-    if (ep != facts.ep) {
-      // DeepSpeed names the expert group after the expert-parallel size.
+    UCP_RETURN_IF_ERROR(SetAutoEpSize(out.graph, root, ep, reader));
+    // DeepSpeed names the expert group after the expert-parallel size; AutoEP's universal load at
+    // another size keeps the saved name (ReadSave), and so do its saves, which ucp's files are.
+    if (ep != facts.ep && !facts.fused) {
       Value* group = nullptr;
       if (Value* base = dict->Get("base_optimizer_state"); base != nullptr) {
         if (Value* groups = base->Get("param_groups"); groups != nullptr) {

@@ -26,24 +26,36 @@
 // from the ranks' param_slice_mappings, the shapes from the module tensors and the expert files;
 // every rank's mappings, paddings and partition sizes are then checked against DeepSpeed's rules.
 //
-// Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name), "fp32", every
-// per-parameter optimizer state, "step" (the group's 0-d step) and "bit16" (the module tensor or
-// the expert file's).
+// DeepSpeed 0.19's AutoEP ("expert_parallel": {"autoep_size": E}) writes the same files, its
+// experts fused: the model states record its layers (ds_autoep_layers: per MoE layer the experts
+// module "<M>", the expert-parallel size, the placement, rank 0's coordinates), the expert group
+// holds each layer's fused parameters "<M>.w1" ... of n_L rows (one per local expert, n_L =
+// num_experts[L] / E), and expert G's file holds its rows as "<M>.w1.<G>". E is the layers'
+// ep_size (DeepSpeed's universal load at another size keeps the saved group name, and so do its
+// saves after it); ucp reads experts placed in runs (rank e: [e·n_L, (e+1)·n_L)), one file per
+// expert ("per_expert_files"), and refuses anything else by name.
+//
+// Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
+// expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
+// (the group's 0-d step) and "bit16" (the module tensor or the expert file's).
 //
 // Reshard: the expert files are copied (global ids are the same at any E), the model states get
 // the target's dp_world_size and dense buffer, each target rank an optimizer file and, where the
 // source had them, each target expert-parallel rank an expp_rank file. The target's E is
 // Topology::ep, or the source's when 0; at another E the expert group is laid out anew (MoE layer
-// after layer, local expert after local expert), renamed ep_size_<E>, and 0.19's param_shapes
-// entry lists the new local names. A change of E is refused for tags of DeepSpeed before 0.15.4,
+// after layer, local expert after local expert), renamed ep_size_<E> (AutoEP's keeps the saved
+// name, as DeepSpeed's own saves after its universal load do), and 0.19's param_shapes
+// entry lists the new local names (AutoEP: the fused parameters' new row counts; its
+// ds_autoep_layers and ds_config's autoep_size are written as a run at the target records them,
+// at any DP size). A change of E is refused for tags of DeepSpeed before 0.15.4,
 // which scales expert gradients, and so Adam's moments, by E (deepspeedai/DeepSpeed#6545).
 // ds_to_universal fails on these tags (it takes expp_rank_0's {'optimizer': None} for ZeRO's
 // file; deepspeedai/DeepSpeed#5716), so DeepSpeed's universal format has no layout for MoE and
 // PlanUniversalExport is kUnsupported.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
-// expert-parallel sizes, the data-before-expert rank order, DeepSpeed's AutoEP layers
-// (ds_autoep_layers), tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no expp_rank
-// files under ZeRO, and param_shapes in the model states (not needed, not read).
+// expert-parallel sizes, the data-before-expert rank order, AutoEP layers of another
+// checkpoint_format or placement, tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no
+// expp_rank files under ZeRO, and param_shapes in the model states (not needed, not read).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""AutoEP expert parallelism (DeepSpeed 0.19's "expert_parallel": {"autoep_size": E}: fused
+experts) under ZeRO-1, as the current DeepSpeed release writes it, against DeepSpeed's own
+converter and its universal load.
+
+  1. train_autoep.py saves a tiny Mixtral (2 MoE layers of 4 experts) at DP=4, E=2 (3 steps)
+     under the preload, which indexes it at save: mp_rank_00 model states without the experts,
+     one layer_<L>_expert_<G> file per expert (its rows of the fused w1/w2/w3), ZeRO-1 optimizer
+     files whose "ep_size_2" group holds each expert-parallel rank's fused tensors partitioned
+     over its 2 expert-data-parallel ranks.
+  2. DeepSpeed's ds_to_universal.py converts it (each fused parameter whole, every expert's
+     rows); DeepSpeed's universal load of that at another size, saved again, is the oracle.
+  3. The index built at save is the one `ucp index` builds: each expert's rows an atom under the
+     expert file's name.
+  4. `ucp reshard` to DP=2 E=2, DP=2 E=1 and DP=4 E=4 (one expert per rank) writes DeepSpeed's own
+     files there: those its universal load saves again, every object, tensor and bit but the
+     resaving run's micro batch and load_universal (DeepSpeed keeps the saved "ep_size_2" group
+     name at E=1, and so does ucp). Back to DP=4 E=2 from ucp's DP=2 E=1 files and from
+     DeepSpeed's own, the save again.
+  5. Live: a plain load_checkpoint at DP=2 E=2, and at DP=2 E=1 told only by the trainer's
+     --deepspeed_config file (expert_parallel.autoep_size 1, which ucp's log must name), under
+     the preload trains steps 4..6 with losses bit-identical to DeepSpeed's universal load
+     there; the files served are `ucp reshard`'s.
+  6. What ucp does not read is refused by name: another checkpoint_format, experts not placed
+     in consecutive runs.
+
+Usage: ds_autoep_e2e.py --work DIR --tools DIR --lib LIB --ucp UCP --deepspeed VERSION
+       [--required]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
+
+import ds_e2e  # noqa: E402
+import ds_objects  # noqa: E402
+import harness  # noqa: E402
+
+DP, EP, STEPS, RESUME_STEPS = 4, 2, 3, 6
+TAG = f'global_step{STEPS}'
+TRAINER = os.path.join(HERE, 'train_autoep.py')
+# (dp, ep) of the reshards checked against DeepSpeed's resaves, and of the live resumes.
+TARGETS = ((2, 2), (2, 1), (4, 4))
+LIVE = ((2, 2), (2, 1))
+
+
+def ucp(args, *arguments):
+    status, out, err = harness.run_ucp(args.ucp, *arguments)
+    return status, out + err
+
+
+def run_trainer(args, env, work, name, dp, ep, extra, steps=STEPS, save=True):
+    """train_autoep.py at `dp` ranks and expert-parallel size `ep` (None: the trainer's config
+    file in `extra` says) up to step `steps`, saving to work/name when `save`; fails the test
+    unless it ran. Returns (tag folder, losses)."""
+    save_dir = os.path.join(work, name)
+    out = os.path.join(work, f'{name}.json')
+    command = [sys.executable, 'launch.py', str(dp), ds_e2e.PORT, TRAINER, '--steps', str(steps),
+               '--out', out] + ([] if ep is None else ['--ep', str(ep)]) + extra
+    status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
+        command + (['--save_dir', save_dir] if save else []), args.tools, env,
+        os.path.join(work, f'{name}.log')), steps, save_dir if save else None, out)
+    if status != 0:
+        ds_e2e.fail(f'DeepSpeed AutoEP DP={dp} ({name}) exited {status}:\n{output[-3000:]}')
+    print(f'AutoEP DP={dp} E={"from the config" if ep is None else ep} {name}: {seconds:.1f} s')
+    return os.path.join(save_dir, TAG), ds_e2e.losses(out)
+
+
+def convert(env, tag_dir, universal):
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
+         '--input_folder', tag_dir, '--output_folder', universal, '--inject_missing_state'],
+        env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        ds_e2e.fail(f'ds_to_universal.py exited {result.returncode}:\n{result.stdout[-2000:]}'
+                    f'{result.stderr[-2000:]}')
+    print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
+
+
+def reshard(report, args, source, out, dp, ep):
+    status, output = ucp(args, 'reshard', source, '--to', f'dp={dp},ep={ep}', '--out', out)
+    return report.check(status == 0, f'ucp reshard {source} --to dp={dp},ep={ep} exited '
+                        f'{status}: {output[-2000:]}')
+
+
+def check_index(report, tag_dir):
+    with open(os.path.join(tag_dir, '.ucp', 'index.json')) as f:
+        index = json.load(f)
+    state = index['adapter_state']
+    report.check(index['adapter']['name'] == 'deepspeed-moe' and state.get('fused_experts') and
+                 state['expert_parallel'] == EP and state['num_experts'] == [4, 4],
+                 f'index adapter {index["adapter"]}, state {state}')
+    # Every expert's rows of every fused parameter, under the expert file's name.
+    experts = sorted({a['param'] for a in index['atoms'] if '.mlp.experts.' in a['param']})
+    expected = sorted(f'model.layers.{layer}.mlp.experts.{w}.{g}' for layer in range(2)
+                      for w in ('w1', 'w2', 'w3') for g in range(4))
+    report.check(experts == expected, f'expert atoms {experts}')
+
+
+def same_as_save(report, case, tag_dir, out, allowed=(), unordered=None):
+    """out/TAG holds the save's files, every object and bit but the `allowed` fields and the
+    `unordered` state dicts' key order."""
+    names = sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt'))
+    report.check(sorted(n for n in os.listdir(os.path.join(out, TAG)) if n.endswith('.pt')) ==
+                 names, f'{case}: other files than the save\'s')
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(tag_dir, name),
+                                           os.path.join(out, TAG, name), allowed, unordered),
+                     f'{case}/{name}')
+
+
+def check_reshard(report, args, env, work, tag_dir, universal):
+    """ucp's files at each target against DeepSpeed's resave there, and both ways back: from ucp's
+    files the save again, from DeepSpeed's the save but for what its resaving run changed (its
+    micro batch, load_universal and the Adam states' key order)."""
+    resaved = {}
+    for dp, ep in TARGETS:
+        name = f'dp{dp}ep{ep}'
+        resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', dp, ep,
+                                       ['--load_dir', os.path.dirname(universal), '--load_tag',
+                                        TAG, '--universal'])
+        failures = len(report.failures)
+        out = os.path.join(work, f'reshard_{name}')
+        if reshard(report, args, tag_dir, out, dp, ep):
+            harness.compare_resaved(report, name, out, resaved[name], TAG)
+        if len(report.failures) == failures:
+            print(f'ucp reshard to {name} = DeepSpeed\'s resave there')
+    deepspeed_dp2ep1 = harness.copy_tag(resaved['dp2ep1'], os.path.join(work, 'ds_dp2ep1', TAG))
+    for source, what, allowed, unordered in (
+            (os.path.join(work, 'reshard_dp2ep1', TAG), 'ucp', (), None),
+            (deepspeed_dp2ep1, 'DeepSpeed', harness.RUN_CONFIG_FIELDS,
+             harness.UNORDERED_IN_RESAVES)):
+        back = os.path.join(work, f'back_from_{what}')
+        failures = len(report.failures)
+        if reshard(report, args, source, back, DP, EP):
+            same_as_save(report, f'{what}\'s dp2ep1 -> dp{DP}ep{EP}', tag_dir, back, allowed,
+                         unordered)
+        if len(report.failures) == failures:
+            print(f'{what}\'s files at dp2ep1 resharded to dp{DP}ep{EP} = the save')
+
+
+def check_live_resume(report, args, env, work, tag_dir, universal, dp, ep):
+    """The save resumed at `dp` x `ep` by DeepSpeed's universal load (the oracle) and by a plain
+    load_checkpoint under the preload: at another E told only by the trainer's config file."""
+    size = f'dp{dp}ep{ep}'
+    load = ['--load_tag', TAG]
+    _, oracle = run_trainer(args, env, work, f'universal_{size}', dp, ep,
+                            load + ['--load_dir', os.path.dirname(universal), '--universal'],
+                            steps=RESUME_STEPS, save=False)
+    logs = os.path.join(work, f'logs_preload_{size}')
+    extra = load + ['--load_dir', os.path.dirname(tag_dir)]
+    trainer_ep = ep
+    if ep != EP:
+        config = os.path.join(work, f'ds_config_{size}.json')
+        with open(config, 'w') as f:
+            json.dump({'expert_parallel': {'autoep_size': ep}}, f)
+        extra += ['--deepspeed_config', config]
+        trainer_ep = None
+    _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, f'preload_{size}',
+                         dp, trainer_ep, extra, steps=RESUME_STEPS, save=False)
+    steps = list(range(STEPS + 1, RESUME_STEPS + 1))
+    ds_e2e.print_losses(f'losses {size} universal', oracle)
+    ds_e2e.print_losses(f'losses {size} preload', got)
+    report.check(sorted(got) == steps and sorted(oracle) == steps,
+                 f'{size}: resumed steps {sorted(got)}, universal steps {sorted(oracle)}')
+    report.check({s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
+                 {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
+                 f'{size}: losses under the preload differ from DeepSpeed\'s universal load')
+    if ep != EP:
+        said = f'ep={ep} ({config} expert_parallel.autoep_size {ep})'
+        logged = ''.join(open(os.path.join(logs, n), errors='replace').read()
+                         for n in sorted(os.listdir(logs)))
+        report.check(said in logged, f'{size}: no ucp log names {said!r}:\n'
+                     f'{ds_e2e.log_tail(logs)}')
+    view = os.path.join(tag_dir, '.ucp', 'views',
+                        f'tp1-pp1-dp{dp}' + ('' if ep == EP else f'-ep{ep}'))
+    resharded = os.path.join(work, f'reshard_{size}', TAG)
+    # The expert files are the saved ones, passed through; the others are made for the target.
+    served = sorted(n for n in os.listdir(resharded)
+                    if n.endswith('.pt') and not n.startswith('layer_'))
+    for name in served:
+        stored = os.path.join(view, 'served.' + name)
+        report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
+                     harness.read_bytes(os.path.join(resharded, name)),
+                     f'{size}/{name}: not served, or not `ucp reshard`\'s bytes; ucp logs:\n'
+                     f'{ds_e2e.log_tail(logs)}')
+
+
+def check_refusals(report, args, tag_dir, work):
+    def edited(name, edit):
+        copy = harness.copy_tag(tag_dir, os.path.join(work, name))
+        shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
+        path = os.path.join(copy, 'mp_rank_00_model_states.pt')
+        states = ds_objects.load(path)
+        edit(states['ds_autoep_layers'][1])
+        ds_objects.save(states, path)
+        return copy
+
+    def other_format(layer):
+        layer['checkpoint_format'] = 'fused_file'
+
+    def swapped(layer):
+        ranks = layer['expert_placement']['ranks']
+        ranks[0]['experts'], ranks[1]['experts'] = ranks[1]['experts'], ranks[0]['experts']
+    for name, edit, expected in (
+            ('other_format', other_format,
+             'ds_autoep_layers/1/checkpoint_format: "fused_file"; ucp reads AutoEP\'s '
+             'per_expert_files'),
+            ('swapped', swapped, 'ds_autoep_layers/1/expert_placement/ranks/0: rank 0 holding '
+             'experts [2, 3]')):
+        status, output = ucp(args, 'index', edited(name, edit))
+        report.check(status != 0 and expected in output,
+                     f'index of {name}: exit {status}, not the refusal: {output[-500:]}')
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
+    env = ds_e2e.trainer_environment(args)
+    work = harness.fresh_dir(os.path.join(args.work, 'autoep'))
+    report = harness.Report('ZeRO-1 AutoEP')
+
+    logs = os.path.join(work, 'logs_save')
+    tag_dir, _ = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'ckpt', DP, EP,
+                             [])
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not report.check(os.path.isfile(index), f'no index built at save; ucp logs:\n'
+                        f'{ds_e2e.log_tail(logs)}'):
+        report.exit()
+    at_save = harness.read_bytes(index)
+    universal = os.path.join(work, 'universal', TAG)
+    convert(env, tag_dir, universal)
+    status, output = ucp(args, 'index', tag_dir)
+    if not report.check(status == 0, f'ucp index exited {status}: {output[-2000:]}'):
+        report.exit()
+    report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
+                 'ucp index\'s')
+    check_index(report, tag_dir)
+    check_reshard(report, args, env, work, tag_dir, universal)
+    for dp, ep in LIVE:
+        check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)
+    check_refusals(report, args, tag_dir, work)
+    report.exit()
+
+
+if __name__ == '__main__':
+    main()
