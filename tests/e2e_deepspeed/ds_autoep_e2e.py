@@ -11,7 +11,11 @@ converter and its universal load.
   2. DeepSpeed's ds_to_universal.py converts it (each fused parameter whole, every expert's
      rows); DeepSpeed's universal load of that at another size, saved again, is the oracle.
   3. The index built at save is the one `ucp index` builds: each expert's rows an atom under the
-     expert file's name.
+     expert file's name. `ucp export --format deepspeed-universal` writes exactly DeepSpeed's
+     files: each fused parameter whole ({'param', 'cat_dim', 'is_expert_param',
+     'ep_num_experts'}), the router's unused gate (in the module only) as its fp32 copy, the
+     optimizer state with every group's partition count the DP size, the model states with
+     DeepSpeed's digest of the AutoEP layers; every object, tensor and bit.
   4. `ucp reshard` to DP=2 E=2, DP=2 E=1 and DP=4 E=4 (one expert per rank) writes DeepSpeed's own
      files there: those its universal load saves again, every object, tensor and bit but the
      resaving run's micro batch and load_universal (DeepSpeed keeps the saved "ep_size_2" group
@@ -245,6 +249,14 @@ def main():
     report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
                  'ucp index\'s')
     check_index(report, tag_dir)
+    export = os.path.join(work, 'export')
+    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal',
+                         '--out', export)
+    if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
+        failures = len(report.failures)
+        names = harness.compare_export(report, 'export', universal, export)
+        if len(report.failures) == failures:
+            print(f'ucp export = ds_to_universal: {len(names)} files')
     check_reshard(report, args, env, work, tag_dir, universal)
     for dp, ep in LIVE:
         check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)

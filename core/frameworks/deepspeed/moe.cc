@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
+#include "core/format/torch_archive_writer.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/layout/region.h"
@@ -24,6 +25,7 @@ using deepspeed::AddParameterAtoms;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
+using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
@@ -78,6 +80,8 @@ using deepspeed::StateTensor;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::UniversalAtomArchive;
+using deepspeed::UniversalOptimizerState;
 using pickle::Kind;
 using pickle::Value;
 
@@ -1206,6 +1210,200 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
 
+// zero/<fused>/<state>.pt of ds_to_universal for an AutoEP tag: the fused parameter whole, its
+// experts' rows one after another, as {'param': tensor, 'cat_dim': 0, 'is_expert_param': True,
+// 'ep_num_experts': E} (DeepSpeed's autoep_universal.py).
+Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::string& fused,
+                                         const std::string& state, uint32_t experts,
+                                         bool requires_grad) {
+  ArchiveOutput out;
+  out.path = "zero/" + fused + "/" + state + ".pt";
+  const Atom* first = index.Find(fused + ".0", state);
+  if (first == nullptr) {
+    return Status::Corrupt("deepspeed: index: " + fused + ".0 " + state + ": missing");
+  }
+  const DType dtype = first->dtype;
+  Shape whole = {experts};
+  whole.insert(whole.end(), first->shape.begin(), first->shape.end());
+  std::vector<Segment> segments;
+  for (uint32_t g = 0; g < experts; ++g) {
+    const Atom* atom = index.Find(fused + "." + std::to_string(g), state);
+    if (atom == nullptr || atom->shape != first->shape || atom->dtype != dtype) {
+      return Status::Corrupt("deepspeed: index: " + fused + "." + std::to_string(g) + " " + state +
+                             ": missing, or unlike expert 0's");
+    }
+    UCP_ASSIGN_OR_RETURN(const Region region, Region::Whole(atom->shape));
+    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> rows, PlanRegion(index, *atom, region));
+    AppendSegments(segments, rows);
+  }
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = dtype;
+  UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(whole));
+  spec.shape = whole;
+  spec.requires_grad = requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+  pickle::Graph& graph = out.graph;
+  graph.set_root(graph.Dict({{graph.Str("param"), tensor},
+                             {graph.Str("cat_dim"), graph.Int(0)},
+                             {graph.Str("is_expert_param"), graph.Bool(true)},
+                             {graph.Str("ep_num_experts"), graph.Int(experts)}}));
+  out.storages.push_back({"0", std::move(segments)});
+  return out;
+}
+
+// zero/<name>/fp32.pt of ds_to_universal for a module tensor outside the optimizer's groups (a
+// frozen parameter, a buffer): {'param': tensor.float()}, the tensor with its whole storage as
+// the model states hold it. kUnsupported where that is a conversion (another dtype).
+Result<ArchiveOutput> ModuleTensorArchive(const std::string& name, const TorchTensor& tensor,
+                                          uint32_t file, const TorchArchiveReader& reader) {
+  if (tensor.dtype != DType::kFloat32) {
+    return Status::Unsupported(Prefix(reader.path()) + "module/" + name +
+                               ": not float32; ds_to_universal writes it converted to float32, "
+                               "which ucp's export does not do");
+  }
+  ArchiveOutput out;
+  out.path = "zero/" + name + "/fp32.pt";
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = tensor.dtype;
+  spec.storage_numel = tensor.storage->numel;
+  spec.storage_offset = tensor.storage_offset;
+  spec.shape = tensor.shape;
+  spec.stride = tensor.stride;
+  spec.requires_grad = tensor.requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
+  out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), node}}));
+  out.storages.push_back({"0", {{file, tensor.storage->offset, tensor.storage->size}}});
+  return out;
+}
+
+// mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
+// loaded and saved again with universal_checkpoint_info's expert_parameter_patterns its own
+// pattern and its ds_autoep_layers DeepSpeedCheckpoint's digest of each layer (the fields
+// AUTOEP_METADATA_FIELDS lists that the layer has, in that order).
+Result<ArchiveOutput> UniversalAutoEpModelStates(const TorchArchiveReader& reader, uint32_t file) {
+  static constexpr std::string_view kDigestFields[] = {"moe_layer_id",      "module_path",
+                                                       "expert_key_prefix", "num_experts",
+                                                       "num_local_experts", "ep_size"};
+  ArchiveOutput out;
+  out.path = ModelStatesName(0);
+  pickle::Graph& graph = out.graph;
+  Value* root = graph.Import(reader.root());
+  graph.set_root(root);
+  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
+  const Value* layers = root->Get(kAutoEpLayers);
+  if (info == nullptr || info->kind() != Kind::kDict || layers == nullptr ||
+      layers->kind() != Kind::kList) {
+    return FieldError(reader, deepspeed::kUniversalCheckpointInfo,
+                      "missing, or no ds_autoep_layers list beside it");
+  }
+  // DeepSpeed builds the digest from another load of the file: its keys are one set of objects
+  // for every layer (the constants' strings), its values objects of their own.
+  std::vector<Value*> keys;
+  for (const std::string_view field : kDigestFields) keys.push_back(graph.Str(std::string(field)));
+  std::vector<Value*> digests;
+  for (const Value* layer : layers->items()) {
+    std::vector<std::pair<Value*, Value*>> entries;
+    for (size_t f = 0; f < keys.size(); ++f) {
+      const Value* value = layer->Get(kDigestFields[f]);
+      if (value == nullptr) continue;
+      if (value->kind() == Kind::kStr) {
+        entries.emplace_back(keys[f], graph.Str(value->data()));
+      } else if (value->kind() == Kind::kInt && value->AsInt64()) {
+        entries.emplace_back(keys[f], graph.Int(*value->AsInt64()));
+      } else {
+        return FieldError(reader, std::string(kAutoEpLayers) + "/" + std::string(kDigestFields[f]),
+                          "not a str or an int");
+      }
+    }
+    digests.push_back(graph.Dict(std::move(entries)));
+  }
+  UCP_RETURN_IF_ERROR(SetDictItem(info, "expert_parameter_patterns",
+                                  graph.List({graph.Str("\\.experts\\.w[123]$")}), reader.path()));
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(info, std::string(kAutoEpLayers), graph.List(std::move(digests)), reader.path()));
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+  return out;
+}
+
+// An AutoEP tag as DeepSpeed 0.19's ds_to_universal converts it (ZeRO-1/2): every dense
+// parameter's states as for deepspeed-zero12, each fused expert parameter whole
+// (FusedExpertArchive) with its group's step, every module tensor outside the groups as its fp32
+// copy (ModuleTensorArchive), zero/optimizer_state.pt, and the model states as saved (DeepSpeed
+// loads and saves them again, UniversalAutoEpModelStates).
+Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::string& tag_dir,
+                                             const IndexFacts& facts) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  UCP_ASSIGN_OR_RETURN(const ExpertLayouts experts, ExpertLayoutsAt(facts, facts.ep));
+  const std::string osd(kOsd);
+  std::map<std::string, bool> requires_grad;  // "<param>/<state>"; experts by fused name
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    const bool expert_group = g == facts.expert_group;
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(
+        reader, osd + "/single_partition_of_fp32_groups/" + gs,
+        osd + "/base_optimizer_state/state/" + gs,
+        expert_group ? experts.local.names : facts.groups[g].names, requires_grad));
+  }
+  const GroupLayout& expert_rows = facts.groups[facts.expert_group];
+  const std::set<std::string> rows(expert_rows.names.begin(), expert_rows.names.end());
+  std::set<std::string> grouped;  // every parameter of a group
+  OutputPlan plan;
+  for (const Atom& atom : index.atoms()) {
+    grouped.insert(atom.param);
+    if (atom.state == "bit16" || rows.contains(atom.param)) continue;
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        UniversalAtomArchive(index, atom, atom.shape, requires_grad[atom.param + "/" + atom.state],
+                             !atom.shape.empty()));
+    plan.archives.push_back(std::move(out));
+  }
+  for (size_t k = 0; k < experts.local.names.size(); ++k) {
+    const std::string& fused = experts.local.names[k];
+    const uint32_t count = static_cast<uint32_t>(experts.local.shapes[k].front()) * facts.ep;
+    const std::string first = fused + ".0";
+    for (const Atom& atom : index.atoms()) {
+      if (atom.param != first || atom.state == "bit16") continue;
+      if (atom.shape.empty()) {  // step.pt: the bare 0-d tensor, the group's
+        UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                             UniversalAtomArchive(index, atom, atom.shape,
+                                                  requires_grad[fused + "/" + atom.state], false));
+        out.path = "zero/" + fused + "/" + atom.state + ".pt";
+        plan.archives.push_back(std::move(out));
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           FusedExpertArchive(index, fused, atom.state, count,
+                                              requires_grad[fused + "/" + atom.state]));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       OpenSource(index, tag_dir, facts.model_file));
+  if (const Value* module = OptionalField(model, "module")) {
+    for (const auto& [name, value] : NamedChildren(module)) {
+      const TorchTensor* tensor = model.TensorAt(value);
+      if (tensor == nullptr || grouped.contains(name)) continue;
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           ModuleTensorArchive(name, *tensor, facts.model_file, model));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+  // DeepSpeed's merged rank-0 state gives every group its DP size (ZeROCheckpoint's
+  // _update_partition_count), the expert group too.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput optimizer, UniversalOptimizerState(reader, facts.optim_file));
+  std::vector<Value*> counts;
+  for (size_t g = 0; g < facts.groups.size(); ++g) counts.push_back(optimizer.graph.Int(facts.dp));
+  UCP_RETURN_IF_ERROR(SetDictItem(optimizer.graph.root(), "partition_count",
+                                  optimizer.graph.List(std::move(counts)), reader.path()));
+  plan.archives.push_back(std::move(optimizer));
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput states, UniversalAutoEpModelStates(model, facts.model_file));
+  plan.archives.push_back(std::move(states));
+  return plan;
+}
+
 }  // namespace
 
 bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
@@ -1397,13 +1595,17 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   return plan;
 }
 
-Result<OutputPlan> DeepSpeedMoeAdapter::PlanUniversalExport(const AtomIndex& /*index*/,
+Result<OutputPlan> DeepSpeedMoeAdapter::PlanUniversalExport(const AtomIndex& index,
                                                             const std::string& tag_dir) const {
-  return Status::Unsupported(
-      Prefix(tag_dir) +
-      "a DeepSpeed-MoE tag: DeepSpeed's universal checkpoint has no layout for expert "
-      "parallelism (ds_to_universal fails on these tags, deepspeedai/DeepSpeed#5716); reshard it "
-      "(`ucp reshard`) or resume it under the preload instead");
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (!facts.fused) {
+    return Status::Unsupported(
+        Prefix(tag_dir) +
+        "a DeepSpeed-MoE tag: DeepSpeed's universal checkpoint has no layout for expert "
+        "parallelism (ds_to_universal fails on these tags, deepspeedai/DeepSpeed#5716); reshard "
+        "it (`ucp reshard`) or resume it under the preload instead");
+  }
+  return PlanAutoEpUniversalExport(index, tag_dir, facts);
 }
 
 }  // namespace ucp

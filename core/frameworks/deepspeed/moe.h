@@ -49,9 +49,10 @@
 // ds_autoep_layers and ds_config's autoep_size are written as a run at the target records them,
 // at any DP size). A change of E is refused for tags of DeepSpeed before 0.15.4,
 // which scales expert gradients, and so Adam's moments, by E (deepspeedai/DeepSpeed#6545).
-// ds_to_universal fails on these tags (it takes expp_rank_0's {'optimizer': None} for ZeRO's
-// file; deepspeedai/DeepSpeed#5716), so DeepSpeed's universal format has no layout for MoE and
-// PlanUniversalExport is kUnsupported.
+// ds_to_universal fails on deepspeed.moe.layer.MoE tags (it takes expp_rank_0's {'optimizer':
+// None} for ZeRO's file; deepspeedai/DeepSpeed#5716), so DeepSpeed's universal format has no
+// layout for them and PlanUniversalExport is kUnsupported. AutoEP tags it converts (0.19's
+// autoep_universal.py): each fused parameter whole, and PlanUniversalExport writes the same.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
 // expert-parallel sizes, the data-before-expert rank order, AutoEP layers of another
 // checkpoint_format or placement, tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no
@@ -98,7 +99,7 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
-  // kUnsupported: see the header.
+  // ds_to_universal's files for an AutoEP tag; kUnsupported for others (see the header).
   Result<OutputPlan> PlanUniversalExport(const AtomIndex& index,
                                          const std::string& tag_dir) const override;
 };
