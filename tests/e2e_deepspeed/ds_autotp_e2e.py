@@ -26,7 +26,9 @@ DeepSpeed release writes it, against DeepSpeed's own converter.
      those without a config; with 2 heads an attention layer would split as 16, 16, 0, 0 at tp=4,
      an MLP's as 8 each, and the saved 16, 16 do not say which q/k/v are: refused.
   8. (fp32) Frozen parameters: indexed, round-tripped through tp4dp1, and resumed there live
-     (check_frozen).
+     (check_frozen); under ZeRO-1 also saved at TP=1 x DP=2, where ds_to_universal converts
+     them (0.19.8 writes each frozen parameter's fp32.pt from the module) and `ucp export`
+     writes the same files (check_frozen_export).
 
 Steps 4 and 5 take the sizes of the model's, dtype's and ZeRO stage's plan (PLANS): those above
 in ZeRO-3 fp32, fewer in bf16 and under ZeRO-1/2. Steps 6 and 7 run under ZeRO-3 only: the affine
@@ -85,6 +87,9 @@ ZERO3_OPTIM = re.compile(r'(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_stat
 # check_frozen: the relative difference allowed between the losses of a resume at tp4dp1 under the
 # preload and DeepSpeed's own at the saved tp2dp2 (measured: at most 1.1e-7).
 FROZEN_LOSS_TOLERANCE = 1e-6
+# train_autotp.py --frozen's parameters.
+FROZEN_NAMES = ('layers.0.mlp.up_proj.weight', 'layers.0.input_layernorm.weight',
+                'layers.1.self_attn.o_proj.weight')
 # The rule each parameter's affine map gives (index adapter_state.tp.params), by name suffix.
 EXPECTED_RULES = {
     'self_attn.q_proj.weight': ('split', 0), 'self_attn.q_proj.bias': ('split', 0),
@@ -309,6 +314,25 @@ def check_frozen(report, args, env, work):
                  f'frozen: tp4dp1 losses under the preload {got}, DeepSpeed\'s at tp2dp2 {oracle}')
 
 
+def check_frozen_export(report, args, env, work):
+    """At TP=1 DeepSpeed 0.19.8's ds_to_universal converts a save with frozen parameters, writing
+    zero/<name>/fp32.pt ({'param': the module's tensor}) for each: `ucp export` of the same save
+    (deepspeed-zero12, without an affine map) writes exactly its files."""
+    tag_dir, _ = run_trainer(args, env, work, 'frozen_tp1', 1, DP, ['--frozen'])
+    universal = os.path.join(work, 'frozen_tp1_universal', TAG)
+    convert(env, tag_dir, universal)
+    export = os.path.join(work, 'frozen_tp1_export')
+    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal', '--out',
+                         export)
+    if report.check(status == 0, f'frozen tp1: ucp export exited {status}: {output[-2000:]}'):
+        failures = len(report.failures)
+        names = harness.compare_export(report, 'frozen tp1 export', universal, export)
+        report.check(all(f'zero/{name}/fp32.pt' in names for name in FROZEN_NAMES),
+                     f'frozen tp1: ds_to_universal wrote no fp32.pt of {FROZEN_NAMES}')
+        if len(report.failures) == failures:
+            print(f'frozen tp1: ucp export = ds_to_universal: {len(names)} files')
+
+
 def edited_copy(tag_dir, work, name, edit):
     """A copy of the tag whose model states `edit` changed (every one alike)."""
     copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -420,6 +444,8 @@ def main():
         check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
     if args.model == 'tiny' and args.dtype == 'fp32':  # FROZEN names the tiny model's
         check_frozen(report, args, env, work)
+        if args.zero_stage == 1:
+            check_frozen_export(report, args, env, work)
     if args.zero_stage == 3 and args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
         check_model_config(report, args, work, tag_dir)

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <tuple>
 
 #include "core/format/torch_archive_writer.h"
 #include "core/util/checked.h"
@@ -497,6 +498,63 @@ Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& 
     }
   }
   return Status::Ok();
+}
+
+bool VersionAtLeast(const std::string& version, int major, int minor, int patch) {
+  int got_major = 0, got_minor = 0, got_patch = 0;
+  if (std::sscanf(version.c_str(), "%d.%d.%d", &got_major, &got_minor, &got_patch) != 3) {
+    return false;
+  }
+  return std::tie(got_major, got_minor, got_patch) >= std::tie(major, minor, patch);
+}
+
+Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file,
+                                 const std::set<std::string>& grouped, const std::string& version,
+                                 OutputPlan& plan) {
+  if (!VersionAtLeast(version, 0, 19, 8)) return Status::Ok();
+  const Value* module = OptionalField(reader, "module");
+  if (module == nullptr) return Status::Ok();
+  for (const auto& [name, value] : NamedChildren(module)) {
+    const TorchTensor* tensor = reader.TensorAt(value);
+    if (tensor == nullptr || grouped.contains(name)) continue;
+    if (tensor->dtype != DType::kFloat32) {
+      return Status::Unsupported(Prefix(reader.path()) + "module/" + name + ": " +
+                                 std::string(TorchName(tensor->dtype)) +
+                                 "; ds_to_universal writes it converted to float32 in "
+                                 "zero/" +
+                                 name + "/fp32.pt, which ucp's export does not do");
+    }
+    ArchiveOutput out;
+    out.path = "zero/" + name + "/fp32.pt";
+    TensorNodeSpec spec;
+    spec.storage_key = "0";
+    spec.dtype = tensor->dtype;
+    spec.storage_numel = tensor->storage->numel;
+    spec.storage_offset = tensor->storage_offset;
+    spec.shape = tensor->shape;
+    spec.stride = tensor->stride;
+    spec.requires_grad = tensor->requires_grad;
+    UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
+    out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), node}}));
+    out.storages.push_back({"0", {{file, tensor->storage->offset, tensor->storage->size}}});
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
+Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom) {
+  if (atom.dtype != DType::kFloat32) {
+    return Status::Unsupported("deepspeed: " + atom.param + ": " +
+                               std::string(TorchName(atom.dtype)) +
+                               "; ds_to_universal writes it converted to float32 in zero/" +
+                               atom.param + "/fp32.pt, which ucp's export does not do");
+  }
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalAtomArchive(index, atom, atom.shape,
+                                                               /*requires_grad=*/false,
+                                                               /*wrapped=*/false));
+  out.path = "zero/" + atom.param + "/fp32.pt";
+  out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), out.graph.root()}}));
+  return out;
 }
 
 Status RefuseExpertParallel(const Topology& target) {

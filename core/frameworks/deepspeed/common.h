@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -190,6 +191,22 @@ Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& a
 Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
                            const std::string& states_field, const std::vector<std::string>& names,
                            std::map<std::string, bool>& out);
+// True when `version` ("M.m.p", as ds_version records it) is M.m.p or later; false when it does
+// not parse.
+bool VersionAtLeast(const std::string& version, int major, int minor, int patch);
+// ds_to_universal from DeepSpeed 0.19.8 on also writes zero/<name>/fp32.pt, {'param':
+// tensor.float()}, for every tensor of the model states' module that no optimizer state was
+// written for (frozen parameters, buffers); earlier releases write none. Adds those archives to
+// `plan` for a tag of `version`: every module tensor of `reader` (index file `file`; the first
+// TP rank's model states where there are several) not in `grouped`, with its whole storage as
+// the file holds it. kUnsupported naming one that is not float32 (DeepSpeed converts it).
+Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file,
+                                 const std::set<std::string>& grouped, const std::string& version,
+                                 OutputPlan& plan);
+// The same file for a module tensor the index holds as an atom alone (a frozen parameter whose
+// bit16 atom is the whole parameter, merged from its TP slices): {'param': the atom}; kUnsupported
+// when it is not float32.
+Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom);
 // kUnsupported when `target` names an expert-parallel size above 1 (Topology::ep): a tag without
 // experts has none to place (at 1, as a trainer without MoE layers may state it, there is nothing
 // to do).

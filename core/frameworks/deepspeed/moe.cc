@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "core/format/torch_archive_reader.h"
@@ -22,6 +20,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddParameterAtoms;
+using deepspeed::AddUniversalModuleTensors;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
@@ -82,6 +81,7 @@ using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
+using deepspeed::VersionAtLeast;
 using pickle::Kind;
 using pickle::Value;
 
@@ -749,11 +749,7 @@ Status SetAutoEpLayers(pickle::Graph& graph, Value* root, uint32_t ep, uint32_t 
 // rescaled by hand), so a change of E is refused for such tags.
 Status RefuseOldExpertGradientScale(const AtomIndex& index, uint32_t ep, uint32_t source_ep) {
   const std::string& version = index.contents().framework_version;
-  int major = 0, minor = 0, patch = 0;
-  const bool parsed = std::sscanf(version.c_str(), "%d.%d.%d", &major, &minor, &patch) == 3;
-  if (parsed && std::make_tuple(major, minor, patch) >= std::make_tuple(0, 15, 4)) {
-    return Status::Ok();
-  }
+  if (VersionAtLeast(version, 0, 15, 4)) return Status::Ok();
   return Status::Unsupported(
       "deepspeed: ep=" + std::to_string(ep) + ": the tag was saved at expert-parallel size " +
       std::to_string(source_ep) + " by DeepSpeed " + version +
@@ -1252,32 +1248,6 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
   return out;
 }
 
-// zero/<name>/fp32.pt of ds_to_universal for a module tensor outside the optimizer's groups (a
-// frozen parameter, a buffer): {'param': tensor.float()}, the tensor with its whole storage as
-// the model states hold it. kUnsupported where that is a conversion (another dtype).
-Result<ArchiveOutput> ModuleTensorArchive(const std::string& name, const TorchTensor& tensor,
-                                          uint32_t file, const TorchArchiveReader& reader) {
-  if (tensor.dtype != DType::kFloat32) {
-    return Status::Unsupported(Prefix(reader.path()) + "module/" + name +
-                               ": not float32; ds_to_universal writes it converted to float32, "
-                               "which ucp's export does not do");
-  }
-  ArchiveOutput out;
-  out.path = "zero/" + name + "/fp32.pt";
-  TensorNodeSpec spec;
-  spec.storage_key = "0";
-  spec.dtype = tensor.dtype;
-  spec.storage_numel = tensor.storage->numel;
-  spec.storage_offset = tensor.storage_offset;
-  spec.shape = tensor.shape;
-  spec.stride = tensor.stride;
-  spec.requires_grad = tensor.requires_grad;
-  UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
-  out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), node}}));
-  out.storages.push_back({"0", {{file, tensor.storage->offset, tensor.storage->size}}});
-  return out;
-}
-
 // mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
 // loaded and saved again with universal_checkpoint_info's expert_parameter_patterns its own
 // pattern and its ds_autoep_layers DeepSpeedCheckpoint's digest of each layer (the fields
@@ -1330,8 +1300,8 @@ Result<ArchiveOutput> UniversalAutoEpModelStates(const TorchArchiveReader& reade
 // An AutoEP tag as DeepSpeed 0.19's ds_to_universal converts it (ZeRO-1/2): every dense
 // parameter's states as for deepspeed-zero12, each fused expert parameter whole
 // (FusedExpertArchive) with its group's step, every module tensor outside the groups as its fp32
-// copy (ModuleTensorArchive), zero/optimizer_state.pt, and the model states as saved (DeepSpeed
-// loads and saves them again, UniversalAutoEpModelStates).
+// copy (AddUniversalModuleTensors), zero/optimizer_state.pt, and the model states as saved
+// (DeepSpeed loads and saves them again, UniversalAutoEpModelStates).
 Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::string& tag_dir,
                                              const IndexFacts& facts) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
@@ -1382,15 +1352,8 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
   }
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                        OpenSource(index, tag_dir, facts.model_file));
-  if (const Value* module = OptionalField(model, "module")) {
-    for (const auto& [name, value] : NamedChildren(module)) {
-      const TorchTensor* tensor = model.TensorAt(value);
-      if (tensor == nullptr || grouped.contains(name)) continue;
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           ModuleTensorArchive(name, *tensor, facts.model_file, model));
-      plan.archives.push_back(std::move(out));
-    }
-  }
+  UCP_RETURN_IF_ERROR(AddUniversalModuleTensors(model, facts.model_file, grouped,
+                                                index.contents().framework_version, plan));
   // DeepSpeed's merged rank-0 state gives every group its DP size (ZeROCheckpoint's
   // _update_partition_count), the expert group too.
   UCP_ASSIGN_OR_RETURN(ArchiveOutput optimizer, UniversalOptimizerState(reader, facts.optim_file));

@@ -26,6 +26,7 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddSliceFragments;
+using deepspeed::AddUniversalModuleTensors;
 using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
 using deepspeed::AutoTpSplitRule;
@@ -110,7 +111,9 @@ using deepspeed::TagName;
 using deepspeed::TpLayerStatesName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalForm;
+using deepspeed::UniversalModuleAtomArchive;
 using deepspeed::UniversalOptimizerState;
+using deepspeed::VersionAtLeast;
 using deepspeed::Vocab;
 using pickle::Kind;
 using pickle::Value;
@@ -2366,6 +2369,24 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
   // zero/optimizer_state.pt from rank (0, 0)'s optimizer_state_dict.
   UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
+  // Module tensors without optimizer state, where the release writes them: a frozen parameter
+  // whole from its atom (rank 0's module holds only its slice), the others (alike on every TP
+  // rank) from rank 0's model states.
+  const std::string& version = index.contents().framework_version;
+  std::set<std::string> indexed;
+  for (const Atom& atom : index.atoms()) indexed.insert(atom.param);
+  if (VersionAtLeast(version, 0, 19, 8)) {
+    for (const std::string& name : facts.frozen) {
+      const Atom* atom = index.Find(name, "bit16");
+      if (atom == nullptr) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.frozen: no bit16 atom of " +
+                               name);
+      }
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput frozen, UniversalModuleAtomArchive(index, *atom));
+      plan.archives.push_back(std::move(frozen));
+    }
+  }
+  UCP_RETURN_IF_ERROR(AddUniversalModuleTensors(model, facts.model_file, indexed, version, plan));
 
   // Named, not taken from the index: over an atoms store the files are read from their copies.
   plan.copies.push_back({ModelStatesName(0), facts.model_file});

@@ -20,6 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using deepspeed::AddParameterAtoms;
+using deepspeed::AddUniversalModuleTensors;
 using deepspeed::Bf16Prefix;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
@@ -530,7 +531,9 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
   }
 
   OutputPlan plan;
+  std::set<std::string> grouped;  // every parameter of a group
   for (const Atom& atom : index.atoms()) {
+    grouped.insert(atom.param);
     if (atom.state == "bit16") continue;
     // step.pt is the bare 0-d tensor.
     UCP_ASSIGN_OR_RETURN(
@@ -543,6 +546,10 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
   // zero/optimizer_state.pt from rank 0's optimizer_state_dict.
   UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       OpenSource(index, tag_dir, facts.model_file));
+  UCP_RETURN_IF_ERROR(AddUniversalModuleTensors(model, facts.model_file, grouped,
+                                                index.contents().framework_version, plan));
 
   // Named, not taken from the index: over an atoms store the file is read from its copy.
   plan.copies.push_back({ModelStatesName(0), facts.model_file});
