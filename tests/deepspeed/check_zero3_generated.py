@@ -10,7 +10,9 @@ every object and tensor bit for bit (at dp 4 and 5 DeepSpeed splits the first pa
 into other sub groups: other flat groups, states and param_groups); dp3 -> dp2 -> dp3 and
 dp3 -> dp5 -> dp3 must give the dp=3 tag back (its padding as zeros); `ucp export --format
 deepspeed-universal` must hold every trainable parameter's fp32, exp_avg and exp_avg_sq of every
-group (ds_to_universal v0.14.5 exports group 0 only) as the state has them.
+group (ds_to_universal v0.14.5 exports group 0 only) as the state has them. A tag whose model
+states record AutoEP layers (DeepSpeed 0.19's ds_autoep_layers: experts partitioned over
+expert-data-parallel ranks) is refused by name.
 """
 
 import os
@@ -90,4 +92,13 @@ for bf16 in (False, True):
                     mine = ds_objects.load(path)
                     report.check(torch.equal(mine.detach(), full.reshape(-1)),
                                  f"{kind}: export: {name}/{key} differs")
+# AutoEP under ZeRO-3: its experts are partitioned over other ranks than the rest; refused.
+autoep = harness.copy_tag(f"{work}/fp32/dp3/{TAG}", f"{work}/autoep/{TAG}")
+head = f"{autoep}/zero_pp_rank_0_mp_rank_00_model_states.pt"
+states = ds_objects.load(head)
+states["ds_autoep_layers"] = [{"moe_layer_id": 0, "checkpoint_format": "zero3_partitioned"}]
+ds_objects.save(states, head)
+status, _, err = harness.run_ucp(ucp, "index", autoep)
+report.check(status != 0 and "ds_autoep_layers: DeepSpeed's AutoEP under ZeRO-3 is not "
+             "supported yet" in err, f"AutoEP ZeRO-3 tag: ucp index exit {status}: {err}")
 report.exit()

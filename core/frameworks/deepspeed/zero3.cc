@@ -977,6 +977,14 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     return FieldError(head.reader, "ds_config/zero_optimization/stage",
                       "not 3, but the file is named as ZeRO-3's");
   }
+  // AutoEP partitions each expert-parallel rank's experts over its expert-data-parallel ranks
+  // alone, under the same names on every expert-parallel rank.
+  if (const Value* autoep = OptionalField(head.reader, "ds_autoep_layers");
+      autoep != nullptr && autoep->kind() != Kind::kNone) {
+    return Status::Unsupported(Prefix(head.reader.path()) +
+                               "ds_autoep_layers: DeepSpeed's AutoEP under ZeRO-3 is not "
+                               "supported yet (under ZeRO-1/2 it is)");
+  }
   const uint32_t dp = head.dp;
   const uint32_t tp = head.tp;
   UCP_ASSIGN_OR_RETURN(const RankGrid grid, GridOf(tag_dir, listing, head));
