@@ -23,5 +23,6 @@ then
   fuzz_dir=${FUZZ_BUILD_DIR:-build-fuzz}
   CC=clang CXX=clang++ BUILD_DIR=$fuzz_dir tools/build.sh -DUCP_WERROR=OFF -DUCP_BUILD_TESTS=OFF \
     -DUCP_BUILD_FUZZ=ON -DUCP_FUZZ_SECONDS="${UCP_FUZZ_SECONDS:-30}"
-  ctest --test-dir "$fuzz_dir" --output-on-failure -L fuzz
+  # One target per core: each fuzzes single-threaded for its own UCP_FUZZ_SECONDS.
+  ctest --test-dir "$fuzz_dir" --output-on-failure -L fuzz -j "$(nproc)"
 fi
