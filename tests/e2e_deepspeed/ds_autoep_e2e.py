@@ -25,7 +25,10 @@ converter and its universal load.
      --deepspeed_config file (expert_parallel.autoep_size 1, which ucp's log must name), under
      the preload trains steps 4..6 with losses bit-identical to DeepSpeed's universal load
      there; the files served are `ucp reshard`'s.
-  6. What ucp does not read is refused by name: another checkpoint_format, experts not placed
+  6. DeepSpeed's other rank order (use_data_before_expert_parallelism: each expert-data-parallel
+     group a run of consecutive ranks), set in the trainer's config file: a DP=4 E=2 save
+     resharded to DP=2 E=1 = DeepSpeed's resave there, and back to DP=4 E=2 = the save.
+  7. What ucp does not read is refused by name: another checkpoint_format, experts not placed
      in consecutive runs.
 
 Usage: ds_autoep_e2e.py --work DIR --tools DIR --lib LIB --ucp UCP --deepspeed VERSION
@@ -198,6 +201,28 @@ def check_live_resume(report, args, env, work, tag_dir, universal, dp, ep):
                      f'{ds_e2e.log_tail(logs)}')
 
 
+def check_data_before_expert(report, args, env, work):
+    config = os.path.join(work, 'data_before_expert.json')
+    with open(config, 'w') as f:
+        json.dump({'use_data_before_expert_parallelism': True}, f)
+    order = ['--deepspeed_config', config]
+    tag_dir, _ = run_trainer(args, env, work, 'dbe', DP, EP, order)
+    universal = os.path.join(work, 'dbe_universal', TAG)
+    convert(env, tag_dir, universal)
+    resaved, _ = run_trainer(args, env, work, 'dbe_resaved_dp2ep1', 2, 1,
+                             order + ['--load_dir', os.path.dirname(universal), '--load_tag',
+                                      TAG, '--universal'])
+    out, back = os.path.join(work, 'dbe_reshard_dp2ep1'), os.path.join(work, 'dbe_back')
+    failures = len(report.failures)
+    if reshard(report, args, tag_dir, out, 2, 1):
+        harness.compare_resaved(report, 'data before expert: dp2ep1', out, resaved, TAG)
+        if reshard(report, args, os.path.join(out, TAG), back, DP, EP):
+            same_as_save(report, 'data before expert: dp2ep1 -> dp4ep2', tag_dir, back)
+    if len(report.failures) == failures:
+        print('data before expert: ucp reshard to dp2ep1 = DeepSpeed\'s resave there; back to '
+              'dp4ep2 = the save')
+
+
 def check_refusals(report, args, tag_dir, work):
     def edited(name, edit):
         copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -260,6 +285,7 @@ def main():
     check_reshard(report, args, env, work, tag_dir, universal)
     for dp, ep in LIVE:
         check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)
+    check_data_before_expert(report, args, env, work)
     check_refusals(report, args, tag_dir, work)
     report.exit()
 

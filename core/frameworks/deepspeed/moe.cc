@@ -101,6 +101,24 @@ constexpr int64_t kMaxExperts = int64_t{1} << 20;
 constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
 constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
 
+// Which expert-parallel rank each of dp ranks is, and its index in that rank's
+// expert-data-parallel group (the dp / ep ranks its experts are partitioned over). By default runs
+// of ep consecutive ranks are an expert-parallel group: rank r is expert-parallel rank r mod ep,
+// index r div ep. With use_data_before_expert_parallelism runs of dp / ep consecutive ranks are an
+// expert-data-parallel group: rank r is expert-parallel rank r div (dp / ep), index r mod (dp / ep)
+// (deepspeed/utils/groups.py; ds_to_universal's _autoep_zero12_dp_ranks).
+struct ExpertRankOrder {
+  uint32_t dp = 1;
+  uint32_t ep = 1;
+  bool data_before_expert = false;
+
+  uint32_t ExpertRank(uint32_t r) const { return data_before_expert ? r / (dp / ep) : r % ep; }
+  uint32_t IndexInGroup(uint32_t r) const { return data_before_expert ? r % (dp / ep) : r / ep; }
+  uint32_t Rank(uint32_t e, uint32_t i) const {
+    return data_before_expert ? e * (dp / ep) + i : e + i * ep;
+  }
+};
+
 // Where an expert parameter's name holds the expert's id: digits [begin, end).
 struct ExpertIdAt {
   size_t module_end = 0;  // the MoE module's name is name[0, module_end)
@@ -405,6 +423,7 @@ struct IndexFacts {
   std::string prefix;
   bool bf16_optimizer = false;
   bool fused = false;                 // AutoEP's fused experts (MoeTag::fused)
+  bool data_before_expert = false;    // the rank order (ExpertRankOrder)
   std::vector<GroupLayout> groups;    // dense groups as indexed; the expert group: all EP ranks
   GroupLayout local;                  // the expert group of one EP rank, under local names
   std::vector<uint32_t> num_experts;  // per MoE layer
@@ -435,11 +454,11 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   facts.expert_group = state["expert_group"].get<size_t>();
   facts.prefix = state["file_prefix"].get<std::string>();
   facts.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
-  if (state.contains("fused_experts")) {
-    if (!state["fused_experts"].is_boolean()) {
-      return Status::Corrupt(what + "fused_experts: not a bool");
-    }
-    facts.fused = state["fused_experts"].get<bool>();
+  for (const auto& [key, flag] : {std::pair{"fused_experts", &facts.fused},
+                                  std::pair{"data_before_expert", &facts.data_before_expert}}) {
+    if (!state.contains(key)) continue;
+    if (!state[key].is_boolean()) return Status::Corrupt(what + key + ": not a bool");
+    *flag = state[key].get<bool>();
   }
   for (const nlohmann::json& n : state["num_experts"]) {
     if (!n.is_number_unsigned() || n.get<uint64_t>() == 0 || n.get<uint64_t>() > kMaxExperts) {
@@ -782,6 +801,7 @@ struct MoeTag {
   uint32_t dp = 0;
   uint32_t ep = 0;
   uint32_t expert_dp = 0;  // dp / ep: the ranks each expert group is partitioned over
+  ExpertRankOrder order;
   size_t groups = 0;
   size_t expert_group = 0;
   std::string prefix;  // the optimizer files' ("" or "bf16_")
@@ -866,14 +886,9 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
                                "not supported");
   }
 
-  if (const Value* order =
-          OptionalField(first.reader, "ds_config/" + std::string(kDataBeforeExpert));
-      order != nullptr && order->kind() == Kind::kBool && order->bool_value()) {
-    return Status::Unsupported(Prefix(first.reader.path()) + "ds_config/" +
-                               std::string(kDataBeforeExpert) +
-                               ": the data-before-expert rank order is not supported (ucp reads "
-                               "DeepSpeed's default, expert-parallel groups of consecutive ranks)");
-  }
+  const Value* order = OptionalField(first.reader, "ds_config/" + std::string(kDataBeforeExpert));
+  const bool data_before_expert =
+      order != nullptr && order->kind() == Kind::kBool && order->bool_value();
 
   // Which group holds the experts; its name gives the expert-parallel size.
   std::optional<size_t> expert_group;
@@ -905,6 +920,7 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
   UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, tag.experts, ep, model));
   tag.ep = ep;
   tag.expert_dp = dp / ep;
+  tag.order = {dp, ep, data_before_expert};
   tag.expert_group = *expert_group;
   return Status::Ok();
 }
@@ -1013,7 +1029,7 @@ Status LayOutGroups(MoeTag& tag) {
   global.resize(ep);
   for (uint32_t e = 0; e < ep; ++e) {
     std::vector<const OptimStates*> members;
-    for (uint32_t i = 0; i < tag.expert_dp; ++i) members.push_back(&ranks[e + i * ep]);
+    for (uint32_t i = 0; i < tag.expert_dp; ++i) members.push_back(&ranks[tag.order.Rank(e, i)]);
     UCP_ASSIGN_OR_RETURN(
         local[e], LayoutFromMappings(members, tag.expert_group,
                                      PartitionSize(*members.front(), tag.expert_group),
@@ -1091,7 +1107,8 @@ Status CheckRanks(const MoeTag& tag) {
     std::vector<GroupExpectation> expectations;
     for (size_t g = 0; g < tag.groups; ++g) {
       if (g == tag.expert_group) {
-        expectations.push_back({&tag.local[r % tag.ep], tag.expert_p, r / tag.ep});
+        expectations.push_back(
+            {&tag.local[tag.order.ExpertRank(r)], tag.expert_p, tag.order.IndexInGroup(r)});
       } else {
         expectations.push_back({&tag.dense[g], tag.dense_p[g], r});
       }
@@ -1140,7 +1157,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
       const Partitioning& p = experts_group ? tag.expert_p : tag.dense_p[g];
       std::vector<RankPartition> partitions;
       for (uint32_t i = 0; i < p.ranks; ++i) {
-        const uint32_t r = experts_group ? e + i * ep : i;
+        const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
         const OptimStates& os = tag.ranks[r];
         partitions.push_back({os.groups[g].fp32, &os.groups[g].states, 1 + r});
       }
@@ -1203,6 +1220,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
       {"num_experts", tag.experts.num_experts},
   };
   if (tag.fused) c.adapter_state["fused_experts"] = true;
+  if (tag.order.data_before_expert) c.adapter_state["data_before_expert"] = true;
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
 
@@ -1435,6 +1453,7 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   if (ep != facts.ep) UCP_RETURN_IF_ERROR(RefuseOldExpertGradientScale(index, ep, facts.ep));
   UCP_ASSIGN_OR_RETURN(const ExpertLayouts experts_at, ExpertLayoutsAt(facts, ep));
   const uint32_t expert_m = m / ep;
+  const ExpertRankOrder order{m, ep, facts.data_before_expert};
   std::vector<Partitioning> partitions;
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     const bool experts = g == facts.expert_group;
@@ -1503,9 +1522,10 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     std::vector<size_t> params_per_group;
     for (size_t g = 0; g < facts.groups.size(); ++g) {
       const bool experts = g == facts.expert_group;
-      const GroupLayout& layout = experts ? experts_at.global[r % ep] : facts.groups[g];
+      const GroupLayout& layout =
+          experts ? experts_at.global[order.ExpertRank(r)] : facts.groups[g];
       const Partitioning& p = partitions[g];
-      const uint32_t index_in_group = experts ? r / ep : r;
+      const uint32_t index_in_group = experts ? order.IndexInGroup(r) : r;
       PlannedRankPart part =
           PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p,

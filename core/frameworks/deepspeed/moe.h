@@ -22,9 +22,13 @@
 // rank e = r mod E and holds global experts [e·n_L, (e+1)·n_L) of each MoE layer L (n_L =
 // num_experts[L] / E) as its LOCAL experts 0 .. n_L-1. Its expert group holds those, under their
 // local ids, partitioned over the expert-data-parallel group of e (the N/E ranks r' ≡ e mod E,
-// partition index r' div E) by ZeRO's rule. With no param_shapes, each group's flat layout comes
-// from the ranks' param_slice_mappings, the shapes from the module tensors and the expert files;
-// every rank's mappings, paddings and partition sizes are then checked against DeepSpeed's rules.
+// partition index r' div E) by ZeRO's rule. With use_data_before_expert_parallelism in the
+// ds_config the expert-data-parallel groups are the runs of N/E consecutive ranks instead: rank r
+// is expert-parallel rank r div (N/E), partition index r mod (N/E); a reshard keeps the source's
+// order (the target files carry its ds_config). With no param_shapes, each group's flat layout
+// comes from the ranks' param_slice_mappings, the shapes from the module tensors and the expert
+// files; every rank's mappings, paddings and partition sizes are then checked against DeepSpeed's
+// rules.
 //
 // DeepSpeed 0.19's AutoEP ("expert_parallel": {"autoep_size": E}) writes the same files, its
 // experts fused: the model states record its layers (ds_autoep_layers: per MoE layer the experts
@@ -54,7 +58,7 @@
 // layout for them and PlanUniversalExport is kUnsupported. AutoEP tags it converts (0.19's
 // autoep_universal.py): each fused parameter whole, and PlanUniversalExport writes the same.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
-// expert-parallel sizes, the data-before-expert rank order, AutoEP layers of another
+// expert-parallel sizes, AutoEP layers of another
 // checkpoint_format or placement, tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no
 // expp_rank files under ZeRO, and param_shapes in the model states (not needed, not read).
 //
