@@ -184,8 +184,9 @@ Status SafetensorsWriter::Write(const std::string& path, const WriteOptions& opt
       if (!entry.runs.empty()) {
         uint64_t at = cursor;
         for (const ByteRun& run : entry.runs) {
-          if (run.checked != nullptr) {
-            // Bytes to be checked pass through memory: copy_file_range would not show them.
+          if (run.checked != nullptr || run.widen_bf16) {
+            // Bytes to be checked or widened pass through memory: copy_file_range would neither
+            // show nor convert them.
             if (checked_buffer == nullptr) checked_buffer.reset(new std::byte[kCheckedBuffer]);
             const Status streamed =
                 WriteRuns(std::span(&run, 1), out, at,

@@ -22,12 +22,16 @@ namespace ucp {
 // `length` bytes at `offset` of `file`, or `length` zero bytes when `file` is null. The File is
 // borrowed: it must stay open while the run is used. With `checked` (whose file() is `file`), the
 // bytes are read through it, checked against the file's chunk hashes; writers then never move
-// them with copy_file_range, which would leave them unseen.
+// them with copy_file_range, which would leave them unseen. With `widen_bf16` the source holds
+// bfloat16 and the run its float32 values, as torch's .float() gives them: `length` bytes (a
+// multiple of 4) from the length / 2 bytes at `offset`, each bfloat16 the high half of its
+// float32 (little-endian); such runs too always pass through memory.
 struct ByteRun {
   const File* file = nullptr;
   uint64_t offset = 0;
   uint64_t length = 0;
   const CheckedSource* checked = nullptr;
+  bool widen_bf16 = false;
 };
 
 // Total bytes of `runs`; kOutOfRange when the sum overflows 64 bits.

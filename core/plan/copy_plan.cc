@@ -12,8 +12,8 @@ void Append(std::vector<Segment>& segments, const Segment& segment) {
   if (segment.length == 0) return;
   if (!segments.empty()) {
     Segment& last = segments.back();
-    if (last.file == segment.file &&
-        (segment.zero_fill() || last.offset + last.length == segment.offset)) {
+    if (last.file == segment.file && last.widen_bf16 == segment.widen_bf16 &&
+        (segment.zero_fill() || last.offset + last.source_length() == segment.offset)) {
       last.length += segment.length;
       return;
     }

@@ -20,15 +20,20 @@
 namespace ucp {
 
 // A run of output bytes: `length` bytes at `offset` of source file `file` (an index into
-// AtomIndex::files()), or `length` zero bytes when file == kZeroFill.
+// AtomIndex::files()), or `length` zero bytes when file == kZeroFill. With `widen_bf16` the source
+// holds bfloat16 and the output its float32 values (ByteRun::widen_bf16): `length` output bytes
+// from the length / 2 source bytes at `offset`.
 struct Segment {
   static constexpr uint32_t kZeroFill = std::numeric_limits<uint32_t>::max();
 
   uint32_t file = kZeroFill;
   uint64_t offset = 0;
   uint64_t length = 0;
+  bool widen_bf16 = false;
 
   bool zero_fill() const { return file == kZeroFill; }
+  // The source bytes the segment reads.
+  uint64_t source_length() const { return widen_bf16 ? length / 2 : length; }
   bool operator==(const Segment&) const = default;
 };
 

@@ -76,7 +76,7 @@ class Execution {
         runs.push_back({nullptr, segment.offset, segment.length});
       } else {
         runs.push_back({&sources_[segment.file], segment.offset, segment.length,
-                        checked_[segment.file].get()});
+                        checked_[segment.file].get(), segment.widen_bf16});
       }
     }
     return runs;
@@ -192,10 +192,15 @@ Status CheckSegments(const std::vector<Segment>& segments, const AtomIndex& inde
                                      std::to_string(index.files().size()));
     }
     const IndexedFile& file = index.files()[segment.file];
-    if (!RangeWithin(segment.offset, segment.length, file.size)) {
+    if (segment.widen_bf16 && segment.length % 4 != 0) {
+      return Status::InvalidArgument(where + ": a widened segment of " +
+                                     std::to_string(segment.length) + " bytes, not whole float32s");
+    }
+    if (!RangeWithin(segment.offset, segment.source_length(), file.size)) {
       return Status::InvalidArgument(where + ": segment [" + std::to_string(segment.offset) +
-                                     ", +" + std::to_string(segment.length) + ") is outside " +
-                                     file.path + " (" + std::to_string(file.size) + " bytes)");
+                                     ", +" + std::to_string(segment.source_length()) +
+                                     ") is outside " + file.path + " (" +
+                                     std::to_string(file.size) + " bytes)");
     }
     used.insert(segment.file);
   }

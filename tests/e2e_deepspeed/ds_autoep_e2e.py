@@ -28,7 +28,9 @@ converter and its universal load.
   6. DeepSpeed's other rank order (use_data_before_expert_parallelism: each expert-data-parallel
      group a run of consecutive ranks), set in the trainer's config file: a DP=4 E=2 save
      resharded to DP=2 E=1 = DeepSpeed's resave there, and back to DP=4 E=2 = the save.
-  7. What ucp does not read is refused by name: another checkpoint_format, experts not placed
+  7. bf16 (ZeRO-1's bf16_ optimizer files): `ucp export` = ds_to_universal, the router's unused
+     gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to.
+  8. What ucp does not read is refused by name: another checkpoint_format, experts not placed
      in consecutive runs.
 
 Usage: ds_autoep_e2e.py --work DIR --tools DIR --lib LIB --ucp UCP --deepspeed VERSION
@@ -41,6 +43,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -223,6 +227,23 @@ def check_data_before_expert(report, args, env, work):
               'dp4ep2 = the save')
 
 
+def check_bf16_export(report, args, env, work):
+    tag_dir, _ = run_trainer(args, env, work, 'bf16', DP, EP, ['--dtype', 'bf16'])
+    universal = os.path.join(work, 'bf16_universal', TAG)
+    convert(env, tag_dir, universal)
+    export = os.path.join(work, 'bf16_export')
+    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal', '--out',
+                         export)
+    if report.check(status == 0, f'bf16: ucp export exited {status}: {output[-2000:]}'):
+        failures = len(report.failures)
+        names = harness.compare_export(report, 'bf16 export', universal, export)
+        gate = ds_objects.load(os.path.join(export, 'zero', 'model.layers.0.mlp.gate.gate.weight',
+                                            'fp32.pt'))['param']
+        report.check(gate.dtype == torch.float32, f'bf16: the gate exported as {gate.dtype}')
+        if len(report.failures) == failures:
+            print(f'bf16: ucp export = ds_to_universal: {len(names)} files')
+
+
 def check_refusals(report, args, tag_dir, work):
     def edited(name, edit):
         copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -286,6 +307,7 @@ def main():
     for dp, ep in LIVE:
         check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)
     check_data_before_expert(report, args, env, work)
+    check_bf16_export(report, args, env, work)
     check_refusals(report, args, tag_dir, work)
     report.exit()
 

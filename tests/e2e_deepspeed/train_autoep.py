@@ -17,7 +17,8 @@ given"); the loss does not use the recorded router logits, so that step is skipp
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autoep.py [--ep E] [--zero_stage S] [--deepspeed_config JSON] --steps N
+Usage: train_autoep.py [--ep E] [--zero_stage S] [--dtype fp32|bf16] [--deepspeed_config JSON]
+         --steps N
          [--save_dir DIR] [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
   --save_dir: with --load_dir and N the loaded step, a resave of the loaded state. The config is
@@ -62,6 +63,7 @@ def merged(config, entries):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--ep', type=int, default=2)
+    parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--deepspeed_config')
     parser.add_argument('--zero_stage', type=int, choices=(1, 2), default=1)
     parser.add_argument('--steps', type=int, required=True)
@@ -82,6 +84,7 @@ def main():
                                                  'adam_w_mode': False}},
         'zero_optimization': {'stage': args.zero_stage},
         'expert_parallel': {'enabled': True, 'autoep_size': args.ep, 'preset_model': 'mixtral'},
+        'bf16': {'enabled': args.dtype == 'bf16'},
         'steps_per_print': 1000000,
         'checkpoint': {'load_universal': args.universal},
     }

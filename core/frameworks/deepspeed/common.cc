@@ -508,6 +508,23 @@ bool VersionAtLeast(const std::string& version, int major, int minor, int patch)
   return std::tie(got_major, got_minor, got_patch) >= std::tie(major, minor, patch);
 }
 
+namespace {
+
+// The refusal of a module tensor of `dtype` that ds_to_universal converts to float32 and ucp
+// cannot: float32 is copied, bfloat16 widened (its bits the high half); others are refused.
+Status RefuseUnconvertible(const std::string& where, const std::string& name, DType dtype) {
+  return Status::Unsupported(Prefix(where) + name + ": " + std::string(TorchName(dtype)) +
+                             "; ds_to_universal writes it converted to float32 in zero/" + name +
+                             "/fp32.pt, which ucp does for float32 and bfloat16 only");
+}
+
+// {'param': tensor} of zero/<name>/fp32.pt, `tensor` a float32 tensor node of `out`'s graph.
+void SetModuleTensorRoot(ArchiveOutput& out, Value* tensor) {
+  out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), tensor}}));
+}
+
+}  // namespace
+
 Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file,
                                  const std::set<std::string>& grouped, const std::string& version,
                                  OutputPlan& plan) {
@@ -517,43 +534,59 @@ Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file
   for (const auto& [name, value] : NamedChildren(module)) {
     const TorchTensor* tensor = reader.TensorAt(value);
     if (tensor == nullptr || grouped.contains(name)) continue;
-    if (tensor->dtype != DType::kFloat32) {
-      return Status::Unsupported(Prefix(reader.path()) + "module/" + name + ": " +
-                                 std::string(TorchName(tensor->dtype)) +
-                                 "; ds_to_universal writes it converted to float32 in "
-                                 "zero/" +
-                                 name + "/fp32.pt, which ucp's export does not do");
+    const bool widen = tensor->dtype == DType::kBFloat16;
+    if ((!widen && tensor->dtype != DType::kFloat32) || (widen && !tensor->contiguous())) {
+      return RefuseUnconvertible(reader.path() + ": module", name, tensor->dtype);
     }
     ArchiveOutput out;
     out.path = "zero/" + name + "/fp32.pt";
     TensorNodeSpec spec;
     spec.storage_key = "0";
-    spec.dtype = tensor->dtype;
-    spec.storage_numel = tensor->storage->numel;
-    spec.storage_offset = tensor->storage_offset;
+    spec.dtype = DType::kFloat32;
     spec.shape = tensor->shape;
-    spec.stride = tensor->stride;
     spec.requires_grad = tensor->requires_grad;
+    Segment bytes{file, tensor->storage->offset, tensor->storage->size};
+    if (widen) {
+      // .float() makes a new contiguous tensor of the view's elements alone.
+      spec.storage_numel = tensor->numel();
+      bytes = {file, tensor->file_offset(), 4 * tensor->numel(), /*widen_bf16=*/true};
+    } else {
+      // .float() of a float32 tensor is the tensor: torch.save keeps its whole storage.
+      spec.storage_numel = tensor->storage->numel;
+      spec.storage_offset = tensor->storage_offset;
+      spec.stride = tensor->stride;
+    }
     UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
-    out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), node}}));
-    out.storages.push_back({"0", {{file, tensor->storage->offset, tensor->storage->size}}});
+    SetModuleTensorRoot(out, node);
+    out.storages.push_back({"0", {bytes}});
     plan.archives.push_back(std::move(out));
   }
   return Status::Ok();
 }
 
 Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom) {
-  if (atom.dtype != DType::kFloat32) {
-    return Status::Unsupported("deepspeed: " + atom.param + ": " +
-                               std::string(TorchName(atom.dtype)) +
-                               "; ds_to_universal writes it converted to float32 in zero/" +
-                               atom.param + "/fp32.pt, which ucp's export does not do");
+  const bool widen = atom.dtype == DType::kBFloat16;
+  if (!widen && atom.dtype != DType::kFloat32) {
+    return RefuseUnconvertible("deepspeed", atom.param, atom.dtype);
   }
-  UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalAtomArchive(index, atom, atom.shape,
-                                                               /*requires_grad=*/false,
-                                                               /*wrapped=*/false));
+  ArchiveOutput out;
   out.path = "zero/" + atom.param + "/fp32.pt";
-  out.graph.set_root(out.graph.Dict({{out.graph.Str("param"), out.graph.root()}}));
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = DType::kFloat32;
+  UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(atom.shape));
+  spec.shape = atom.shape;
+  UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
+  SetModuleTensorRoot(out, node);
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  if (widen) {
+    for (Segment& segment : segments) {
+      segment.length *= 2;
+      segment.widen_bf16 = !segment.zero_fill();
+    }
+  }
+  out.storages.push_back({"0", std::move(segments)});
   return out;
 }
 

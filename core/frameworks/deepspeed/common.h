@@ -199,13 +199,14 @@ bool VersionAtLeast(const std::string& version, int major, int minor, int patch)
 // written for (frozen parameters, buffers); earlier releases write none. Adds those archives to
 // `plan` for a tag of `version`: every module tensor of `reader` (index file `file`; the first
 // TP rank's model states where there are several) not in `grouped`, with its whole storage as
-// the file holds it. kUnsupported naming one that is not float32 (DeepSpeed converts it).
+// the file holds it, or a bfloat16 one widened to float32 as .float() gives it (a new contiguous
+// tensor). kUnsupported naming one of another dtype, or a bfloat16 view that is not contiguous.
 Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file,
                                  const std::set<std::string>& grouped, const std::string& version,
                                  OutputPlan& plan);
 // The same file for a module tensor the index holds as an atom alone (a frozen parameter whose
-// bit16 atom is the whole parameter, merged from its TP slices): {'param': the atom}; kUnsupported
-// when it is not float32.
+// bit16 atom is the whole parameter, merged from its TP slices): {'param': the atom} in float32
+// (a bfloat16 atom widened); kUnsupported for another dtype.
 Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom);
 // kUnsupported when `target` names an expert-parallel size above 1 (Topology::ep): a tag without
 // experts has none to place (at 1, as a trainer without MoE layers may state it, there is nothing

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -99,6 +100,55 @@ TEST_F(ByteRunTest, StreamRunsReportsShortSourceAndSinkErrors) {
   EXPECT_EQ(sink.code(), StatusCode::kIoError);
   const std::vector<ByteRun> overflow = {{nullptr, 0, ~0ull}, {nullptr, 0, 2}};
   EXPECT_EQ(ByteRunsLength(overflow).status().code(), StatusCode::kOutOfRange);
+}
+
+// bfloat16 values in a file, widened: each output float32 is the bfloat16's value (its bits the
+// float32's high half), whatever the buffer size splits, beside plain runs.
+TEST_F(ByteRunTest, WidenedRunsGiveTheBfloat16sAsFloat32) {
+  const std::vector<float> values = {1.5f, -2.0f, 0.0f, 3.140625f, -0.0078125f, 65536.0f, 7.0f};
+  std::vector<std::byte> bf16;
+  for (const float value : values) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof bits);
+    ASSERT_EQ(bits & 0xFFFF, 0u) << value << " is not a bfloat16";
+    bf16.push_back(static_cast<std::byte>((bits >> 16) & 0xFF));
+    bf16.push_back(static_cast<std::byte>(bits >> 24));
+  }
+  std::ofstream(Path("bf16.bin"), std::ios::binary)
+      .write(reinterpret_cast<const char*>(bf16.data()), static_cast<std::streamsize>(bf16.size()));
+  const File file = File::Open(Path("bf16.bin"), File::Mode::kRead).value();
+  // Elements 1..6 widened, then source bytes 0..2 as they are.
+  const std::vector<ByteRun> runs = {{&file, 2, 24, nullptr, /*widen_bf16=*/true}, {&file, 0, 3}};
+  std::vector<std::byte> expected(24);
+  std::memcpy(expected.data(), values.data() + 1, 24);
+  expected.insert(expected.end(), bf16.begin(), bf16.begin() + 3);
+  EXPECT_EQ(ByteRunsLength(runs).value(), 27u);
+  for (const size_t buffer_size : {size_t{1}, size_t{3}, size_t{5}, size_t{4096}}) {
+    std::vector<std::byte> buffer(buffer_size);
+    std::vector<std::byte> got;
+    const Status status = StreamRuns(runs, buffer, [&](std::span<const std::byte> chunk) {
+      got.insert(got.end(), chunk.begin(), chunk.end());
+      return Status::Ok();
+    });
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_EQ(got, expected) << buffer_size;
+  }
+  // A safetensors tensor from a widened run is the float32 values (the run passes through memory,
+  // not copy_file_range).
+  SafetensorsWriter gathered;
+  ASSERT_TRUE(gathered.AddFromRuns("t", DType::kFloat32, {6}, std::span(runs).first(1)).ok());
+  ASSERT_TRUE(gathered.Write(Path("widened.safetensors")).ok());
+  SafetensorsWriter direct;
+  ASSERT_TRUE(direct.AddFromMemory("t", DType::kFloat32, {6}, std::span(expected).first(24)).ok());
+  ASSERT_TRUE(direct.Write(Path("direct.safetensors")).ok());
+  EXPECT_EQ(ReadAll(Path("widened.safetensors")), ReadAll(Path("direct.safetensors")));
+  // Not whole float32s: refused.
+  std::vector<std::byte> buffer(64);
+  const std::vector<ByteRun> ragged = {{&file, 0, 6, nullptr, true}};
+  const Status status =
+      StreamRuns(ragged, buffer, [](std::span<const std::byte>) { return Status::Ok(); });
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("not whole float32s"));
 }
 
 TEST_F(ByteRunTest, ZipRecordFromRunsEqualsRecordFromMemory) {

@@ -229,5 +229,17 @@ TEST(CopyPlanTest, SegmentHelpers) {
   EXPECT_EQ(SegmentBytes(segments), 21u);
 }
 
+TEST(CopyPlanTest, WidenedSegmentsMergeOnlyWithWidenedOnesThatContinueTheirSource) {
+  std::vector<Segment> segments;
+  // 8 output bytes of a widened segment read 4 source bytes: [10, 14) continues at 14.
+  AppendSegments(segments,
+                 std::vector<Segment>{
+                     {2, 10, 8, true}, {2, 14, 4, true}, {2, 16, 4, false}, {2, 20, 8, true}});
+  EXPECT_THAT(segments, ElementsAre(Segment{2, 10, 12, true}, Segment{2, 16, 4, false},
+                                    Segment{2, 20, 8, true}));
+  EXPECT_EQ(segments.front().source_length(), 6u);
+  EXPECT_EQ(SegmentBytes(segments), 24u);
+}
+
 }  // namespace
 }  // namespace ucp
