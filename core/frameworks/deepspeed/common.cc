@@ -510,12 +510,14 @@ bool VersionAtLeast(const std::string& version, int major, int minor, int patch)
 
 namespace {
 
-// The refusal of a module tensor of `dtype` that ds_to_universal converts to float32 and ucp
-// cannot: float32 is copied, bfloat16 widened (its bits the high half); others are refused.
-Status RefuseUnconvertible(const std::string& where, const std::string& name, DType dtype) {
-  return Status::Unsupported(Prefix(where) + name + ": " + std::string(TorchName(dtype)) +
+// The refusal of module tensor `name` (at `field` of `where`) of `dtype`, which ds_to_universal
+// converts to float32 and ucp cannot: float32 is copied, bfloat16 widened (its bits the high
+// half); others are refused.
+Status RefuseUnconvertible(const std::string& where, const std::string& field,
+                           const std::string& name, DType dtype) {
+  return Status::Unsupported(Prefix(where) + field + ": " + std::string(TorchName(dtype)) +
                              "; ds_to_universal writes it converted to float32 in zero/" + name +
-                             "/fp32.pt, which ucp does for float32 and bfloat16 only");
+                             "/fp32.pt, which ucp does for float32 and contiguous bfloat16 only");
 }
 
 // {'param': tensor} of zero/<name>/fp32.pt, `tensor` a float32 tensor node of `out`'s graph.
@@ -536,7 +538,7 @@ Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file
     if (tensor == nullptr || grouped.contains(name)) continue;
     const bool widen = tensor->dtype == DType::kBFloat16;
     if ((!widen && tensor->dtype != DType::kFloat32) || (widen && !tensor->contiguous())) {
-      return RefuseUnconvertible(reader.path() + ": module", name, tensor->dtype);
+      return RefuseUnconvertible(reader.path(), "module/" + name, name, tensor->dtype);
     }
     ArchiveOutput out;
     out.path = "zero/" + name + "/fp32.pt";
@@ -567,7 +569,7 @@ Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file
 Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom) {
   const bool widen = atom.dtype == DType::kBFloat16;
   if (!widen && atom.dtype != DType::kFloat32) {
-    return RefuseUnconvertible("deepspeed", atom.param, atom.dtype);
+    return RefuseUnconvertible("index", atom.param + "/bit16", atom.param, atom.dtype);
   }
   ArchiveOutput out;
   out.path = "zero/" + atom.param + "/fp32.pt";
