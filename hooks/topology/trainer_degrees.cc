@@ -45,18 +45,20 @@ bool EndsWith(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
-// The degree `config`'s section.key gives (tensor_parallel.autotp_size, expert_parallel's
-// autoep_size; a section with "enabled": false states nothing), into `degree` and `evidence`
-// unless a flag gave another (kFailedPrecondition naming both) or the same.
+// The degree `config`'s section.key gives (tensor_parallel.autotp_size; expert_parallel's
+// autoep_size, which states nothing unless the section is "enabled": true, DeepSpeed's default
+// being off), into `degree` and `evidence` unless a flag gave another (kFailedPrecondition naming
+// both) or the same.
 Status ConfigDegree(const nlohmann::json& config, const std::string& path,
                     std::string_view section_name, std::string_view key, std::string_view axis,
-                    std::optional<uint32_t>& degree, std::string& evidence) {
+                    bool needs_enabled, std::optional<uint32_t>& degree, std::string& evidence) {
   const auto section = config.find(section_name);
   if (section == config.end() || !section->is_object() || !section->contains(key)) {
     return Status::Ok();
   }
   if (const auto enabled = section->find("enabled");
-      enabled != section->end() && enabled->is_boolean() && !enabled->get<bool>()) {
+      needs_enabled &&
+      (enabled == section->end() || !enabled->is_boolean() || !enabled->get<bool>())) {
     return Status::Ok();
   }
   const std::string field = std::string(section_name) + "." + std::string(key);
@@ -150,9 +152,9 @@ Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& argu
                                         ": not a JSON object");
     }
     UCP_RETURN_IF_ERROR(ConfigDegree(config, *config_path, "tensor_parallel", "autotp_size", "tp",
-                                     degrees.tp, degrees.tp_evidence));
+                                     /*needs_enabled=*/false, degrees.tp, degrees.tp_evidence));
     UCP_RETURN_IF_ERROR(ConfigDegree(config, *config_path, "expert_parallel", "autoep_size", "ep",
-                                     degrees.ep, degrees.ep_evidence));
+                                     /*needs_enabled=*/true, degrees.ep, degrees.ep_evidence));
   }
   return degrees;
 }

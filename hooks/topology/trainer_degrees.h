@@ -9,7 +9,8 @@
 //   the DeepSpeed config file it names, --deepspeed_config PATH (DeepSpeed's own argument) or
 //     --deepspeed PATH (the Hugging Face Trainer's), a path ending in ".json": its
 //     tensor_parallel.autotp_size (DeepSpeed's AutoTP training) gives tp, and
-//     expert_parallel.autoep_size (its AutoEP training, unless "enabled" is false) ep.
+//     expert_parallel.autoep_size (its AutoEP training, where the section is "enabled": true)
+//     ep.
 // A flag whose value is not a positive integer, a config file that cannot be read or parsed, or
 // two sources that give tp (or ep) differently is kFailedPrecondition naming them: the caller
 // passes the tag through rather than guess.

@@ -172,7 +172,7 @@ def check_live_resume(report, args, env, work, tag_dir, universal, dp, ep):
     if ep != EP:
         config = os.path.join(work, f'ds_config_{size}.json')
         with open(config, 'w') as f:
-            json.dump({'expert_parallel': {'autoep_size': ep}}, f)
+            json.dump({'expert_parallel': {'enabled': True, 'autoep_size': ep}}, f)
         extra += ['--deepspeed_config', config]
         trainer_ep = None
     _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, f'preload_{size}',

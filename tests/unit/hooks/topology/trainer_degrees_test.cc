@@ -78,10 +78,11 @@ TEST(TrainerDegreesTest, DeepSpeedConfigAutoTpSizeGivesTp) {
   }
 }
 
-TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpUnlessDisabled) {
-  const Files files = {
-      {"ep.json", R"({"expert_parallel": {"enabled": true, "autoep_size": 4}})"},
-      {"off.json", R"({"expert_parallel": {"enabled": false, "autoep_size": 4}})"}};
+TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpWhereEnabled) {
+  const Files files = {{"ep.json", R"({"expert_parallel": {"enabled": true, "autoep_size": 4}})"},
+                       {"off.json", R"({"expert_parallel": {"enabled": false, "autoep_size": 4}})"},
+                       // DeepSpeed's default: off.
+                       {"unset.json", R"({"expert_parallel": {"autoep_size": 4}})"}};
   Result<TrainerDegrees> degrees = Degrees({"train.py", "--deepspeed_config", "ep.json"}, files);
   ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
   EXPECT_EQ(degrees->ep, 4u);
@@ -92,9 +93,11 @@ TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpUnlessDisabled) {
   ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
   EXPECT_EQ(degrees->ep, 4u);
   EXPECT_EQ(degrees->ep_evidence, "--ep-world-size 4");
-  degrees = Degrees({"train.py", "--deepspeed_config", "off.json"}, files);
-  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
-  EXPECT_FALSE(degrees->ep.has_value());
+  for (const char* off : {"off.json", "unset.json"}) {
+    degrees = Degrees({"train.py", "--deepspeed_config", off}, files);
+    ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+    EXPECT_FALSE(degrees->ep.has_value()) << off;
+  }
 }
 
 TEST(TrainerDegreesTest, AConfigWithoutAutoTpStatesNothing) {
@@ -121,11 +124,11 @@ TEST(TrainerDegreesTest, BadEvidenceIsFailedPreconditionNamingIt) {
        {{"tp2.json", R"({"tensor_parallel": {"autotp_size": 2}})"}},
        "disagree on tp: --tensor-model-parallel-size 4, but tp2.json"},
       {{"--expert-model-parallel-size", "2", "--deepspeed_config", "ep1.json"},
-       {{"ep1.json", R"({"expert_parallel": {"autoep_size": 1}})"}},
+       {{"ep1.json", R"({"expert_parallel": {"enabled": true, "autoep_size": 1}})"}},
        "disagree on ep: --expert-model-parallel-size 2, but ep1.json expert_parallel.autoep_size "
        "1"},
       {{"--deepspeed_config", "ep.json"},
-       {{"ep.json", R"({"expert_parallel": {"autoep_size": "2"}})"}},
+       {{"ep.json", R"({"expert_parallel": {"enabled": true, "autoep_size": "2"}})"}},
        "ep.json: expert_parallel.autoep_size \"2\" is not a positive integer"},
   };
   for (const auto& c : cases) {
