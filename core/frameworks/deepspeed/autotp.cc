@@ -377,12 +377,7 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
 
 Status SetAutoTpSize(pickle::Graph& graph, Value* root, uint32_t tp,
                      const TorchArchiveReader& reader) {
-  Value* config = root->Get("ds_config");
-  if (Value* section = config == nullptr ? nullptr : config->Get("tensor_parallel");
-      section != nullptr && section->kind() == Kind::kDict && section->Get("autotp_size")) {
-    return SetDictItem(section, "autotp_size", graph.Int(tp), reader.path());
-  }
-  return Status::Ok();
+  return SetConfigValue(graph, root, "tensor_parallel", "autotp_size", tp, reader);
 }
 
 Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp, const TorchArchiveReader& reader,

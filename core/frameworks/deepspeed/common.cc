@@ -500,6 +500,16 @@ Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& 
   return Status::Ok();
 }
 
+Status SetConfigValue(pickle::Graph& graph, Value* root, std::string_view section,
+                      std::string_view key, int64_t value, const TorchArchiveReader& reader) {
+  Value* config = root->Get("ds_config");
+  if (Value* entries = config == nullptr ? nullptr : config->Get(section);
+      entries != nullptr && entries->kind() == Kind::kDict && entries->Get(key)) {
+    return SetDictItem(entries, key, graph.Int(value), reader.path());
+  }
+  return Status::Ok();
+}
+
 bool VersionAtLeast(const std::string& version, int major, int minor, int patch) {
   int got_major = 0, got_minor = 0, got_patch = 0;
   if (std::sscanf(version.c_str(), "%d.%d.%d", &got_major, &got_minor, &got_patch) != 3) {

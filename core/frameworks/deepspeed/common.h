@@ -191,6 +191,11 @@ Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& a
 Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
                            const std::string& states_field, const std::vector<std::string>& names,
                            std::map<std::string, bool>& out);
+// A file's ds_config/<section>/<key>, where `root` (the file's object, imported from `reader`
+// into `graph`) has one, set to `value`: DeepSpeed saves the config of the run, which trains at
+// the target's sizes (tensor_parallel.autotp_size, expert_parallel.autoep_size).
+Status SetConfigValue(pickle::Graph& graph, pickle::Value* root, std::string_view section,
+                      std::string_view key, int64_t value, const TorchArchiveReader& reader);
 // True when `version` ("M.m.p", as ds_version records it) is M.m.p or later; false when it does
 // not parse.
 bool VersionAtLeast(const std::string& version, int major, int minor, int patch);

@@ -69,6 +69,7 @@ using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
 using deepspeed::SetAffineMapDegree;
+using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
@@ -505,6 +506,19 @@ struct ExpertLayouts {
   std::vector<GroupLayout> global;
 };
 
+// kInvalidArgument naming the first MoE layer whose experts the expert-parallel size `ep` does not
+// divide: DeepSpeed cannot run there.
+Status CheckExpertsDivide(const std::vector<uint32_t>& num_experts, uint32_t ep) {
+  for (size_t layer = 0; layer < num_experts.size(); ++layer) {
+    if (num_experts[layer] % ep != 0) {
+      return Status::InvalidArgument(
+          "deepspeed: ep=" + std::to_string(ep) + ": MoE layer " + std::to_string(layer) + "'s " +
+          std::to_string(num_experts[layer]) + " experts are not a multiple of it");
+    }
+  }
+  return Status::Ok();
+}
+
 // AutoEP's expert group holds, MoE layer after MoE layer, each fused parameter of the layer's
 // experts module (its n local experts' rows one after another). The source's layout of
 // expert-parallel rank 0 (its experts' rows under global names "<fused>.<G>", G < n) gives each
@@ -548,12 +562,8 @@ Result<ExpertLayouts> FusedExpertLayoutsAt(const IndexFacts& facts, uint32_t ep)
                              std::to_string(facts.num_experts[f.layer]) + " over " +
                              std::to_string(facts.ep) + " expert-parallel ranks");
     }
-    if (facts.num_experts[f.layer] % ep != 0) {
-      return Status::InvalidArgument(
-          "deepspeed: ep=" + std::to_string(ep) + ": MoE layer " + std::to_string(f.layer) + "'s " +
-          std::to_string(facts.num_experts[f.layer]) + " experts are not a multiple of it");
-    }
   }
+  UCP_RETURN_IF_ERROR(CheckExpertsDivide(facts.num_experts, ep));
   std::vector<std::string> local;
   std::vector<Shape> local_shapes;
   std::vector<std::vector<std::string>> global(ep);
@@ -614,12 +624,8 @@ Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
           " local experts, but num_experts gives " + std::to_string(facts.num_experts[layer]) +
           " over " + std::to_string(facts.ep) + " expert-parallel ranks");
     }
-    if (facts.num_experts[layer] % ep != 0) {
-      return Status::InvalidArgument(
-          "deepspeed: ep=" + std::to_string(ep) + ": MoE layer " + std::to_string(layer) + "'s " +
-          std::to_string(facts.num_experts[layer]) + " experts are not a multiple of it");
-    }
   }
+  UCP_RETURN_IF_ERROR(CheckExpertsDivide(facts.num_experts, ep));
   ExpertLayouts layouts;
   std::vector<std::string> local;
   std::vector<Shape> shapes;
@@ -686,18 +692,6 @@ Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiv
     if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
   }
   group->mutable_mutations() = std::move(items);
-  return Status::Ok();
-}
-
-// A file's ds_config/expert_parallel/autoep_size, where it has one, set to `ep`: DeepSpeed saves
-// the config of the run, which trains at `ep`.
-Status SetAutoEpSize(pickle::Graph& graph, Value* root, uint32_t ep,
-                     const TorchArchiveReader& reader) {
-  Value* config = root->Get("ds_config");
-  if (Value* section = config == nullptr ? nullptr : config->Get("expert_parallel");
-      section != nullptr && section->kind() == Kind::kDict && section->Get("autoep_size")) {
-    return SetDictItem(section, "autoep_size", graph.Int(ep), reader.path());
-  }
   return Status::Ok();
 }
 
@@ -1484,7 +1478,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     }
     if (facts.fused) {
       UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, ep, m, reader));
-      UCP_RETURN_IF_ERROR(SetAutoEpSize(out.graph, root, ep, reader));
+      UCP_RETURN_IF_ERROR(
+          SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
     }
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.model_file, std::move(resized)));
@@ -1551,7 +1546,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
     UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, counts,
                                            std::move(mapping_items), params_per_group,
                                            reader.path()));
-    UCP_RETURN_IF_ERROR(SetAutoEpSize(out.graph, root, ep, reader));
+    UCP_RETURN_IF_ERROR(
+        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
     // DeepSpeed names the expert group after the expert-parallel size; AutoEP's universal load at
     // another size keeps the saved name (ReadSave), and so do its saves, which ucp's files are.
     if (ep != facts.ep && !facts.fused) {
