@@ -65,6 +65,12 @@ def run_ucp(ucp, *args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_ucp_output(ucp, *args):
+    """run_ucp with stdout and stderr together: (exit status, output)."""
+    status, out, err = run_ucp(ucp, *args)
+    return status, out + err
+
+
 def reshard(report, ucp, tag_dir, to, save_dir, what):
     """`ucp reshard tag_dir --to <to> --out save_dir` into a fresh save_dir: checks that it exited
     0, that `latest` names the tag and that no temporaries are left; returns whether it exited 0."""

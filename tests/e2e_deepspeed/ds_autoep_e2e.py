@@ -40,9 +40,7 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 
 import torch
 
@@ -62,11 +60,6 @@ TARGETS = ((2, 2), (2, 1), (4, 4))
 LIVE = ((2, 2), (2, 1))
 
 
-def ucp(args, *arguments):
-    status, out, err = harness.run_ucp(args.ucp, *arguments)
-    return status, out + err
-
-
 def run_trainer(args, env, work, name, dp, ep, extra, steps=STEPS, save=True):
     """train_autoep.py at `dp` ranks and expert-parallel size `ep` (None: the trainer's config
     file in `extra` says) up to step `steps`, saving to work/name when `save`; fails the test
@@ -84,20 +77,9 @@ def run_trainer(args, env, work, name, dp, ep, extra, steps=STEPS, save=True):
     return os.path.join(save_dir, TAG), ds_e2e.losses(out)
 
 
-def convert(env, tag_dir, universal):
-    start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', tag_dir, '--output_folder', universal, '--inject_missing_state'],
-        env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        ds_e2e.fail(f'ds_to_universal.py exited {result.returncode}:\n{result.stdout[-2000:]}'
-                    f'{result.stderr[-2000:]}')
-    print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
-
-
 def reshard(report, args, source, out, dp, ep):
-    status, output = ucp(args, 'reshard', source, '--to', f'dp={dp},ep={ep}', '--out', out)
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to', f'dp={dp},ep={ep}',
+                                            '--out', out)
     return report.check(status == 0, f'ucp reshard {source} --to dp={dp},ep={ep} exited '
                         f'{status}: {output[-2000:]}')
 
@@ -212,7 +194,7 @@ def check_data_before_expert(report, args, env, work):
     order = ['--deepspeed_config', config]
     tag_dir, _ = run_trainer(args, env, work, 'dbe', DP, EP, order)
     universal = os.path.join(work, 'dbe_universal', TAG)
-    convert(env, tag_dir, universal)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
     resaved, _ = run_trainer(args, env, work, 'dbe_resaved_dp2ep1', 2, 1,
                              order + ['--load_dir', os.path.dirname(universal), '--load_tag',
                                       TAG, '--universal'])
@@ -230,10 +212,10 @@ def check_data_before_expert(report, args, env, work):
 def check_bf16_export(report, args, env, work):
     tag_dir, _ = run_trainer(args, env, work, 'bf16', DP, EP, ['--dtype', 'bf16'])
     universal = os.path.join(work, 'bf16_universal', TAG)
-    convert(env, tag_dir, universal)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
     export = os.path.join(work, 'bf16_export')
-    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal', '--out',
-                         export)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
     if report.check(status == 0, f'bf16: ucp export exited {status}: {output[-2000:]}'):
         failures = len(report.failures)
         names = harness.compare_export(report, 'bf16 export', universal, export)
@@ -266,7 +248,7 @@ def check_refusals(report, args, tag_dir, work):
              'per_expert_files'),
             ('swapped', swapped, 'ds_autoep_layers/1/expert_placement/ranks/0: rank 0 holding '
              'experts [2, 3]')):
-        status, output = ucp(args, 'index', edited(name, edit))
+        status, output = harness.run_ucp_output(args.ucp, 'index', edited(name, edit))
         report.check(status != 0 and expected in output,
                      f'index of {name}: exit {status}, not the refusal: {output[-500:]}')
 
@@ -288,16 +270,16 @@ def main():
         report.exit()
     at_save = harness.read_bytes(index)
     universal = os.path.join(work, 'universal', TAG)
-    convert(env, tag_dir, universal)
-    status, output = ucp(args, 'index', tag_dir)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
     if not report.check(status == 0, f'ucp index exited {status}: {output[-2000:]}'):
         report.exit()
     report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
                  'ucp index\'s')
     check_index(report, tag_dir)
     export = os.path.join(work, 'export')
-    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal',
-                         '--out', export)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
     if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
         failures = len(report.failures)
         names = harness.compare_export(report, 'export', universal, export)

@@ -46,9 +46,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -104,11 +102,6 @@ EXPECTED_BLOCKS = {'mlp.up_proj.weight': [33, 32], 'mlp.up_proj.bias': [33, 32],
                    'mlp.down_proj.weight': [33, 32]}
 
 
-def ucp(args, *arguments):
-    status, out, err = harness.run_ucp(args.ucp, *arguments)
-    return status, out + err
-
-
 def run_trainer(args, env, work, name, tp, dp, extra, steps=STEPS, save=True):
     """train_autotp.py at `tp` x `dp` ranks up to step `steps` with `extra` arguments, saving to
     work/name when `save`; fails the test unless it ran. Returns (tag folder, losses)."""
@@ -132,20 +125,9 @@ def train(args, env, work):
     return run_trainer(args, env, work, 'ckpt', TP, DP, [])[0]
 
 
-def convert(env, tag_dir, universal):
-    start = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', tag_dir, '--output_folder', universal, '--inject_missing_state'],
-        env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        ds_e2e.fail(f'ds_to_universal.py exited {result.returncode}:\n{result.stdout[-2000:]}'
-                    f'{result.stderr[-2000:]}')
-    print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
-
-
 def reshard(report, args, source, out, tp, dp):
-    status, output = ucp(args, 'reshard', source, '--to', f'dp={dp},tp={tp}', '--out', out)
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to', f'dp={dp},tp={tp}',
+                                            '--out', out)
     return report.check(status == 0, f'ucp reshard {source} --to dp={dp},tp={tp} exited '
                         f'{status}: {output[-2000:]}')
 
@@ -248,8 +230,8 @@ def check_llama_heads(report, args, work, tag_dir):
     """The key/value heads come from the config.json the trainer wrote beside the tag: at TP=3 an
     attention layer of the Llama's 4 heads would split 16/8/8 and an MLP's 11/11/10, and the saved
     16/16 do not say which q is: refused, naming the heads and the file."""
-    status, output = ucp(args, 'reshard', tag_dir, '--to', 'dp=1,tp=3', '--out',
-                         os.path.join(work, 'reshard_tp3'))
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to', 'dp=1,tp=3',
+                                            '--out', os.path.join(work, 'reshard_tp3'))
     config = os.path.join(os.path.dirname(tag_dir), 'config.json')
     report.check(status != 0 and 'of [16, 8, 8] (4 key/value heads (' + config in output and
                  'self_attn.q_proj.weight' in output,
@@ -320,10 +302,10 @@ def check_frozen_export(report, args, env, work):
     (deepspeed-zero12, without an affine map) writes exactly its files."""
     tag_dir, _ = run_trainer(args, env, work, 'frozen_tp1', 1, DP, ['--frozen'])
     universal = os.path.join(work, 'frozen_tp1_universal', TAG)
-    convert(env, tag_dir, universal)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
     export = os.path.join(work, 'frozen_tp1_export')
-    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal', '--out',
-                         export)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
     if report.check(status == 0, f'frozen tp1: ucp export exited {status}: {output[-2000:]}'):
         failures = len(report.failures)
         names = harness.compare_export(report, 'frozen tp1 export', universal, export)
@@ -352,13 +334,13 @@ def check_refusals(report, args, tag_dir, work):
         piece = info['affine_map']['params'][pattern]['ranks'][1]['pieces'][0]
         piece['source'][0] += 1
     copy = edited_copy(tag_dir, work, 'shifted', shift_rank_1)
-    status, output = ucp(args, 'index', copy)
+    status, output = harness.run_ucp_output(args.ucp, 'index', copy)
     report.check(status != 0 and f'affine_map/params/{pattern}/ranks/1' in output and
                  'after those of the ranks before it' in output,
                  f'index of a shifted slice: exit {status}: {output[-500:]}')
 
     copy = edited_copy(tag_dir, work, 'no_map', lambda info: info.pop('affine_map'))
-    status, output = ucp(args, 'index', copy)
+    status, output = harness.run_ucp_output(args.ucp, 'index', copy)
     report.check(status != 0 and 'mp_world_size 2 without AutoTP' in output,
                  f'index without the affine map: exit {status}: {output[-500:]}')
 
@@ -374,7 +356,8 @@ def check_model_config(report, args, work, tag_dir):
         with open(os.path.join(folder, 'config.json'), 'w') as f:
             json.dump({'num_attention_heads': MODEL_HEADS, 'num_key_value_heads': heads}, f)
         out = os.path.join(work, f'reshard_kv_heads_{heads}')
-        status, output = ucp(args, 'reshard', copy, '--to', 'dp=1,tp=4', '--out', out)
+        status, output = harness.run_ucp_output(args.ucp, 'reshard', copy, '--to', 'dp=1,tp=4',
+                                                '--out', out)
         if heads == MODEL_HEADS:
             if report.check(status == 0, f'ucp reshard with 4 heads: exit {status}: '
                             f'{output[-2000:]}'):
@@ -417,8 +400,8 @@ def main():
         report.exit()
     at_save = harness.read_bytes(index)
     universal = os.path.join(work, 'universal', TAG)
-    convert(env, tag_dir, universal)
-    status, output = ucp(args, 'index', tag_dir)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
     if not report.check(status == 0, f'ucp index exited {status}: {output[-2000:]}'):
         report.exit()
     report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
@@ -428,8 +411,8 @@ def main():
     else:
         check_llama_index(report, tag_dir)
     export = os.path.join(work, 'export')
-    status, output = ucp(args, 'export', tag_dir, '--format', 'deepspeed-universal',
-                         '--out', export)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
     if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
         failures = len(report.failures)
         names = harness.compare_export(report, 'export', universal, export)

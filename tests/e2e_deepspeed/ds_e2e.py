@@ -194,6 +194,20 @@ def run_launcher(command, cwd, env, log):
     return status, seconds, output
 
 
+def ds_to_universal(env, tag_dir, universal):
+    """DeepSpeed's own converter (env['DS_PACKAGE']'s ds_to_universal.py --inject_missing_state)
+    of tag_dir into the folder `universal`; fails the test unless it ran. Prints its time."""
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
+         '--input_folder', tag_dir, '--output_folder', universal, '--inject_missing_state'],
+        env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        fail(f'ds_to_universal.py exited {result.returncode}:\n{result.stdout[-2000:]}'
+             f'{result.stderr[-2000:]}')
+    print(f'ds_to_universal: {time.monotonic() - start:.1f} s')
+
+
 def preload_env(env, lib, log_dir):
     os.makedirs(log_dir, exist_ok=True)
     first = os.environ.get('PRELOAD_FIRST', '')
