@@ -15,7 +15,9 @@ converter and its universal load.
      files: each fused parameter whole ({'param', 'cat_dim', 'is_expert_param',
      'ep_num_experts'}), the router's unused gate (in the module only) as its fp32 copy, the
      optimizer state with every group's partition count the DP size, the model states with
-     DeepSpeed's digest of the AutoEP layers; every object, tensor and bit.
+     DeepSpeed's digest of the AutoEP layers; every object, tensor and bit, and the model
+     states' pickle byte for byte (DeepSpeed saves them again with torch 2.13, whose zip layout
+     ucp's writer does not copy).
   4. `ucp reshard` to DP=2 E=2, DP=2 E=1 and DP=4 E=4 (one expert per rank) writes DeepSpeed's own
      files there: those its universal load saves again, every object, tensor and bit but the
      resaving run's micro batch and load_universal (DeepSpeed keeps the saved "ep_size_2" group
@@ -41,6 +43,7 @@ import json
 import os
 import shutil
 import sys
+import zipfile
 
 import torch
 
@@ -96,6 +99,12 @@ def check_index(report, tag_dir):
     expected = sorted(f'model.layers.{layer}.mlp.experts.{w}.{g}' for layer in range(2)
                       for w in ('w1', 'w2', 'w3') for g in range(4))
     report.check(experts == expected, f'expert atoms {experts}')
+
+
+def pickle_of(path):
+    """The pickle record (<archive>/data.pkl) of a torch.save file."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith('/data.pkl')))
 
 
 def same_as_save(report, case, tag_dir, out, allowed=(), unordered=None):
@@ -283,6 +292,10 @@ def main():
     if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
         failures = len(report.failures)
         names = harness.compare_export(report, 'export', universal, export)
+        model_states = 'mp_rank_00_model_states.pt'
+        report.check(pickle_of(os.path.join(universal, model_states)) ==
+                     pickle_of(os.path.join(export, model_states)),
+                     f'export: the pickle of {model_states} is not ds_to_universal\'s')
         if len(report.failures) == failures:
             print(f'ucp export = ds_to_universal: {len(names)} files')
     check_reshard(report, args, env, work, tag_dir, universal)
