@@ -10,6 +10,7 @@
 
 #include "core/format/torch_archive_reader.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/layout/region.h"
@@ -30,6 +31,7 @@ using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
+using deepspeed::ExpertRankOrder;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
@@ -40,6 +42,8 @@ using deepspeed::GroupSettings;
 using deepspeed::IndexedLayout;
 using deepspeed::IntField;
 using deepspeed::IntListField;
+using deepspeed::kAutoEpLayers;
+using deepspeed::kDataBeforeExpert;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -64,6 +68,7 @@ using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::RankPartition;
+using deepspeed::ReadAutoEpLayers;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
@@ -93,32 +98,10 @@ constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_exp
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
 // The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
 constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
-// The ds_config entry that puts data-parallel before expert-parallel ranks (default false).
-constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
 // Bounds a corrupt num_experts entry (and the file names it makes).
 constexpr int64_t kMaxExperts = int64_t{1} << 20;
-// DeepSpeed 0.19's AutoEP records its layers in the model states under this key (and again in
-// universal_checkpoint_info), each written as one file per expert in this format.
-constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
+// AutoEP's checkpoint_format of experts saved one file per expert (ZeRO-1/2).
 constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
-
-// Which expert-parallel rank each of dp ranks is, and its index in that rank's
-// expert-data-parallel group (the dp / ep ranks its experts are partitioned over). By default runs
-// of ep consecutive ranks are an expert-parallel group: rank r is expert-parallel rank r mod ep,
-// index r div ep. With use_data_before_expert_parallelism runs of dp / ep consecutive ranks are an
-// expert-data-parallel group: rank r is expert-parallel rank r div (dp / ep), index r mod (dp / ep)
-// (deepspeed/utils/groups.py; ds_to_universal's _autoep_zero12_dp_ranks).
-struct ExpertRankOrder {
-  uint32_t dp = 1;
-  uint32_t ep = 1;
-  bool data_before_expert = false;
-
-  uint32_t ExpertRank(uint32_t r) const { return data_before_expert ? r / (dp / ep) : r % ep; }
-  uint32_t IndexInGroup(uint32_t r) const { return data_before_expert ? r % (dp / ep) : r / ep; }
-  uint32_t Rank(uint32_t e, uint32_t i) const {
-    return data_before_expert ? e * (dp / ep) + i : e + i * ep;
-  }
-};
 
 // Where an expert parameter's name holds the expert's id: digits [begin, end).
 struct ExpertIdAt {
@@ -237,86 +220,6 @@ Status CheckExpertFiles(const std::string& tag_dir, const ExpertFiles& files, ui
                            std::to_string(ep) + " (a file of another save)");
   }
   return Status::Ok();
-}
-
-// DeepSpeed 0.19's record of its AutoEP layers in `model` (rank 0's model states), read against
-// the expert files: one entry per MoE layer (moe_layer_id), each with num_experts' count for it,
-// one expert-parallel size E for all that divides `dp`, expert-parallel rank e holding the run of
-// experts [e·n, (e+1)·n), one file per expert, and rank 0's own coordinates. Sets each layer's
-// experts module (expert_key_prefix) and returns E; kUnsupported for another file format or
-// placement, kCorrupt naming the field otherwise.
-Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model, const ExpertFiles& files,
-                                  uint32_t dp, std::vector<std::string>& experts_modules) {
-  const std::string root(kAutoEpLayers);
-  const size_t layers = files.num_experts.size();
-  UCP_ASSIGN_OR_RETURN(const Value* list, Field(model, root));
-  if (list->kind() != Kind::kList || list->items().size() != layers) {
-    return FieldError(
-        model, root,
-        "not a list of one entry per MoE layer (num_experts lists " + std::to_string(layers) + ")");
-  }
-  experts_modules.assign(layers, "");
-  std::optional<uint32_t> ep;
-  for (size_t i = 0; i < layers; ++i) {
-    const std::string field = root + "/" + std::to_string(i);
-    UCP_ASSIGN_OR_RETURN(const int64_t layer, IntField(model, field + "/moe_layer_id"));
-    if (layer < 0 || static_cast<uint64_t>(layer) >= layers || !experts_modules[layer].empty()) {
-      return FieldError(
-          model, field + "/moe_layer_id",
-          std::to_string(layer) + ": no MoE layer of num_experts, or one listed twice");
-    }
-    UCP_ASSIGN_OR_RETURN(const std::string format, StrField(model, field + "/checkpoint_format"));
-    if (format != kAutoEpFileFormat) {
-      return Status::Unsupported(Prefix(model.path()) + field + "/checkpoint_format: \"" + format +
-                                 "\"; ucp reads AutoEP's " + std::string(kAutoEpFileFormat));
-    }
-    UCP_ASSIGN_OR_RETURN(const int64_t experts, IntField(model, field + "/num_experts"));
-    if (experts != files.num_experts[layer]) {
-      return FieldError(model, field + "/num_experts",
-                        std::to_string(experts) + ", but num_experts lists " +
-                            std::to_string(files.num_experts[layer]) + " for layer " +
-                            std::to_string(layer));
-    }
-    UCP_ASSIGN_OR_RETURN(const int64_t size, IntField(model, field + "/ep_size"));
-    if (size <= 0 || experts % size != 0 || dp % size != 0 || (ep && *ep != size)) {
-      return FieldError(model, field + "/ep_size",
-                        std::to_string(size) +
-                            ": not an expert-parallel size dividing the layer's " +
-                            std::to_string(experts) + " experts and dp_world_size " +
-                            std::to_string(dp) + ", alike in every layer");
-    }
-    ep = static_cast<uint32_t>(size);
-    for (const std::string_view key :
-         {"ep_rank", "expert_data_parallel_rank", "global_expert_start"}) {
-      UCP_ASSIGN_OR_RETURN(const int64_t value, IntField(model, field + "/" + std::string(key)));
-      if (value != 0) {
-        return FieldError(model, field + "/" + std::string(key),
-                          std::to_string(value) + ": rank 0's model states record rank 0's");
-      }
-    }
-    const std::string placement = field + "/expert_placement/ranks";
-    UCP_ASSIGN_OR_RETURN(const Value* ranks, Field(model, placement));
-    if (ranks->kind() != Kind::kList || ranks->items().size() != static_cast<size_t>(size)) {
-      return FieldError(model, placement,
-                        "not a list of ep_size " + std::to_string(size) + " ranks");
-    }
-    const int64_t per_rank = experts / size;
-    for (int64_t e = 0; e < size; ++e) {
-      const std::string at = placement + "/" + std::to_string(e);
-      UCP_ASSIGN_OR_RETURN(const int64_t rank, IntField(model, at + "/rank"));
-      UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> held, IntListField(model, at + "/experts"));
-      std::vector<int64_t> run(per_rank);
-      for (int64_t k = 0; k < per_rank; ++k) run[k] = e * per_rank + k;
-      if (rank != e || held != run) {
-        return Status::Unsupported(Prefix(model.path()) + at + ": rank " + std::to_string(rank) +
-                                   " holding experts " + ListText(held) +
-                                   "; ucp reads expert-parallel rank " + std::to_string(e) +
-                                   " holding " + ListText(run));
-      }
-    }
-    UCP_ASSIGN_OR_RETURN(experts_modules[layer], StrField(model, field + "/expert_key_prefix"));
-  }
-  return *ep;
 }
 
 // The expert-parallel size an expert group's name gives ("ep_size_<E>"), or nullopt.
@@ -843,8 +746,8 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
   if (const Value* autoep = OptionalField(model, kAutoEpLayers);
       autoep != nullptr && autoep->kind() != Kind::kNone) {
     tag.fused = true;
-    UCP_ASSIGN_OR_RETURN(autoep_size,
-                         ReadAutoEpLayers(model, tag.experts, dp, tag.experts_modules));
+    UCP_ASSIGN_OR_RETURN(autoep_size, ReadAutoEpLayers(model, tag.experts.num_experts, dp,
+                                                       kAutoEpFileFormat, tag.experts_modules));
   }
 
   UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,

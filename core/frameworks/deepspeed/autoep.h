@@ -1,0 +1,54 @@
+// DeepSpeed 0.19's AutoEP layers as its checkpoints record them (ds_autoep_layers) and the rank
+// order of its expert-parallel groups, shared by the adapters of the layouts AutoEP saves:
+// deepspeed-moe (ZeRO-1/2, one file per expert) and deepspeed-zero3 (experts partitioned over the
+// expert-data-parallel ranks).
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/util/status.h"
+
+namespace ucp::deepspeed {
+
+// DeepSpeed 0.19's AutoEP records its layers in the model states under this key (and again in
+// universal_checkpoint_info).
+inline constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
+// The ds_config entry that puts data-parallel before expert-parallel ranks (default false).
+inline constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
+
+// Which expert-parallel rank each of dp ranks is, and its index in that rank's
+// expert-data-parallel group (the dp / ep ranks its experts are partitioned over). By default runs
+// of ep consecutive ranks are an expert-parallel group: rank r is expert-parallel rank r mod ep,
+// index r div ep. With use_data_before_expert_parallelism runs of dp / ep consecutive ranks are an
+// expert-data-parallel group: rank r is expert-parallel rank r div (dp / ep), index r mod (dp / ep)
+// (deepspeed/utils/groups.py; ds_to_universal's _autoep_zero12_dp_ranks).
+struct ExpertRankOrder {
+  uint32_t dp = 1;
+  uint32_t ep = 1;
+  bool data_before_expert = false;
+
+  uint32_t ExpertRank(uint32_t r) const { return data_before_expert ? r / (dp / ep) : r % ep; }
+  uint32_t IndexInGroup(uint32_t r) const { return data_before_expert ? r % (dp / ep) : r / ep; }
+  uint32_t Rank(uint32_t e, uint32_t i) const {
+    return data_before_expert ? e * (dp / ep) + i : e + i * ep;
+  }
+};
+
+// DeepSpeed 0.19's record of its AutoEP layers in `model` (rank 0's model states): one entry per
+// MoE layer (moe_layer_id), each with `num_experts`' count for it, one expert-parallel size E for
+// all that divides `dp`, expert-parallel rank e holding the run of experts [e·n, (e+1)·n), its
+// experts saved in checkpoint_format `format`, and rank 0's own coordinates. Sets each layer's
+// experts module (expert_key_prefix) and returns E; kUnsupported for another file format or
+// placement, kCorrupt naming the field otherwise.
+Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model,
+                                  const std::vector<uint32_t>& num_experts, uint32_t dp,
+                                  std::string_view format,
+                                  std::vector<std::string>& experts_modules);
+
+}  // namespace ucp::deepspeed
