@@ -11,8 +11,8 @@ into other sub groups: other flat groups, states and param_groups); dp3 -> dp2 -
 dp3 -> dp5 -> dp3 must give the dp=3 tag back (its padding as zeros); `ucp export --format
 deepspeed-universal` must hold every trainable parameter's fp32, exp_avg and exp_avg_sq of every
 group (ds_to_universal v0.14.5 exports group 0 only) as the state has them. A tag whose model
-states record AutoEP layers (DeepSpeed 0.19's ds_autoep_layers: experts partitioned over
-expert-data-parallel ranks) is refused by name.
+states record an AutoEP layer (DeepSpeed 0.19's ds_autoep_layers) whose experts module holds no
+parameter of the tag is refused naming param_shapes (ds_autoep_e2e.py checks real AutoEP tags).
 """
 
 import os
@@ -92,13 +92,19 @@ for bf16 in (False, True):
                     mine = ds_objects.load(path)
                     report.check(torch.equal(mine.detach(), full.reshape(-1)),
                                  f"{kind}: export: {name}/{key} differs")
-# AutoEP under ZeRO-3: its experts are partitioned over other ranks than the rest; refused.
+# An AutoEP layer whose experts module holds none of the tag's parameters: refused, naming the
+# field.
 autoep = harness.copy_tag(f"{work}/fp32/dp3/{TAG}", f"{work}/autoep/{TAG}")
 head = f"{autoep}/zero_pp_rank_0_mp_rank_00_model_states.pt"
 states = ds_objects.load(head)
-states["ds_autoep_layers"] = [{"moe_layer_id": 0, "checkpoint_format": "zero3_partitioned"}]
+states["num_experts"] = [4]
+states["ds_autoep_layers"] = [{
+    "moe_layer_id": 0, "checkpoint_format": "zero3_partitioned", "num_experts": 4, "ep_size": 1,
+    "ep_rank": 0, "expert_data_parallel_rank": 0, "global_expert_start": 0,
+    "expert_placement": {"ranks": [{"rank": 0, "experts": [0, 1, 2, 3]}]},
+    "expert_key_prefix": "no_such_module.experts"}]
 ds_objects.save(states, head)
 status, _, err = harness.run_ucp(ucp, "index", autoep)
-report.check(status != 0 and "ds_autoep_layers: DeepSpeed's AutoEP under ZeRO-3 is not "
-             "supported yet" in err, f"AutoEP ZeRO-3 tag: ucp index exit {status}: {err}")
+report.check(status != 0 and "param_shapes: no fused expert parameter of the experts modules "
+             "ds_autoep_layers names" in err, f"AutoEP ZeRO-3 tag: ucp index exit {status}: {err}")
 report.exit()

@@ -34,6 +34,12 @@ converter and its universal load.
      gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to.
   8. What ucp does not read is refused by name: another checkpoint_format, experts not placed
      in consecutive runs.
+  9. ZeRO-3 (checkpoint_format zero3_partitioned: no expert files; each expert-parallel rank's
+     fused parameters partitioned over its expert-data-parallel ranks, ds_zero_partition_groups
+     recording each flat group's ranks), saved at DP=4 E=2 under the preload: the index built at
+     save is `ucp index`'s, each fused parameter one atom of all its experts' rows; `ucp export`
+     = ds_to_universal (every object, tensor and bit, the model states' pickles byte for byte);
+     `ucp reshard` is refused by name (not supported yet).
 
 Usage: ds_autoep_e2e.py --work DIR --tools DIR --lib LIB --ucp UCP --deepspeed VERSION
        [--required]
@@ -235,6 +241,51 @@ def check_bf16_export(report, args, env, work):
             print(f'bf16: ucp export = ds_to_universal: {len(names)} files')
 
 
+def check_zero3(report, args, env, work):
+    logs = os.path.join(work, 'logs_z3_save')
+    tag_dir, _ = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'z3', DP, EP,
+                             ['--zero_stage', '3'])
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not report.check(os.path.isfile(index), f'ZeRO-3: no index built at save; ucp logs:\n'
+                        f'{ds_e2e.log_tail(logs)}'):
+        return
+    at_save = harness.read_bytes(index)
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
+    if not report.check(status == 0, f'ZeRO-3: ucp index exited {status}: {output[-2000:]}'):
+        return
+    report.check(harness.read_bytes(index) == at_save, 'ZeRO-3: the index built at save differs '
+                 'from ucp index\'s')
+    with open(index) as f:
+        contents = json.load(f)
+    autoep = contents['adapter_state'].get('autoep', {})
+    experts = {a['param']: a['shape'] for a in contents['atoms']
+               if '.mlp.experts.' in a['param'] and a['state'] == 'fp32'}
+    expected = {f'model.layers.{layer}.mlp.experts.{w}': [4, 64, 32] if w != 'w2' else [4, 32, 64]
+                for layer in range(2) for w in ('w1', 'w2', 'w3')}
+    report.check(contents['adapter']['name'] == 'deepspeed-zero3' and autoep.get('ep') == EP and
+                 experts == expected, f'ZeRO-3: index adapter {contents["adapter"]}, autoep '
+                 f'{autoep}, expert atoms {experts}')
+    universal = os.path.join(work, 'z3_universal', TAG)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
+    export = os.path.join(work, 'z3_export')
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if report.check(status == 0, f'ZeRO-3: ucp export exited {status}: {output[-2000:]}'):
+        failures = len(report.failures)
+        names = harness.compare_export(report, 'ZeRO-3 export', universal, export)
+        for r in range(DP):
+            model_states = f'zero_pp_rank_{r}_mp_rank_00_model_states.pt'
+            report.check(pickle_of(os.path.join(universal, model_states)) ==
+                         pickle_of(os.path.join(export, model_states)),
+                         f'ZeRO-3 export: the pickle of {model_states} is not ds_to_universal\'s')
+        if len(report.failures) == failures:
+            print(f'ZeRO-3: ucp export = ds_to_universal: {len(names)} files')
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to', 'dp=2,ep=1',
+                                            '--out', os.path.join(work, 'z3_reshard'))
+    report.check(status != 0 and 'AutoEP under ZeRO-3: resharding is not supported yet' in output,
+                 f'ZeRO-3: ucp reshard exit {status}, not the refusal: {output[-500:]}')
+
+
 def check_refusals(report, args, tag_dir, work):
     def edited(name, edit):
         copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -304,6 +355,7 @@ def main():
     check_data_before_expert(report, args, env, work)
     check_bf16_export(report, args, env, work)
     check_refusals(report, args, tag_dir, work)
+    check_zero3(report, args, env, work)
     report.exit()
 
 

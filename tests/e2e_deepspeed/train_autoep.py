@@ -8,8 +8,10 @@ MLP 4 experts (top-2 routing). AutoEP replaces each MLP by a layer whose experts
 tensors (experts.w1/w2/w3, one row per local expert): expert-parallel rank e holds experts
 [e·4/E, (e+1)·4/E). A ZeRO-1/2 save writes every expert's rows in its own
 layer_<L>_expert_<G>_mp_rank_00_model_states.pt and the fused tensors' optimizer state in an
-"ep_size_<E>" group partitioned over the expert-data-parallel ranks. Every rank trains on its
-own micro batch of a fixed global batch.
+"ep_size_<E>" group partitioned over the expert-data-parallel ranks; a ZeRO-3 save
+(--zero_stage 3) writes no expert file: the fused tensors are a flat group of their own in the
+zero_pp_rank files, partitioned over those ranks. Every rank trains on its own micro batch of a
+fixed global batch.
 
 DeepSpeed 0.19.8's AutoEP retargets transformers' output recorders at engine set-up, which fails
 on transformers 5.x's registry ("_CanRecordRegistry.get() takes 2 positional arguments but 3 were
@@ -65,7 +67,7 @@ def main():
     parser.add_argument('--ep', type=int, default=2)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--deepspeed_config')
-    parser.add_argument('--zero_stage', type=int, choices=(1, 2), default=1)
+    parser.add_argument('--zero_stage', type=int, choices=(1, 2, 3), default=1)
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
     parser.add_argument('--load_dir')

@@ -9,6 +9,7 @@
 
 #include "core/format/torch_archive_reader.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
@@ -30,6 +31,7 @@ using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
+using deepspeed::ExpertRankOrder;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::Geometry;
@@ -39,6 +41,8 @@ using deepspeed::HasAutoTpMaps;
 using deepspeed::IntField;
 using deepspeed::IntList;
 using deepspeed::JsonOf;
+using deepspeed::kAutoEpLayers;
+using deepspeed::kDataBeforeExpert;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -56,6 +60,7 @@ using deepspeed::OptionalField;
 using deepspeed::PartitionTensor;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::ReadAutoEpLayers;
 using deepspeed::ReadAutoTpMaps;
 using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::RefuseExpertParallel;
@@ -87,6 +92,14 @@ constexpr uint64_t kDefaultSubGroupSize = 1000000000;
 constexpr std::string_view kFrozenState = "bit16";
 // Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
 constexpr int64_t kMaxTpDegree = int64_t{1} << 16;
+// AutoEP's checkpoint_format of experts that ZeRO-3 partitions over the expert-data-parallel ranks.
+constexpr std::string_view kAutoEpZero3Format = "zero3_partitioned";
+// The optimizer states' record of each flat group's partitioning (AutoEP tags only).
+constexpr std::string_view kPartitionGroups = "ds_zero_partition_groups";
+// ds_to_universal's universal_checkpoint_info/expert_parameter_patterns for a ZeRO-3 AutoEP tag.
+constexpr std::string_view kZero3ExpertPattern = ".*\\.experts\\.w[123]$";
+// Bounds a corrupt num_experts entry.
+constexpr int64_t kMaxExperts = int64_t{1} << 20;
 
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's ZeRO-3 partitioning rules.
@@ -214,6 +227,36 @@ Value** MutableEntry(Value* node, std::string_view key) {
   return nullptr;
 }
 
+// How a tag's flat groups are partitioned. Without AutoEP every flat group is over all DP ranks.
+// AutoEP (DeepSpeed 0.19, checkpoint_format zero3_partitioned) gives each expert-parallel rank e
+// its layers' experts [e·n, (e+1)·n) as fused parameters of n rows ("<experts module>.w1", ...,
+// the same names on every rank), in flat groups of their own that ZeRO-3 partitions over e's
+// expert-data-parallel ranks alone (dp / ep of them, ExpertRankOrder).
+struct ExpertPlacement {
+  uint32_t ep = 0;  // 0: no AutoEP layers
+  ExpertRankOrder order;
+  std::map<std::string, uint32_t> experts;  // fused expert parameter → its layer's experts
+  std::vector<bool> expert_groups;          // per flat group: of fused expert parameters
+
+  bool IsExpertGroup(size_t g) const { return g < expert_groups.size() && expert_groups[g]; }
+  uint32_t PartitionCount(size_t g) const {
+    return IsExpertGroup(g) ? order.dp / order.ep : order.dp;
+  }
+  uint32_t PartitionRank(size_t g, uint32_t r) const {
+    return IsExpertGroup(g) ? order.IndexInGroup(r) : r;
+  }
+};
+
+// How expert-parallel rank e's rows of a fused expert parameter of `experts` rows make it: a
+// split of dimension 0 into equal parts, one per expert-parallel rank (GeometryAt at degree ep).
+ShardMap ExpertRowsMap(uint32_t experts) {
+  ShardMap map;
+  map.rule = Rule::kSplit;
+  map.dim = 0;
+  map.sub_params = {experts};
+  return map;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The files of a tag, read.
 
@@ -325,8 +368,132 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& 
   return ms;
 }
 
+// The placement of `head`'s flat groups (rank (0, 0)'s model states): from ds_autoep_layers where
+// it has them, every flat group of fused expert parameters (named "<experts module>.<w>") or of
+// none. kUnsupported for AutoEP with AutoTP and for frozen expert parameters (ds_to_universal
+// converts neither), kCorrupt naming the field otherwise.
+Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
+  const TorchArchiveReader& r = head.reader;
+  ExpertPlacement placement;
+  placement.order = {head.dp, 1, false};
+  placement.expert_groups.assign(head.flat_groups.size(), false);
+  const Value* layers = OptionalField(r, kAutoEpLayers);
+  if (layers == nullptr || layers->kind() == Kind::kNone) return placement;
+  if (head.tp > 1) {
+    return Status::Unsupported(Prefix(r.path()) + std::string(kAutoEpLayers) +
+                               " with mp_world_size " + std::to_string(head.tp) +
+                               ": AutoEP with AutoTP under ZeRO-3 is not supported (DeepSpeed's "
+                               "converter refuses it too)");
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts,
+                       deepspeed::IntListField(r, "num_experts"));
+  std::vector<uint32_t> num_experts;
+  for (const int64_t n : counts) {
+    if (n <= 0 || n > kMaxExperts) {
+      return FieldError(r, "num_experts", deepspeed::ListText(counts) + ": out of range");
+    }
+    num_experts.push_back(static_cast<uint32_t>(n));
+  }
+  std::vector<std::string> modules;
+  UCP_ASSIGN_OR_RETURN(placement.ep,
+                       ReadAutoEpLayers(r, num_experts, head.dp, kAutoEpZero3Format, modules));
+  const Value* order = OptionalField(r, "ds_config/" + std::string(kDataBeforeExpert));
+  placement.order = {head.dp, placement.ep,
+                     order != nullptr && order->kind() == Kind::kBool && order->bool_value()};
+  // The layer whose experts module holds `name` directly ("<module>.<w>"), or nullopt.
+  const auto layer_of = [&](const std::string& name) -> std::optional<size_t> {
+    for (size_t layer = 0; layer < modules.size(); ++layer) {
+      const std::string& module = modules[layer];
+      if (name.size() > module.size() + 1 && name.starts_with(module) &&
+          name[module.size()] == '.' && name.find('.', module.size() + 1) == std::string::npos) {
+        return layer;
+      }
+    }
+    return std::nullopt;
+  };
+  for (size_t g = 0; g < head.flat_groups.size(); ++g) {
+    size_t fused = 0;
+    for (const std::string& name : head.flat_groups[g].names) {
+      if (const std::optional<size_t> layer = layer_of(name)) {
+        placement.experts[name] = num_experts[*layer];
+        ++fused;
+      }
+    }
+    if (fused != 0 && fused != head.flat_groups[g].names.size()) {
+      return FieldError(r, "param_shapes/" + std::to_string(g),
+                        "AutoEP's fused expert parameters and others in one flat group");
+    }
+    placement.expert_groups[g] = fused != 0;
+  }
+  if (placement.experts.empty()) {
+    return FieldError(r, "param_shapes",
+                      "no fused expert parameter of the experts modules ds_autoep_layers names");
+  }
+  for (const std::string& name : head.frozen.names) {
+    if (layer_of(name)) {
+      return Status::Unsupported(Prefix(r.path()) + "frozen_param_shapes/" + name +
+                                 ": a frozen AutoEP expert parameter under ZeRO-3 is not supported "
+                                 "(DeepSpeed's converter refuses it too)");
+    }
+  }
+  return placement;
+}
+
+// Rank r's record of its place in `placement`: every AutoEP layer's ep_rank and
+// expert_data_parallel_rank in its model states `ms`, and each flat group's partition_count,
+// partition_rank and partition_ranks in its optimizer states `os` (DeepSpeed loads a ZeRO-3 AutoEP
+// tag only where these are its own).
+Status CheckRankPlacement(const ExpertPlacement& placement, uint32_t r, const ModelStates& ms,
+                          const TorchArchiveReader& os, size_t flat_groups) {
+  const ExpertRankOrder& order = placement.order;
+  UCP_ASSIGN_OR_RETURN(const Value* layers, Field(ms.reader, kAutoEpLayers));
+  if (layers->kind() != Kind::kList) return FieldError(ms.reader, kAutoEpLayers, "not a list");
+  for (size_t i = 0; i < layers->items().size(); ++i) {
+    const std::string field = std::string(kAutoEpLayers) + "/" + std::to_string(i);
+    for (const auto& [key, expected] :
+         {std::pair{"ep_rank", order.ExpertRank(r)},
+          std::pair{"expert_data_parallel_rank", order.IndexInGroup(r)}}) {
+      UCP_ASSIGN_OR_RETURN(const int64_t value, IntField(ms.reader, field + "/" + key));
+      if (value != expected) {
+        return FieldError(ms.reader, field + "/" + key,
+                          std::to_string(value) + ", but DP rank " + std::to_string(r) +
+                              " is expert-parallel rank " + std::to_string(order.ExpertRank(r)) +
+                              ", index " + std::to_string(order.IndexInGroup(r)) +
+                              " of its expert-data-parallel group");
+      }
+    }
+  }
+  const std::string root = std::string(kOsd) + "/" + std::string(kPartitionGroups);
+  UCP_ASSIGN_OR_RETURN(const Value* groups, Field(os, root));
+  if (groups->kind() != Kind::kList || groups->items().size() != flat_groups) {
+    return FieldError(os, root, "not a list of " + std::to_string(flat_groups) + " flat groups");
+  }
+  for (size_t g = 0; g < flat_groups; ++g) {
+    const std::string field = root + "/" + std::to_string(g);
+    const uint32_t count = placement.PartitionCount(g);
+    std::vector<int64_t> ranks;
+    for (uint32_t q = 0; q < count; ++q) {
+      ranks.push_back(placement.IsExpertGroup(g) ? order.Rank(order.ExpertRank(r), q) : q);
+    }
+    UCP_ASSIGN_OR_RETURN(const int64_t saved_count, IntField(os, field + "/partition_count"));
+    UCP_ASSIGN_OR_RETURN(const int64_t saved_rank, IntField(os, field + "/partition_rank"));
+    UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> saved_ranks,
+                         deepspeed::IntListField(os, field + "/partition_ranks"));
+    if (saved_count != count || saved_rank != placement.PartitionRank(g, r) ||
+        saved_ranks != ranks) {
+      return FieldError(
+          os, field,
+          "partition_count " + std::to_string(saved_count) + ", partition_rank " +
+              std::to_string(saved_rank) + ", partition_ranks " + deepspeed::ListText(saved_ranks) +
+              "; DP rank " + std::to_string(r) + "'s are " + std::to_string(count) + ", " +
+              std::to_string(placement.PartitionRank(g, r)) + ", " + deepspeed::ListText(ranks));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& entry,
-                                    const ModelStates& ms) {
+                                    const ModelStates& ms, const ExpertPlacement& placement) {
   UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
                        TorchArchiveReader::Open(tag_dir + "/" + entry.name));
   OptimStates os{entry, std::move(reader), {}, {}, {}, {}, {}};
@@ -365,7 +532,8 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
   }
   for (size_t g = 0; g < groups; ++g) {
     const std::string gs = std::to_string(g);
-    UCP_ASSIGN_OR_RETURN(const FlatLayout layout, LayoutAt(ms.flat_groups[g], ms.dp));
+    UCP_ASSIGN_OR_RETURN(const FlatLayout layout,
+                         LayoutAt(ms.flat_groups[g], placement.PartitionCount(g)));
     const TorchTensor* flat = r.TensorAt(fp32->items()[g]);
     if (flat == nullptr || flat->shape != Shape{layout.partition} || !flat->contiguous()) {
       return FieldError(r, osd + "/fp32_flat_groups/" + gs,
@@ -428,6 +596,7 @@ struct IndexFacts {
   std::vector<size_t> flat_group_of;     // param group of each flat group
   std::vector<std::vector<std::string>> param_groups;  // params of each param group
   GroupLayout frozen;
+  ExpertPlacement placement;          // AutoEP's (ep 0 without), expert_groups per flat group
   uint32_t model_file = 0;            // rank (0, 0)'s model states
   uint32_t optim_file = 0;            // rank (0, 0)'s optimizer states
   std::vector<uint32_t> model_files;  // every rank's, TP rank by TP rank in DP rank order
@@ -507,6 +676,31 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
   }
 
+  facts.placement.order = {facts.dp, 1, false};
+  if (const auto autoep = state.find("autoep"); autoep != state.end()) {
+    const auto bad_autoep = [] {
+      return Status::Corrupt(
+          "deepspeed: index adapter_state.autoep: not an expert-parallel size, a rank order and "
+          "each fused expert parameter's experts");
+    };
+    if (!autoep->is_object() || !autoep->contains("ep") || !(*autoep)["ep"].is_number_unsigned() ||
+        !autoep->contains("data_before_expert") || !(*autoep)["data_before_expert"].is_boolean() ||
+        !autoep->contains("experts") || !(*autoep)["experts"].is_object()) {
+      return bad_autoep();
+    }
+    const uint64_t ep = (*autoep)["ep"].get<uint64_t>();
+    if (ep == 0 || facts.dp % ep != 0) return bad_autoep();
+    facts.placement.ep = static_cast<uint32_t>(ep);
+    facts.placement.order = {facts.dp, facts.placement.ep,
+                             (*autoep)["data_before_expert"].get<bool>()};
+    for (const auto& [name, experts] : (*autoep)["experts"].items()) {
+      if (!experts.is_number_unsigned() || experts.get<uint64_t>() % ep != 0 ||
+          experts.get<uint64_t>() == 0 || experts.get<uint64_t>() > kMaxExperts) {
+        return bad_autoep();
+      }
+      facts.placement.experts[name] = experts.get<uint32_t>();
+    }
+  }
   for (const ParamGroup& group : c.groups) facts.param_groups.push_back(group.params);
   std::vector<size_t> taken(c.groups.size(), 0);
   for (const nlohmann::json& flat : state["flat_groups"]) {
@@ -526,8 +720,16 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
                                    c.groups[pg].params.begin() + taken[pg] + count);
     taken[pg] += count;
     std::vector<Shape> shapes;
+    size_t fused = 0;
     for (const std::string& name : names) {
       UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, name, "fp32"));
+      if (const auto experts = facts.placement.experts.find(name);
+          experts != facts.placement.experts.end()) {
+        // An expert-parallel rank's rows of it.
+        if (shape.empty() || shape.front() != experts->second) return bad();
+        shape.front() /= facts.placement.ep;
+        ++fused;
+      }
       if (facts.tp > 1) {
         const auto map = facts.maps.find(name);
         if (map == facts.maps.end()) {
@@ -541,6 +743,8 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
       }
       shapes.push_back(std::move(shape));
     }
+    if (fused != 0 && fused != names.size()) return bad();
+    facts.placement.expert_groups.push_back(fused != 0);
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
     facts.flat_groups.push_back(std::move(layout));
     facts.flat_group_of.push_back(pg);
@@ -807,7 +1011,7 @@ struct TpRank {
 // The model states of every rank (`head`, rank (0, 0)'s, first) and their optimizer states, each
 // checked to be of the save `head` is of, and within a TP rank of the same layout.
 Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid& grid,
-                                      ModelStates head) {
+                                      ModelStates head, const ExpertPlacement& placement) {
   const uint32_t dp = head.dp;
   const uint32_t tp = head.tp;
   // Reserved, so that `first` stays where it is.
@@ -844,7 +1048,12 @@ Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid
       }
     }
     for (uint32_t r = 0; r < dp; ++r) {
-      UCP_ASSIGN_OR_RETURN(OptimStates os, ReadOptimStates(tag_dir, *grid.optims[t][r], ms));
+      UCP_ASSIGN_OR_RETURN(OptimStates os,
+                           ReadOptimStates(tag_dir, *grid.optims[t][r], ms, placement));
+      if (placement.ep != 0) {
+        UCP_RETURN_IF_ERROR(
+            CheckRankPlacement(placement, r, ranks[t].models[r], os.reader, ms.flat_groups.size()));
+      }
       const OptimStates& head_os = t == 0 && r == 0 ? os : ranks[0].optims.front();
       for (size_t g = 0; g < os.states.size(); ++g) {
         bool same = os.states[g].size() == head_os.states[g].size();
@@ -874,19 +1083,23 @@ Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid
 
 // The flat groups of every TP rank must be the sub groups DeepSpeed makes of each parameter
 // group at that rank's slice sizes.
-Status CheckSubGroups(const std::vector<TpRank>& ranks) {
+Status CheckSubGroups(const std::vector<TpRank>& ranks, const ExpertPlacement& placement) {
   for (const TpRank& rank : ranks) {
     const ModelStates& ms = rank.models.front();
     const OptimStates& os = rank.optims.front();
     for (size_t pg = 0; pg < os.group_members.size(); ++pg) {
       std::vector<uint64_t> numels;
       std::vector<size_t> sizes;
+      const uint32_t parts =
+          os.group_members[pg].empty()
+              ? ms.dp
+              : placement.PartitionCount(static_cast<size_t>(os.group_members[pg].front()));
       for (const int64_t g : os.group_members[pg]) {
         const GroupLayout& layout = ms.flat_groups[static_cast<size_t>(g)];
         numels.insert(numels.end(), layout.numels.begin(), layout.numels.end());
         sizes.push_back(layout.names.size());
       }
-      if (!numels.empty() && SubGroupSizes(numels, ms.dp, ms.sub_group_size) != sizes) {
+      if (!numels.empty() && SubGroupSizes(numels, parts, ms.sub_group_size) != sizes) {
         return Status::Unsupported(
             Prefix(ms.reader.path()) + "param_shapes: the flat groups of parameter group " +
             std::to_string(pg) + " are not DeepSpeed's sub groups at sub_group_size " +
@@ -919,6 +1132,46 @@ Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
   }
   names.insert(names.end(), head.frozen.names.begin(), head.frozen.names.end());
   return ReadAutoTpMaps(head.reader, head.tp, names);
+}
+
+// A model-states file as ds_to_universal writes it for an AutoEP tag under ZeRO-3: loaded and
+// saved again with universal_checkpoint_info's expert_parameter_patterns its own pattern and its
+// ds_autoep_layers the file's own list (one object, pickled once).
+Result<ArchiveOutput> UniversalAutoEpModelStates(const AtomIndex& index, const std::string& tag_dir,
+                                                 uint32_t file) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+  ArchiveOutput out;
+  pickle::Graph& graph = out.graph;
+  Value* root = graph.Import(reader.root());
+  graph.set_root(root);
+  Value* layers = root->Get(kAutoEpLayers);
+  if (layers == nullptr || layers->kind() != Kind::kList) {
+    return FieldError(reader, kAutoEpLayers, "not a list");
+  }
+  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
+  if (info == nullptr) {
+    // ds_to_universal adds the entry where the file has none.
+    info = graph.Dict({});
+    root->mutable_entries().emplace_back(
+        graph.Str(std::string(deepspeed::kUniversalCheckpointInfo)), info);
+  }
+  if (info->kind() != Kind::kDict) {
+    return FieldError(reader, deepspeed::kUniversalCheckpointInfo, "not a dict");
+  }
+  // Python's item assignment: the entry replaced where the dict has it, else added last.
+  const auto put = [&](const std::string& key, Value* value) {
+    for (auto& [k, v] : info->mutable_entries()) {
+      if (k->kind() == Kind::kStr && k->data() == key) {
+        v = value;
+        return;
+      }
+    }
+    info->mutable_entries().emplace_back(graph.Str(key), value);
+  };
+  put("expert_parameter_patterns", graph.List({graph.Str(std::string(kZero3ExpertPattern))}));
+  put(std::string(kAutoEpLayers), layers);
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+  return out;
 }
 
 }  // namespace
@@ -977,19 +1230,13 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     return FieldError(head.reader, "ds_config/zero_optimization/stage",
                       "not 3, but the file is named as ZeRO-3's");
   }
-  // AutoEP partitions each expert-parallel rank's experts over its expert-data-parallel ranks
-  // alone, under the same names on every expert-parallel rank.
-  if (const Value* autoep = OptionalField(head.reader, "ds_autoep_layers");
-      autoep != nullptr && autoep->kind() != Kind::kNone) {
-    return Status::Unsupported(Prefix(head.reader.path()) +
-                               "ds_autoep_layers: DeepSpeed's AutoEP under ZeRO-3 is not "
-                               "supported yet (under ZeRO-1/2 it is)");
-  }
   const uint32_t dp = head.dp;
   const uint32_t tp = head.tp;
+  UCP_ASSIGN_OR_RETURN(const ExpertPlacement placement, ReadExpertPlacement(head));
   UCP_ASSIGN_OR_RETURN(const RankGrid grid, GridOf(tag_dir, listing, head));
-  UCP_ASSIGN_OR_RETURN(const std::vector<TpRank> ranks, ReadRanks(tag_dir, grid, std::move(head)));
-  UCP_RETURN_IF_ERROR(CheckSubGroups(ranks));
+  UCP_ASSIGN_OR_RETURN(const std::vector<TpRank> ranks,
+                       ReadRanks(tag_dir, grid, std::move(head), placement));
+  UCP_RETURN_IF_ERROR(CheckSubGroups(ranks, placement));
   UCP_ASSIGN_OR_RETURN(const AutoTpMaps slices, SliceMaps(ranks));
   const ModelStates& ms = ranks[0].models.front();
   const OptimStates& first = ranks[0].optims.front();
@@ -1041,9 +1288,12 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     for (const int64_t member : members) {
       const size_t g = static_cast<size_t>(member);
       const std::string gs = std::to_string(g);
+      const bool experts = placement.IsExpertGroup(g);
+      const uint32_t parts = placement.PartitionCount(g);
       std::vector<FlatLayout> layouts;  // per TP rank
       for (const TpRank& rank : ranks) {
-        UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().flat_groups[g], dp));
+        UCP_ASSIGN_OR_RETURN(FlatLayout layout,
+                             LayoutAt(rank.models.front().flat_groups[g], parts));
         layouts.push_back(std::move(layout));
       }
       flat_groups.push_back(
@@ -1060,28 +1310,38 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
         const std::string& name = layouts[0].params.names[k];
         UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
         group.params.push_back(name);
-        const ShardMap& map = slices.maps.at(name);
-        const Shape& whole = slices.whole_shapes.at(name);
+        // A fused expert parameter's atom is the whole of it: every expert-parallel rank's rows.
+        const ShardMap map =
+            experts ? ExpertRowsMap(placement.experts.at(name)) : slices.maps.at(name);
+        Shape whole = slices.whole_shapes.at(name);
+        if (experts && !whole.empty()) whole.front() = placement.experts.at(name);
+        const uint32_t degree = experts ? placement.ep : tp;
         UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                             GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
+                             GeometryAt(name, map, whole, degree, std::nullopt, map.blocks));
         for (uint32_t t = 0; t < tp; ++t) {
           if (layouts[t].params.shapes[k] != LocalShape(geometry, t)) {
-            return FieldError(ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
-                              ShapeText(layouts[t].params.shapes[k]) +
-                                  ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
-                                  " a slice of " + ShapeText(LocalShape(geometry, t)));
+            return FieldError(
+                ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
+                ShapeText(layouts[t].params.shapes[k]) + ", but " +
+                    (experts ? "ds_autoep_layers gives each expert-parallel rank "
+                             : "AutoTP's affine map gives TP rank " + std::to_string(t) + " ") +
+                    "a slice of " + ShapeText(LocalShape(geometry, t)));
           }
         }
         if (tp > 1) shard_maps[name] = MapJson(map);
-        const uint32_t holders = map.rule == Rule::kSplit ? tp : 1;
-        // Every DP piece of every holding TP rank's slice of the state that `tensor_of` gives.
+        // Who holds the parameter's slices: every expert-parallel rank its rows, partitioned over
+        // its expert-data-parallel ranks; every TP rank of a split its slice, over its DP ranks.
+        const uint32_t holders = experts ? placement.ep : map.rule == Rule::kSplit ? tp : 1;
+        // Every DP piece of every holder's slice of the state that `tensor_of` gives.
         const auto add_pieces = [&](Atom& atom, const auto& tensor_of) -> Status {
-          for (uint32_t t = 0; t < holders; ++t) {
+          for (uint32_t h = 0; h < holders; ++h) {
+            const uint32_t t = experts ? 0 : h;
             std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
-            for (uint32_t r = 0; r < dp; ++r) {
+            for (uint32_t q = 0; q < parts; ++q) {
+              const uint32_t r = experts ? placement.order.Rank(h, q) : q;
               per_rank.emplace_back(optim_file(t, r), tensor_of(ranks[t].optims[r]));
             }
-            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, t));
+            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, h));
           }
           return Status::Ok();
         };
@@ -1182,14 +1442,24 @@ Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
     c.adapter_state["tp"] = {
         {"degree", tp}, {"params", std::move(shard_maps)}, {"vocabulary", slices.vocabulary}};
   }
+  if (placement.ep != 0) {
+    c.adapter_state["autoep"] = {{"ep", placement.ep},
+                                 {"data_before_expert", placement.order.data_before_expert},
+                                 {"experts", placement.experts}};
+  }
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
 
 Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const std::string& tag_dir,
                                                       const Topology& target) const {
-  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  if (facts.placement.ep != 0) {
+    return Status::Unsupported(
+        "deepspeed: AutoEP under ZeRO-3: resharding is not supported yet; `ucp export --format "
+        "deepspeed-universal` writes what ds_to_universal does, for DeepSpeed's universal load");
+  }
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   const uint32_t tp = target.tp;
   if (facts.tp == 1) {
     UCP_RETURN_IF_ERROR(CheckTarget(target));  // a tag without AutoTP's maps stays at tp = 1
@@ -1415,6 +1685,20 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
     if (atom.shape.empty() || atom.state == kFrozenState) continue;
     UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
     const bool grad = requires_grad[atom.param + "/" + atom.state];
+    if (const auto experts = facts.placement.experts.find(atom.param);
+        experts != facts.placement.experts.end()) {
+      // ds_to_universal's AutoEP ZeRO-3 consolidation: the fused parameter whole, every
+      // expert-parallel rank's rows in order.
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           UniversalAtomArchive(index, atom, atom.shape, grad, false));
+      pickle::Graph& graph = out.graph;
+      graph.set_root(graph.Dict({{graph.Str("param"), graph.root()},
+                                 {graph.Str("cat_dim"), graph.Int(0)},
+                                 {graph.Str("is_expert_param"), graph.Bool(true)},
+                                 {graph.Str("ep_num_experts"), graph.Int(experts->second)}}));
+      plan.archives.push_back(std::move(out));
+      continue;
+    }
     if (facts.tp == 1) {  // a bare 1-d tensor
       UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
                            UniversalAtomArchive(index, atom, {numel}, grad, false));
@@ -1454,7 +1738,15 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   plan.archives.push_back(std::move(out));
 
   for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
-    plan.copies.push_back({Zero3ModelStatesName(i % facts.dp, i / facts.dp), facts.model_files[i]});
+    const std::string path = Zero3ModelStatesName(i % facts.dp, i / facts.dp);
+    if (facts.placement.ep == 0) {
+      plan.copies.push_back({path, facts.model_files[i]});
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput model,
+                         UniversalAutoEpModelStates(index, tag_dir, facts.model_files[i]));
+    model.path = path;
+    plan.archives.push_back(std::move(model));
   }
   return plan;
 }

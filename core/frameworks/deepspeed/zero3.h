@@ -35,9 +35,20 @@
 // the index keeps each rule in adapter_state["tp"] = {"degree": T, "params": {<name>: shard map
 // (tp_shards.h MapJson)}, "vocabulary": [<names>]}.
 //
+// With AutoEP (DeepSpeed 0.19, ds_autoep_layers of checkpoint_format zero3_partitioned) each
+// expert-parallel rank e's fused expert parameters ("<experts module>.w1", ... of n rows: its
+// experts [e·n, (e+1)·n)) are flat groups of their own, partitioned by the rule above over e's
+// expert-data-parallel ranks alone (ExpertRankOrder); each optimizer file's
+// ds_zero_partition_groups records every flat group's partition count, rank and ranks, checked
+// against that order, as every model states' coordinates are. A fused parameter's atom is the
+// whole of it (every expert-parallel rank's rows, a split of dimension 0 in E parts), and the
+// index keeps adapter_state["autoep"] = {"ep": E, "data_before_expert": bool, "experts":
+// {<fused parameter>: its layer's experts}}.
+//
 // Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map; AutoTP layouts
 // autotp.h refuses; frozen parameters with AutoTP; a target TP degree that does not divide a
-// split (tp > 1 at all for a tag without AutoTP's maps).
+// split (tp > 1 at all for a tag without AutoTP's maps); AutoEP with AutoTP, frozen AutoEP
+// expert parameters and any reshard of an AutoEP tag (not yet).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -101,7 +112,9 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // (0, 0)'s whole
   // optimizer_state_dict plus param_groups, shared with its inner state_dict's) and copies of
   // every model-states file. Unlike ds_to_universal (v0.14.5 reads state[0] and
-  // fp32_flat_groups[0] only), every flat group is exported.
+  // fp32_flat_groups[0] only), every flat group is exported. An AutoEP tag's fused expert
+  // parameters are {'param': whole, 'cat_dim': 0, 'is_expert_param': True, 'ep_num_experts': n},
+  // its model states saved again with universal_checkpoint_info naming the experts (0.19.8's).
   Result<OutputPlan> PlanUniversalExport(const AtomIndex& index,
                                          const std::string& tag_dir) const override;
 };
