@@ -2,7 +2,9 @@
 
 #include <optional>
 
+#include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/tp_shards.h"
 
 namespace ucp::deepspeed {
 
@@ -83,6 +85,66 @@ Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model,
     UCP_ASSIGN_OR_RETURN(experts_modules[layer], StrField(model, field + "/expert_key_prefix"));
   }
   return *ep;
+}
+
+Status SetAutoEpLayers(pickle::Graph& graph, Value* root, const ExpertRankOrder& order,
+                       uint32_t rank, const TorchArchiveReader& reader) {
+  const uint32_t ep = order.ep;
+  const uint32_t e = order.ExpertRank(rank);
+  std::vector<Value*> lists = {root->Get(kAutoEpLayers)};
+  if (Value* info = root->Get(deepspeed::kUniversalCheckpointInfo); info != nullptr) {
+    if (Value* copy = info->Get(kAutoEpLayers); copy != nullptr) lists.push_back(copy);
+  }
+  const auto integer = [&](uint64_t value) { return graph.Int(static_cast<int64_t>(value)); };
+  for (Value* list : lists) {
+    if (list == nullptr || list->kind() != Kind::kList) {
+      return FieldError(reader, kAutoEpLayers, "not a list");
+    }
+    for (size_t i = 0; i < list->items().size(); ++i) {
+      Value* layer = list->items()[i];
+      const std::string field = std::string(kAutoEpLayers) + "/" + std::to_string(i);
+      const Value* count = layer->kind() == Kind::kDict ? layer->Get("num_experts") : nullptr;
+      const Value* placement =
+          layer->kind() == Kind::kDict ? layer->Get("expert_placement") : nullptr;
+      const Value* maps = layer->kind() == Kind::kDict ? layer->Get("affine_maps") : nullptr;
+      const std::optional<int64_t> experts =
+          count != nullptr && count->kind() == Kind::kInt ? count->AsInt64() : std::nullopt;
+      if (!experts || *experts <= 0 || *experts % ep != 0 || placement == nullptr ||
+          placement->kind() != Kind::kDict || maps == nullptr || maps->kind() != Kind::kDict) {
+        return FieldError(reader, field,
+                          "no num_experts dividing by " + std::to_string(ep) +
+                              ", expert_placement or affine_maps");
+      }
+      const uint64_t per_rank = static_cast<uint64_t>(*experts) / ep;
+      std::vector<Value*> ranks;
+      for (uint32_t holder = 0; holder < ep; ++holder) {
+        std::vector<Value*> held;
+        for (uint64_t k = 0; k < per_rank; ++k) held.push_back(integer(holder * per_rank + k));
+        ranks.push_back(graph.Dict({{graph.Str("rank"), integer(holder)},
+                                    {graph.Str("experts"), graph.List(std::move(held))}}));
+      }
+      const std::string where = reader.path();
+      Value* mutable_placement = layer->Get("expert_placement");
+      UCP_RETURN_IF_ERROR(SetDictItem(mutable_placement, "ep_size", integer(ep), where));
+      UCP_RETURN_IF_ERROR(
+          SetDictItem(mutable_placement, "ranks", graph.List(std::move(ranks)), where));
+      UCP_RETURN_IF_ERROR(SetAffineMapDegree(graph, layer->Get("affine_maps")->Get("params"), ep,
+                                             where + ": " + field + "/affine_maps", {},
+                                             /*split_dim=*/0));
+      for (const auto& [key, value] :
+           {std::pair{"num_local_experts", integer(per_rank)}, std::pair{"ep_size", integer(ep)},
+            std::pair{"ep_group_name",
+                      graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep))},
+            std::pair{"ep_rank", integer(e)},
+            std::pair{"expert_data_parallel_rank", integer(order.IndexInGroup(rank))},
+            std::pair{"expert_data_parallel_world_size", integer(order.dp / ep)},
+            std::pair{"global_expert_start", integer(e * per_rank)},
+            std::pair{"global_expert_end", integer((e + 1) * per_rank)}}) {
+        UCP_RETURN_IF_ERROR(SetDictItem(layer, key, value, where));
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace ucp::deepspeed

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
 #include "core/util/status.h"
 
@@ -19,6 +20,8 @@ namespace ucp::deepspeed {
 // DeepSpeed 0.19's AutoEP records its layers in the model states under this key (and again in
 // universal_checkpoint_info).
 inline constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
+// The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
+inline constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
 // The ds_config entry that puts data-parallel before expert-parallel ranks (default false).
 inline constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
 
@@ -50,5 +53,14 @@ Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model,
                                   const std::vector<uint32_t>& num_experts, uint32_t dp,
                                   std::string_view format,
                                   std::vector<std::string>& experts_modules);
+
+// The model states' ds_autoep_layers (and universal_checkpoint_info's, where a release writes
+// them there too) as DeepSpeed records them on DP rank `rank` of a run at `order`'s DP and
+// expert-parallel sizes: its local experts, the placement (rank e: [e·n, (e+1)·n)), the affine
+// maps split along the expert dimension, the expert group's name, the rank's coordinates
+// (ep_rank, expert_data_parallel_rank, global_expert_start/end) and the expert-data-parallel
+// size. ReadAutoEpLayers checked what the source's hold.
+Status SetAutoEpLayers(pickle::Graph& graph, pickle::Value* root, const ExpertRankOrder& order,
+                       uint32_t rank, const TorchArchiveReader& reader);
 
 }  // namespace ucp::deepspeed

@@ -44,6 +44,7 @@ using deepspeed::IntField;
 using deepspeed::IntListField;
 using deepspeed::kAutoEpLayers;
 using deepspeed::kDataBeforeExpert;
+using deepspeed::kExpertGroupNamePrefix;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -74,6 +75,7 @@ using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
 using deepspeed::SetAffineMapDegree;
+using deepspeed::SetAutoEpLayers;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetPartitionFields;
@@ -96,8 +98,6 @@ constexpr std::string_view kExpertOptimRole = "expert_optim_states";
 // What precedes an expert's id in its parameters' names (DeepSpeed's moe_str_prefix).
 constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_experts.";
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
-// The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
-constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
 // Bounds a corrupt num_experts entry (and the file names it makes).
 constexpr int64_t kMaxExperts = int64_t{1} << 20;
 // AutoEP's checkpoint_format of experts saved one file per expert (ZeRO-1/2).
@@ -595,66 +595,6 @@ Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiv
     if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
   }
   group->mutable_mutations() = std::move(items);
-  return Status::Ok();
-}
-
-// The model states' ds_autoep_layers (and universal_checkpoint_info's, where a release writes
-// them there too) as DeepSpeed records them in a run at expert-parallel size `ep` and DP size
-// `dp`, as rank 0 sees it: its local experts, the placement (rank e: [e·n, (e+1)·n)), the affine
-// maps split along the expert dimension, the expert group's name and the expert-data-parallel
-// size. ReadAutoEpLayers checked what the source's hold.
-Status SetAutoEpLayers(pickle::Graph& graph, Value* root, uint32_t ep, uint32_t dp,
-                       const TorchArchiveReader& reader) {
-  std::vector<Value*> lists = {root->Get(kAutoEpLayers)};
-  if (Value* info = root->Get(deepspeed::kUniversalCheckpointInfo); info != nullptr) {
-    if (Value* copy = info->Get(kAutoEpLayers); copy != nullptr) lists.push_back(copy);
-  }
-  const auto integer = [&](uint64_t value) { return graph.Int(static_cast<int64_t>(value)); };
-  for (Value* list : lists) {
-    if (list == nullptr || list->kind() != Kind::kList) {
-      return FieldError(reader, kAutoEpLayers, "not a list");
-    }
-    for (size_t i = 0; i < list->items().size(); ++i) {
-      Value* layer = list->items()[i];
-      const std::string field = std::string(kAutoEpLayers) + "/" + std::to_string(i);
-      const Value* count = layer->kind() == Kind::kDict ? layer->Get("num_experts") : nullptr;
-      const Value* placement =
-          layer->kind() == Kind::kDict ? layer->Get("expert_placement") : nullptr;
-      const Value* maps = layer->kind() == Kind::kDict ? layer->Get("affine_maps") : nullptr;
-      const std::optional<int64_t> experts =
-          count != nullptr && count->kind() == Kind::kInt ? count->AsInt64() : std::nullopt;
-      if (!experts || *experts <= 0 || *experts % ep != 0 || placement == nullptr ||
-          placement->kind() != Kind::kDict || maps == nullptr || maps->kind() != Kind::kDict) {
-        return FieldError(reader, field,
-                          "no num_experts dividing by " + std::to_string(ep) +
-                              ", expert_placement or affine_maps");
-      }
-      const uint64_t per_rank = static_cast<uint64_t>(*experts) / ep;
-      std::vector<Value*> ranks;
-      for (uint32_t e = 0; e < ep; ++e) {
-        std::vector<Value*> held;
-        for (uint64_t k = 0; k < per_rank; ++k) held.push_back(integer(e * per_rank + k));
-        ranks.push_back(graph.Dict({{graph.Str("rank"), integer(e)},
-                                    {graph.Str("experts"), graph.List(std::move(held))}}));
-      }
-      const std::string where = reader.path();
-      Value* mutable_placement = layer->Get("expert_placement");
-      UCP_RETURN_IF_ERROR(SetDictItem(mutable_placement, "ep_size", integer(ep), where));
-      UCP_RETURN_IF_ERROR(
-          SetDictItem(mutable_placement, "ranks", graph.List(std::move(ranks)), where));
-      UCP_RETURN_IF_ERROR(SetAffineMapDegree(graph, layer->Get("affine_maps")->Get("params"), ep,
-                                             where + ": " + field + "/affine_maps", {},
-                                             /*split_dim=*/0));
-      for (const auto& [key, value] :
-           {std::pair{"num_local_experts", integer(per_rank)}, std::pair{"ep_size", integer(ep)},
-            std::pair{"ep_group_name",
-                      graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep))},
-            std::pair{"expert_data_parallel_world_size", integer(dp / ep)},
-            std::pair{"global_expert_end", integer(per_rank)}}) {
-        UCP_RETURN_IF_ERROR(SetDictItem(layer, key, value, where));
-      }
-    }
-  }
   return Status::Ok();
 }
 
@@ -1380,7 +1320,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                experts_at.local, facts.fused));
     }
     if (facts.fused) {
-      UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, ep, m, reader));
+      UCP_RETURN_IF_ERROR(
+          SetAutoEpLayers(out.graph, root, {m, ep, facts.data_before_expert}, 0, reader));
       UCP_RETURN_IF_ERROR(
           SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
     }
