@@ -66,8 +66,10 @@ using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::Rule;
 using deepspeed::ScalarValue;
+using deepspeed::SetAutoEpLayers;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetBlocks;
+using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetTpDegree;
 using deepspeed::ShapeOf;
@@ -596,9 +598,11 @@ struct IndexFacts {
   std::vector<size_t> flat_group_of;     // param group of each flat group
   std::vector<std::vector<std::string>> param_groups;  // params of each param group
   GroupLayout frozen;
-  ExpertPlacement placement;          // AutoEP's (ep 0 without), expert_groups per flat group
-  uint32_t model_file = 0;            // rank (0, 0)'s model states
-  uint32_t optim_file = 0;            // rank (0, 0)'s optimizer states
+  ExpertPlacement placement;  // AutoEP's (ep 0 without), expert_groups per flat group
+  std::map<std::string, ShardMap> expert_maps;    // a reshard's: each fused parameter's rows
+  std::map<std::string, Geometry> expert_slices;  // ... at its expert-parallel size
+  uint32_t model_file = 0;                        // rank (0, 0)'s model states
+  uint32_t optim_file = 0;                        // rank (0, 0)'s optimizer states
   std::vector<uint32_t> model_files;  // every rank's, TP rank by TP rank in DP rank order
 };
 
@@ -614,11 +618,15 @@ Result<Shape> AtomShape(const AtomIndex& index, const std::string& name, std::st
 // TP (its one slice).
 Slice SliceOf(const IndexFacts& facts, const std::string& name, uint32_t t, const Geometry& whole) {
   static const ShardMap kWhole;
+  if (const auto rows = facts.expert_slices.find(name); rows != facts.expert_slices.end()) {
+    return {&facts.expert_maps.at(name), &rows->second, t};
+  }
   if (facts.tp == 1) return {&kWhole, &whole, 0};
   return {&facts.maps.at(name), &facts.slices.at(name), t};
 }
 
-// DP rank r's flat partition of state `state` of a flat group of TP rank t.
+// Partition r of state `state` of a flat group of holder t (a TP rank, or for AutoEP's experts
+// the expert-parallel rank whose rows the group holds).
 Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const IndexFacts& facts,
                                                const FlatLayout& layout, std::string_view state,
                                                uint32_t r, uint64_t item, uint32_t t) {
@@ -864,7 +872,8 @@ Result<std::vector<GroupLayout>> RankGroups(const IndexFacts& facts,
 }
 
 // The flat groups DeepSpeed makes at `dp` on TP rank t: each parameter group's parameters split
-// into sub groups by the partition elements of t's slices at that size.
+// into sub groups by the partition elements of t's slices at that size (of AutoEP's experts at
+// facts.placement's expert-parallel size).
 Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t dp, uint32_t t,
                                               std::vector<std::vector<uint64_t>>& members) {
   UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> groups,
@@ -883,8 +892,11 @@ Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t 
       numels.insert(numels.end(), group.numels.begin(), group.numels.end());
     }
     if (names.empty()) continue;
+    // AutoEP's experts are partitioned over the expert-data-parallel ranks alone.
+    const uint32_t parts =
+        facts.placement.experts.contains(names.front()) ? dp / facts.placement.ep : dp;
     size_t next = 0;
-    for (const size_t count : SubGroupSizes(numels, dp, facts.sub_group_size)) {
+    for (const size_t count : SubGroupSizes(numels, parts, facts.sub_group_size)) {
       members[pg].push_back(out.size());
       UCP_ASSIGN_OR_RETURN(
           GroupLayout layout,
@@ -924,7 +936,19 @@ Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupL
       const auto it = items.find(group.names[k]);
       if (it == items.end()) return FieldError(reader, "param_shapes/" + group.names[k], "missing");
       dict->mutable_mutations().push_back(it->second);
-      if (resized) dict->mutable_mutations().back().second = SizeNode(graph, group.shapes[k]);
+      if (resized) {
+        // As the source wrote it: a torch.Size, or a tuple (DeepSpeed 0.19's ZeRO-3 with AutoEP).
+        Value*& shape = dict->mutable_mutations().back().second;
+        if (shape->kind() == Kind::kTuple) {
+          std::vector<Value*> dims;
+          for (const uint64_t dim : group.shapes[k]) {
+            dims.push_back(graph.Int(static_cast<int64_t>(dim)));
+          }
+          shape = graph.Tuple(std::move(dims));
+        } else {
+          shape = SizeNode(graph, group.shapes[k]);
+        }
+      }
     }
     regrouped.push_back(dict);
   }
@@ -1172,6 +1196,57 @@ Result<ArchiveOutput> UniversalAutoEpModelStates(const AtomIndex& index, const s
   put(std::string(kAutoEpLayers), layers);
   UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
   return out;
+}
+
+// ds_zero_partition_groups of DP rank r's optimizer states `dict` (imported from `reader`, the
+// source's template) for the flat groups of `placement` (the target's): per flat group g the
+// source's entry of a flat group of its kind with sub_group g, partition_count, partition_rank and
+// partition_ranks r's at the target, and an expert group's group_names the target's group name.
+Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlacement& placement,
+                          uint32_t r, const IndexFacts& facts, const TorchArchiveReader& reader) {
+  const std::string field = std::string(kOsd) + "/" + std::string(kPartitionGroups);
+  Value** groups = MutableEntry(dict, kPartitionGroups);
+  if (groups == nullptr || (*groups)->kind() != Kind::kList ||
+      (*groups)->items().size() != facts.flat_groups.size()) {
+    return FieldError(reader, field, "not a list of the index's flat groups");
+  }
+  const ExpertRankOrder& order = placement.order;
+  std::vector<Value*> rebuilt;
+  for (size_t g = 0; g < placement.expert_groups.size(); ++g) {
+    const bool experts = placement.IsExpertGroup(g);
+    size_t model = 0;
+    while (model < facts.flat_groups.size() && facts.placement.IsExpertGroup(model) != experts) {
+      ++model;
+    }
+    const Value* source = model < facts.flat_groups.size() ? (*groups)->items()[model] : nullptr;
+    if (source == nullptr || source->kind() != Kind::kDict) {
+      return FieldError(reader, field,
+                        "no flat group of the kind of target flat group " + std::to_string(g));
+    }
+    std::vector<uint64_t> ranks;
+    for (uint32_t q = 0; q < placement.PartitionCount(g); ++q) {
+      ranks.push_back(experts ? order.Rank(order.ExpertRank(r), q) : q);
+    }
+    Value* entry = graph.Dict(source->entries());
+    const std::string where = reader.path();
+    const auto integer = [&](uint64_t value) { return graph.Int(static_cast<int64_t>(value)); };
+    UCP_RETURN_IF_ERROR(SetDictItem(entry, "sub_group", integer(g), where));
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(entry, "partition_count", integer(placement.PartitionCount(g)), where));
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(entry, "partition_rank", integer(placement.PartitionRank(g, r)), where));
+    UCP_RETURN_IF_ERROR(SetDictItem(entry, "partition_ranks", IntList(graph, ranks), where));
+    if (experts) {
+      UCP_RETURN_IF_ERROR(
+          SetDictItem(entry, "group_names",
+                      graph.List({graph.Str(std::string(deepspeed::kExpertGroupNamePrefix) +
+                                            std::to_string(order.ep))}),
+                      where));
+    }
+    rebuilt.push_back(entry);
+  }
+  *groups = graph.List(std::move(rebuilt));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -1454,12 +1529,20 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                                                       const std::string& tag_dir,
                                                       const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  if (facts.placement.ep != 0) {
-    return Status::Unsupported(
-        "deepspeed: AutoEP under ZeRO-3: resharding is not supported yet; `ucp export --format "
-        "deepspeed-universal` writes what ds_to_universal does, for DeepSpeed's universal load");
+  // AutoEP: the target's expert-parallel size (the tag's by default).
+  const uint32_t ep = facts.placement.ep == 0 ? 0 : target.ep == 0 ? facts.placement.ep : target.ep;
+  if (ep == 0) {
+    UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
+  } else {
+    for (const auto& [name, experts] : facts.placement.experts) {
+      if (target.dp % ep != 0 || experts % ep != 0) {
+        return Status::InvalidArgument("deepspeed: ep=" + std::to_string(ep) +
+                                       " does not divide dp=" + std::to_string(target.dp) +
+                                       " and the " + std::to_string(experts) + " experts of " +
+                                       name + ": DeepSpeed's AutoEP cannot run there");
+      }
+    }
   }
-  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   const uint32_t tp = target.tp;
   if (facts.tp == 1) {
     UCP_RETURN_IF_ERROR(CheckTarget(target));  // a tag without AutoTP's maps stays at tp = 1
@@ -1480,8 +1563,32 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                          OpenSource(index, tag_dir, facts.model_file));
     UCP_ASSIGN_OR_RETURN(rule, ReadAutoTpSplitRule(head, tag_dir));
   }
-  UCP_ASSIGN_OR_RETURN(const IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
+  UCP_ASSIGN_OR_RETURN(IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
   const uint32_t m = target.dp;
+  // AutoEP at (m, ep): each fused parameter's rows split over ep ranks; the flat groups of the
+  // rows one rank holds.
+  const bool experts_resized = ep != facts.placement.ep;
+  at.placement.order = {m, ep == 0 ? 1 : ep, facts.placement.order.data_before_expert};
+  if (ep != 0) {
+    at.placement.ep = ep;
+    for (const auto& [name, experts] : at.placement.experts) {
+      ShardMap map = ExpertRowsMap(experts);
+      UCP_ASSIGN_OR_RETURN(const Shape whole, AtomShape(index, name, "fp32"));
+      UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                           GeometryAt(name, map, whole, ep, std::nullopt, map.blocks));
+      at.expert_maps.emplace(name, std::move(map));
+      at.expert_slices.emplace(name, std::move(geometry));
+    }
+    for (GroupLayout& group : at.flat_groups) {
+      std::vector<Shape> shapes;
+      for (size_t k = 0; k < group.names.size(); ++k) {
+        const auto rows = at.expert_slices.find(group.names[k]);
+        shapes.push_back(rows == at.expert_slices.end() ? group.shapes[k]
+                                                        : LocalShape(rows->second, 0));
+      }
+      UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
+    }
+  }
   // Each TP rank's flat groups; DeepSpeed makes each rank's sub groups of its own slices, and
   // ucp writes one group structure for all (rank (0, 0)'s files are the templates).
   std::vector<std::vector<uint64_t>> members;
@@ -1501,6 +1608,11 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
           ") of TP rank " + std::to_string(t) + "'s slices differ from TP rank 0's");
     }
     rank_groups.push_back(std::move(groups));
+  }
+  // Which target flat groups hold AutoEP's experts.
+  at.placement.expert_groups.clear();
+  for (const GroupLayout& group : flat_groups) {
+    at.placement.expert_groups.push_back(at.placement.experts.contains(group.names.front()));
   }
   bool regrouped = flat_groups.size() != facts.flat_groups.size();
   for (size_t g = 0; !regrouped && g < flat_groups.size(); ++g) {
@@ -1532,10 +1644,16 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-      if (regrouped || reshaped) {
-        UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped));
+      if (regrouped || reshaped || experts_resized) {
+        UCP_RETURN_IF_ERROR(
+            RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped || experts_resized));
       }
       if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader, uneven));
+      if (ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
+        UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, at.placement.order, r, reader));
+        UCP_RETURN_IF_ERROR(
+            SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
+      }
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0 || t > 0) {
         if (Value** shared = MutableEntry(root, "shared_params");
@@ -1577,8 +1695,9 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   const std::string osd(kOsd);
   std::vector<std::vector<FlatLayout>> rank_layouts(tp);
   for (uint32_t t = 0; t < tp; ++t) {
-    for (const GroupLayout& group : rank_groups[t]) {
-      UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(group, m));
+    for (size_t g = 0; g < rank_groups[t].size(); ++g) {
+      UCP_ASSIGN_OR_RETURN(FlatLayout layout,
+                           LayoutAt(rank_groups[t][g], at.placement.PartitionCount(g)));
       rank_layouts[t].push_back(std::move(layout));
     }
   }
@@ -1595,6 +1714,11 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
     Value* dict = root->Get(kOsd);
     UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count", out.graph.Int(m), reader.path()));
     if (reshaped) UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, tp, reader));
+    if (ep != 0) {
+      UCP_RETURN_IF_ERROR(
+          SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
+      UCP_RETURN_IF_ERROR(SetPartitionGroups(out.graph, dict, at.placement, r, facts, reader));
+    }
     Value* inner = dict->Get(kOsd);
     Value* states = inner == nullptr ? nullptr : inner->Get("state");
     Value* fp32 = dict->Get("fp32_flat_groups");
@@ -1641,8 +1765,12 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
           continue;
         }
         const std::string key = g == model ? tensor->storage->key : keys.Next();
-        UCP_ASSIGN_OR_RETURN(replaced[key], PartitionSegments(index, at, layout, state, r,
-                                                              ItemSize(tensor->dtype), t));
+        const bool experts = at.placement.IsExpertGroup(g);
+        UCP_ASSIGN_OR_RETURN(
+            replaced[key],
+            PartitionSegments(index, at, layout, state, at.placement.PartitionRank(g, r),
+                              ItemSize(tensor->dtype),
+                              experts ? at.placement.order.ExpertRank(r) : t));
         UCP_ASSIGN_OR_RETURN(
             *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
       }

@@ -48,7 +48,7 @@
 // Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map; AutoTP layouts
 // autotp.h refuses; frozen parameters with AutoTP; a target TP degree that does not divide a
 // split (tp > 1 at all for a tag without AutoTP's maps); AutoEP with AutoTP, frozen AutoEP
-// expert parameters and any reshard of an AutoEP tag (not yet).
+// expert parameters.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -101,7 +101,10 @@ class DeepSpeedZero3Adapter final : public FrameworkAdapter {
   // 0's (at another degree rank (0, 0)'s, with param_shapes, mp_world_size, the parallel
   // dimensions, autotp_size and the affine map of target.tp; no universal_checkpoint_info at
   // tp 1), its optimizer states from rank (0, 0)'s holding its slices (DeepSpeed 0.19's files at
-  // that size).
+  // that size). An AutoEP tag goes to any target.dp and expert-parallel size target.ep (0: the
+  // tag's) that divides it and every layer's experts (kInvalidArgument otherwise): each rank's
+  // model states from rank 0's with its ds_autoep_layers coordinates, param_shapes and
+  // autoep_size at that size, its optimizer states with its ds_zero_partition_groups.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
