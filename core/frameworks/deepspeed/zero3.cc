@@ -1249,287 +1249,10 @@ Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlaceme
   return Status::Ok();
 }
 
-}  // namespace
-
-bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
-  Result<TagListing> listing = ListTag(tag_dir);
-  return listing.ok() && !listing->zero3_model_states.empty();
-}
-
-Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
-    const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
-  const std::string model = Zero3ModelStatesName(0, 0);
-  const bool have_model =
-      std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
-                  [&](const RankFile& file) { return file.name == model; });
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                       OpenWrittenModelStates(tag_dir, model, have_model));
-  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
-  UCP_ASSIGN_OR_RETURN(const uint32_t tp, TpDegree(reader));
-  if (const Value* stage = OptionalField(reader, "ds_config/zero_optimization/stage")) {
-    if (stage->kind() == Kind::kInt && stage->AsInt64() != 3) {
-      return FieldError(reader, "ds_config/zero_optimization/stage",
-                        "not 3, but the file is named as ZeRO-3's");
-    }
-  }
-  const bool bf16 = Bf16Prefix(listing, reader);
-  std::vector<std::string> files;
-  const std::string prefix = bf16 ? "bf16_" : "";
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelStatesName(r, t));
-  }
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
-  }
-  return files;
-}
-
-Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
-                                                    const IndexOptions& options) const {
-  // 1. The ranks' files, read and checked to be one save's.
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
-  if (!listing.model_states.empty() || !listing.layer_files.empty()) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "mp_rank_XX_model_states.pt or layer files beside ZeRO-3 model "
-                               "states: pipeline or mixed tags are not supported");
-  }
-  const auto head_entry =
-      std::find_if(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
-                   [](const RankFile& entry) { return entry.dp == 0 && entry.mp == 0; });
-  if (head_entry == listing.zero3_model_states.end()) {
-    return Status::NotFound(Prefix(tag_dir) + Zero3ModelStatesName(0, 0) + ": not found");
-  }
-  UCP_ASSIGN_OR_RETURN(ModelStates head, ReadModelStates(tag_dir, *head_entry));
-  if (head.config_stage && *head.config_stage != 3) {
-    return FieldError(head.reader, "ds_config/zero_optimization/stage",
-                      "not 3, but the file is named as ZeRO-3's");
-  }
-  const uint32_t dp = head.dp;
-  const uint32_t tp = head.tp;
-  UCP_ASSIGN_OR_RETURN(const ExpertPlacement placement, ReadExpertPlacement(head));
-  UCP_ASSIGN_OR_RETURN(const RankGrid grid, GridOf(tag_dir, listing, head));
-  UCP_ASSIGN_OR_RETURN(const std::vector<TpRank> ranks,
-                       ReadRanks(tag_dir, grid, std::move(head), placement));
-  UCP_RETURN_IF_ERROR(CheckSubGroups(ranks, placement));
-  UCP_ASSIGN_OR_RETURN(const AutoTpMaps slices, SliceMaps(ranks));
-  const ModelStates& ms = ranks[0].models.front();
-  const OptimStates& first = ranks[0].optims.front();
-
-  // 2. The index's files: model states, then optimizer states, each TP rank's in DP rank order.
-  AtomIndexContents c;
-  c.framework = "deepspeed";
-  c.framework_version = ms.ds_version;
-  c.adapter = std::string(kName);
-  c.adapter_schema = kSchema;
-  c.tag = TagName(tag_dir);
-  c.topology = {dp, tp, 1, dp * tp, 3};
-  const auto model_file = [dp](uint32_t t, uint32_t r) { return t * dp + r; };
-  const auto optim_file = [dp, tp](uint32_t t, uint32_t r) { return (tp + t) * dp + r; };
-  std::vector<std::string> paths;
-  for (const bool model : {true, false}) {
-    for (const TpRank& rank : ranks) {
-      for (uint32_t r = 0; r < dp; ++r) {
-        paths.push_back(model ? rank.models[r].entry.name : rank.optims[r].entry.name);
-      }
-    }
-  }
-  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
-  for (uint32_t i = 0; i < paths.size(); ++i) {
-    const bool model = i < dp * tp;
-    const uint32_t rank = model ? i : i - dp * tp;
-    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3,
-                       std::string(model ? kModelRole : kOptimRole),
-                       RankCoordinates{rank % dp, rank / dp, 0}});
-    c.files.back().chunks = digests[i].chunks;
-  }
-
-  // 3. Atoms: each trainable parameter whole, from the DP pieces of its TP slices (of TP rank 0
-  // alone when every rank holds it whole).
-  std::set<std::string> seen;
-  const auto once = [&](const std::string& name, const std::string& field) -> Status {
-    if (!seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
-    return Status::Ok();
-  };
-  nlohmann::json flat_groups = nlohmann::json::array();
-  nlohmann::json shard_maps = nlohmann::json::object();
-  for (const std::vector<int64_t>& members : first.group_members) {
-    ParamGroup group;
-    const Value* param_group = first.param_groups[c.groups.size()];
-    for (const auto& [key, value] : NamedChildren(param_group)) {
-      if (key != "params") group.hyperparameters[key] = JsonOf(value);
-    }
-    for (const int64_t member : members) {
-      const size_t g = static_cast<size_t>(member);
-      const std::string gs = std::to_string(g);
-      const bool experts = placement.IsExpertGroup(g);
-      const uint32_t parts = placement.PartitionCount(g);
-      std::vector<FlatLayout> layouts;  // per TP rank
-      for (const TpRank& rank : ranks) {
-        UCP_ASSIGN_OR_RETURN(FlatLayout layout,
-                             LayoutAt(rank.models.front().flat_groups[g], parts));
-        layouts.push_back(std::move(layout));
-      }
-      flat_groups.push_back(
-          {{"param_group", c.groups.size()}, {"params", layouts[0].params.names.size()}});
-      if (group.scalars.empty()) {
-        for (const StateTensor& st : first.states[g]) {
-          if (!st.tensor->shape.empty()) continue;
-          if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
-            group.scalars[st.key] = *value;
-          }
-        }
-      }
-      for (size_t k = 0; k < layouts[0].params.names.size(); ++k) {
-        const std::string& name = layouts[0].params.names[k];
-        UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
-        group.params.push_back(name);
-        // A fused expert parameter's atom is the whole of it: every expert-parallel rank's rows.
-        const ShardMap map =
-            experts ? ExpertRowsMap(placement.experts.at(name)) : slices.maps.at(name);
-        Shape whole = slices.whole_shapes.at(name);
-        if (experts && !whole.empty()) whole.front() = placement.experts.at(name);
-        const uint32_t degree = experts ? placement.ep : tp;
-        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                             GeometryAt(name, map, whole, degree, std::nullopt, map.blocks));
-        for (uint32_t t = 0; t < tp; ++t) {
-          if (layouts[t].params.shapes[k] != LocalShape(geometry, t)) {
-            return FieldError(
-                ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
-                ShapeText(layouts[t].params.shapes[k]) + ", but " +
-                    (experts ? "ds_autoep_layers gives each expert-parallel rank "
-                             : "AutoTP's affine map gives TP rank " + std::to_string(t) + " ") +
-                    "a slice of " + ShapeText(LocalShape(geometry, t)));
-          }
-        }
-        if (tp > 1) shard_maps[name] = MapJson(map);
-        // Who holds the parameter's slices: every expert-parallel rank its rows, partitioned over
-        // its expert-data-parallel ranks; every TP rank of a split its slice, over its DP ranks.
-        const uint32_t holders = experts ? placement.ep : map.rule == Rule::kSplit ? tp : 1;
-        // Every DP piece of every holder's slice of the state that `tensor_of` gives.
-        const auto add_pieces = [&](Atom& atom, const auto& tensor_of) -> Status {
-          for (uint32_t h = 0; h < holders; ++h) {
-            const uint32_t t = experts ? 0 : h;
-            std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
-            for (uint32_t q = 0; q < parts; ++q) {
-              const uint32_t r = experts ? placement.order.Rank(h, q) : q;
-              per_rank.emplace_back(optim_file(t, r), tensor_of(ranks[t].optims[r]));
-            }
-            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, h));
-          }
-          return Status::Ok();
-        };
-        Atom fp32{name, "fp32", first.fp32[g]->dtype, whole, {}};
-        UCP_RETURN_IF_ERROR(add_pieces(fp32, [g](const OptimStates& os) { return os.fp32[g]; }));
-        c.atoms.push_back(std::move(fp32));
-        for (size_t s = 0; s < first.states[g].size(); ++s) {
-          const StateTensor& st = first.states[g][s];
-          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
-          if (st.tensor->shape.empty()) {
-            // ds_to_universal's ZeRO-1/2 step.pt: the flat group's 0-d state, here rank 0's.
-            UCP_ASSIGN_OR_RETURN(Region region, Region::Whole(atom.shape));
-            atom.fragments.push_back(
-                {optim_file(0, 0), st.tensor->file_offset(), st.tensor->dtype, region});
-          } else {
-            atom.shape = whole;
-            UCP_RETURN_IF_ERROR(
-                add_pieces(atom, [g, s](const OptimStates& os) { return os.states[g][s].tensor; }));
-          }
-          c.atoms.push_back(std::move(atom));
-        }
-      }
-    }
-    c.groups.push_back(std::move(group));
-  }
-
-  // Frozen parameters: each whole, from the DP pieces of its TP slices (frozen_param_fragments,
-  // each a tensor of its own) as for the trainable ones.
-  nlohmann::json frozen_params = nlohmann::json::array();
-  std::vector<FlatLayout> frozen_layouts;  // per TP rank, each piece starting at element 0
-  for (const TpRank& rank : ranks) {
-    UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().frozen, dp));
-    layout.starts.assign(layout.starts.size(), 0);
-    frozen_layouts.push_back(std::move(layout));
-  }
-  for (size_t k = 0; k < ms.frozen.names.size(); ++k) {
-    const std::string& name = ms.frozen.names[k];
-    UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
-    frozen_params.push_back(name);
-    const ShardMap& map = slices.maps.at(name);
-    const Shape& whole = slices.whole_shapes.at(name);
-    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
-    if (tp > 1) shard_maps[name] = MapJson(map);
-    Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, whole, {}};
-    for (uint32_t t = 0; t < (map.rule == Rule::kSplit ? tp : 1); ++t) {
-      const std::vector<ModelStates>& models = ranks[t].models;
-      if (models.front().frozen.shapes[k] != LocalShape(geometry, t)) {
-        return FieldError(models.front().reader, "frozen_param_shapes/" + name,
-                          ShapeText(models.front().frozen.shapes[k]) +
-                              ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
-                              " a slice of " + ShapeText(LocalShape(geometry, t)));
-      }
-      std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
-      for (uint32_t r = 0; r < dp; ++r) {
-        const TorchTensor* tensor = models[r].frozen_fragments[k];
-        if (tensor->dtype != atom.dtype) {
-          return FieldError(models[r].reader, "frozen_param_fragments/" + name,
-                            "another dtype than in " + ms.entry.name);
-        }
-        per_rank.emplace_back(model_file(t, r), tensor);
-      }
-      UCP_RETURN_IF_ERROR(
-          AddPieceFragments(atom, frozen_layouts[t], k, per_rank, map, geometry, t));
-    }
-    c.atoms.push_back(std::move(atom));
-  }
-
-  // 4. What the plans carry from the source files.
-  std::vector<std::string> rewritten_optim = {std::string(kOsd) + "/partition_count",
-                                              std::string(kOsd) + "/fp32_flat_groups"};
-  for (size_t g = 0; g < first.states.size(); ++g) {
-    for (const StateTensor& st : first.states[g]) {
-      if (!st.tensor->shape.empty()) {
-        rewritten_optim.push_back(std::string(kOsd) + "/" + std::string(kOsd) + "/state/" +
-                                  std::to_string(g) + "/" + st.key);
-      }
-    }
-  }
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (uint32_t r = 0; r < dp; ++r) {
-      c.carried.push_back(
-          {std::string(kModelRole), model_file(t, r), {"dp_world_size", "frozen_param_fragments"}});
-    }
-  }
-  c.carried.push_back({std::string(kOptimRole), optim_file(0, 0), rewritten_optim});
-  c.carried.push_back({std::string(kUniversalRole), optim_file(0, 0), {"param_groups"}});
-  c.adapter_state = {
-      {"optimizer", std::string(kOptimizer)},
-      {"file_prefix", grid.prefix},
-      {"mp_rank", 0},
-      {"zero_stage", 3},
-      {"sub_group_size", ms.sub_group_size},
-      {"flat_groups", std::move(flat_groups)},
-      {"frozen_params", std::move(frozen_params)},
-  };
-  if (tp > 1) {
-    c.adapter_state["tp"] = {
-        {"degree", tp}, {"params", std::move(shard_maps)}, {"vocabulary", slices.vocabulary}};
-  }
-  if (placement.ep != 0) {
-    c.adapter_state["autoep"] = {{"ep", placement.ep},
-                                 {"data_before_expert", placement.order.data_before_expert},
-                                 {"experts", placement.experts}};
-  }
-  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
-}
-
-Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
-                                                      const std::string& tag_dir,
-                                                      const Topology& target) const {
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  // AutoEP: the target's expert-parallel size (the tag's by default).
+// Phase 1 of PlanReshard: `target` checked against the tag (kInvalidArgument where DeepSpeed
+// cannot run there, kUnsupported where ucp cannot write it). Returns AutoEP's expert-parallel size
+// at the target (the tag's by default), 0 for a tag without AutoEP.
+Result<uint32_t> CheckReshardTarget(const IndexFacts& facts, const Topology& target) {
   const uint32_t ep = facts.placement.ep == 0 ? 0 : target.ep == 0 ? facts.placement.ep : target.ep;
   if (ep == 0) {
     UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
@@ -1555,6 +1278,52 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
         CheckTarget({target.dp, 1, target.pp, target.world == 0 ? 0 : target.world / tp,
                      target.zero_stage, target.ep}));
   }
+  return ep;
+}
+
+// What a reshard writes at the target: the facts at its TP degree, DP size and expert-parallel
+// size, each TP rank's flat groups and how they differ from the source's.
+struct ReshardLayout {
+  IndexFacts at;
+  uint32_t tp = 1;
+  uint32_t m = 1;                // the target's DP size
+  uint32_t ep = 0;               // AutoEP's expert-parallel size; 0 without AutoEP
+  bool reshaped = false;         // another TP degree: each parameter's slices change
+  bool experts_resized = false;  // another expert-parallel size: the fused parameters' rows
+  bool regrouped = false;        // other flat groups (DeepSpeed's sub groups at m)
+  std::vector<std::vector<uint64_t>> members;           // per parameter group, its flat groups
+  std::vector<std::vector<GroupLayout>> rank_groups;    // per TP rank, its flat groups
+  std::map<std::string, std::vector<uint64_t>> uneven;  // reshaped: the blocks of uneven splits
+};
+
+// AutoEP at expert-parallel size `ep`: each fused parameter's rows split over ep ranks
+// (at.expert_maps, at.expert_slices) and the flat groups of the rows one rank holds.
+Status PlaceExpertsAt(const AtomIndex& index, IndexFacts& at, uint32_t ep) {
+  at.placement.ep = ep;
+  for (const auto& [name, experts] : at.placement.experts) {
+    ShardMap map = ExpertRowsMap(experts);
+    UCP_ASSIGN_OR_RETURN(const Shape whole, AtomShape(index, name, "fp32"));
+    UCP_ASSIGN_OR_RETURN(Geometry geometry,
+                         GeometryAt(name, map, whole, ep, std::nullopt, map.blocks));
+    at.expert_maps.emplace(name, std::move(map));
+    at.expert_slices.emplace(name, std::move(geometry));
+  }
+  for (GroupLayout& group : at.flat_groups) {
+    std::vector<Shape> shapes;
+    for (size_t k = 0; k < group.names.size(); ++k) {
+      const auto rows = at.expert_slices.find(group.names[k]);
+      shapes.push_back(rows == at.expert_slices.end() ? group.shapes[k]
+                                                      : LocalShape(rows->second, 0));
+    }
+    UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
+  }
+  return Status::Ok();
+}
+
+// Phase 2 of PlanReshard: the layout at `target` (checked by CheckReshardTarget, which gave `ep`).
+Result<ReshardLayout> LayoutAtTarget(const AtomIndex& index, const std::string& tag_dir,
+                                     const IndexFacts& facts, const Topology& target, uint32_t ep) {
+  const uint32_t tp = target.tp;
   // At another TP degree each parameter's slices, and so the flat groups, are those at `tp`.
   const bool reshaped = tp != facts.tp;
   AutoTpSplitRule rule;
@@ -1565,30 +1334,9 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   }
   UCP_ASSIGN_OR_RETURN(IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
   const uint32_t m = target.dp;
-  // AutoEP at (m, ep): each fused parameter's rows split over ep ranks; the flat groups of the
-  // rows one rank holds.
   const bool experts_resized = ep != facts.placement.ep;
   at.placement.order = {m, ep == 0 ? 1 : ep, facts.placement.order.data_before_expert};
-  if (ep != 0) {
-    at.placement.ep = ep;
-    for (const auto& [name, experts] : at.placement.experts) {
-      ShardMap map = ExpertRowsMap(experts);
-      UCP_ASSIGN_OR_RETURN(const Shape whole, AtomShape(index, name, "fp32"));
-      UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                           GeometryAt(name, map, whole, ep, std::nullopt, map.blocks));
-      at.expert_maps.emplace(name, std::move(map));
-      at.expert_slices.emplace(name, std::move(geometry));
-    }
-    for (GroupLayout& group : at.flat_groups) {
-      std::vector<Shape> shapes;
-      for (size_t k = 0; k < group.names.size(); ++k) {
-        const auto rows = at.expert_slices.find(group.names[k]);
-        shapes.push_back(rows == at.expert_slices.end() ? group.shapes[k]
-                                                        : LocalShape(rows->second, 0));
-      }
-      UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
-    }
-  }
+  if (ep != 0) UCP_RETURN_IF_ERROR(PlaceExpertsAt(index, at, ep));
   // Each TP rank's flat groups; DeepSpeed makes each rank's sub groups of its own slices, and
   // ucp writes one group structure for all (rank (0, 0)'s files are the templates).
   std::vector<std::vector<uint64_t>> members;
@@ -1622,8 +1370,27 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
   for (const auto& [name, map] : at.maps) {
     if (!map.blocks.empty()) uneven.emplace(name, map.blocks);
   }
-  OutputPlan plan;
+  return ReshardLayout{std::move(at),
+                       tp,
+                       m,
+                       ep,
+                       reshaped,
+                       experts_resized,
+                       regrouped,
+                       std::move(members),
+                       std::move(rank_groups),
+                       std::move(uneven)};
+}
 
+// Phase 3 of PlanReshard: every target rank's model states.
+Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const ReshardLayout& to, OutputPlan& plan) {
+  const IndexFacts& at = to.at;
+  const uint32_t tp = to.tp;
+  const uint32_t m = to.m;
+  const uint32_t ep = to.ep;
+  const bool reshaped = to.reshaped;
+  const std::vector<std::vector<GroupLayout>>& rank_groups = to.rank_groups;
   // Model states: DP rank 0's of each TP rank (at another TP degree rank (0, 0)'s, its TP facts
   // rewritten), with dp_world_size and each rank's frozen fragments.
   for (uint32_t t = 0; t < tp; ++t) {
@@ -1644,11 +1411,11 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-      if (regrouped || reshaped || experts_resized) {
+      if (to.regrouped || reshaped || to.experts_resized) {
         UCP_RETURN_IF_ERROR(
-            RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped || experts_resized));
+            RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped || to.experts_resized));
       }
-      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader, uneven));
+      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader, to.uneven));
       if (ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
         UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, at.placement.order, r, reader));
         UCP_RETURN_IF_ERROR(
@@ -1686,7 +1453,19 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       plan.archives.push_back(std::move(out));
     }
   }
+  return Status::Ok();
+}
 
+// Phase 4 of PlanReshard: every target rank's optimizer states.
+Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const ReshardLayout& to, OutputPlan& plan) {
+  const IndexFacts& at = to.at;
+  const uint32_t tp = to.tp;
+  const uint32_t m = to.m;
+  const uint32_t ep = to.ep;
+  const bool reshaped = to.reshaped;
+  const std::vector<std::vector<uint64_t>>& members = to.members;
+  const std::vector<std::vector<GroupLayout>>& rank_groups = to.rank_groups;
   // Optimizer states: rank 0's, with partition_count and each rank's partitions of each flat
   // group; where the sub groups change, the flat groups' lists are rebuilt, new groups' tensors
   // like group 0's.
@@ -1776,7 +1555,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
       }
       new_states.emplace_back(out.graph.Int(static_cast<int64_t>(g)), group_states);
     }
-    if (regrouped) {
+    if (to.regrouped) {
       states->mutable_entries() = std::move(new_states);
       fp32->mutable_items() = std::move(new_fp32);
       for (size_t pg = 0; pg < members.size(); ++pg) {
@@ -1790,6 +1569,358 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
                          CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));
   }
+  return Status::Ok();
+}
+
+// A ZeRO-3 tag as BuildIndex's phases read it: every rank's files, checked to be one save's.
+struct Zero3Tag {
+  uint32_t dp = 0;
+  uint32_t tp = 1;
+  ExpertPlacement placement;
+  RankGrid grid;
+  std::vector<TpRank> ranks;
+  AutoTpMaps slices;  // how each parameter's TP slices make it
+
+  // The index's files: every rank's model states, then its optimizer states, each TP rank's in
+  // DP rank order.
+  uint32_t ModelFile(uint32_t t, uint32_t r) const { return t * dp + r; }
+  uint32_t OptimFile(uint32_t t, uint32_t r) const { return (tp + t) * dp + r; }
+};
+
+// What the atom phases of BuildIndex record for adapter_state.
+struct IndexRecords {
+  std::set<std::string> seen;  // every parameter, to refuse one listed twice
+  nlohmann::json flat_groups = nlohmann::json::array();
+  nlohmann::json shard_maps = nlohmann::json::object();
+  nlohmann::json frozen_params = nlohmann::json::array();
+};
+
+// Phase 1 of BuildIndex: the ranks' files, read and checked to be one save's.
+Result<Zero3Tag> ReadTag(const std::string& tag_dir) {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
+  if (!listing.model_states.empty() || !listing.layer_files.empty()) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "mp_rank_XX_model_states.pt or layer files beside ZeRO-3 model "
+                               "states: pipeline or mixed tags are not supported");
+  }
+  const auto head_entry =
+      std::find_if(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
+                   [](const RankFile& entry) { return entry.dp == 0 && entry.mp == 0; });
+  if (head_entry == listing.zero3_model_states.end()) {
+    return Status::NotFound(Prefix(tag_dir) + Zero3ModelStatesName(0, 0) + ": not found");
+  }
+  UCP_ASSIGN_OR_RETURN(ModelStates head, ReadModelStates(tag_dir, *head_entry));
+  if (head.config_stage && *head.config_stage != 3) {
+    return FieldError(head.reader, "ds_config/zero_optimization/stage",
+                      "not 3, but the file is named as ZeRO-3's");
+  }
+  Zero3Tag tag;
+  tag.dp = head.dp;
+  tag.tp = head.tp;
+  UCP_ASSIGN_OR_RETURN(tag.placement, ReadExpertPlacement(head));
+  UCP_ASSIGN_OR_RETURN(tag.grid, GridOf(tag_dir, listing, head));
+  UCP_ASSIGN_OR_RETURN(tag.ranks, ReadRanks(tag_dir, tag.grid, std::move(head), tag.placement));
+  UCP_RETURN_IF_ERROR(CheckSubGroups(tag.ranks, tag.placement));
+  UCP_ASSIGN_OR_RETURN(tag.slices, SliceMaps(tag.ranks));
+  return tag;
+}
+
+// Phase 2 of BuildIndex: what the index is of, and its files.
+Status AddFiles(const std::string& tag_dir, const Zero3Tag& tag, const IndexOptions& options,
+                AtomIndexContents& c) {
+  const uint32_t dp = tag.dp;
+  const uint32_t tp = tag.tp;
+  const std::vector<TpRank>& ranks = tag.ranks;
+  const ModelStates& ms = ranks[0].models.front();
+  c.framework = "deepspeed";
+  c.framework_version = ms.ds_version;
+  c.adapter = std::string(DeepSpeedZero3Adapter::kName);
+  c.adapter_schema = DeepSpeedZero3Adapter::kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {dp, tp, 1, dp * tp, 3};
+  std::vector<std::string> paths;
+  for (const bool model : {true, false}) {
+    for (const TpRank& rank : ranks) {
+      for (uint32_t r = 0; r < dp; ++r) {
+        paths.push_back(model ? rank.models[r].entry.name : rank.optims[r].entry.name);
+      }
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (uint32_t i = 0; i < paths.size(); ++i) {
+    const bool model = i < dp * tp;
+    const uint32_t rank = model ? i : i - dp * tp;
+    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3,
+                       std::string(model ? kModelRole : kOptimRole),
+                       RankCoordinates{rank % dp, rank / dp, 0}});
+    c.files.back().chunks = digests[i].chunks;
+  }
+  return Status::Ok();
+}
+
+// Phase 3 of BuildIndex: the atoms of each trainable parameter, whole, from the DP pieces of its
+// TP slices (of TP rank 0 alone when every rank holds it whole; of every expert-parallel rank's
+// rows for AutoEP's fused experts), and the parameter groups.
+Status AddTrainableAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records) {
+  const uint32_t tp = tag.tp;
+  const std::vector<TpRank>& ranks = tag.ranks;
+  const ModelStates& ms = ranks[0].models.front();
+  const OptimStates& first = ranks[0].optims.front();
+  const ExpertPlacement& placement = tag.placement;
+  const AutoTpMaps& slices = tag.slices;
+  const auto once = [&](const std::string& name, const std::string& field) -> Status {
+    if (!records.seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
+    return Status::Ok();
+  };
+  for (const std::vector<int64_t>& members : first.group_members) {
+    ParamGroup group;
+    const Value* param_group = first.param_groups[c.groups.size()];
+    for (const auto& [key, value] : NamedChildren(param_group)) {
+      if (key != "params") group.hyperparameters[key] = JsonOf(value);
+    }
+    for (const int64_t member : members) {
+      const size_t g = static_cast<size_t>(member);
+      const std::string gs = std::to_string(g);
+      const bool experts = placement.IsExpertGroup(g);
+      const uint32_t parts = placement.PartitionCount(g);
+      std::vector<FlatLayout> layouts;  // per TP rank
+      for (const TpRank& rank : ranks) {
+        UCP_ASSIGN_OR_RETURN(FlatLayout layout,
+                             LayoutAt(rank.models.front().flat_groups[g], parts));
+        layouts.push_back(std::move(layout));
+      }
+      records.flat_groups.push_back(
+          {{"param_group", c.groups.size()}, {"params", layouts[0].params.names.size()}});
+      if (group.scalars.empty()) {
+        for (const StateTensor& st : first.states[g]) {
+          if (!st.tensor->shape.empty()) continue;
+          if (std::optional<nlohmann::json> value = ScalarValue(first.reader, *st.tensor)) {
+            group.scalars[st.key] = *value;
+          }
+        }
+      }
+      for (size_t k = 0; k < layouts[0].params.names.size(); ++k) {
+        const std::string& name = layouts[0].params.names[k];
+        UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
+        group.params.push_back(name);
+        // A fused expert parameter's atom is the whole of it: every expert-parallel rank's rows.
+        const ShardMap map =
+            experts ? ExpertRowsMap(placement.experts.at(name)) : slices.maps.at(name);
+        Shape whole = slices.whole_shapes.at(name);
+        if (experts && !whole.empty()) whole.front() = placement.experts.at(name);
+        const uint32_t degree = experts ? placement.ep : tp;
+        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                             GeometryAt(name, map, whole, degree, std::nullopt, map.blocks));
+        for (uint32_t t = 0; t < tp; ++t) {
+          if (layouts[t].params.shapes[k] != LocalShape(geometry, t)) {
+            return FieldError(
+                ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
+                ShapeText(layouts[t].params.shapes[k]) + ", but " +
+                    (experts ? "ds_autoep_layers gives each expert-parallel rank "
+                             : "AutoTP's affine map gives TP rank " + std::to_string(t) + " ") +
+                    "a slice of " + ShapeText(LocalShape(geometry, t)));
+          }
+        }
+        if (tp > 1) records.shard_maps[name] = MapJson(map);
+        // Who holds the parameter's slices: every expert-parallel rank its rows, partitioned over
+        // its expert-data-parallel ranks; every TP rank of a split its slice, over its DP ranks.
+        const uint32_t holders = experts ? placement.ep : map.rule == Rule::kSplit ? tp : 1;
+        // Every DP piece of every holder's slice of the state that `tensor_of` gives.
+        const auto add_pieces = [&](Atom& atom, const auto& tensor_of) -> Status {
+          for (uint32_t h = 0; h < holders; ++h) {
+            const uint32_t t = experts ? 0 : h;
+            std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
+            for (uint32_t q = 0; q < parts; ++q) {
+              const uint32_t r = experts ? placement.order.Rank(h, q) : q;
+              per_rank.emplace_back(tag.OptimFile(t, r), tensor_of(ranks[t].optims[r]));
+            }
+            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, h));
+          }
+          return Status::Ok();
+        };
+        Atom fp32{name, "fp32", first.fp32[g]->dtype, whole, {}};
+        UCP_RETURN_IF_ERROR(add_pieces(fp32, [g](const OptimStates& os) { return os.fp32[g]; }));
+        c.atoms.push_back(std::move(fp32));
+        for (size_t s = 0; s < first.states[g].size(); ++s) {
+          const StateTensor& st = first.states[g][s];
+          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+          if (st.tensor->shape.empty()) {
+            // ds_to_universal's ZeRO-1/2 step.pt: the flat group's 0-d state, here rank 0's.
+            UCP_ASSIGN_OR_RETURN(Region region, Region::Whole(atom.shape));
+            atom.fragments.push_back(
+                {tag.OptimFile(0, 0), st.tensor->file_offset(), st.tensor->dtype, region});
+          } else {
+            atom.shape = whole;
+            UCP_RETURN_IF_ERROR(
+                add_pieces(atom, [g, s](const OptimStates& os) { return os.states[g][s].tensor; }));
+          }
+          c.atoms.push_back(std::move(atom));
+        }
+      }
+    }
+    c.groups.push_back(std::move(group));
+  }
+  return Status::Ok();
+}
+
+// Phase 4 of BuildIndex: the frozen parameters, each whole, from the DP pieces of its TP slices
+// (frozen_param_fragments, each a tensor of its own) as for the trainable ones.
+Status AddFrozenAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records) {
+  const uint32_t dp = tag.dp;
+  const uint32_t tp = tag.tp;
+  const std::vector<TpRank>& ranks = tag.ranks;
+  const ModelStates& ms = ranks[0].models.front();
+  const AutoTpMaps& slices = tag.slices;
+  const auto once = [&](const std::string& name, const std::string& field) -> Status {
+    if (!records.seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
+    return Status::Ok();
+  };
+  std::vector<FlatLayout> frozen_layouts;  // per TP rank, each piece starting at element 0
+  for (const TpRank& rank : ranks) {
+    UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().frozen, dp));
+    layout.starts.assign(layout.starts.size(), 0);
+    frozen_layouts.push_back(std::move(layout));
+  }
+  for (size_t k = 0; k < ms.frozen.names.size(); ++k) {
+    const std::string& name = ms.frozen.names[k];
+    UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
+    records.frozen_params.push_back(name);
+    const ShardMap& map = slices.maps.at(name);
+    const Shape& whole = slices.whole_shapes.at(name);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
+    if (tp > 1) records.shard_maps[name] = MapJson(map);
+    Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, whole, {}};
+    for (uint32_t t = 0; t < (map.rule == Rule::kSplit ? tp : 1); ++t) {
+      const std::vector<ModelStates>& models = ranks[t].models;
+      if (models.front().frozen.shapes[k] != LocalShape(geometry, t)) {
+        return FieldError(models.front().reader, "frozen_param_shapes/" + name,
+                          ShapeText(models.front().frozen.shapes[k]) +
+                              ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
+                              " a slice of " + ShapeText(LocalShape(geometry, t)));
+      }
+      std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
+      for (uint32_t r = 0; r < dp; ++r) {
+        const TorchTensor* tensor = models[r].frozen_fragments[k];
+        if (tensor->dtype != atom.dtype) {
+          return FieldError(models[r].reader, "frozen_param_fragments/" + name,
+                            "another dtype than in " + ms.entry.name);
+        }
+        per_rank.emplace_back(tag.ModelFile(t, r), tensor);
+      }
+      UCP_RETURN_IF_ERROR(
+          AddPieceFragments(atom, frozen_layouts[t], k, per_rank, map, geometry, t));
+    }
+    c.atoms.push_back(std::move(atom));
+  }
+  return Status::Ok();
+}
+
+// Phase 5 of BuildIndex: what the plans carry from the source files, and adapter_state.
+void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records) {
+  const uint32_t dp = tag.dp;
+  const uint32_t tp = tag.tp;
+  const std::vector<TpRank>& ranks = tag.ranks;
+  const ModelStates& ms = ranks[0].models.front();
+  const OptimStates& first = ranks[0].optims.front();
+  std::vector<std::string> rewritten_optim = {std::string(kOsd) + "/partition_count",
+                                              std::string(kOsd) + "/fp32_flat_groups"};
+  for (size_t g = 0; g < first.states.size(); ++g) {
+    for (const StateTensor& st : first.states[g]) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/" + std::string(kOsd) + "/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) {
+      c.carried.push_back({std::string(kModelRole),
+                           tag.ModelFile(t, r),
+                           {"dp_world_size", "frozen_param_fragments"}});
+    }
+  }
+  c.carried.push_back({std::string(kOptimRole), tag.OptimFile(0, 0), rewritten_optim});
+  c.carried.push_back({std::string(kUniversalRole), tag.OptimFile(0, 0), {"param_groups"}});
+  c.adapter_state = {
+      {"optimizer", std::string(kOptimizer)},
+      {"file_prefix", tag.grid.prefix},
+      {"mp_rank", 0},
+      {"zero_stage", 3},
+      {"sub_group_size", ms.sub_group_size},
+      {"flat_groups", std::move(records.flat_groups)},
+      {"frozen_params", std::move(records.frozen_params)},
+  };
+  if (tp > 1) {
+    c.adapter_state["tp"] = {{"degree", tp},
+                             {"params", std::move(records.shard_maps)},
+                             {"vocabulary", tag.slices.vocabulary}};
+  }
+  if (tag.placement.ep != 0) {
+    c.adapter_state["autoep"] = {{"ep", tag.placement.ep},
+                                 {"data_before_expert", tag.placement.order.data_before_expert},
+                                 {"experts", tag.placement.experts}};
+  }
+}
+
+}  // namespace
+
+bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
+  Result<TagListing> listing = ListTag(tag_dir);
+  return listing.ok() && !listing->zero3_model_states.empty();
+}
+
+Result<std::vector<std::string>> DeepSpeedZero3Adapter::ExpectedFiles(
+    const std::string& tag_dir) const {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
+  const std::string model = Zero3ModelStatesName(0, 0);
+  const bool have_model =
+      std::any_of(listing.zero3_model_states.begin(), listing.zero3_model_states.end(),
+                  [&](const RankFile& file) { return file.name == model; });
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenWrittenModelStates(tag_dir, model, have_model));
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(reader));
+  UCP_ASSIGN_OR_RETURN(const uint32_t tp, TpDegree(reader));
+  if (const Value* stage = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+    if (stage->kind() == Kind::kInt && stage->AsInt64() != 3) {
+      return FieldError(reader, "ds_config/zero_optimization/stage",
+                        "not 3, but the file is named as ZeRO-3's");
+    }
+  }
+  const bool bf16 = Bf16Prefix(listing, reader);
+  std::vector<std::string> files;
+  const std::string prefix = bf16 ? "bf16_" : "";
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(Zero3ModelStatesName(r, t));
+  }
+  for (uint32_t t = 0; t < tp; ++t) {
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
+  }
+  return files;
+}
+
+Result<AtomIndex> DeepSpeedZero3Adapter::BuildIndex(const std::string& tag_dir,
+                                                    const IndexOptions& options) const {
+  UCP_ASSIGN_OR_RETURN(const Zero3Tag tag, ReadTag(tag_dir));
+  AtomIndexContents c;
+  UCP_RETURN_IF_ERROR(AddFiles(tag_dir, tag, options, c));
+  IndexRecords records;
+  UCP_RETURN_IF_ERROR(AddTrainableAtoms(tag, c, records));
+  UCP_RETURN_IF_ERROR(AddFrozenAtoms(tag, c, records));
+  AddCarried(tag, c, records);
+  return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
+}
+
+Result<OutputPlan> DeepSpeedZero3Adapter::PlanReshard(const AtomIndex& index,
+                                                      const std::string& tag_dir,
+                                                      const Topology& target) const {
+  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckReshardTarget(facts, target));
+  UCP_ASSIGN_OR_RETURN(const ReshardLayout to, LayoutAtTarget(index, tag_dir, facts, target, ep));
+  OutputPlan plan;
+  UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, to, plan));
+  UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, to, plan));
   return plan;
 }
 
