@@ -1834,11 +1834,20 @@ void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records
       }
     }
   }
+  std::vector<std::string> rewritten_model = {"dp_world_size", "frozen_param_fragments"};
+  if (tag.placement.ep != 0) {  // a rank's place at the target's DP and expert-parallel sizes
+    const std::string autoep_size = "ds_config/expert_parallel/autoep_size";
+    rewritten_model.insert(
+        rewritten_model.end(),
+        {"param_shapes", std::string(kAutoEpLayers),
+         std::string(deepspeed::kUniversalCheckpointInfo) + "/" + std::string(kAutoEpLayers),
+         autoep_size});
+    rewritten_optim.insert(rewritten_optim.end(),
+                           {std::string(kOsd) + "/" + std::string(kPartitionGroups), autoep_size});
+  }
   for (uint32_t t = 0; t < tp; ++t) {
     for (uint32_t r = 0; r < dp; ++r) {
-      c.carried.push_back({std::string(kModelRole),
-                           tag.ModelFile(t, r),
-                           {"dp_world_size", "frozen_param_fragments"}});
+      c.carried.push_back({std::string(kModelRole), tag.ModelFile(t, r), rewritten_model});
     }
   }
   c.carried.push_back({std::string(kOptimRole), tag.OptimFile(0, 0), rewritten_optim});
