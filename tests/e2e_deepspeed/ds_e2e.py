@@ -360,14 +360,7 @@ def step_universal(args, env, work):
     tag_dir = os.path.join(work, 'ckpt', TAG)
     universal = os.path.join(work, 'universal')
     shutil.rmtree(universal, ignore_errors=True)
-    start = time.monotonic()
-    convert = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', tag_dir, '--output_folder', os.path.join(universal, TAG),
-         '--inject_missing_state'], env=env, capture_output=True, text=True)
-    convert_seconds = time.monotonic() - start
-    if convert.returncode != 0:
-        fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
+    ds_to_universal(env, tag_dir, os.path.join(universal, TAG))
     oracle_config = ORACLE_CONFIG.get(args.config, args.config)
     status, seconds, output = run_past_flakes(lambda: launch(
         args, env, RESUME_DP, os.path.join(work, 'universal.log'),
@@ -375,8 +368,7 @@ def step_universal(args, env, work):
          '--out', os.path.join(work, 'universal.json')], config=oracle_config), STEPS)
     if status != 0:
         fail(f'DeepSpeed universal load at DP={RESUME_DP} exited {status}:\n{output[-3000:]}')
-    print(f'ds_to_universal.py: {convert_seconds:.1f} s; DP={RESUME_DP} universal resume '
-          f'({oracle_config}): {seconds:.1f} s')
+    print(f'DP={RESUME_DP} universal resume ({oracle_config}): {seconds:.1f} s')
     print_losses(f'losses DP={RESUME_DP} universal', losses(os.path.join(work, 'universal.json')))
     if oracle_config != args.config:
         out = os.path.join(work, 'universal_as_saved.json')

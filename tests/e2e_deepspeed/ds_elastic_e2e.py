@@ -150,13 +150,7 @@ def main():
     if bits(rigid) != bits(saved):
         ds_e2e.fail('the rigid and elastic saving runs differ in their losses')
     universal = os.path.join(work, 'universal')
-    convert = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', os.path.join(work, 'ckpt_rigid', TAG),
-         '--output_folder', os.path.join(universal, TAG), '--inject_missing_state'],
-        env=env, capture_output=True, text=True)
-    if convert.returncode != 0:
-        ds_e2e.fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
+    ds_e2e.ds_to_universal(env, os.path.join(work, 'ckpt_rigid', TAG), os.path.join(universal, TAG))
     oracle = trained(args, env, work, 'universal', RESUME_DP, DEEPSPEED_ADAM,
                      ['--load_dir', universal, '--load_tag', TAG, '--universal'])
     ds_e2e.print_losses(f'losses DP={RESUME_DP} universal (rigid save)', oracle)

@@ -37,7 +37,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import ds_e2e
 from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
@@ -114,14 +113,7 @@ def step_universal(args, env, work):
     tag_dir = os.path.join(work, 'ckpt', TAG)
     universal = os.path.join(work, 'universal')
     shutil.rmtree(universal, ignore_errors=True)
-    start = time.monotonic()
-    convert = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', tag_dir, '--output_folder', os.path.join(universal, f'{TAG}_universal'),
-         '--inject_missing_state'], env=env, capture_output=True, text=True)
-    convert_seconds = time.monotonic() - start
-    if convert.returncode != 0:
-        fail(f'ds_to_universal.py exited {convert.returncode}:\n{convert.stderr[-2000:]}')
+    ds_e2e.ds_to_universal(env, tag_dir, os.path.join(universal, f'{TAG}_universal'))
     status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
         args, env, MODELS[args.model].resume, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
@@ -129,8 +121,7 @@ def step_universal(args, env, work):
     if status != 0:
         fail(f'DeepSpeed universal load at {resume} exited {status}:\n'
              f'{output[-3000:]}')
-    print(f'ds_to_universal.py: {convert_seconds:.1f} s; {resume} universal '
-          f'resume: {seconds:.1f} s')
+    print(f'{resume} universal resume: {seconds:.1f} s')
     print_losses('losses universal', losses(os.path.join(work, 'universal.json')))
 
 

@@ -106,13 +106,7 @@ def live_source(args, env, work, ckpt, universal):
                     f'{ds_e2e.log_tail(logs)}')
     copy = os.path.join(work, 'copy', TAG)
     shutil.copytree(tag_dir, copy, ignore=shutil.ignore_patterns('.ucp'))
-    convert = subprocess.run(
-        [sys.executable, os.path.join(env['DS_PACKAGE'], 'checkpoint', 'ds_to_universal.py'),
-         '--input_folder', copy, '--output_folder', os.path.join(universal, TAG + '_universal'),
-         '--inject_missing_state'], env=env, capture_output=True, text=True)
-    if convert.returncode != 0:
-        ds_e2e.fail(f'ds_to_universal.py exited {convert.returncode}:\n'
-                    f'{convert.stdout[-2000:]}{convert.stderr[-2000:]}')
+    ds_e2e.ds_to_universal(env, copy, os.path.join(universal, TAG + '_universal'))
     with open(os.path.join(universal, 'latest_universal'), 'w') as f:
         f.write(TAG + '_universal')
     engine = f' with checkpoint {args.checkpoint_config}' if args.checkpoint_config else ''
