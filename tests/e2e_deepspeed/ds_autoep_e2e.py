@@ -367,7 +367,7 @@ def main():
     args = ds_e2e.parse_run_arguments(parser)
     env = ds_e2e.trainer_environment(args)
     work = harness.fresh_dir(os.path.join(args.work, 'autoep'))
-    report = harness.Report('ZeRO-1 AutoEP')
+    report = harness.Report('AutoEP')
 
     logs = os.path.join(work, 'logs_save')
     tag_dir, _ = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'ckpt', DP, EP,
