@@ -1736,6 +1736,461 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
   return stages;
 }
 
+// A tensor- or pipeline-parallel tag as BuildIndex's phases read it.
+struct TpIndexTag {
+  GridTag grid;
+  Patterns patterns;
+  int64_t zero_stage = 1;
+  uint32_t world = 1;  // dp × tp × pp
+};
+
+// Each file's number in the index, by name.
+using FileIndex = std::map<std::string, uint32_t>;
+
+// Each parameter's shard map, as BuildIndex's phase 2 resolves it.
+struct ShardRules {
+  std::optional<AutoTpMaps> autotp;
+  std::map<std::string, ShardMap> maps;
+  std::map<std::string, Shape> atom_shapes;
+  // Module tensors outside param_shapes split over the TP ranks (frozen parameters), indexed as
+  // their bit16 atoms.
+  std::vector<std::string> frozen;
+  std::optional<Vocab> vocab;
+};
+
+// The index file of stage s, TP rank t, DP rank r's optimizer states: after the model states of
+// every mp rank, each mp rank's DP ranks in order.
+uint32_t OptimFileOf(const GridTag& grid, uint32_t s, uint32_t t, uint32_t r) {
+  return grid.tp * grid.pp + MpRank(s, t, grid.tp) * grid.dp + r;
+}
+
+// Phase 1 of BuildIndex: every file of the grid read and cross-checked; each parameter's owning
+// stage and, in a pipeline tag, its layer-file tensors.
+Result<TpIndexTag> ReadTpTag(const std::string& tag_dir) {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  TpIndexTag tag;
+  UCP_ASSIGN_OR_RETURN(tag.grid, ReadGrid(tag_dir, listing));
+  GridTag& grid = tag.grid;
+  const TpModelStates& ms0 = grid.stages[0].models[0];
+  UCP_ASSIGN_OR_RETURN(tag.patterns, ReadPatterns(ms0.reader));
+  UCP_RETURN_IF_ERROR(AssignOwners(grid, tag.patterns.pipeline_replicated));
+  if (!grid.layer_names.empty()) {
+    UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
+    UCP_RETURN_IF_ERROR(RefuseSplitLayerEntries(grid, tag_dir));
+  }
+  const OptimStates& first = grid.stages[0].optim[0][0];
+  tag.zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
+  const std::optional<uint64_t> world = CheckedMul(uint64_t{grid.dp}, uint64_t{grid.tp} * grid.pp);
+  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
+    return FieldError(ms0.reader, "dp_world_size",
+                      "dp_world_size × mp_world_size exceeds 4294967295");
+  }
+  tag.world = static_cast<uint32_t>(*world);
+  return tag;
+}
+
+// Phase 2 of BuildIndex: the shard map of every parameter, from AutoTP's affine map or from the
+// rules and its owning stage's slices; then the module entries outside param_shapes (buffers,
+// frozen parameters): ZeRO-1/2 keeps them only in each TP rank's `module`, whole slices. Those
+// every TP rank holds alike are carried with the template (at tp = 1, those no rule splits); a
+// frozen parameter split over the TP ranks is indexed as its bit16 atom, to be written at the
+// target's slices.
+Result<ShardRules> ResolveShardRules(const std::string& tag_dir, const TpIndexTag& tag) {
+  const GridTag& grid = tag.grid;
+  const TpModelStates& ms0 = grid.stages[0].models[0];
+  const uint32_t tp = grid.tp;
+  const Patterns& patterns = tag.patterns;
+  ShardRules rules;
+  std::optional<AutoTpMaps>& autotp = rules.autotp;
+  if (grid.autotp) {
+    std::vector<std::string> names;
+    for (const auto& [name, where] : grid.owner) names.push_back(name);
+    UCP_ASSIGN_OR_RETURN(autotp, ReadAutoTpMaps(ms0.reader, tp, names));
+  }
+  std::map<std::string, ShardMap>& maps = rules.maps;
+  std::map<std::string, Shape>& atom_shapes = rules.atom_shapes;
+  bool any_vocab = false;
+  for (const auto& [name, where] : grid.owner) {
+    const auto [s, g, k] = where;
+    const TpTag& stage = grid.stages[s];
+    const TpModelStates& owner = stage.models[0];
+    Resolved resolved;
+    if (autotp) {
+      resolved.map = autotp->maps.at(name);
+      resolved.atom = autotp->whole_shapes.at(name);
+      resolved.check_slices = resolved.map->rule == Rule::kReplicated;
+    } else {
+      UCP_ASSIGN_OR_RETURN(resolved,
+                           Resolve(owner.reader, patterns, name, owner.groups[g].shapes[k], tp));
+    }
+    for (const TpModelStates& ms : stage.models) {
+      const auto it = ms.module.find(name);
+      if (it == ms.module.end() || it->second.tensor == nullptr) {
+        return FieldError(ms.reader, "module/" + name,
+                          "missing (param_shapes/" + std::to_string(g) + " names it)");
+      }
+      const Shape& listed = ms.groups[g].shapes[k];
+      if (it->second.tensor->shape != listed || !it->second.tensor->contiguous()) {
+        return Status::Corrupt(
+            Prefix(it->second.path) + name + ": shape " + ShapeText(it->second.tensor->shape) +
+            " or strides disagree with param_shapes " + ShapeText(listed) + " of " + ms.name);
+      }
+    }
+    const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
+    if (resolved.check_slices && !resolved.map && tp == 1) {
+      // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
+      resolved.map = ShardMap{};
+      resolved.map->rule = Rule::kUnnamed;
+    } else if (resolved.check_slices && (tp > 1 || averaged)) {
+      UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
+                           DifferingState(stage, g, k, averaged));
+      if (differing && !resolved.map) {
+        return Status::Unsupported(
+            Prefix(tag_dir) + name + ": no rule of " + std::string(kInfo) +
+            " covers this parameter and its TP slices differ (" + *differing +
+            "); ds_to_universal would concatenate them on dim 0, ucp does not guess: name it "
+            "in the client's universal_checkpoint_info patterns");
+      }
+      if (differing && resolved.map->rule == Rule::kReplicated) {
+        return Status::Corrupt(Prefix(tag_dir) + name +
+                               ": tp_replicated_parameter_patterns names it, but its TP slices "
+                               "differ (" +
+                               *differing + ")");
+      }
+      if (differing) {
+        return Status::Unsupported(Prefix(tag_dir) + name +
+                                   ": averaged over TP ranks whose slices differ (" + *differing +
+                                   "): their mean is in no file; not supported");
+      }
+      if (!resolved.map) resolved.map = ShardMap{};
+    }
+    any_vocab = any_vocab || resolved.map->vocab;
+    maps.emplace(name, *resolved.map);
+    atom_shapes.emplace(name, std::move(resolved.atom));
+  }
+  // The module entries outside param_shapes.
+  std::vector<std::string> candidates;  // at tp > 1 those whose slices differ; at tp = 1 all
+  for (const auto& [name, module0] : ms0.module) {
+    if (grid.owner.contains(name) || module0.tensor == nullptr) continue;
+    if (tp > 1) {
+      UCP_ASSIGN_OR_RETURN(const bool alike, ModuleSlicesAlike(grid.stages[0], name));
+      if (alike) continue;
+    }
+    candidates.push_back(name);
+  }
+  std::optional<AutoTpMaps> candidate_maps;  // one read of the affine map for all of them
+  if (autotp && !candidates.empty()) {
+    UCP_ASSIGN_OR_RETURN(candidate_maps, ReadAutoTpMaps(ms0.reader, tp, candidates));
+  }
+  for (const std::string& name : candidates) {
+    const ModuleTensor& module0 = ms0.module.at(name);
+    Resolved resolved;
+    if (candidate_maps) {
+      resolved.map = candidate_maps->maps.at(name);
+      resolved.atom = candidate_maps->whole_shapes.at(name);
+    } else {
+      UCP_ASSIGN_OR_RETURN(resolved,
+                           Resolve(ms0.reader, patterns, name, module0.tensor->shape, tp));
+    }
+    if (!resolved.map || resolved.map->rule != Rule::kSplit || resolved.map->vocab) {
+      if (tp == 1) continue;  // one slice, and no rule splits it: whole at any tp
+      return Status::Unsupported(
+          Prefix(module0.path) + "module/" + name +
+          ": not in param_shapes (a frozen parameter or a buffer), its TP slices differ, and no "
+          "rule of " +
+          std::string(kInfo) + " splits it; ucp cannot place it at another size");
+    }
+    maps.emplace(name, *resolved.map);
+    atom_shapes.emplace(name, std::move(resolved.atom));
+    rules.frozen.push_back(name);
+  }
+  if (any_vocab) {
+    UCP_ASSIGN_OR_RETURN(rules.vocab, ReadVocab(ms0.reader, patterns, tp));
+  }
+  return rules;
+}
+
+// Phase 3 of BuildIndex: what the index is of, and its files, hashed: model states by mp rank,
+// optimizer files by (mp rank, dp rank), then the layer files. Returns each file's index.
+Result<FileIndex> AddTpFiles(const std::string& tag_dir, const TpIndexTag& tag,
+                             const IndexOptions& options, AtomIndexContents& c) {
+  const GridTag& grid = tag.grid;
+  const TpModelStates& ms0 = grid.stages[0].models[0];
+  const uint32_t tp = grid.tp;
+  const uint32_t pp = grid.pp;
+  const uint32_t dp = grid.dp;
+  const uint32_t mp = tp * pp;
+  c.framework = "deepspeed";
+  c.framework_version = ms0.ds_version;
+  c.adapter = std::string(DeepSpeedTpAdapter::kName);
+  c.adapter_schema = DeepSpeedTpAdapter::kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {dp, tp, pp, tag.world, static_cast<uint32_t>(tag.zero_stage)};
+  std::vector<std::string> paths;
+  for (const TpTag& stage : grid.stages) {
+    for (const TpModelStates& ms : stage.models) paths.push_back(ms.name);
+  }
+  for (const TpTag& stage : grid.stages) {
+    for (const std::vector<OptimStates>& row : stage.optim) {
+      for (const OptimStates& os : row) paths.push_back(os.entry.name);
+    }
+  }
+  paths.insert(paths.end(), grid.layer_names.begin(), grid.layer_names.end());
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  FileIndex file_index;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const uint32_t at = static_cast<uint32_t>(i);
+    file_index[paths[i]] = at;
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3, std::string(kLayerRole),
+                     std::nullopt};
+    file.chunks = digests[i].chunks;
+    if (at < mp) {
+      file.role = kModelRole;
+      file.rank = RankCoordinates{0, at % tp, at / tp};
+    } else if (at < mp + uint64_t{mp} * dp) {
+      const uint32_t j = at - mp;
+      file.role = kOptimRole;
+      file.rank = RankCoordinates{j % dp, (j / dp) % tp, j / dp / tp};
+    }
+    c.files.push_back(std::move(file));
+  }
+  return file_index;
+}
+
+// Phase 4 of BuildIndex: the atoms of each parameter from its owning stage's files, groups in
+// stage order; the frozen ones' bit16 atoms after them. `params` gets each one's shard map.
+Status AddTpAtoms(const TpIndexTag& tag, const ShardRules& rules, const FileIndex& file_index,
+                  AtomIndexContents& c, nlohmann::json& params) {
+  const GridTag& grid = tag.grid;
+  const TpModelStates& ms0 = grid.stages[0].models[0];
+  const OptimStates& first = grid.stages[0].optim[0][0];
+  const uint32_t tp = grid.tp;
+  const uint32_t pp = grid.pp;
+  const uint32_t dp = grid.dp;
+  const std::map<std::string, ShardMap>& maps = rules.maps;
+  const std::map<std::string, Shape>& atom_shapes = rules.atom_shapes;
+  const std::optional<Vocab>& vocab = rules.vocab;
+  // The bit16 atom of `name` from its TP slices in `stage`'s module tensors (rank 0's alone
+  // unless split).
+  const auto add_module_atom = [&](const TpTag& stage, const std::string& name, const ShardMap& map,
+                                   const Geometry& geometry) -> Status {
+    const ModuleTensor& module0 = stage.models[0].module.at(name);
+    Atom bit16{name, "bit16", module0.tensor->dtype, geometry.atom, {}};
+    const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
+    for (uint32_t t = 0; t < ranks; ++t) {
+      const ModuleTensor& module = stage.models[t].module.at(name);
+      if (module.tensor->dtype != bit16.dtype) {
+        return Status::Corrupt(Prefix(module.path) + name + ": dtype differs from " + module0.file +
+                               "'s");
+      }
+      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
+                                            file_index.at(module.file),
+                                            module.tensor->file_offset(), module.tensor->dtype));
+    }
+    c.atoms.push_back(std::move(bit16));
+    return Status::Ok();
+  };
+  for (size_t g = 0; g < ms0.groups.size(); ++g) {
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
+    for (uint32_t s = 0; s < pp; ++s) {
+      const TpTag& stage = grid.stages[s];
+      const GroupLayout& layout = stage.models[0].groups[g];
+      // Each TP rank's flat buffer and its partitions: AutoTP's uneven slices make them differ.
+      std::vector<Partitioning> parts;
+      for (const TpModelStates& ms : stage.models) {
+        UCP_ASSIGN_OR_RETURN(Partitioning part, Partition(ms.groups[g].total, dp));
+        parts.push_back(std::move(part));
+      }
+      const Partitioning& p = parts[0];
+      for (size_t k = 0; k < layout.names.size(); ++k) {
+        const std::string& name = layout.names[k];
+        if (std::get<0>(grid.owner.at(name)) != s) continue;
+        group.params.push_back(name);
+        const ShardMap& map = maps.at(name);
+        params[name] = MapJson(map);
+        const Shape& shape = atom_shapes.at(name);
+        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                             GeometryAt(name, map, shape, tp, vocab, map.blocks));
+        for (uint32_t t = 0; t < tp; ++t) {
+          const Shape& listed = stage.models[t].groups[g].shapes[k];
+          if (LocalShape(geometry, t) != listed) {
+            return Status::Corrupt(Prefix(stage.models[t].reader.path()) + "param_shapes/" +
+                                   std::to_string(g) + "/" + name + ": " + ShapeText(listed) +
+                                   ", but its shard map gives TP rank " + std::to_string(t) + " " +
+                                   ShapeText(LocalShape(geometry, t)));
+          }
+        }
+        const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
+        const auto add_partitioned = [&](Atom& atom, int which) -> Status {
+          for (uint32_t t = 0; t < ranks; ++t) {
+            for (const Piece& piece : Pieces(stage.models[t].groups[g], k, parts[t])) {
+              const OptimGroup& og = stage.optim[t][piece.rank].groups[g];
+              const TorchTensor* tensor =
+                  which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
+              UCP_RETURN_IF_ERROR(AddSliceFragments(
+                  atom, map, geometry, t, piece.begin, piece.end,
+                  OptimFileOf(grid, s, t, piece.rank),
+                  tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
+            }
+          }
+          return Status::Ok();
+        };
+        const OptimGroup& stage_first = stage.optim[0][0].groups[g];
+        Atom fp32{name, "fp32", stage_first.fp32->dtype, shape, {}};
+        UCP_RETURN_IF_ERROR(add_partitioned(fp32, kFp32));
+        c.atoms.push_back(std::move(fp32));
+        for (size_t i = 0; i < stage_first.states.size(); ++i) {
+          const StateTensor& st = stage_first.states[i];
+          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+          if (st.tensor->shape.empty()) {
+            // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+            const uint32_t r =
+                std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
+            const TorchTensor* tensor = stage.optim[0][r].groups[g].states[i].tensor;
+            UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+            atom.fragments.push_back({OptimFileOf(grid, s, 0, r), tensor->file_offset(),
+                                      tensor->dtype, std::move(whole)});
+          } else {
+            atom.shape = shape;
+            UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(i)));
+          }
+          c.atoms.push_back(std::move(atom));
+        }
+        UCP_RETURN_IF_ERROR(add_module_atom(stage, name, map, geometry));
+      }
+    }
+    c.groups.push_back(std::move(group));
+  }
+  for (const std::string& name : rules.frozen) {
+    const ShardMap& map = maps.at(name);
+    params[name] = MapJson(map);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, atom_shapes.at(name), tp, vocab, map.blocks));
+    for (uint32_t t = 0; t < tp; ++t) {
+      const ModuleTensor& module = grid.stages[0].models[t].module.at(name);
+      if (LocalShape(geometry, t) != module.tensor->shape || !module.tensor->contiguous()) {
+        return Status::Corrupt(Prefix(module.path) + "module/" + name + ": " +
+                               ShapeText(module.tensor->shape) +
+                               ", but its shard map gives TP rank " + std::to_string(t) + " " +
+                               ShapeText(LocalShape(geometry, t)));
+      }
+      // A reshard writes the slice as the whole of the template's storage.
+      if (module.tensor->storage_offset != 0 ||
+          module.tensor->storage->numel != module.tensor->numel()) {
+        return Status::Unsupported(Prefix(module.path) + "module/" + name +
+                                   ": a frozen parameter split over the TP ranks that shares its "
+                                   "storage with other tensors; not supported");
+      }
+    }
+    UCP_RETURN_IF_ERROR(add_module_atom(grid.stages[0], name, map, geometry));
+  }
+  return Status::Ok();
+}
+
+// Phase 5 of BuildIndex: what the plans carry from the source files, and adapter_state (the
+// rules, the pipeline's stages and layer files).
+Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const ShardRules& rules,
+                    const FileIndex& file_index, AtomIndexContents& c, nlohmann::json params) {
+  const GridTag& grid = tag.grid;
+  const TpModelStates& ms0 = grid.stages[0].models[0];
+  const OptimStates& first = grid.stages[0].optim[0][0];
+  const uint32_t tp = grid.tp;
+  const uint32_t pp = grid.pp;
+  const uint32_t mp = tp * pp;
+  const std::optional<AutoTpMaps>& autotp = rules.autotp;
+  const std::optional<Vocab>& vocab = rules.vocab;
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < ms0.groups.size(); ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
+                                  std::to_string(g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
+                                              "mp_world_size"};
+  if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
+  if (autotp) {
+    for (const char* field :
+         {"checkpoint_parallel_dimensions/tp_degree", "ds_config/tensor_parallel/autotp_size",
+          "universal_checkpoint_info"}) {
+      rewritten_model.push_back(field);
+    }
+    rewritten_optim.push_back("ds_config/tensor_parallel/autotp_size");
+  }
+  nlohmann::json pipeline;  // null unless a pipeline tag
+  c.carried = {
+      {std::string(kModelRole), 0, rewritten_model},
+      {std::string(kOptimRole), mp, rewritten_optim},
+      {std::string(kUniversalRole),
+       mp,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+  // The universal export copies every mp rank's model states.
+  for (uint32_t i = 1; i < mp; ++i) c.carried.push_back({std::string(kCopiedModelRole), i, {}});
+  nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
+  if (autotp) tp_state["autotp"] = {{"vocabulary", autotp->vocabulary}};
+  if (!rules.frozen.empty()) tp_state["frozen"] = rules.frozen;
+  if (vocab) {
+    tp_state["vocab"] = {{"original", vocab->original},
+                         {"padded", vocab->padded},
+                         {"divisible_by", vocab->divisible_by}};
+  }
+  if (!grid.layer_names.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const TpTag& stage : grid.stages) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const GroupLayout& layout : stage.models[0].groups) groups.push_back(layout.names);
+      stages.push_back(std::move(groups));
+    }
+    // Every layer file of TP rank 0, with the parameters it holds: the target's layer files'
+    // templates.
+    std::map<uint32_t, nlohmann::json> layers;
+    for (const std::string& file : grid.layer_names) {
+      const std::optional<FileName> parsed = ParseFileName(file);
+      if (parsed->model_rank != 0) continue;
+      layers[parsed->layer] = {{"layer", parsed->layer},
+                               {"file", file_index.at(file)},
+                               {"params", nlohmann::json::object()}};
+    }
+    for (const auto& [name, where] : grid.owner) {
+      const ModuleTensor& module = grid.stages[std::get<0>(where)].models[0].module.at(name);
+      const std::optional<FileName> parsed = ParseFileName(module.file);
+      if (!layers.contains(parsed->layer)) {
+        return Status::NotFound(Prefix(tag_dir + "/" + TpLayerStatesName(parsed->layer, 0)) +
+                                "not found (" + module.file + " holds " + name + ")");
+      }
+      layers[parsed->layer]["params"][module.key] = name;
+    }
+    nlohmann::json layer_list = nlohmann::json::array();
+    for (auto& [layer, entry] : layers) {
+      std::vector<std::string> keys;
+      for (const auto& [key, param] : entry["params"].items()) keys.push_back(key);
+      c.carried.push_back(
+          {std::string(kLayerRole), entry["file"].get<uint32_t>(), std::move(keys)});
+      layer_list.push_back(std::move(entry));
+    }
+    pipeline = {{"stages", std::move(stages)}, {"layers", std::move(layer_list)}};
+  }
+  c.adapter_state = {
+      {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
+      {"file_prefix", grid.prefix},
+      {"alignment_factor", kAlignmentFactor},
+      {"fp32_padding_stripped", !first.bf16_optimizer},
+      {"zero_stage", tag.zero_stage},
+      {"tp", std::move(tp_state)},
+  };
+  if (!pipeline.is_null()) c.adapter_state["pipeline"] = std::move(pipeline);
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
@@ -1806,391 +2261,13 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
                                                  const IndexOptions& options) const {
-  // 1. Read and cross-check every file of the grid; find each parameter's owning stage and, in a
-  //    pipeline tag, its layer-file tensors.
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
-  UCP_ASSIGN_OR_RETURN(GridTag grid, ReadGrid(tag_dir, listing));
-  const TpModelStates& ms0 = grid.stages[0].models[0];
-  UCP_ASSIGN_OR_RETURN(const Patterns patterns, ReadPatterns(ms0.reader));
-  UCP_RETURN_IF_ERROR(AssignOwners(grid, patterns.pipeline_replicated));
-  if (!grid.layer_names.empty()) {
-    UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
-    UCP_RETURN_IF_ERROR(RefuseSplitLayerEntries(grid, tag_dir));
-  }
-  const uint32_t tp = grid.tp;
-  const uint32_t pp = grid.pp;
-  const uint32_t dp = grid.dp;
-  const OptimStates& first = grid.stages[0].optim[0][0];
-  const int64_t zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
-  const std::optional<uint64_t> world = CheckedMul(uint64_t{dp}, uint64_t{tp} * pp);
-  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
-    return FieldError(ms0.reader, "dp_world_size",
-                      "dp_world_size × mp_world_size exceeds 4294967295");
-  }
-
-  // 2. The shard map of every parameter: from AutoTP's affine map, or from the rules and its
-  //    owning stage's slices.
-  std::optional<AutoTpMaps> autotp;
-  if (grid.autotp) {
-    std::vector<std::string> names;
-    for (const auto& [name, where] : grid.owner) names.push_back(name);
-    UCP_ASSIGN_OR_RETURN(autotp, ReadAutoTpMaps(ms0.reader, tp, names));
-  }
-  std::map<std::string, ShardMap> maps;
-  std::map<std::string, Shape> atom_shapes;
-  bool any_vocab = false;
-  for (const auto& [name, where] : grid.owner) {
-    const auto [s, g, k] = where;
-    const TpTag& stage = grid.stages[s];
-    const TpModelStates& owner = stage.models[0];
-    Resolved resolved;
-    if (autotp) {
-      resolved.map = autotp->maps.at(name);
-      resolved.atom = autotp->whole_shapes.at(name);
-      resolved.check_slices = resolved.map->rule == Rule::kReplicated;
-    } else {
-      UCP_ASSIGN_OR_RETURN(resolved,
-                           Resolve(owner.reader, patterns, name, owner.groups[g].shapes[k], tp));
-    }
-    for (const TpModelStates& ms : stage.models) {
-      const auto it = ms.module.find(name);
-      if (it == ms.module.end() || it->second.tensor == nullptr) {
-        return FieldError(ms.reader, "module/" + name,
-                          "missing (param_shapes/" + std::to_string(g) + " names it)");
-      }
-      const Shape& listed = ms.groups[g].shapes[k];
-      if (it->second.tensor->shape != listed || !it->second.tensor->contiguous()) {
-        return Status::Corrupt(
-            Prefix(it->second.path) + name + ": shape " + ShapeText(it->second.tensor->shape) +
-            " or strides disagree with param_shapes " + ShapeText(listed) + " of " + ms.name);
-      }
-    }
-    const bool averaged = resolved.map && resolved.map->rule == Rule::kAveraged;
-    if (resolved.check_slices && !resolved.map && tp == 1) {
-      // One slice, nothing to compare it with: whole at tp = 1, refused at tp > 1.
-      resolved.map = ShardMap{};
-      resolved.map->rule = Rule::kUnnamed;
-    } else if (resolved.check_slices && (tp > 1 || averaged)) {
-      UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
-                           DifferingState(stage, g, k, averaged));
-      if (differing && !resolved.map) {
-        return Status::Unsupported(
-            Prefix(tag_dir) + name + ": no rule of " + std::string(kInfo) +
-            " covers this parameter and its TP slices differ (" + *differing +
-            "); ds_to_universal would concatenate them on dim 0, ucp does not guess: name it "
-            "in the client's universal_checkpoint_info patterns");
-      }
-      if (differing && resolved.map->rule == Rule::kReplicated) {
-        return Status::Corrupt(Prefix(tag_dir) + name +
-                               ": tp_replicated_parameter_patterns names it, but its TP slices "
-                               "differ (" +
-                               *differing + ")");
-      }
-      if (differing) {
-        return Status::Unsupported(Prefix(tag_dir) + name +
-                                   ": averaged over TP ranks whose slices differ (" + *differing +
-                                   "): their mean is in no file; not supported");
-      }
-      if (!resolved.map) resolved.map = ShardMap{};
-    }
-    any_vocab = any_vocab || resolved.map->vocab;
-    maps.emplace(name, *resolved.map);
-    atom_shapes.emplace(name, std::move(resolved.atom));
-  }
-  // 2b. Module entries outside param_shapes (buffers, frozen parameters): ZeRO-1/2 keeps them
-  //     only in each TP rank's `module`, whole slices. Those every TP rank holds alike are carried
-  //     with the template (at tp = 1, those no rule splits); a frozen parameter split over the TP
-  //     ranks is indexed as its bit16 atom, to be written at the target's slices.
-  std::vector<std::string> candidates;  // at tp > 1 those whose slices differ; at tp = 1 all
-  for (const auto& [name, module0] : ms0.module) {
-    if (grid.owner.contains(name) || module0.tensor == nullptr) continue;
-    if (tp > 1) {
-      UCP_ASSIGN_OR_RETURN(const bool alike, ModuleSlicesAlike(grid.stages[0], name));
-      if (alike) continue;
-    }
-    candidates.push_back(name);
-  }
-  std::optional<AutoTpMaps> candidate_maps;  // one read of the affine map for all of them
-  if (autotp && !candidates.empty()) {
-    UCP_ASSIGN_OR_RETURN(candidate_maps, ReadAutoTpMaps(ms0.reader, tp, candidates));
-  }
-  std::vector<std::string> frozen;
-  for (const std::string& name : candidates) {
-    const ModuleTensor& module0 = ms0.module.at(name);
-    Resolved resolved;
-    if (candidate_maps) {
-      resolved.map = candidate_maps->maps.at(name);
-      resolved.atom = candidate_maps->whole_shapes.at(name);
-    } else {
-      UCP_ASSIGN_OR_RETURN(resolved,
-                           Resolve(ms0.reader, patterns, name, module0.tensor->shape, tp));
-    }
-    if (!resolved.map || resolved.map->rule != Rule::kSplit || resolved.map->vocab) {
-      if (tp == 1) continue;  // one slice, and no rule splits it: whole at any tp
-      return Status::Unsupported(
-          Prefix(module0.path) + "module/" + name +
-          ": not in param_shapes (a frozen parameter or a buffer), its TP slices differ, and no "
-          "rule of " +
-          std::string(kInfo) + " splits it; ucp cannot place it at another size");
-    }
-    maps.emplace(name, *resolved.map);
-    atom_shapes.emplace(name, std::move(resolved.atom));
-    frozen.push_back(name);
-  }
-  std::optional<Vocab> vocab;
-  if (any_vocab) {
-    UCP_ASSIGN_OR_RETURN(vocab, ReadVocab(ms0.reader, patterns, tp));
-  }
-
-  // 3. The files, hashed: model states by mp rank, optimizer files by (mp rank, dp rank), then the
-  //    layer files.
+  UCP_ASSIGN_OR_RETURN(const TpIndexTag tag, ReadTpTag(tag_dir));
+  UCP_ASSIGN_OR_RETURN(const ShardRules rules, ResolveShardRules(tag_dir, tag));
   AtomIndexContents c;
-  c.framework = "deepspeed";
-  c.framework_version = ms0.ds_version;
-  c.adapter = std::string(kName);
-  c.adapter_schema = kSchema;
-  c.tag = TagName(tag_dir);
-  c.topology = {dp, tp, pp, static_cast<uint32_t>(*world), static_cast<uint32_t>(zero_stage)};
-  const uint32_t mp = tp * pp;
-  std::vector<std::string> paths;
-  for (const TpTag& stage : grid.stages) {
-    for (const TpModelStates& ms : stage.models) paths.push_back(ms.name);
-  }
-  for (const TpTag& stage : grid.stages) {
-    for (const std::vector<OptimStates>& row : stage.optim) {
-      for (const OptimStates& os : row) paths.push_back(os.entry.name);
-    }
-  }
-  paths.insert(paths.end(), grid.layer_names.begin(), grid.layer_names.end());
-  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
-  std::map<std::string, uint32_t> file_index;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const uint32_t at = static_cast<uint32_t>(i);
-    file_index[paths[i]] = at;
-    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3, std::string(kLayerRole),
-                     std::nullopt};
-    file.chunks = digests[i].chunks;
-    if (at < mp) {
-      file.role = kModelRole;
-      file.rank = RankCoordinates{0, at % tp, at / tp};
-    } else if (at < mp + uint64_t{mp} * dp) {
-      const uint32_t j = at - mp;
-      file.role = kOptimRole;
-      file.rank = RankCoordinates{j % dp, (j / dp) % tp, j / dp / tp};
-    }
-    c.files.push_back(std::move(file));
-  }
-  const auto optim_file = [&](uint32_t s, uint32_t t, uint32_t r) {
-    return mp + MpRank(s, t, tp) * dp + r;
-  };
-
-  // 4. The atoms of each parameter from its owning stage's files, groups in stage order; the
-  //    frozen ones' bit16 atoms after them.
+  UCP_ASSIGN_OR_RETURN(const FileIndex file_index, AddTpFiles(tag_dir, tag, options, c));
   nlohmann::json params = nlohmann::json::object();
-  // The bit16 atom of `name` from its TP slices in `stage`'s module tensors (rank 0's alone
-  // unless split).
-  const auto add_module_atom = [&](const TpTag& stage, const std::string& name, const ShardMap& map,
-                                   const Geometry& geometry) -> Status {
-    const ModuleTensor& module0 = stage.models[0].module.at(name);
-    Atom bit16{name, "bit16", module0.tensor->dtype, geometry.atom, {}};
-    const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
-    for (uint32_t t = 0; t < ranks; ++t) {
-      const ModuleTensor& module = stage.models[t].module.at(name);
-      if (module.tensor->dtype != bit16.dtype) {
-        return Status::Corrupt(Prefix(module.path) + name + ": dtype differs from " + module0.file +
-                               "'s");
-      }
-      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
-                                            file_index.at(module.file),
-                                            module.tensor->file_offset(), module.tensor->dtype));
-    }
-    c.atoms.push_back(std::move(bit16));
-    return Status::Ok();
-  };
-  for (size_t g = 0; g < ms0.groups.size(); ++g) {
-    ParamGroup group =
-        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
-    for (uint32_t s = 0; s < pp; ++s) {
-      const TpTag& stage = grid.stages[s];
-      const GroupLayout& layout = stage.models[0].groups[g];
-      // Each TP rank's flat buffer and its partitions: AutoTP's uneven slices make them differ.
-      std::vector<Partitioning> parts;
-      for (const TpModelStates& ms : stage.models) {
-        UCP_ASSIGN_OR_RETURN(Partitioning part, Partition(ms.groups[g].total, dp));
-        parts.push_back(std::move(part));
-      }
-      const Partitioning& p = parts[0];
-      for (size_t k = 0; k < layout.names.size(); ++k) {
-        const std::string& name = layout.names[k];
-        if (std::get<0>(grid.owner.at(name)) != s) continue;
-        group.params.push_back(name);
-        const ShardMap& map = maps.at(name);
-        params[name] = MapJson(map);
-        const Shape& shape = atom_shapes.at(name);
-        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                             GeometryAt(name, map, shape, tp, vocab, map.blocks));
-        for (uint32_t t = 0; t < tp; ++t) {
-          const Shape& listed = stage.models[t].groups[g].shapes[k];
-          if (LocalShape(geometry, t) != listed) {
-            return Status::Corrupt(Prefix(stage.models[t].reader.path()) + "param_shapes/" +
-                                   std::to_string(g) + "/" + name + ": " + ShapeText(listed) +
-                                   ", but its shard map gives TP rank " + std::to_string(t) + " " +
-                                   ShapeText(LocalShape(geometry, t)));
-          }
-        }
-        const uint32_t ranks = map.rule == Rule::kSplit ? tp : 1;
-        const auto add_partitioned = [&](Atom& atom, int which) -> Status {
-          for (uint32_t t = 0; t < ranks; ++t) {
-            for (const Piece& piece : Pieces(stage.models[t].groups[g], k, parts[t])) {
-              const OptimGroup& og = stage.optim[t][piece.rank].groups[g];
-              const TorchTensor* tensor =
-                  which == kFp32 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
-              UCP_RETURN_IF_ERROR(AddSliceFragments(
-                  atom, map, geometry, t, piece.begin, piece.end, optim_file(s, t, piece.rank),
-                  tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
-            }
-          }
-          return Status::Ok();
-        };
-        const OptimGroup& stage_first = stage.optim[0][0].groups[g];
-        Atom fp32{name, "fp32", stage_first.fp32->dtype, shape, {}};
-        UCP_RETURN_IF_ERROR(add_partitioned(fp32, kFp32));
-        c.atoms.push_back(std::move(fp32));
-        for (size_t i = 0; i < stage_first.states.size(); ++i) {
-          const StateTensor& st = stage_first.states[i];
-          Atom atom{name, st.key, st.tensor->dtype, {}, {}};
-          if (st.tensor->shape.empty()) {
-            // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
-            const uint32_t r =
-                std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), dp - 1);
-            const TorchTensor* tensor = stage.optim[0][r].groups[g].states[i].tensor;
-            UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
-            atom.fragments.push_back(
-                {optim_file(s, 0, r), tensor->file_offset(), tensor->dtype, std::move(whole)});
-          } else {
-            atom.shape = shape;
-            UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(i)));
-          }
-          c.atoms.push_back(std::move(atom));
-        }
-        UCP_RETURN_IF_ERROR(add_module_atom(stage, name, map, geometry));
-      }
-    }
-    c.groups.push_back(std::move(group));
-  }
-  for (const std::string& name : frozen) {
-    const ShardMap& map = maps.at(name);
-    params[name] = MapJson(map);
-    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                         GeometryAt(name, map, atom_shapes.at(name), tp, vocab, map.blocks));
-    for (uint32_t t = 0; t < tp; ++t) {
-      const ModuleTensor& module = grid.stages[0].models[t].module.at(name);
-      if (LocalShape(geometry, t) != module.tensor->shape || !module.tensor->contiguous()) {
-        return Status::Corrupt(Prefix(module.path) + "module/" + name + ": " +
-                               ShapeText(module.tensor->shape) +
-                               ", but its shard map gives TP rank " + std::to_string(t) + " " +
-                               ShapeText(LocalShape(geometry, t)));
-      }
-      // A reshard writes the slice as the whole of the template's storage.
-      if (module.tensor->storage_offset != 0 ||
-          module.tensor->storage->numel != module.tensor->numel()) {
-        return Status::Unsupported(Prefix(module.path) + "module/" + name +
-                                   ": a frozen parameter split over the TP ranks that shares its "
-                                   "storage with other tensors; not supported");
-      }
-    }
-    UCP_RETURN_IF_ERROR(add_module_atom(grid.stages[0], name, map, geometry));
-  }
-
-  // 5. What the plans carry from the source files, and the rules.
-  std::vector<std::string> rewritten_optim;
-  for (size_t g = 0; g < ms0.groups.size(); ++g) {
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) {
-        rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/" +
-                                  std::to_string(g) + "/" + st.key);
-      }
-    }
-  }
-  for (std::string& field : RewrittenPartitionFields(first.reader)) {
-    rewritten_optim.push_back(std::move(field));
-  }
-  std::vector<std::string> rewritten_model = {"module", "param_shapes", "dp_world_size",
-                                              "mp_world_size"};
-  if (vocab) rewritten_model.push_back(std::string(kInfo) + "/padded_vocab_size");
-  if (autotp) {
-    for (const char* field :
-         {"checkpoint_parallel_dimensions/tp_degree", "ds_config/tensor_parallel/autotp_size",
-          "universal_checkpoint_info"}) {
-      rewritten_model.push_back(field);
-    }
-    rewritten_optim.push_back("ds_config/tensor_parallel/autotp_size");
-  }
-  nlohmann::json pipeline;  // null unless a pipeline tag
-  c.carried = {
-      {std::string(kModelRole), 0, rewritten_model},
-      {std::string(kOptimRole), mp, rewritten_optim},
-      {std::string(kUniversalRole),
-       mp,
-       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
-        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
-  // The universal export copies every mp rank's model states.
-  for (uint32_t i = 1; i < mp; ++i) c.carried.push_back({std::string(kCopiedModelRole), i, {}});
-  nlohmann::json tp_state = {{"degree", tp}, {"params", std::move(params)}};
-  if (autotp) tp_state["autotp"] = {{"vocabulary", autotp->vocabulary}};
-  if (!frozen.empty()) tp_state["frozen"] = frozen;
-  if (vocab) {
-    tp_state["vocab"] = {{"original", vocab->original},
-                         {"padded", vocab->padded},
-                         {"divisible_by", vocab->divisible_by}};
-  }
-  if (!grid.layer_names.empty()) {
-    nlohmann::json stages = nlohmann::json::array();
-    for (const TpTag& stage : grid.stages) {
-      nlohmann::json groups = nlohmann::json::array();
-      for (const GroupLayout& layout : stage.models[0].groups) groups.push_back(layout.names);
-      stages.push_back(std::move(groups));
-    }
-    // Every layer file of TP rank 0, with the parameters it holds: the target's layer files'
-    // templates.
-    std::map<uint32_t, nlohmann::json> layers;
-    for (const std::string& file : grid.layer_names) {
-      const std::optional<FileName> parsed = ParseFileName(file);
-      if (parsed->model_rank != 0) continue;
-      layers[parsed->layer] = {{"layer", parsed->layer},
-                               {"file", file_index.at(file)},
-                               {"params", nlohmann::json::object()}};
-    }
-    for (const auto& [name, where] : grid.owner) {
-      const ModuleTensor& module = grid.stages[std::get<0>(where)].models[0].module.at(name);
-      const std::optional<FileName> parsed = ParseFileName(module.file);
-      if (!layers.contains(parsed->layer)) {
-        return Status::NotFound(Prefix(tag_dir + "/" + TpLayerStatesName(parsed->layer, 0)) +
-                                "not found (" + module.file + " holds " + name + ")");
-      }
-      layers[parsed->layer]["params"][module.key] = name;
-    }
-    nlohmann::json layer_list = nlohmann::json::array();
-    for (auto& [layer, entry] : layers) {
-      std::vector<std::string> keys;
-      for (const auto& [key, param] : entry["params"].items()) keys.push_back(key);
-      c.carried.push_back(
-          {std::string(kLayerRole), entry["file"].get<uint32_t>(), std::move(keys)});
-      layer_list.push_back(std::move(entry));
-    }
-    pipeline = {{"stages", std::move(stages)}, {"layers", std::move(layer_list)}};
-  }
-  c.adapter_state = {
-      {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
-      {"file_prefix", grid.prefix},
-      {"alignment_factor", kAlignmentFactor},
-      {"fp32_padding_stripped", !first.bf16_optimizer},
-      {"zero_stage", zero_stage},
-      {"tp", std::move(tp_state)},
-  };
-  if (!pipeline.is_null()) c.adapter_state["pipeline"] = std::move(pipeline);
+  UCP_RETURN_IF_ERROR(AddTpAtoms(tag, rules, file_index, c, params));
+  UCP_RETURN_IF_ERROR(AddTpCarried(tag_dir, tag, rules, file_index, c, std::move(params)));
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
 
