@@ -480,6 +480,293 @@ Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveR
   return out;
 }
 
+// Each layer's file number in the index.
+using LayerFileIndex = std::map<uint32_t, uint32_t>;
+
+// A pipeline tag as BuildIndex's phases read it.
+struct PipeTag {
+  std::vector<StageModel> stages;               // by stage
+  std::vector<StageOptim> optims;               // stage-major, each stage's DP ranks in order
+  std::string prefix;                           // of the optimizer files: "" or "bf16_"
+  std::map<uint32_t, std::string> layer_files;  // layer → its file
+  uint64_t layers = 0;                          // one past the highest layer
+  uint32_t pp = 1;
+  uint32_t dp = 1;
+  uint32_t world = 1;
+};
+
+// Phase 1 of BuildIndex: every stage's model states, checked to be of one save.
+Status ReadStages(const std::string& tag_dir, const TagListing& listing, PipeTag& tag) {
+  std::vector<StageModel>& stages = tag.stages;
+  UCP_ASSIGN_OR_RETURN(StageModel first_model, ReadStageModel(tag_dir, ModelStatesName(0)));
+  tag.pp = static_cast<uint32_t>(first_model.pp);
+  tag.dp = first_model.dp;
+  const uint32_t pp = tag.pp;
+  const uint32_t dp = tag.dp;
+  stages.push_back(std::move(first_model));
+  for (uint32_t s = 1; s < pp; ++s) {
+    const std::string name = ModelStatesName(s);
+    if (!listing.model_states.contains(s)) {
+      return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (mp_world_size " +
+                              std::to_string(pp) + " in " + stages.front().name + ")");
+    }
+    UCP_ASSIGN_OR_RETURN(StageModel sm, ReadStageModel(tag_dir, name));
+    for (const auto& [field, same] :
+         {std::pair{"ds_version", sm.ds_version == stages.front().ds_version},
+          std::pair{"dp_world_size", sm.dp == dp}, std::pair{"mp_world_size", sm.pp == pp}}) {
+      if (!same) {
+        return FieldError(sm.reader, field,
+                          "differs from " + stages.front().name + " (a file of another save)");
+      }
+    }
+    stages.push_back(std::move(sm));
+  }
+  for (const auto& [mp, name] : listing.model_states) {
+    if (mp >= pp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "stage " + std::to_string(mp) +
+                             " >= mp_world_size " + std::to_string(pp) + " of " +
+                             stages.front().name + " (a file of another save)");
+    }
+  }
+  return Status::Ok();
+}
+
+// Phase 2 of BuildIndex: one optimizer file per (rank, stage), all with one prefix (bf16_ in a
+// bf16 run), each checked against its stage.
+Status ReadStageOptims(const std::string& tag_dir, const TagListing& listing, PipeTag& tag) {
+  const std::vector<StageModel>& stages = tag.stages;
+  const uint32_t pp = tag.pp;
+  const uint32_t dp = tag.dp;
+  tag.prefix = listing.optim.empty() ? "" : listing.optim.front().prefix;
+  const std::string& prefix = tag.prefix;
+  std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;
+  for (const RankFile& entry : listing.optim) {
+    if (entry.prefix != prefix) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
+                             "\", but " + listing.optim.front().name + " has \"" + prefix +
+                             "\" (files of two saves)");
+    }
+    if (entry.dp >= dp || entry.mp >= pp) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (" +
+                             std::to_string(entry.dp) + ", " + std::to_string(entry.mp) +
+                             ") outside dp_world_size " + std::to_string(dp) + " × mp_world_size " +
+                             std::to_string(pp) + " of " + stages.front().name +
+                             " (a file of another save)");
+    }
+    by_rank[{entry.mp, entry.dp}] = &entry;
+  }
+  std::vector<StageOptim>& optims = tag.optims;
+  for (uint32_t s = 0; s < pp; ++s) {
+    for (uint32_t r = 0; r < dp; ++r) {
+      const auto it = by_rank.find({s, r});
+      if (it == by_rank.end()) {
+        return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, s)) +
+                                "not found (dp_world_size " + std::to_string(dp) +
+                                ", mp_world_size " + std::to_string(pp) + ")");
+      }
+      UCP_ASSIGN_OR_RETURN(StageOptim so, ReadStageOptim(tag_dir, *it->second));
+      optims.push_back(std::move(so));
+    }
+  }
+  for (uint32_t s = 0; s < pp; ++s) {
+    for (uint32_t r = 0; r < dp; ++r) {
+      OrderStatesAs(optims[uint64_t{s} * dp + r].states, optims.front().states);
+      UCP_RETURN_IF_ERROR(CheckStageOptim(optims[uint64_t{s} * dp + r], stages[s], optims.front()));
+    }
+  }
+  return Status::Ok();
+}
+
+// Phase 3 of BuildIndex: the layer files, one per layer holding a parameter, named with two or
+// more digits, each parameter's layer among them and named by one stage.
+Status ReadLayerFiles(const std::string& tag_dir, const TagListing& listing, PipeTag& tag) {
+  const std::vector<StageModel>& stages = tag.stages;
+  const uint32_t pp = tag.pp;
+  const uint32_t dp = tag.dp;
+  std::map<uint32_t, std::string>& layer_files = tag.layer_files;
+  for (const std::string& name : listing.layer_files) {
+    const std::optional<uint32_t> layer = LayerOfFile(name);
+    if (!layer) {
+      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
+                                 "not layer_<LL>-model_states.pt (tensor-parallel layer files "
+                                 "are not supported yet)");
+    }
+    layer_files[*layer] = name;
+  }
+  uint64_t& layers = tag.layers;
+  layers = layer_files.rbegin()->first + uint64_t{1};
+  const std::optional<uint64_t> world = CheckedMul<uint64_t>(dp, pp);
+  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
+    return FieldError(stages.front().reader, "dp_world_size",
+                      "dp_world_size × mp_world_size exceeds 4294967295");
+  }
+  tag.world = static_cast<uint32_t>(*world);
+  std::set<std::string> seen;
+  for (const StageModel& sm : stages) {
+    for (const std::string& name : sm.layout.names) {
+      const uint32_t layer = *NumberedLayer(name);
+      layers = std::max<uint64_t>(layers, layer + uint64_t{1});
+      if (!layer_files.contains(layer)) {
+        return Status::NotFound(Prefix(tag_dir + "/" + LayerStatesName(layer)) + "not found (" +
+                                sm.name + " names " + name + ")");
+      }
+      if (!seen.insert(name).second) {
+        return FieldError(sm.reader, "param_shapes/0/" + name, "listed by two stages");
+      }
+    }
+  }
+  if (layers > kMaxLayers) {
+    return Status::Unsupported(Prefix(tag_dir) + "layer " + std::to_string(layers - 1) +
+                               ": more than 4096 pipeline layers are not supported");
+  }
+  return Status::Ok();
+}
+
+// Phase 4 of BuildIndex: what the index is of, and its files: the stages' model states, the
+// optimizer files, the layer files. Returns each layer's file in the index.
+Result<LayerFileIndex> AddPipeFiles(const std::string& tag_dir, const PipeTag& tag,
+                                    const IndexOptions& options, AtomIndexContents& c) {
+  const std::map<uint32_t, std::string>& layer_files = tag.layer_files;
+  const std::vector<StageModel>& stages = tag.stages;
+  const std::vector<StageOptim>& optims = tag.optims;
+  const uint32_t pp = tag.pp;
+  const uint32_t dp = tag.dp;
+  c.framework = "deepspeed";
+  c.framework_version = stages.front().ds_version;
+  c.adapter = std::string(DeepSpeedPipeAdapter::kName);
+  c.adapter_schema = DeepSpeedPipeAdapter::kSchema;
+  c.tag = TagName(tag_dir);
+  c.topology = {dp, 1, pp, tag.world, 1};
+
+  std::vector<std::string> paths;
+  for (const StageModel& sm : stages) paths.push_back(sm.name);
+  for (const StageOptim& so : optims) paths.push_back(so.entry.name);
+  LayerFileIndex layer_file_index;  // layer → its file in the index
+  for (const auto& [layer, name] : layer_files) {
+    layer_file_index[layer] = static_cast<uint32_t>(paths.size());
+    paths.push_back(name);
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::string role(kLayerRole);
+    std::optional<RankCoordinates> rank;
+    if (i < pp) {
+      role = kModelRole;
+      rank = RankCoordinates{0, 0, static_cast<uint32_t>(i)};
+    } else if (i < pp + optims.size()) {
+      role = kOptimRole;
+      const StageOptim& so = optims[i - pp];
+      rank = RankCoordinates{so.entry.dp, 0, so.entry.mp};
+    }
+    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
+    c.files.back().chunks = digests[i].chunks;
+  }
+  return layer_file_index;
+}
+
+// Phase 5 of BuildIndex: each parameter's atoms (its ZeRO-1 partitions and its layer file's
+// bit16 tensor), one group in stage order; `stage_sizes` gets each stage's parameter count.
+Status AddPipeAtoms(const std::string& tag_dir, const PipeTag& tag,
+                    const LayerFileIndex& layer_file_index, AtomIndexContents& c,
+                    nlohmann::json& stage_sizes) {
+  const std::map<uint32_t, std::string>& layer_files = tag.layer_files;
+  const std::vector<StageModel>& stages = tag.stages;
+  const std::vector<StageOptim>& optims = tag.optims;
+  const uint32_t pp = tag.pp;
+  const uint32_t dp = tag.dp;
+  ParamGroup group =
+      GroupSettings(optims.front().param_group, optims.front().reader, optims.front().states);
+
+  std::map<uint32_t, TorchArchiveReader> layer_readers;
+  for (uint32_t s = 0; s < pp; ++s) {
+    const StageModel& sm = stages[s];
+    const GroupLayout& layout = sm.layout;
+    stage_sizes.push_back(layout.names.size());
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
+    const uint32_t first_file = pp + s * dp;  // rank r's optimizer file: first_file + r
+    const StageOptim* stage_optims = &optims[uint64_t{s} * dp];
+    std::vector<RankPartition> partitions;
+    for (uint32_t r = 0; r < dp; ++r) {
+      partitions.push_back({stage_optims[r].fp32, &stage_optims[r].states, first_file + r});
+    }
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      const std::string& name = layout.names[k];
+      group.params.push_back(name);
+      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
+
+      // bit16: the layer file's tensor of the parameter.
+      const uint32_t layer = *NumberedLayer(name);
+      auto reader = layer_readers.find(layer);
+      if (reader == layer_readers.end()) {
+        UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
+                             TorchArchiveReader::Open(tag_dir + "/" + layer_files.at(layer)));
+        reader = layer_readers.emplace(layer, std::move(opened)).first;
+      }
+      const std::string local = name.substr(name.find('.') + 1);
+      const Value* node = OptionalField(reader->second, local);
+      const TorchTensor* tensor = node == nullptr ? nullptr : reader->second.TensorAt(node);
+      if (tensor == nullptr) {
+        return FieldError(reader->second, local, "missing (" + sm.name + " names " + name + ")");
+      }
+      if (tensor->shape != layout.shapes[k] || !tensor->contiguous()) {
+        return FieldError(reader->second, local,
+                          ShapeText(tensor->shape) + " (or not contiguous), but " + sm.name +
+                              " gives " + name + " " + ShapeText(layout.shapes[k]));
+      }
+      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(tensor->shape));
+      c.atoms.push_back(
+          {name,
+           "bit16",
+           tensor->dtype,
+           tensor->shape,
+           {{layer_file_index.at(layer), tensor->file_offset(), tensor->dtype, std::move(whole)}}});
+    }
+  }
+  c.groups.push_back(std::move(group));
+  return Status::Ok();
+}
+
+// Phase 6 of BuildIndex: what the plans carry from the source files, and adapter_state.
+void AddPipeCarried(const PipeTag& tag, const LayerFileIndex& layer_file_index,
+                    nlohmann::json stage_sizes, AtomIndexContents& c) {
+  const std::vector<StageOptim>& optims = tag.optims;
+  const uint32_t pp = tag.pp;
+  std::vector<std::string> rewritten_optim;
+  for (const StateTensor& st : optims.front().states) {
+    if (!st.tensor->shape.empty()) {
+      rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/0/" + st.key);
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(optims.front().reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  for (uint32_t s = 0; s < pp; ++s) {
+    c.carried.push_back(
+        {std::string(kModelRole), s, {"param_shapes", "dp_world_size", "mp_world_size"}});
+  }
+  c.carried.push_back({std::string(kOptimRole), pp, rewritten_optim});
+  c.carried.push_back(
+      {std::string(kUniversalRole),
+       pp,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}});
+  nlohmann::json layer_file_state = nlohmann::json::object();
+  for (const auto& [layer, file] : layer_file_index) {
+    c.carried.push_back({std::string(kLayerRole), file, {}});
+    layer_file_state[std::to_string(layer)] = file;
+  }
+  c.adapter_state = {
+      {"optimizer", "DeepSpeedZeroOptimizer"},
+      {"alignment_factor", kAlignmentFactor},
+      {"zero_stage", 1},
+      {"layers", tag.layers},
+      {"stage_sizes", stage_sizes},
+      {"layer_files", layer_file_state},
+      {"file_prefix", tag.prefix},
+  };
+}
+
 }  // namespace
 
 bool DeepSpeedPipeAdapter::Recognizes(const std::string& tag_dir) const {
@@ -536,227 +823,16 @@ Result<AtomIndex> DeepSpeedPipeAdapter::BuildIndex(const std::string& tag_dir,
   if (!listing.model_states.contains(0)) {
     return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
   }
-  std::vector<StageModel> stages;
-  UCP_ASSIGN_OR_RETURN(StageModel first_model, ReadStageModel(tag_dir, ModelStatesName(0)));
-  const uint32_t pp = static_cast<uint32_t>(first_model.pp);
-  const uint32_t dp = first_model.dp;
-  stages.push_back(std::move(first_model));
-  for (uint32_t s = 1; s < pp; ++s) {
-    const std::string name = ModelStatesName(s);
-    if (!listing.model_states.contains(s)) {
-      return Status::NotFound(Prefix(tag_dir + "/" + name) + "not found (mp_world_size " +
-                              std::to_string(pp) + " in " + stages.front().name + ")");
-    }
-    UCP_ASSIGN_OR_RETURN(StageModel sm, ReadStageModel(tag_dir, name));
-    for (const auto& [field, same] :
-         {std::pair{"ds_version", sm.ds_version == stages.front().ds_version},
-          std::pair{"dp_world_size", sm.dp == dp}, std::pair{"mp_world_size", sm.pp == pp}}) {
-      if (!same) {
-        return FieldError(sm.reader, field,
-                          "differs from " + stages.front().name + " (a file of another save)");
-      }
-    }
-    stages.push_back(std::move(sm));
-  }
-  for (const auto& [mp, name] : listing.model_states) {
-    if (mp >= pp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "stage " + std::to_string(mp) +
-                             " >= mp_world_size " + std::to_string(pp) + " of " +
-                             stages.front().name + " (a file of another save)");
-    }
-  }
-
-  // One optimizer file per (rank, stage), all with one prefix (bf16_ in a bf16 run).
-  const std::string prefix = listing.optim.empty() ? "" : listing.optim.front().prefix;
-  std::map<std::pair<uint32_t, uint32_t>, const RankFile*> by_rank;
-  for (const RankFile& entry : listing.optim) {
-    if (entry.prefix != prefix) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
-                             "\", but " + listing.optim.front().name + " has \"" + prefix +
-                             "\" (files of two saves)");
-    }
-    if (entry.dp >= dp || entry.mp >= pp) {
-      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "rank (" +
-                             std::to_string(entry.dp) + ", " + std::to_string(entry.mp) +
-                             ") outside dp_world_size " + std::to_string(dp) + " × mp_world_size " +
-                             std::to_string(pp) + " of " + stages.front().name +
-                             " (a file of another save)");
-    }
-    by_rank[{entry.mp, entry.dp}] = &entry;
-  }
-  std::vector<StageOptim> optims;  // stage-major
-  for (uint32_t s = 0; s < pp; ++s) {
-    for (uint32_t r = 0; r < dp; ++r) {
-      const auto it = by_rank.find({s, r});
-      if (it == by_rank.end()) {
-        return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, s)) +
-                                "not found (dp_world_size " + std::to_string(dp) +
-                                ", mp_world_size " + std::to_string(pp) + ")");
-      }
-      UCP_ASSIGN_OR_RETURN(StageOptim so, ReadStageOptim(tag_dir, *it->second));
-      optims.push_back(std::move(so));
-    }
-  }
-  for (uint32_t s = 0; s < pp; ++s) {
-    for (uint32_t r = 0; r < dp; ++r) {
-      OrderStatesAs(optims[uint64_t{s} * dp + r].states, optims.front().states);
-      UCP_RETURN_IF_ERROR(CheckStageOptim(optims[uint64_t{s} * dp + r], stages[s], optims.front()));
-    }
-  }
-
-  // Layer files: one per layer holding a parameter, named with two or more digits.
-  std::map<uint32_t, std::string> layer_files;
-  for (const std::string& name : listing.layer_files) {
-    const std::optional<uint32_t> layer = LayerOfFile(name);
-    if (!layer) {
-      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
-                                 "not layer_<LL>-model_states.pt (tensor-parallel layer files "
-                                 "are not supported yet)");
-    }
-    layer_files[*layer] = name;
-  }
-  uint64_t layers = layer_files.rbegin()->first + uint64_t{1};
-  const std::optional<uint64_t> world = CheckedMul<uint64_t>(dp, pp);
-  if (!world || *world > std::numeric_limits<uint32_t>::max()) {
-    return FieldError(stages.front().reader, "dp_world_size",
-                      "dp_world_size × mp_world_size exceeds 4294967295");
-  }
-  std::set<std::string> seen;
-  for (const StageModel& sm : stages) {
-    for (const std::string& name : sm.layout.names) {
-      const uint32_t layer = *NumberedLayer(name);
-      layers = std::max<uint64_t>(layers, layer + uint64_t{1});
-      if (!layer_files.contains(layer)) {
-        return Status::NotFound(Prefix(tag_dir + "/" + LayerStatesName(layer)) + "not found (" +
-                                sm.name + " names " + name + ")");
-      }
-      if (!seen.insert(name).second) {
-        return FieldError(sm.reader, "param_shapes/0/" + name, "listed by two stages");
-      }
-    }
-  }
-  if (layers > kMaxLayers) {
-    return Status::Unsupported(Prefix(tag_dir) + "layer " + std::to_string(layers - 1) +
-                               ": more than 4096 pipeline layers are not supported");
-  }
-
+  PipeTag tag;
+  UCP_RETURN_IF_ERROR(ReadStages(tag_dir, listing, tag));
+  UCP_RETURN_IF_ERROR(ReadStageOptims(tag_dir, listing, tag));
+  UCP_RETURN_IF_ERROR(ReadLayerFiles(tag_dir, listing, tag));
   AtomIndexContents c;
-  c.framework = "deepspeed";
-  c.framework_version = stages.front().ds_version;
-  c.adapter = std::string(kName);
-  c.adapter_schema = kSchema;
-  c.tag = TagName(tag_dir);
-  c.topology = {dp, 1, pp, static_cast<uint32_t>(*world), 1};
-
-  std::vector<std::string> paths;
-  for (const StageModel& sm : stages) paths.push_back(sm.name);
-  for (const StageOptim& so : optims) paths.push_back(so.entry.name);
-  std::map<uint32_t, uint32_t> layer_file_index;
-  for (const auto& [layer, name] : layer_files) {
-    layer_file_index[layer] = static_cast<uint32_t>(paths.size());
-    paths.push_back(name);
-  }
-  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    std::string role(kLayerRole);
-    std::optional<RankCoordinates> rank;
-    if (i < pp) {
-      role = kModelRole;
-      rank = RankCoordinates{0, 0, static_cast<uint32_t>(i)};
-    } else if (i < pp + optims.size()) {
-      role = kOptimRole;
-      const StageOptim& so = optims[i - pp];
-      rank = RankCoordinates{so.entry.dp, 0, so.entry.mp};
-    }
-    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
-    c.files.back().chunks = digests[i].chunks;
-  }
-
-  ParamGroup group =
-      GroupSettings(optims.front().param_group, optims.front().reader, optims.front().states);
-
-  std::map<uint32_t, TorchArchiveReader> layer_readers;
+  UCP_ASSIGN_OR_RETURN(const LayerFileIndex layer_file_index,
+                       AddPipeFiles(tag_dir, tag, options, c));
   nlohmann::json stage_sizes = nlohmann::json::array();
-  for (uint32_t s = 0; s < pp; ++s) {
-    const StageModel& sm = stages[s];
-    const GroupLayout& layout = sm.layout;
-    stage_sizes.push_back(layout.names.size());
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, dp));
-    const uint32_t first_file = pp + s * dp;  // rank r's optimizer file: first_file + r
-    const StageOptim* stage_optims = &optims[uint64_t{s} * dp];
-    std::vector<RankPartition> partitions;
-    for (uint32_t r = 0; r < dp; ++r) {
-      partitions.push_back({stage_optims[r].fp32, &stage_optims[r].states, first_file + r});
-    }
-    for (size_t k = 0; k < layout.names.size(); ++k) {
-      const std::string& name = layout.names[k];
-      group.params.push_back(name);
-      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
-
-      // bit16: the layer file's tensor of the parameter.
-      const uint32_t layer = *NumberedLayer(name);
-      auto reader = layer_readers.find(layer);
-      if (reader == layer_readers.end()) {
-        UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
-                             TorchArchiveReader::Open(tag_dir + "/" + layer_files[layer]));
-        reader = layer_readers.emplace(layer, std::move(opened)).first;
-      }
-      const std::string local = name.substr(name.find('.') + 1);
-      const Value* node = OptionalField(reader->second, local);
-      const TorchTensor* tensor = node == nullptr ? nullptr : reader->second.TensorAt(node);
-      if (tensor == nullptr) {
-        return FieldError(reader->second, local, "missing (" + sm.name + " names " + name + ")");
-      }
-      if (tensor->shape != layout.shapes[k] || !tensor->contiguous()) {
-        return FieldError(reader->second, local,
-                          ShapeText(tensor->shape) + " (or not contiguous), but " + sm.name +
-                              " gives " + name + " " + ShapeText(layout.shapes[k]));
-      }
-      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(tensor->shape));
-      c.atoms.push_back(
-          {name,
-           "bit16",
-           tensor->dtype,
-           tensor->shape,
-           {{layer_file_index[layer], tensor->file_offset(), tensor->dtype, std::move(whole)}}});
-    }
-  }
-  c.groups.push_back(std::move(group));
-
-  std::vector<std::string> rewritten_optim;
-  for (const StateTensor& st : optims.front().states) {
-    if (!st.tensor->shape.empty()) {
-      rewritten_optim.push_back(std::string(kOsd) + "/base_optimizer_state/state/0/" + st.key);
-    }
-  }
-  for (std::string& field : RewrittenPartitionFields(optims.front().reader)) {
-    rewritten_optim.push_back(std::move(field));
-  }
-  for (uint32_t s = 0; s < pp; ++s) {
-    c.carried.push_back(
-        {std::string(kModelRole), s, {"param_shapes", "dp_world_size", "mp_world_size"}});
-  }
-  c.carried.push_back({std::string(kOptimRole), pp, rewritten_optim});
-  c.carried.push_back(
-      {std::string(kUniversalRole),
-       pp,
-       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
-        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}});
-  nlohmann::json layer_file_state = nlohmann::json::object();
-  for (const auto& [layer, file] : layer_file_index) {
-    c.carried.push_back({std::string(kLayerRole), file, {}});
-    layer_file_state[std::to_string(layer)] = file;
-  }
-  c.adapter_state = {
-      {"optimizer", "DeepSpeedZeroOptimizer"},
-      {"alignment_factor", kAlignmentFactor},
-      {"zero_stage", 1},
-      {"layers", layers},
-      {"stage_sizes", stage_sizes},
-      {"layer_files", layer_file_state},
-      {"file_prefix", prefix},
-  };
+  UCP_RETURN_IF_ERROR(AddPipeAtoms(tag_dir, tag, layer_file_index, c, stage_sizes));
+  AddPipeCarried(tag, layer_file_index, std::move(stage_sizes), c);
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
 }
 
