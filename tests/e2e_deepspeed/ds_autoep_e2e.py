@@ -124,6 +124,26 @@ def pickle_of(path):
         return archive.read(next(n for n in archive.namelist() if n.endswith('/data.pkl')))
 
 
+def check_export(report, args, case, tag_dir, universal, export, same_pickles=(), extra=None):
+    """`ucp export --format deepspeed-universal` of tag_dir into `export` holds DeepSpeed's
+    ds_to_universal output `universal`: every file, object, tensor and bit, and the pickle of each
+    of `same_pickles` byte for byte; `extra(export)` checks more."""
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if not report.check(status == 0, f'{case}: ucp export exited {status}: {output[-2000:]}'):
+        return
+    failures = len(report.failures)
+    names = harness.compare_export(report, f'{case} export', universal, export)
+    for name in same_pickles:
+        report.check(pickle_of(os.path.join(universal, name)) ==
+                     pickle_of(os.path.join(export, name)),
+                     f'{case} export: the pickle of {name} is not ds_to_universal\'s')
+    if extra is not None:
+        extra(export)
+    if len(report.failures) == failures:
+        print(f'{case}: ucp export = ds_to_universal: {len(names)} files')
+
+
 def same_as_save(report, case, tag_dir, out, allowed=(), unordered=None):
     """out/TAG holds the save's files, every object and bit but the `allowed` fields and the
     `unordered` state dicts' key order."""
@@ -257,17 +277,13 @@ def check_bf16_export(report, args, env, work):
     tag_dir, _ = run_trainer(args, env, work, 'bf16', DP, EP, ['--dtype', 'bf16'])
     universal = os.path.join(work, 'bf16_universal', TAG)
     ds_e2e.ds_to_universal(env, tag_dir, universal)
-    export = os.path.join(work, 'bf16_export')
-    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
-                                            'deepspeed-universal', '--out', export)
-    if report.check(status == 0, f'bf16: ucp export exited {status}: {output[-2000:]}'):
-        failures = len(report.failures)
-        names = harness.compare_export(report, 'bf16 export', universal, export)
+
+    def gate_widened(export):
         gate = ds_objects.load(os.path.join(export, 'zero', 'model.layers.0.mlp.gate.gate.weight',
                                             'fp32.pt'))['param']
         report.check(gate.dtype == torch.float32, f'bf16: the gate exported as {gate.dtype}')
-        if len(report.failures) == failures:
-            print(f'bf16: ucp export = ds_to_universal: {len(names)} files')
+    check_export(report, args, 'bf16', tag_dir, universal, os.path.join(work, 'bf16_export'),
+                 extra=gate_widened)
 
 
 def check_zero3(report, args, env, work):
@@ -296,19 +312,8 @@ def check_zero3(report, args, env, work):
                  f'{autoep}, expert atoms {experts}')
     universal = os.path.join(work, 'z3_universal', TAG)
     ds_e2e.ds_to_universal(env, tag_dir, universal)
-    export = os.path.join(work, 'z3_export')
-    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
-                                            'deepspeed-universal', '--out', export)
-    if report.check(status == 0, f'ZeRO-3: ucp export exited {status}: {output[-2000:]}'):
-        failures = len(report.failures)
-        names = harness.compare_export(report, 'ZeRO-3 export', universal, export)
-        for r in range(DP):
-            model_states = f'zero_pp_rank_{r}_mp_rank_00_model_states.pt'
-            report.check(pickle_of(os.path.join(universal, model_states)) ==
-                         pickle_of(os.path.join(export, model_states)),
-                         f'ZeRO-3 export: the pickle of {model_states} is not ds_to_universal\'s')
-        if len(report.failures) == failures:
-            print(f'ZeRO-3: ucp export = ds_to_universal: {len(names)} files')
+    check_export(report, args, 'ZeRO-3', tag_dir, universal, os.path.join(work, 'z3_export'),
+                 [f'zero_pp_rank_{r}_mp_rank_00_model_states.pt' for r in range(DP)])
     # DeepSpeed's universal load leaves every flat group's Adam step one shared tensor, and the
     # expert group named as the dense one; a save of a run at the target has neither.
     quirks = harness.RUN_CONFIG_FIELDS + (
@@ -385,18 +390,8 @@ def main():
     report.check(harness.read_bytes(index) == at_save, 'the index built at save differs from '
                  'ucp index\'s')
     check_index(report, tag_dir)
-    export = os.path.join(work, 'export')
-    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
-                                            'deepspeed-universal', '--out', export)
-    if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
-        failures = len(report.failures)
-        names = harness.compare_export(report, 'export', universal, export)
-        model_states = 'mp_rank_00_model_states.pt'
-        report.check(pickle_of(os.path.join(universal, model_states)) ==
-                     pickle_of(os.path.join(export, model_states)),
-                     f'export: the pickle of {model_states} is not ds_to_universal\'s')
-        if len(report.failures) == failures:
-            print(f'ucp export = ds_to_universal: {len(names)} files')
+    check_export(report, args, 'ZeRO-1', tag_dir, universal, os.path.join(work, 'export'),
+                 ['mp_rank_00_model_states.pt'])
     check_reshard(report, args, env, work, tag_dir, universal)
     for dp, ep in LIVE:
         check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)
