@@ -1385,16 +1385,10 @@ Result<ReshardLayout> LayoutAtTarget(const AtomIndex& index, const std::string& 
 // Phase 3 of PlanReshard: every target rank's model states.
 Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const ReshardLayout& to, OutputPlan& plan) {
-  const IndexFacts& at = to.at;
-  const uint32_t tp = to.tp;
-  const uint32_t m = to.m;
-  const uint32_t ep = to.ep;
-  const bool reshaped = to.reshaped;
-  const std::vector<std::vector<GroupLayout>>& rank_groups = to.rank_groups;
   // Model states: DP rank 0's of each TP rank (at another TP degree rank (0, 0)'s, its TP facts
   // rewritten), with dp_world_size and each rank's frozen fragments.
-  for (uint32_t t = 0; t < tp; ++t) {
-    const uint32_t model_file = reshaped ? facts.model_file : facts.model_files[t * facts.dp];
+  for (uint32_t t = 0; t < to.tp; ++t) {
+    const uint32_t model_file = to.reshaped ? facts.model_file : facts.model_files[t * facts.dp];
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, model_file));
     std::vector<const TorchTensor*> frozen_templates;
     for (const std::string& name : facts.frozen.names) {
@@ -1405,21 +1399,21 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
       }
       frozen_templates.push_back(tensor);
     }
-    for (uint32_t r = 0; r < m; ++r) {
+    for (uint32_t r = 0; r < to.m; ++r) {
       ArchiveOutput out;
       out.path = Zero3ModelStatesName(r, t);
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
-      UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-      if (to.regrouped || reshaped || to.experts_resized) {
-        UCP_RETURN_IF_ERROR(
-            RegroupShapes(out.graph, root, rank_groups[t], reader, reshaped || to.experts_resized));
+      UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(to.m), reader.path()));
+      if (to.regrouped || to.reshaped || to.experts_resized) {
+        UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, to.rank_groups[t], reader,
+                                          to.reshaped || to.experts_resized));
       }
-      if (reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, tp, reader, to.uneven));
-      if (ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
-        UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, at.placement.order, r, reader));
+      if (to.reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, to.tp, reader, to.uneven));
+      if (to.ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
+        UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, to.at.placement.order, r, reader));
         UCP_RETURN_IF_ERROR(
-            SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
+            SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", to.ep, reader));
       }
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0 || t > 0) {
@@ -1436,15 +1430,15 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
         Value** slot = MutableEntry(fragments, name);
         if (slot == nullptr) return FieldError(reader, "frozen_param_fragments/" + name, "missing");
         const Geometry whole = WholeGeometry(1, facts.frozen.shapes[k]);
-        const Slice slice = SliceOf(at, name, t, whole);
+        const Slice slice = SliceOf(to.at, name, t, whole);
         const Shape local = LocalShape(*slice.geometry, slice.t);
         UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(local));
-        const uint64_t piece = PieceOf(numel, m);
+        const uint64_t piece = PieceOf(numel, to.m);
         UCP_ASSIGN_OR_RETURN(*slot, PartitionTensor(out.graph, tensor, piece, piece));
-        UCP_ASSIGN_OR_RETURN(
-            replaced[tensor.storage->key],
-            PieceSegments(index, name, kFrozenState, numel, m, r, ItemSize(tensor.dtype), slice));
-        if (reshaped) {
+        UCP_ASSIGN_OR_RETURN(replaced[tensor.storage->key],
+                             PieceSegments(index, name, kFrozenState, numel, to.m, r,
+                                           ItemSize(tensor.dtype), slice));
+        if (to.reshaped) {
           UCP_RETURN_IF_ERROR(SetFrozenShape(out.graph, root, name, local, reader));
         }
       }
@@ -1459,44 +1453,37 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
 // Phase 4 of PlanReshard: every target rank's optimizer states.
 Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const ReshardLayout& to, OutputPlan& plan) {
-  const IndexFacts& at = to.at;
-  const uint32_t tp = to.tp;
-  const uint32_t m = to.m;
-  const uint32_t ep = to.ep;
-  const bool reshaped = to.reshaped;
-  const std::vector<std::vector<uint64_t>>& members = to.members;
-  const std::vector<std::vector<GroupLayout>>& rank_groups = to.rank_groups;
   // Optimizer states: rank 0's, with partition_count and each rank's partitions of each flat
   // group; where the sub groups change, the flat groups' lists are rebuilt, new groups' tensors
   // like group 0's.
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
   const std::string osd(kOsd);
-  std::vector<std::vector<FlatLayout>> rank_layouts(tp);
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (size_t g = 0; g < rank_groups[t].size(); ++g) {
+  std::vector<std::vector<FlatLayout>> rank_layouts(to.tp);
+  for (uint32_t t = 0; t < to.tp; ++t) {
+    for (size_t g = 0; g < to.rank_groups[t].size(); ++g) {
       UCP_ASSIGN_OR_RETURN(FlatLayout layout,
-                           LayoutAt(rank_groups[t][g], at.placement.PartitionCount(g)));
+                           LayoutAt(to.rank_groups[t][g], to.at.placement.PartitionCount(g)));
       rank_layouts[t].push_back(std::move(layout));
     }
   }
   // Rank (0, 0)'s file is every rank's template: every TP rank's files differ only in the
   // tensors written here, sized by that rank's slices.
-  for (uint32_t i = 0; i < m * tp; ++i) {
-    const uint32_t r = i % m;
-    const uint32_t t = i / m;
+  for (uint32_t i = 0; i < to.m * to.tp; ++i) {
+    const uint32_t r = i % to.m;
+    const uint32_t t = i / to.m;
     const std::vector<FlatLayout>& layouts = rank_layouts[t];
     ArchiveOutput out;
     out.path = OptimName(facts.prefix, r, t);
     Value* root = out.graph.Import(reader.root());
     out.graph.set_root(root);
     Value* dict = root->Get(kOsd);
-    UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count", out.graph.Int(m), reader.path()));
-    if (reshaped) UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, tp, reader));
-    if (ep != 0) {
+    UCP_RETURN_IF_ERROR(SetDictItem(dict, "partition_count", out.graph.Int(to.m), reader.path()));
+    if (to.reshaped) UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, to.tp, reader));
+    if (to.ep != 0) {
       UCP_RETURN_IF_ERROR(
-          SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
-      UCP_RETURN_IF_ERROR(SetPartitionGroups(out.graph, dict, at.placement, r, facts, reader));
+          SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", to.ep, reader));
+      UCP_RETURN_IF_ERROR(SetPartitionGroups(out.graph, dict, to.at.placement, r, facts, reader));
     }
     Value* inner = dict->Get(kOsd);
     Value* states = inner == nullptr ? nullptr : inner->Get("state");
@@ -1505,7 +1492,7 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     if (states == nullptr || states->kind() != Kind::kDict || fp32 == nullptr ||
         fp32->kind() != Kind::kList || param_groups == nullptr ||
         param_groups->kind() != Kind::kList || fp32->items().size() != facts.flat_groups.size() ||
-        param_groups->items().size() != members.size()) {
+        param_groups->items().size() != to.members.size()) {
       return FieldError(reader, osd, "not the flat groups the index describes");
     }
     FreshKeys keys(reader);
@@ -1544,12 +1531,12 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
           continue;
         }
         const std::string key = g == model ? tensor->storage->key : keys.Next();
-        const bool experts = at.placement.IsExpertGroup(g);
+        const bool experts = to.at.placement.IsExpertGroup(g);
         UCP_ASSIGN_OR_RETURN(
             replaced[key],
-            PartitionSegments(index, at, layout, state, at.placement.PartitionRank(g, r),
+            PartitionSegments(index, to.at, layout, state, to.at.placement.PartitionRank(g, r),
                               ItemSize(tensor->dtype),
-                              experts ? at.placement.order.ExpertRank(r) : t));
+                              experts ? to.at.placement.order.ExpertRank(r) : t));
         UCP_ASSIGN_OR_RETURN(
             *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
       }
@@ -1558,9 +1545,9 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     if (to.regrouped) {
       states->mutable_entries() = std::move(new_states);
       fp32->mutable_items() = std::move(new_fp32);
-      for (size_t pg = 0; pg < members.size(); ++pg) {
+      for (size_t pg = 0; pg < to.members.size(); ++pg) {
         UCP_RETURN_IF_ERROR(SetDictItem(param_groups->items()[pg], "params",
-                                        IntList(out.graph, members[pg]), reader.path()));
+                                        IntList(out.graph, to.members[pg]), reader.path()));
       }
     } else {
       fp32->mutable_items() = std::move(new_fp32);
@@ -1593,6 +1580,12 @@ struct IndexRecords {
   nlohmann::json flat_groups = nlohmann::json::array();
   nlohmann::json shard_maps = nlohmann::json::object();
   nlohmann::json frozen_params = nlohmann::json::array();
+
+  // kCorrupt naming `field` of `reader` where parameter `name` was seen before.
+  Status Once(const std::string& name, const TorchArchiveReader& reader, const std::string& field) {
+    if (!seen.insert(name).second) return FieldError(reader, field, "listed twice");
+    return Status::Ok();
+  }
 };
 
 // Phase 1 of BuildIndex: the ranks' files, read and checked to be one save's.
@@ -1669,10 +1662,6 @@ Status AddTrainableAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords
   const OptimStates& first = ranks[0].optims.front();
   const ExpertPlacement& placement = tag.placement;
   const AutoTpMaps& slices = tag.slices;
-  const auto once = [&](const std::string& name, const std::string& field) -> Status {
-    if (!records.seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
-    return Status::Ok();
-  };
   for (const std::vector<int64_t>& members : first.group_members) {
     ParamGroup group;
     const Value* param_group = first.param_groups[c.groups.size()];
@@ -1702,7 +1691,7 @@ Status AddTrainableAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords
       }
       for (size_t k = 0; k < layouts[0].params.names.size(); ++k) {
         const std::string& name = layouts[0].params.names[k];
-        UCP_RETURN_IF_ERROR(once(name, "param_shapes/" + gs + "/" + name));
+        UCP_RETURN_IF_ERROR(records.Once(name, ms.reader, "param_shapes/" + gs + "/" + name));
         group.params.push_back(name);
         // A fused expert parameter's atom is the whole of it: every expert-parallel rank's rows.
         const ShardMap map =
@@ -1772,10 +1761,6 @@ Status AddFrozenAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& r
   const std::vector<TpRank>& ranks = tag.ranks;
   const ModelStates& ms = ranks[0].models.front();
   const AutoTpMaps& slices = tag.slices;
-  const auto once = [&](const std::string& name, const std::string& field) -> Status {
-    if (!records.seen.insert(name).second) return FieldError(ms.reader, field, "listed twice");
-    return Status::Ok();
-  };
   std::vector<FlatLayout> frozen_layouts;  // per TP rank, each piece starting at element 0
   for (const TpRank& rank : ranks) {
     UCP_ASSIGN_OR_RETURN(FlatLayout layout, LayoutAt(rank.models.front().frozen, dp));
@@ -1784,7 +1769,7 @@ Status AddFrozenAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& r
   }
   for (size_t k = 0; k < ms.frozen.names.size(); ++k) {
     const std::string& name = ms.frozen.names[k];
-    UCP_RETURN_IF_ERROR(once(name, "frozen_param_shapes/" + name));
+    UCP_RETURN_IF_ERROR(records.Once(name, ms.reader, "frozen_param_shapes/" + name));
     records.frozen_params.push_back(name);
     const ShardMap& map = slices.maps.at(name);
     const Shape& whole = slices.whole_shapes.at(name);
@@ -1819,11 +1804,8 @@ Status AddFrozenAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& r
 
 // Phase 5 of BuildIndex: what the plans carry from the source files, and adapter_state.
 void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records) {
-  const uint32_t dp = tag.dp;
-  const uint32_t tp = tag.tp;
-  const std::vector<TpRank>& ranks = tag.ranks;
-  const ModelStates& ms = ranks[0].models.front();
-  const OptimStates& first = ranks[0].optims.front();
+  const ModelStates& ms = tag.ranks[0].models.front();
+  const OptimStates& first = tag.ranks[0].optims.front();
   std::vector<std::string> rewritten_optim = {std::string(kOsd) + "/partition_count",
                                               std::string(kOsd) + "/fp32_flat_groups"};
   for (size_t g = 0; g < first.states.size(); ++g) {
@@ -1845,8 +1827,8 @@ void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records
     rewritten_optim.insert(rewritten_optim.end(),
                            {std::string(kOsd) + "/" + std::string(kPartitionGroups), autoep_size});
   }
-  for (uint32_t t = 0; t < tp; ++t) {
-    for (uint32_t r = 0; r < dp; ++r) {
+  for (uint32_t t = 0; t < tag.tp; ++t) {
+    for (uint32_t r = 0; r < tag.dp; ++r) {
       c.carried.push_back({std::string(kModelRole), tag.ModelFile(t, r), rewritten_model});
     }
   }
@@ -1861,8 +1843,8 @@ void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records
       {"flat_groups", std::move(records.flat_groups)},
       {"frozen_params", std::move(records.frozen_params)},
   };
-  if (tp > 1) {
-    c.adapter_state["tp"] = {{"degree", tp},
+  if (tag.tp > 1) {
+    c.adapter_state["tp"] = {{"degree", tag.tp},
                              {"params", std::move(records.shard_maps)},
                              {"vocabulary", tag.slices.vocabulary}};
   }
