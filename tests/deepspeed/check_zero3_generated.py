@@ -12,7 +12,8 @@ dp3 -> dp5 -> dp3 must give the dp=3 tag back (its padding as zeros); `ucp expor
 deepspeed-universal` must hold every trainable parameter's fp32, exp_avg and exp_avg_sq of every
 group (ds_to_universal v0.14.5 exports group 0 only) as the state has them. A tag whose model
 states record an AutoEP layer (DeepSpeed 0.19's ds_autoep_layers) whose experts module holds no
-parameter of the tag is refused naming param_shapes (ds_autoep_e2e.py checks real AutoEP tags).
+parameter of the tag is refused naming param_shapes, one with no MoE layer naming num_experts
+(ds_autoep_e2e.py checks real AutoEP tags).
 """
 
 import os
@@ -107,4 +108,11 @@ ds_objects.save(states, head)
 status, _, err = harness.run_ucp(ucp, "index", autoep)
 report.check(status != 0 and "param_shapes: no fused expert parameter of the experts modules "
              "ds_autoep_layers names" in err, f"AutoEP ZeRO-3 tag: ucp index exit {status}: {err}")
+# AutoEP layers recorded with no MoE layer in num_experts: refused, naming the field.
+states["num_experts"] = []
+states["ds_autoep_layers"] = []
+ds_objects.save(states, head)
+status, _, err = harness.run_ucp(ucp, "index", autoep)
+report.check(status != 0 and "num_experts: empty: no MoE layer" in err,
+             f"AutoEP ZeRO-3 tag without MoE layers: ucp index exit {status}: {err}")
 report.exit()

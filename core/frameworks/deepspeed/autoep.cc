@@ -11,12 +11,26 @@ namespace ucp::deepspeed {
 using pickle::Kind;
 using pickle::Value;
 
+Result<std::vector<uint32_t>> ReadNumExperts(const TorchArchiveReader& model) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
+  if (counts.empty()) return FieldError(model, "num_experts", "empty: no MoE layer");
+  std::vector<uint32_t> num_experts;
+  for (const int64_t n : counts) {
+    if (n <= 0 || n > kMaxExperts) {
+      return FieldError(model, "num_experts", ListText(counts) + ": out of range");
+    }
+    num_experts.push_back(static_cast<uint32_t>(n));
+  }
+  return num_experts;
+}
+
 Result<uint32_t> ReadAutoEpLayers(const TorchArchiveReader& model,
                                   const std::vector<uint32_t>& num_experts, uint32_t dp,
                                   std::string_view format,
                                   std::vector<std::string>& experts_modules) {
   const std::string root(kAutoEpLayers);
   const size_t layers = num_experts.size();
+  if (layers == 0) return FieldError(model, "num_experts", "empty: no MoE layer");
   UCP_ASSIGN_OR_RETURN(const Value* list, Field(model, root));
   if (list->kind() != Kind::kList || list->items().size() != layers) {
     return FieldError(

@@ -22,6 +22,8 @@ namespace ucp::deepspeed {
 inline constexpr std::string_view kAutoEpLayers = "ds_autoep_layers";
 // The name DeepSpeed gives an expert group (MoE.expert_group_name): "ep_size_<E>".
 inline constexpr std::string_view kExpertGroupNamePrefix = "ep_size_";
+// Bounds a corrupt num_experts entry (and the file names it makes).
+inline constexpr int64_t kMaxExperts = int64_t{1} << 20;
 // The ds_config entry that puts data-parallel before expert-parallel ranks (default false).
 inline constexpr std::string_view kDataBeforeExpert = "use_data_before_expert_parallelism";
 
@@ -42,6 +44,10 @@ struct ExpertRankOrder {
     return data_before_expert ? e * (dp / ep) + i : e + i * ep;
   }
 };
+
+// The model states' num_experts: each MoE layer's experts, in module order; kCorrupt naming the
+// field where it is empty or a count is out of range.
+Result<std::vector<uint32_t>> ReadNumExperts(const TorchArchiveReader& model);
 
 // DeepSpeed 0.19's record of its AutoEP layers in `model` (rank 0's model states): one entry per
 // MoE layer (moe_layer_id), each with `num_experts`' count for it, one expert-parallel size E for

@@ -45,6 +45,7 @@ using deepspeed::IntListField;
 using deepspeed::kAutoEpLayers;
 using deepspeed::kDataBeforeExpert;
 using deepspeed::kExpertGroupNamePrefix;
+using deepspeed::kMaxExperts;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -70,6 +71,7 @@ using deepspeed::Prefix;
 using deepspeed::RankFile;
 using deepspeed::RankPartition;
 using deepspeed::ReadAutoEpLayers;
+using deepspeed::ReadNumExperts;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
@@ -98,8 +100,6 @@ constexpr std::string_view kExpertOptimRole = "expert_optim_states";
 // What precedes an expert's id in its parameters' names (DeepSpeed's moe_str_prefix).
 constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_experts.";
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
-// Bounds a corrupt num_experts entry (and the file names it makes).
-constexpr int64_t kMaxExperts = int64_t{1} << 20;
 // AutoEP's checkpoint_format of experts saved one file per expert (ZeRO-1/2).
 constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
 
@@ -154,14 +154,8 @@ struct ExpertFiles {
 Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
                                     const TorchArchiveReader& model) {
   ExpertFiles files;
-  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, IntListField(model, "num_experts"));
-  if (counts.empty()) return FieldError(model, "num_experts", "empty: no MoE layer");
-  for (const int64_t n : counts) {
-    if (n <= 0 || n > kMaxExperts) {
-      return FieldError(model, "num_experts", ListText(counts) + ": out of range");
-    }
-    files.num_experts.push_back(static_cast<uint32_t>(n));
-  }
+  UCP_ASSIGN_OR_RETURN(files.num_experts, ReadNumExperts(model));
+  const std::vector<int64_t> counts(files.num_experts.begin(), files.num_experts.end());
   for (const std::string& name : listing.expert_files) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
     if (!parsed || parsed->mp != 0) {

@@ -43,6 +43,7 @@ using deepspeed::IntList;
 using deepspeed::JsonOf;
 using deepspeed::kAutoEpLayers;
 using deepspeed::kDataBeforeExpert;
+using deepspeed::kMaxExperts;
 using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
@@ -100,8 +101,6 @@ constexpr std::string_view kAutoEpZero3Format = "zero3_partitioned";
 constexpr std::string_view kPartitionGroups = "ds_zero_partition_groups";
 // ds_to_universal's universal_checkpoint_info/expert_parameter_patterns for a ZeRO-3 AutoEP tag.
 constexpr std::string_view kZero3ExpertPattern = ".*\\.experts\\.w[123]$";
-// Bounds a corrupt num_experts entry.
-constexpr int64_t kMaxExperts = int64_t{1} << 20;
 
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed's ZeRO-3 partitioning rules.
@@ -387,15 +386,7 @@ Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
                                ": AutoEP with AutoTP under ZeRO-3 is not supported (DeepSpeed's "
                                "converter refuses it too)");
   }
-  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> counts,
-                       deepspeed::IntListField(r, "num_experts"));
-  std::vector<uint32_t> num_experts;
-  for (const int64_t n : counts) {
-    if (n <= 0 || n > kMaxExperts) {
-      return FieldError(r, "num_experts", deepspeed::ListText(counts) + ": out of range");
-    }
-    num_experts.push_back(static_cast<uint32_t>(n));
-  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, deepspeed::ReadNumExperts(r));
   std::vector<std::string> modules;
   UCP_ASSIGN_OR_RETURN(placement.ep,
                        ReadAutoEpLayers(r, num_experts, head.dp, kAutoEpZero3Format, modules));
