@@ -602,6 +602,21 @@ Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const A
   return out;
 }
 
+Status CheckZeroOptimizerStage(const TorchArchiveReader& reader, const std::string& tag_dir,
+                               bool bf16, std::string_view zero3_refusal) {
+  int64_t stage = 0;
+  if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
+    if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
+  }
+  if (stage >= 3) return Status::Unsupported(Prefix(tag_dir) + std::string(zero3_refusal));
+  if (stage == 0 && !bf16) {
+    return Status::Unsupported(Prefix(reader.path()) +
+                               "ds_config: no ZeRO optimizer (zero_optimization.stage 0 without "
+                               "bf16 keeps the optimizer in the model states); not supported");
+  }
+  return Status::Ok();
+}
+
 Status RefuseExpertParallel(const Topology& target) {
   if (target.ep <= 1) return Status::Ok();
   return Status::Unsupported("deepspeed: ep=" + std::to_string(target.ep) +

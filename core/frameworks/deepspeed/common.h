@@ -217,6 +217,11 @@ Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const A
 // experts has none to place (at 1, as a trainer without MoE layers may state it, there is nothing
 // to do).
 Status RefuseExpertParallel(const Topology& target);
+// The ZeRO stage `reader`'s ds_config records (0, DeepSpeedZeroConfig's default, where it gives
+// none) against a ZeRO-1/2 layout: kUnsupported `zero3_refusal` at stage 3 or above, and at stage
+// 0 without bf16 (no ZeRO optimizer: the optimizer is in the model states).
+Status CheckZeroOptimizerStage(const TorchArchiveReader& reader, const std::string& tag_dir,
+                               bool bf16, std::string_view zero3_refusal);
 // A DeepSpeed data-parallel target: tp = pp = 1 (kUnsupported otherwise), dp > 0, world 0 or dp
 // (kInvalidArgument / kUnsupported otherwise).
 Status CheckTarget(const Topology& target);

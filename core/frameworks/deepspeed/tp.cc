@@ -35,6 +35,7 @@ using deepspeed::BlocksAtDegree;
 using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
+using deepspeed::CheckZeroOptimizerStage;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
@@ -2225,18 +2226,7 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
     return FieldError(reader, "mp_world_size", std::to_string(mp) + " is not in [1, 65536]");
   }
   const bool bf16 = Bf16Prefix(listing, reader);
-  int64_t stage = 0;
-  if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
-    if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
-  }
-  if (stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
-  }
-  if (stage == 0 && !bf16) {
-    return Status::Unsupported(Prefix(reader.path()) +
-                               "ds_config: no ZeRO optimizer (zero_optimization.stage 0 without "
-                               "bf16 keeps the optimizer in the model states); not supported");
-  }
+  UCP_RETURN_IF_ERROR(CheckZeroOptimizerStage(reader, tag_dir, bf16, kZero3Refusal));
   std::vector<std::string> files;
   for (uint32_t t = 0; t < mp; ++t) files.push_back(ModelStatesName(t));
   const std::string prefix = bf16 ? "bf16_" : "";

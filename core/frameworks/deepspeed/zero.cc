@@ -25,6 +25,7 @@ using deepspeed::Bf16Prefix;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckTarget;
+using deepspeed::CheckZeroOptimizerStage;
 using deepspeed::CollectRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
@@ -230,19 +231,7 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
   const bool bf16 = Bf16Prefix(listing, reader);
   const Value* config = OptionalField(reader, "ds_config");
   if (config != nullptr && config->kind() == Kind::kDict) {
-    int64_t stage = 0;  // DeepSpeedZeroConfig's default, also without a zero_optimization entry
-    if (const Value* node = OptionalField(reader, "ds_config/zero_optimization/stage")) {
-      if (node->kind() == Kind::kInt) stage = node->AsInt64().value_or(0);
-    }
-    if (stage >= 3) {
-      return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
-    }
-    if (stage == 0 && !bf16) {
-      return Status::Unsupported(Prefix(reader.path()) +
-                                 "ds_config: no ZeRO optimizer (zero_optimization.stage 0 "
-                                 "without bf16 keeps the optimizer in the model states); "
-                                 "not supported");
-    }
+    UCP_RETURN_IF_ERROR(CheckZeroOptimizerStage(reader, tag_dir, bf16, kZero3Refusal));
   }
   std::vector<std::string> files = {model};
   const std::string prefix = bf16 ? "bf16_" : "";
