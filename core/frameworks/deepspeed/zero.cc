@@ -197,6 +197,282 @@ Status RefuseTensorParallel(const AtomIndex& index, const std::string& tag_dir, 
       "so that the deepspeed-tp adapter reads it");
 }
 
+// ---------------------------------------------------------------------------------------------
+// BuildIndex's phases.
+
+// A ZeRO-1/2 tag, read: rank 0's model states and every DP rank's optimizer file (rank order,
+// their states in the first's order, each checked against the model states).
+struct ZeroTag {
+  ModelStates ms;
+  std::vector<OptimStates> ranks;
+  int64_t zero_stage = 1;
+};
+
+Result<ZeroTag> ReadZeroTag(const std::string& tag_dir) {
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
+    return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
+  }
+  if (listing.optim.empty()) {
+    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
+  }
+  UCP_ASSIGN_OR_RETURN(ModelStates ms,
+                       ReadModelStates(tag_dir, listing.model_states.begin()->second));
+  if (ms.config_stage && *ms.config_stage >= 3) {
+    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
+                       OptimFilesByRank(tag_dir, listing, ms.dp, ms.name));
+  std::vector<OptimStates> ranks;
+  for (uint32_t r = 0; r < ms.dp; ++r) {
+    UCP_ASSIGN_OR_RETURN(OptimStates os,
+                         ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size(), kZero3Refusal));
+    ranks.push_back(std::move(os));
+  }
+  // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
+  if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
+  for (OptimStates& os : ranks) {
+    OrderStatesAs(os, ranks.front());
+    UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
+  }
+  const int64_t zero_stage = ms.config_stage.value_or(ranks.front().zero_stage.value_or(1));
+  return ZeroTag{std::move(ms), std::move(ranks), zero_stage};
+}
+
+// The model states, then each rank's optimizer file, hashed.
+Status AddZeroFiles(const std::string& tag_dir, const ZeroTag& tag, const IndexOptions& options,
+                    AtomIndexContents& c) {
+  std::vector<std::string> paths = {tag.ms.name};
+  for (const OptimStates& os : tag.ranks) paths.push_back(os.entry.name);
+  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
+                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
+                     std::string(i == 0 ? kModelRole : kOptimRole), std::nullopt};
+    if (i > 0) file.rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
+    file.chunks = digests[i].chunks;
+    c.files.push_back(std::move(file));
+  }
+  return Status::Ok();
+}
+
+// `name`'s bit16 atom: its module tensor, checked against param_shapes' shape and place.
+Status AddBit16Atom(const ModelStates& ms, const std::map<std::string, const TorchTensor*>& module,
+                    size_t g, size_t k, const Partitioning& p, std::vector<Atom>& atoms) {
+  const GroupLayout& layout = ms.groups[g];
+  const std::string& name = layout.names[k];
+  const std::string gs = std::to_string(g);
+  const auto it = module.find(name);
+  if (it == module.end() || it->second == nullptr) {
+    return FieldError(ms.reader, "module/" + name, "missing (param_shapes/" + gs + " names it)");
+  }
+  const TorchTensor& bit16 = *it->second;
+  if (bit16.shape != layout.shapes[k]) {
+    return FieldError(
+        ms.reader, "param_shapes/" + gs + "/" + name,
+        ShapeText(layout.shapes[k]) + ", but module/" + name + " is " + ShapeText(bit16.shape));
+  }
+  if (!bit16.contiguous()) return FieldError(ms.reader, "module/" + name, "not contiguous");
+  // Module tensors saved as views of the flat buffer show where the data really is.
+  if (bit16.storage->numel == p.padded && bit16.storage_offset != layout.offsets[k]) {
+    return FieldError(ms.reader, "module/" + name,
+                      "a view at element " + std::to_string(bit16.storage_offset) +
+                          " of the flat buffer, but param_shapes/" + gs + " places it at " +
+                          std::to_string(layout.offsets[k]));
+  }
+  UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16.shape));
+  atoms.push_back(
+      {name, "bit16", bit16.dtype, bit16.shape, {{0, bit16.file_offset(), bit16.dtype, whole}}});
+  return Status::Ok();
+}
+
+// Per parameter group its settings, and per parameter its optimizer states' atoms (made of the
+// DP ranks' partitions) and its bit16 atom.
+Status AddZeroAtoms(const ZeroTag& tag, AtomIndexContents& c) {
+  const ModelStates& ms = tag.ms;
+  const OptimStates& first = tag.ranks.front();
+  std::map<std::string, const TorchTensor*> module;
+  if (const Value* node = OptionalField(ms.reader, "module")) {
+    for (const auto& [name, value] : NamedChildren(node)) module[name] = ms.reader.TensorAt(value);
+  }
+  std::set<std::string> seen;
+  for (size_t g = 0; g < ms.groups.size(); ++g) {
+    const GroupLayout& layout = ms.groups[g];
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
+    // An elastic file keeps no param_groups, so no hyperparameters.
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
+    group.params = layout.names;
+    c.groups.push_back(std::move(group));
+
+    std::vector<RankPartition> partitions;
+    for (uint32_t r = 0; r < ms.dp; ++r) {
+      partitions.push_back({tag.ranks[r].groups[g].fp32, &tag.ranks[r].groups[g].states, 1 + r});
+    }
+    for (size_t k = 0; k < layout.names.size(); ++k) {
+      if (!seen.insert(layout.names[k]).second) {
+        return FieldError(ms.reader, "param_shapes/" + std::to_string(g) + "/" + layout.names[k],
+                          "listed twice");
+      }
+      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
+      UCP_RETURN_IF_ERROR(AddBit16Atom(ms, module, g, k, p, c.atoms));
+    }
+  }
+  return Status::Ok();
+}
+
+// What a reshard rewrites in the model states, the optimizer files and the universal export.
+std::vector<CarriedObject> ZeroCarried(const ZeroTag& tag) {
+  const OptimStates& first = tag.ranks.front();
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < tag.ms.groups.size(); ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(GroupStatesField(first.elastic, g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  std::vector<std::string> rewritten_model = {"dp_world_size"};
+  if (tag.ms.round_robin) rewritten_model.push_back("param_shapes");
+  return {
+      {std::string(kModelRole), 0, rewritten_model},
+      {std::string(kOptimRole), 1, rewritten_optim},
+      {std::string(kUniversalRole),
+       1,
+       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
+        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// PlanReshard's phases.
+
+// Every group's flat order and partitioning at the target's `dp` ranks.
+struct TargetLayout {
+  uint32_t dp = 0;
+  std::vector<GroupLayout> groups;
+  std::vector<Partitioning> partitions;
+};
+
+Result<TargetLayout> LayoutAtTarget(const IndexFacts& facts, uint32_t dp) {
+  TargetLayout at;
+  at.dp = dp;
+  for (const GroupLayout& source : facts.groups) {
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, Relayout(source, facts.round_robin, facts.dp, dp));
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, SavablePartition(layout.total, dp, "a group"));
+    at.groups.push_back(std::move(layout));
+    at.partitions.push_back(p);
+  }
+  return at;
+}
+
+// param_shapes' groups put in `layouts`' order, as a round-robin save at the target lists them.
+Status ReorderParamShapes(Value* root, const std::vector<GroupLayout>& layouts,
+                          const std::string& path) {
+  Value* shapes = root->Get("param_shapes");
+  for (size_t g = 0; g < layouts.size() && shapes != nullptr; ++g) {
+    Value* group = shapes->Item(g);
+    if (group == nullptr || group->kind() != Kind::kObject) {
+      return Status::Corrupt(Prefix(path) + "param_shapes/" + std::to_string(g) +
+                             ": not an OrderedDict");
+    }
+    std::map<std::string, pickle::Mutation> by_name;
+    for (const pickle::Mutation& mutation : group->mutations()) {
+      if (mutation.op == pickle::Mutation::Op::kSetItem) {
+        by_name.emplace(KeyText(mutation.first), mutation);
+      }
+    }
+    std::vector<pickle::Mutation> reordered;
+    for (const std::string& name : layouts[g].names) {
+      const auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        return Status::Corrupt(Prefix(path) + "param_shapes/" + std::to_string(g) + "/" + name +
+                               ": missing");
+      }
+      reordered.push_back(it->second);
+    }
+    group->mutable_mutations() = std::move(reordered);
+  }
+  return Status::Ok();
+}
+
+// Model states: dp_world_size (and a round-robin flat order) rewritten, the rest carried.
+Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const TargetLayout& at, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.model_file));
+  ArchiveOutput out;
+  // Named, not taken from the index: over an atoms store the file is read from its copy.
+  out.path = ModelStatesName(0);
+  Value* root = out.graph.Import(reader.root());
+  out.graph.set_root(root);
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(at.dp), reader.path()));
+  std::map<std::string, std::vector<Segment>> resized;
+  if (facts.round_robin) {
+    UCP_RETURN_IF_ERROR(ReorderParamShapes(root, at.groups, reader.path()));
+  } else {
+    UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, facts.groups,
+                                            facts.dp, at.dp, resized));
+  }
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, facts.model_file, std::move(resized)));
+  plan.archives.push_back(std::move(out));
+  return Status::Ok();
+}
+
+// One optimizer file per target rank, rank 0's file its template: each group's partition of
+// every state, and the partition fields (fp32 partitions, paddings, slice mappings).
+Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const TargetLayout& at, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  if (reader.root()->Get(kOsd) == nullptr) return FieldError(reader, std::string(kOsd), "missing");
+  for (uint32_t r = 0; r < at.dp; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<uint64_t> paddings;
+    std::vector<Value*> fp32_items;
+    std::vector<Value*> mapping_items;
+    std::vector<size_t> params_per_group;
+    for (size_t g = 0; g < at.groups.size(); ++g) {
+      const GroupLayout& layout = at.groups[g];
+      params_per_group.push_back(layout.names.size());
+      const Partitioning& p = at.partitions[g];
+      PlannedRankPart part = PlanRankPart(p, r, layout.total, facts.elastic, facts.bf16_optimizer);
+      UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
+      // The template is rank 0's file.
+      part.sizes.template_numel =
+          StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
+      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
+                                             out.graph, dict, reader, g, facts.elastic, part.sizes,
+                                             [&](const std::string& state) {
+                                               return FlatSegments(index, layout, state, part.begin,
+                                                                   part.real_end);
+                                             },
+                                             replaced));
+      fp32_items.push_back(fp32);
+      paddings.push_back(p.padding_of(r));
+      mapping_items.push_back(
+          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
+    }
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings,
+                                           std::vector<uint64_t>(paddings.size(), at.dp),
+                                           std::move(mapping_items), params_per_group,
+                                           reader.path()));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
@@ -241,140 +517,26 @@ Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(
 
 Result<AtomIndex> DeepSpeedZeroAdapter::BuildIndex(const std::string& tag_dir,
                                                    const IndexOptions& options) const {
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTagToRead(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
-  if (listing.model_states.empty() || listing.model_states.begin()->first != 0) {
-    return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
-  }
-  if (listing.optim.empty()) {
-    return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
-  }
-  UCP_ASSIGN_OR_RETURN(ModelStates ms,
-                       ReadModelStates(tag_dir, listing.model_states.begin()->second));
-  if (ms.config_stage && *ms.config_stage >= 3) {
-    return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
-  }
-
-  UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
-                       OptimFilesByRank(tag_dir, listing, ms.dp, ms.name));
-  const std::string& prefix = by_rank.front()->prefix;
-  std::vector<OptimStates> ranks;
-  for (uint32_t r = 0; r < ms.dp; ++r) {
-    UCP_ASSIGN_OR_RETURN(OptimStates os,
-                         ReadOptimStates(tag_dir, *by_rank[r], ms.groups.size(), kZero3Refusal));
-    ranks.push_back(std::move(os));
-  }
-  // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
-  if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
-  for (OptimStates& os : ranks) {
-    OrderStatesAs(os, ranks.front());
-    UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
-  }
-  const OptimStates& first = ranks.front();
-  const int64_t zero_stage = ms.config_stage.value_or(first.zero_stage.value_or(1));
-
+  UCP_ASSIGN_OR_RETURN(const ZeroTag tag, ReadZeroTag(tag_dir));
+  const OptimStates& first = tag.ranks.front();
   AtomIndexContents c;
   c.framework = "deepspeed";
-  c.framework_version = ms.ds_version;
+  c.framework_version = tag.ms.ds_version;
   c.adapter = std::string(kName);
   c.adapter_schema = kSchema;
   c.tag = TagName(tag_dir);
-  c.topology = {ms.dp, 1, 1, ms.dp, static_cast<uint32_t>(zero_stage)};
-
-  std::vector<std::string> paths = {ms.name};
-  for (const OptimStates& os : ranks) paths.push_back(os.entry.name);
-  UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag_dir, paths, {options.threads, options.trust_journal}));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    IndexedFile file{paths[i], digests[i].size, digests[i].xxh3,
-                     std::string(i == 0 ? kModelRole : kOptimRole), std::nullopt};
-    if (i > 0) file.rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
-    file.chunks = digests[i].chunks;
-    c.files.push_back(std::move(file));
-  }
-
-  std::map<std::string, const TorchTensor*> module;
-  if (const Value* node = OptionalField(ms.reader, "module")) {
-    for (const auto& [name, value] : NamedChildren(node)) module[name] = ms.reader.TensorAt(value);
-  }
-  std::set<std::string> seen;
-  for (size_t g = 0; g < ms.groups.size(); ++g) {
-    const GroupLayout& layout = ms.groups[g];
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, Partition(layout.total, ms.dp));
-    const std::string gs = std::to_string(g);
-    // An elastic file keeps no param_groups, so no hyperparameters.
-    ParamGroup group =
-        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
-    group.params = layout.names;
-    c.groups.push_back(std::move(group));
-
-    std::vector<RankPartition> partitions;
-    for (uint32_t r = 0; r < ms.dp; ++r) {
-      partitions.push_back({ranks[r].groups[g].fp32, &ranks[r].groups[g].states, 1 + r});
-    }
-    for (size_t k = 0; k < layout.names.size(); ++k) {
-      const std::string& name = layout.names[k];
-      if (!seen.insert(name).second) {
-        return FieldError(ms.reader, "param_shapes/" + gs + "/" + name, "listed twice");
-      }
-      UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
-
-      const auto it = module.find(name);
-      if (it == module.end() || it->second == nullptr) {
-        return FieldError(ms.reader, "module/" + name,
-                          "missing (param_shapes/" + gs + " names it)");
-      }
-      const TorchTensor& bit16 = *it->second;
-      if (bit16.shape != layout.shapes[k]) {
-        return FieldError(
-            ms.reader, "param_shapes/" + gs + "/" + name,
-            ShapeText(layout.shapes[k]) + ", but module/" + name + " is " + ShapeText(bit16.shape));
-      }
-      if (!bit16.contiguous()) return FieldError(ms.reader, "module/" + name, "not contiguous");
-      // Module tensors saved as views of the flat buffer show where the data really is.
-      if (bit16.storage->numel == p.padded && bit16.storage_offset != layout.offsets[k]) {
-        return FieldError(ms.reader, "module/" + name,
-                          "a view at element " + std::to_string(bit16.storage_offset) +
-                              " of the flat buffer, but param_shapes/" + gs + " places it at " +
-                              std::to_string(layout.offsets[k]));
-      }
-      UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16.shape));
-      c.atoms.push_back({name,
-                         "bit16",
-                         bit16.dtype,
-                         bit16.shape,
-                         {{0, bit16.file_offset(), bit16.dtype, whole}}});
-    }
-  }
-
-  std::vector<std::string> rewritten_optim;
-  for (size_t g = 0; g < ms.groups.size(); ++g) {
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) {
-        rewritten_optim.push_back(GroupStatesField(first.elastic, g) + "/" + st.key);
-      }
-    }
-  }
-  for (std::string& field : RewrittenPartitionFields(first.reader)) {
-    rewritten_optim.push_back(std::move(field));
-  }
-  std::vector<std::string> rewritten_model = {"dp_world_size"};
-  if (ms.round_robin) rewritten_model.push_back("param_shapes");
-  c.carried = {
-      {std::string(kModelRole), 0, rewritten_model},
-      {std::string(kOptimRole), 1, rewritten_optim},
-      {std::string(kUniversalRole),
-       1,
-       {std::string(kOsd) + "/base_optimizer_state", std::string(kOsd) + "/param_slice_mappings",
-        std::string(kOsd) + "/single_partition_of_fp32_groups", "param_groups"}}};
+  c.topology = {tag.ms.dp, 1, 1, tag.ms.dp, static_cast<uint32_t>(tag.zero_stage)};
+  UCP_RETURN_IF_ERROR(AddZeroFiles(tag_dir, tag, options, c));
+  UCP_RETURN_IF_ERROR(AddZeroAtoms(tag, c));
+  c.carried = ZeroCarried(tag);
   c.adapter_state = {
       {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
-      {"file_prefix", prefix},
+      {"file_prefix", first.entry.prefix},
       {"mp_rank", 0},
       {"alignment_factor", kAlignmentFactor},
-      {"round_robin_gradients", ms.round_robin},
+      {"round_robin_gradients", tag.ms.round_robin},
       {"fp32_padding_stripped", !first.bf16_optimizer},
-      {"zero_stage", zero_stage},
+      {"zero_stage", tag.zero_stage},
       {"elastic_checkpoint", first.elastic},
   };
   return AtomIndex::Create(std::move(c), Prefix(tag_dir) + "index");
@@ -389,111 +551,10 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanReshard(const AtomIndex& index,
     return RefuseTensorParallel(index, tag_dir, facts.model_file, target.tp);
   }
   UCP_RETURN_IF_ERROR(CheckTarget(target));
-  const uint32_t m = target.dp;
+  UCP_ASSIGN_OR_RETURN(const TargetLayout at, LayoutAtTarget(facts, target.dp));
   OutputPlan plan;
-
-  std::vector<GroupLayout> layouts;
-  std::vector<Partitioning> partitions;
-  for (const GroupLayout& source : facts.groups) {
-    UCP_ASSIGN_OR_RETURN(GroupLayout layout, Relayout(source, facts.round_robin, facts.dp, m));
-    UCP_ASSIGN_OR_RETURN(const Partitioning p, SavablePartition(layout.total, m, "a group"));
-    layouts.push_back(std::move(layout));
-    partitions.push_back(p);
-  }
-
-  // Model states: dp_world_size (and a round-robin flat order) rewritten, the rest carried.
-  {
-    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                         OpenSource(index, tag_dir, facts.model_file));
-    ArchiveOutput out;
-    // Named, not taken from the index: over an atoms store the file is read from its copy.
-    out.path = ModelStatesName(0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-    if (facts.round_robin) {
-      Value* shapes = root->Get("param_shapes");
-      for (size_t g = 0; g < layouts.size() && shapes != nullptr; ++g) {
-        Value* group = shapes->Item(g);
-        if (group == nullptr || group->kind() != Kind::kObject) {
-          return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
-                                 ": not an OrderedDict");
-        }
-        std::map<std::string, pickle::Mutation> by_name;
-        for (const pickle::Mutation& mutation : group->mutations()) {
-          if (mutation.op == pickle::Mutation::Op::kSetItem) {
-            by_name.emplace(KeyText(mutation.first), mutation);
-          }
-        }
-        std::vector<pickle::Mutation> reordered;
-        for (const std::string& name : layouts[g].names) {
-          const auto it = by_name.find(name);
-          if (it == by_name.end()) {
-            return Status::Corrupt(Prefix(reader.path()) + "param_shapes/" + std::to_string(g) +
-                                   "/" + name + ": missing");
-          }
-          reordered.push_back(it->second);
-        }
-        group->mutable_mutations() = std::move(reordered);
-      }
-    }
-    std::map<std::string, std::vector<Segment>> resized;
-    if (!facts.round_robin) {
-      UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, facts.groups,
-                                              facts.dp, m, resized));
-    }
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.model_file, std::move(resized)));
-    plan.archives.push_back(std::move(out));
-  }
-
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                       OpenSource(index, tag_dir, facts.optim_file));
-  const std::string osd(kOsd);
-  for (uint32_t r = 0; r < m; ++r) {
-    ArchiveOutput out;
-    out.path = OptimName(facts.prefix, r, 0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    Value* dict = root->Get(kOsd);
-    const Value* template_dict = reader.root()->Get(kOsd);
-    std::map<std::string, std::vector<Segment>> replaced;
-    std::vector<uint64_t> paddings;
-    std::vector<Value*> fp32_items;
-    std::vector<Value*> mapping_items;
-    std::vector<size_t> params_per_group;
-    for (size_t g = 0; g < layouts.size(); ++g) {
-      const GroupLayout& layout = layouts[g];
-      params_per_group.push_back(layout.names.size());
-      const Partitioning& p = partitions[g];
-      PlannedRankPart part = PlanRankPart(p, r, layout.total, facts.elastic, facts.bf16_optimizer);
-      UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
-      // The template is rank 0's file.
-      part.sizes.template_numel =
-          StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
-      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, facts.elastic, part.sizes,
-                                             [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, part.begin,
-                                                                   part.real_end);
-                                             },
-                                             replaced));
-      fp32_items.push_back(fp32);
-
-      paddings.push_back(p.padding_of(r));
-      mapping_items.push_back(
-          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
-    }
-    if (template_dict == nullptr || dict == nullptr) {
-      return FieldError(reader, osd, "missing");
-    }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(
-        out.graph, dict, std::move(fp32_items), paddings, std::vector<uint64_t>(paddings.size(), m),
-        std::move(mapping_items), params_per_group, reader.path()));
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
-    plan.archives.push_back(std::move(out));
-  }
+  UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, at, plan));
+  UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
   return plan;
 }
 
