@@ -767,6 +767,102 @@ void AddPipeCarried(const PipeTag& tag, const LayerFileIndex& layer_file_index,
   };
 }
 
+// ---------------------------------------------------------------------------------------------
+// PlanReshard's phases.
+
+// The target stages' layouts: their parameters, in the source's order.
+Result<std::vector<GroupLayout>> StageLayouts(const IndexFacts& facts, const Placement& placement,
+                                              uint32_t pp) {
+  std::vector<GroupLayout> layouts;
+  for (uint32_t s = 0; s < pp; ++s) {
+    std::vector<std::string> names;
+    std::vector<Shape> shapes;
+    for (size_t k = 0; k < facts.names.size(); ++k) {
+      if (placement.stage_of[k] == s) {
+        names.push_back(facts.names[k]);
+        shapes.push_back(facts.shapes[k]);
+      }
+    }
+    if (names.empty()) {
+      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                                 std::to_string(s) + " holds no parameter by the " +
+                                 placement.placement +
+                                 " layer placement (DeepSpeed's optimizer cannot save it)");
+    }
+    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
+    layouts.push_back(std::move(layout));
+  }
+  return layouts;
+}
+
+// One model-states file per target stage, the first stage's its template: dp_world_size,
+// mp_world_size and param_shapes (the stage's parameters, each torch.Size node from the source
+// stage file naming it).
+Status PlanStageModelStates(const AtomIndex& index, const std::string& tag_dir,
+                            const IndexFacts& facts, const std::vector<GroupLayout>& layouts,
+                            const Topology& target, OutputPlan& plan) {
+  std::vector<TorchArchiveReader> sources;
+  std::map<std::string, const Value*> size_nodes;
+  for (const uint32_t file : facts.model_files) {
+    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+    sources.push_back(std::move(reader));
+  }
+  for (const TorchArchiveReader& reader : sources) {
+    UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(reader, "param_shapes/0"));
+    for (const auto& [name, value] : NamedChildren(shapes)) size_nodes[name] = value;
+  }
+  const TorchArchiveReader& model_template = sources.front();
+  for (uint32_t s = 0; s < target.pp; ++s) {
+    ArchiveOutput out;
+    out.path = ModelStatesName(s);
+    Value* root = out.graph.Import(model_template.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(root, "dp_world_size", out.graph.Int(target.dp), model_template.path()));
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(root, "mp_world_size", out.graph.Int(target.pp), model_template.path()));
+    Value* shapes = root->Get("param_shapes");
+    Value* group = shapes == nullptr ? nullptr : shapes->Item(0);
+    if (group == nullptr || group->kind() != Kind::kObject) {
+      return FieldError(model_template, "param_shapes/0", "not an OrderedDict");
+    }
+    std::vector<pickle::Mutation> items;
+    for (const std::string& name : layouts[s].names) {
+      const auto it = size_nodes.find(name);
+      if (it == size_nodes.end()) {
+        return Status::Corrupt(Prefix(tag_dir) + "param_shapes: no stage names " + name);
+      }
+      items.push_back(
+          {pickle::Mutation::Op::kSetItem, out.graph.Str(name), out.graph.Import(it->second)});
+    }
+    for (const pickle::Mutation& mutation : group->mutations()) {
+      if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
+    }
+    group->mutable_mutations() = std::move(items);
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, model_template, facts.model_files.front(), {}));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
+// Every target stage's optimizer file per DP rank.
+Status PlanStageOptimStates(const AtomIndex& index, const std::string& tag_dir,
+                            const IndexFacts& facts, const std::vector<GroupLayout>& layouts,
+                            const Topology& target, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim_template,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  for (uint32_t s = 0; s < target.pp; ++s) {
+    for (uint32_t r = 0; r < target.dp; ++r) {
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           StageOptimFile(index, optim_template, facts.optim_file, layouts[s], r, s,
+                                          target.dp, facts.prefix));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedPipeAdapter::Recognizes(const std::string& tag_dir) const {
@@ -843,84 +939,11 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanReshard(const AtomIndex& index,
   UCP_RETURN_IF_ERROR(CheckPipeTarget(target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const Placement placement, TargetPlacement(facts, target.pp));
-
-  // The target stages' layouts: their parameters, in the source's order.
-  std::vector<GroupLayout> layouts;
-  for (uint32_t s = 0; s < target.pp; ++s) {
-    std::vector<std::string> names;
-    std::vector<Shape> shapes;
-    for (size_t k = 0; k < facts.names.size(); ++k) {
-      if (placement.stage_of[k] == s) {
-        names.push_back(facts.names[k]);
-        shapes.push_back(facts.shapes[k]);
-      }
-    }
-    if (names.empty()) {
-      return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) + ": stage " +
-                                 std::to_string(s) + " holds no parameter by the " +
-                                 placement.placement +
-                                 " layer placement (DeepSpeed's optimizer cannot save it)");
-    }
-    UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
-    layouts.push_back(std::move(layout));
-  }
-
-  // Every parameter's torch.Size node, from the source stage file naming it.
-  std::vector<TorchArchiveReader> sources;
-  std::map<std::string, const Value*> size_nodes;
-  for (const uint32_t file : facts.model_files) {
-    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, OpenSource(index, tag_dir, file));
-    sources.push_back(std::move(reader));
-  }
-  for (const TorchArchiveReader& reader : sources) {
-    UCP_ASSIGN_OR_RETURN(const Value* shapes, Field(reader, "param_shapes/0"));
-    for (const auto& [name, value] : NamedChildren(shapes)) size_nodes[name] = value;
-  }
-
+  UCP_ASSIGN_OR_RETURN(const std::vector<GroupLayout> layouts,
+                       StageLayouts(facts, placement, target.pp));
   OutputPlan plan;
-  const TorchArchiveReader& model_template = sources.front();
-  for (uint32_t s = 0; s < target.pp; ++s) {
-    ArchiveOutput out;
-    out.path = ModelStatesName(s);
-    Value* root = out.graph.Import(model_template.root());
-    out.graph.set_root(root);
-    UCP_RETURN_IF_ERROR(
-        SetDictItem(root, "dp_world_size", out.graph.Int(target.dp), model_template.path()));
-    UCP_RETURN_IF_ERROR(
-        SetDictItem(root, "mp_world_size", out.graph.Int(target.pp), model_template.path()));
-    Value* shapes = root->Get("param_shapes");
-    Value* group = shapes == nullptr ? nullptr : shapes->Item(0);
-    if (group == nullptr || group->kind() != Kind::kObject) {
-      return FieldError(model_template, "param_shapes/0", "not an OrderedDict");
-    }
-    std::vector<pickle::Mutation> items;
-    for (const std::string& name : layouts[s].names) {
-      const auto it = size_nodes.find(name);
-      if (it == size_nodes.end()) {
-        return Status::Corrupt(Prefix(tag_dir) + "param_shapes: no stage names " + name);
-      }
-      items.push_back(
-          {pickle::Mutation::Op::kSetItem, out.graph.Str(name), out.graph.Import(it->second)});
-    }
-    for (const pickle::Mutation& mutation : group->mutations()) {
-      if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
-    }
-    group->mutable_mutations() = std::move(items);
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, model_template, facts.model_files.front(), {}));
-    plan.archives.push_back(std::move(out));
-  }
-
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim_template,
-                       OpenSource(index, tag_dir, facts.optim_file));
-  for (uint32_t s = 0; s < target.pp; ++s) {
-    for (uint32_t r = 0; r < target.dp; ++r) {
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           StageOptimFile(index, optim_template, facts.optim_file, layouts[s], r, s,
-                                          target.dp, facts.prefix));
-      plan.archives.push_back(std::move(out));
-    }
-  }
+  UCP_RETURN_IF_ERROR(PlanStageModelStates(index, tag_dir, facts, layouts, target, plan));
+  UCP_RETURN_IF_ERROR(PlanStageOptimStates(index, tag_dir, facts, layouts, target, plan));
   // Layer files do not depend on the topology. Named, not taken from the index: over an atoms
   // store the file is read from its copy.
   for (const auto& [layer, file] : facts.layer_files) {
