@@ -1216,6 +1216,192 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
   return plan;
 }
 
+// ---------------------------------------------------------------------------------------------
+// PlanReshard's phases.
+
+// The target's expert-parallel size (its own, or the tag's where it names none), once the
+// target is one DeepSpeed can train the tag at.
+Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
+                                const Topology& target) {
+  if (target.tp > 1 || target.pp > 1) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
+                               " pp=" + std::to_string(target.pp) +
+                               ": MoE with tensor or pipeline parallelism is not supported");
+  }
+  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  const uint32_t ep = target.ep != 0 ? target.ep : facts.ep;
+  if (target.dp % ep != 0) {
+    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
+                                   " is not a multiple of the expert-parallel size " +
+                                   std::to_string(ep) + (target.ep != 0 ? "" : " (the tag's)") +
+                                   ": DeepSpeed requires it");
+  }
+  if (ep != facts.ep) UCP_RETURN_IF_ERROR(RefuseOldExpertGradientScale(index, ep, facts.ep));
+  return ep;
+}
+
+// The groups at the target: the experts' layouts at its expert-parallel size, every group's
+// partitioning (the expert group's over the dp/ep ranks of an expert's data-parallel group).
+struct MoeLayout {
+  uint32_t dp = 0;
+  uint32_t ep = 0;
+  ExpertRankOrder order;
+  ExpertLayouts experts;
+  std::vector<Partitioning> partitions;
+  std::vector<uint64_t> partition_counts;
+};
+
+Result<MoeLayout> LayoutAtTarget(const IndexFacts& facts, uint32_t dp, uint32_t ep) {
+  MoeLayout at;
+  at.dp = dp;
+  at.ep = ep;
+  at.order = {dp, ep, facts.data_before_expert};
+  UCP_ASSIGN_OR_RETURN(at.experts, ExpertLayoutsAt(facts, ep));
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const bool experts = g == facts.expert_group;
+    const uint64_t total = experts ? at.experts.local.total : facts.groups[g].total;
+    const uint32_t count = experts ? dp / ep : dp;
+    UCP_ASSIGN_OR_RETURN(const Partitioning p, SavablePartition(total, count, "a group"));
+    at.partitions.push_back(p);
+    at.partition_counts.push_back(count);
+  }
+  return at;
+}
+
+// The model states: dp_world_size, the dense groups' module buffers, and at another
+// expert-parallel size the local experts' shapes (AutoEP's: its layers' coordinates and
+// autoep_size).
+Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const MoeLayout& at, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.model_file));
+  ArchiveOutput out;
+  out.path = ModelStatesName(0);
+  Value* root = out.graph.Import(reader.root());
+  out.graph.set_root(root);
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(at.dp), reader.path()));
+  std::vector<GroupLayout> dense;
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    if (g != facts.expert_group) dense.push_back(facts.groups[g]);
+  }
+  std::map<std::string, std::vector<Segment>> resized;
+  UCP_RETURN_IF_ERROR(
+      ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, at.dp, resized));
+  if (at.ep != facts.ep) {
+    UCP_RETURN_IF_ERROR(SetLocalExpertShapes(out.graph, root, reader, facts.expert_group,
+                                             at.experts.local, facts.fused));
+  }
+  if (facts.fused) {
+    UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, at.order, 0, reader));
+    UCP_RETURN_IF_ERROR(
+        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", at.ep, reader));
+  }
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, facts.model_file, std::move(resized)));
+  plan.archives.push_back(std::move(out));
+  return Status::Ok();
+}
+
+// The expert files, copied: they name experts by global id, the same at any E; and the expp_rank
+// files ({'optimizer': None} under ZeRO, alike on every rank), one per target expert rank.
+Status PlanExpertFiles(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const MoeLayout& at, OutputPlan& plan) {
+  for (const uint32_t file : facts.expert_files) {
+    plan.copies.push_back({index.contents().files[file].path, file});
+  }
+  if (facts.expp_files.empty()) return Status::Ok();
+  if (at.ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
+  for (uint32_t e = 0; e < at.ep; ++e) {
+    plan.copies.push_back({ExpertOptimName(e, 0), facts.expp_files[e % facts.expp_files.size()]});
+  }
+  return Status::Ok();
+}
+
+// DeepSpeed names the expert group after the expert-parallel size: `dict`'s expert param group
+// renamed for `ep`.
+Status RenameExpertGroup(pickle::Graph& graph, Value* dict, const TorchArchiveReader& reader,
+                         size_t expert_group, uint32_t ep) {
+  Value* group = nullptr;
+  if (Value* base = dict->Get("base_optimizer_state"); base != nullptr) {
+    if (Value* groups = base->Get("param_groups"); groups != nullptr) {
+      group = groups->Item(expert_group);
+    }
+  }
+  if (group == nullptr) {
+    return FieldError(
+        reader,
+        std::string(kOsd) + "/base_optimizer_state/param_groups/" + std::to_string(expert_group),
+        "missing");
+  }
+  return SetDictItem(group, "name",
+                     graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep)),
+                     reader.path());
+}
+
+// One optimizer file per target rank, rank 0's its template: each group's partition (the
+// expert group's of the rank's expert-parallel rank's experts), the partition fields,
+// autoep_size and the expert group's name.
+Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
+                       const MoeLayout& at, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  for (uint32_t r = 0; r < at.dp; ++r) {
+    ArchiveOutput out;
+    out.path = OptimName(facts.prefix, r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    Value* dict = root->Get(kOsd);
+    if (dict == nullptr) return FieldError(reader, kOsd, "missing");
+    std::map<std::string, std::vector<Segment>> replaced;
+    std::vector<uint64_t> paddings;
+    std::vector<Value*> fp32_items;
+    std::vector<Value*> mapping_items;
+    std::vector<size_t> params_per_group;
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      const bool experts = g == facts.expert_group;
+      const GroupLayout& layout =
+          experts ? at.experts.global[at.order.ExpertRank(r)] : facts.groups[g];
+      const Partitioning& p = at.partitions[g];
+      const uint32_t index_in_group = experts ? at.order.IndexInGroup(r) : r;
+      PlannedRankPart part =
+          PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
+      UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
+                           Partition(experts ? facts.local.total : layout.total,
+                                     experts ? facts.dp / facts.ep : facts.dp));
+      part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
+      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
+                                             out.graph, dict, reader, g, false, part.sizes,
+                                             [&](const std::string& state) {
+                                               return FlatSegments(index, layout, state, part.begin,
+                                                                   part.real_end);
+                                             },
+                                             replaced));
+      fp32_items.push_back(fp32);
+      paddings.push_back(p.padding_of(index_in_group));
+      // One padding per parameter as the optimizer holds them: AutoEP's fused, not their rows.
+      params_per_group.push_back(experts ? at.experts.local.names.size() : layout.names.size());
+      // DeepSpeed's mappings name an expert by its local id.
+      mapping_items.push_back(MappingsNode(
+          out.graph,
+          ExpectedMappings(experts ? at.experts.local : layout, p, index_in_group, false)));
+    }
+    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings,
+                                           at.partition_counts, std::move(mapping_items),
+                                           params_per_group, reader.path()));
+    UCP_RETURN_IF_ERROR(
+        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", at.ep, reader));
+    // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
+    // saves, which ucp's files are.
+    if (at.ep != facts.ep && !facts.fused) {
+      UCP_RETURN_IF_ERROR(RenameExpertGroup(out.graph, dict, reader, facts.expert_group, at.ep));
+    }
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
@@ -1268,147 +1454,12 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  if (target.tp > 1 || target.pp > 1) {
-    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
-                               " pp=" + std::to_string(target.pp) +
-                               ": MoE with tensor or pipeline parallelism is not supported");
-  }
-  UCP_RETURN_IF_ERROR(CheckTarget(target));
-  const uint32_t m = target.dp;
-  const uint32_t ep = target.ep != 0 ? target.ep : facts.ep;
-  if (m % ep != 0) {
-    return Status::InvalidArgument(
-        "deepspeed: dp=" + std::to_string(m) + " is not a multiple of the expert-parallel size " +
-        std::to_string(ep) + (target.ep != 0 ? "" : " (the tag's)") + ": DeepSpeed requires it");
-  }
-  if (ep != facts.ep) UCP_RETURN_IF_ERROR(RefuseOldExpertGradientScale(index, ep, facts.ep));
-  UCP_ASSIGN_OR_RETURN(const ExpertLayouts experts_at, ExpertLayoutsAt(facts, ep));
-  const uint32_t expert_m = m / ep;
-  const ExpertRankOrder order{m, ep, facts.data_before_expert};
-  std::vector<Partitioning> partitions;
-  for (size_t g = 0; g < facts.groups.size(); ++g) {
-    const bool experts = g == facts.expert_group;
-    const uint64_t total = experts ? experts_at.local.total : facts.groups[g].total;
-    UCP_ASSIGN_OR_RETURN(const Partitioning p,
-                         SavablePartition(total, experts ? expert_m : m, "a group"));
-    partitions.push_back(p);
-  }
+  UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, facts, target));
+  UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
   OutputPlan plan;
-  {
-    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                         OpenSource(index, tag_dir, facts.model_file));
-    ArchiveOutput out;
-    out.path = ModelStatesName(0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(m), reader.path()));
-    std::vector<GroupLayout> dense;
-    for (size_t g = 0; g < facts.groups.size(); ++g) {
-      if (g != facts.expert_group) dense.push_back(facts.groups[g]);
-    }
-    std::map<std::string, std::vector<Segment>> resized;
-    UCP_RETURN_IF_ERROR(
-        ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, m, resized));
-    if (ep != facts.ep) {
-      UCP_RETURN_IF_ERROR(SetLocalExpertShapes(out.graph, root, reader, facts.expert_group,
-                                               experts_at.local, facts.fused));
-    }
-    if (facts.fused) {
-      UCP_RETURN_IF_ERROR(
-          SetAutoEpLayers(out.graph, root, {m, ep, facts.data_before_expert}, 0, reader));
-      UCP_RETURN_IF_ERROR(
-          SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
-    }
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.model_file, std::move(resized)));
-    plan.archives.push_back(std::move(out));
-  }
-  // The expert files name experts by global id: the same at any E.
-  for (const uint32_t file : facts.expert_files) {
-    plan.copies.push_back({index.contents().files[file].path, file});
-  }
-  // expp_rank files ({'optimizer': None} under ZeRO, alike on every rank): one per target rank.
-  if (!facts.expp_files.empty()) {
-    if (ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
-    for (uint32_t e = 0; e < ep; ++e) {
-      plan.copies.push_back({ExpertOptimName(e, 0), facts.expp_files[e % facts.expp_files.size()]});
-    }
-  }
-
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                       OpenSource(index, tag_dir, facts.optim_file));
-  std::vector<uint64_t> counts;
-  for (size_t g = 0; g < facts.groups.size(); ++g) {
-    counts.push_back(g == facts.expert_group ? expert_m : m);
-  }
-  for (uint32_t r = 0; r < m; ++r) {
-    ArchiveOutput out;
-    out.path = OptimName(facts.prefix, r, 0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    Value* dict = root->Get(kOsd);
-    if (dict == nullptr) return FieldError(reader, kOsd, "missing");
-    std::map<std::string, std::vector<Segment>> replaced;
-    std::vector<uint64_t> paddings;
-    std::vector<Value*> fp32_items;
-    std::vector<Value*> mapping_items;
-    std::vector<size_t> params_per_group;
-    for (size_t g = 0; g < facts.groups.size(); ++g) {
-      const bool experts = g == facts.expert_group;
-      const GroupLayout& layout =
-          experts ? experts_at.global[order.ExpertRank(r)] : facts.groups[g];
-      const Partitioning& p = partitions[g];
-      const uint32_t index_in_group = experts ? order.IndexInGroup(r) : r;
-      PlannedRankPart part =
-          PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
-      UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
-                           Partition(experts ? facts.local.total : layout.total,
-                                     experts ? facts.dp / facts.ep : facts.dp));
-      part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
-      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, false, part.sizes,
-                                             [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, part.begin,
-                                                                   part.real_end);
-                                             },
-                                             replaced));
-      fp32_items.push_back(fp32);
-      paddings.push_back(p.padding_of(index_in_group));
-      // One padding per parameter as the optimizer holds them: AutoEP's fused, not their rows.
-      params_per_group.push_back(experts ? experts_at.local.names.size() : layout.names.size());
-      // DeepSpeed's mappings name an expert by its local id.
-      mapping_items.push_back(MappingsNode(
-          out.graph,
-          ExpectedMappings(experts ? experts_at.local : layout, p, index_in_group, false)));
-    }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings, counts,
-                                           std::move(mapping_items), params_per_group,
-                                           reader.path()));
-    UCP_RETURN_IF_ERROR(
-        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", ep, reader));
-    // DeepSpeed names the expert group after the expert-parallel size; AutoEP's universal load at
-    // another size keeps the saved name (ReadSave), and so do its saves, which ucp's files are.
-    if (ep != facts.ep && !facts.fused) {
-      Value* group = nullptr;
-      if (Value* base = dict->Get("base_optimizer_state"); base != nullptr) {
-        if (Value* groups = base->Get("param_groups"); groups != nullptr) {
-          group = groups->Item(facts.expert_group);
-        }
-      }
-      if (group == nullptr) {
-        return FieldError(reader,
-                          std::string(kOsd) + "/base_optimizer_state/param_groups/" +
-                              std::to_string(facts.expert_group),
-                          "missing");
-      }
-      UCP_RETURN_IF_ERROR(SetDictItem(
-          group, "name", out.graph.Str(std::string(kExpertGroupNamePrefix) + std::to_string(ep)),
-          reader.path()));
-    }
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
-    plan.archives.push_back(std::move(out));
-  }
+  UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, at, plan));
+  UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, facts, at, plan));
+  UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
   return plan;
 }
 
