@@ -1149,11 +1149,12 @@ Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
   return ReadAutoTpMaps(head.reader, head.tp, names);
 }
 
-// A model-states file as ds_to_universal writes it for an AutoEP tag under ZeRO-3: loaded and
+// A model-states file as ds_to_universal writes it for an AutoEP tag under ZeRO-3 (unlike
+// ZeRO-1/2's, moe.cc's UniversalAutoEpModelStates, no digest of the layers): loaded and
 // saved again with universal_checkpoint_info's expert_parameter_patterns its own pattern and its
 // ds_autoep_layers the file's own list (one object, pickled once).
-Result<ArchiveOutput> UniversalAutoEpModelStates(const AtomIndex& index, const std::string& tag_dir,
-                                                 uint32_t file) {
+Result<ArchiveOutput> UniversalZero3AutoEpModelStates(const AtomIndex& index,
+                                                      const std::string& tag_dir, uint32_t file) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
   ArchiveOutput out;
   pickle::Graph& graph = out.graph;
@@ -1985,7 +1986,7 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
       continue;
     }
     UCP_ASSIGN_OR_RETURN(ArchiveOutput model,
-                         UniversalAutoEpModelStates(index, tag_dir, facts.model_files[i]));
+                         UniversalZero3AutoEpModelStates(index, tag_dir, facts.model_files[i]));
     model.path = path;
     plan.archives.push_back(std::move(model));
   }
