@@ -2192,6 +2192,148 @@ Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const Sha
   return Status::Ok();
 }
 
+// A grid DeepSpeed can train at: no expert parallelism, every degree at least 1, tp·pp within
+// the mp ranks' limit, and world (where given) dp·tp·pp.
+Status CheckGridTarget(const Topology& target) {
+  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
+  if (target.dp == 0 || target.tp == 0 || target.pp == 0) {
+    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
+                                   " tp=" + std::to_string(target.tp) +
+                                   " pp=" + std::to_string(target.pp) + ": no ranks to reshard to");
+  }
+  const std::optional<uint64_t> world =
+      CheckedMul(uint64_t{target.dp}, uint64_t{target.tp} * target.pp);
+  if (target.tp > kMaxTpWorldSize || target.pp > kMaxTpWorldSize ||
+      uint64_t{target.tp} * target.pp > kMaxTpWorldSize || !world ||
+      (target.world != 0 && target.world != *world)) {
+    return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
+                                   " is not dp=" + std::to_string(target.dp) +
+                                   " × tp=" + std::to_string(target.tp) +
+                                   " × pp=" + std::to_string(target.pp));
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// PlanUniversalExport's parts.
+
+// The entries ds_to_universal writes beside a parameter's merged tensor for its shard map (the
+// SubparamShape object from the client's universal_checkpoint_info entry).
+Status AddUniversalMapEntries(pickle::Graph& graph, const ShardMap& map,
+                              const TorchArchiveReader& model,
+                              std::vector<std::pair<Value*, Value*>>& entries) {
+  // ds_to_universal concatenates a parameter no pattern names on dim 0.
+  if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
+  switch (map.universal) {
+    case UniversalForm::kNone:
+      break;
+    case UniversalForm::kCatDim:
+      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+      break;
+    case UniversalForm::kNSubParams:
+      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+      entries.emplace_back(graph.Str("param_n_sub_params"),
+                           graph.Int(static_cast<int64_t>(map.sub_params.size())));
+      break;
+    case UniversalForm::kSubParamShape: {
+      const std::string field =
+          std::string(kInfo) + "/parameter_with_sub_params/" + std::to_string(map.sub_param_shape);
+      std::vector<std::pair<Value*, Value*>> fields;
+      for (const char* key : {"patterns", "shape", "partition_dim"}) {
+        UCP_ASSIGN_OR_RETURN(const Value* value, Field(model, field + "/" + key));
+        fields.emplace_back(graph.Str(key), graph.Import(value));
+      }
+      Value* object =
+          graph.Object(pickle::Construction::kNewObj,
+                       graph.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
+                       graph.Tuple({}));
+      object->mutable_mutations().push_back(
+          {pickle::Mutation::Op::kBuild, graph.Dict(std::move(fields)), nullptr});
+      entries.emplace_back(graph.Str("sub_param_shape"), object);
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+// zero/<param>/<state>.pt of a TP-sharded atom: its merged tensor (a vocabulary parameter's
+// storage keeping the padding rows) and its shard map's entries.
+Result<ArchiveOutput> UniversalShardedAtom(const AtomIndex& index, const IndexFacts& facts,
+                                           const TorchArchiveReader& model, const Atom& atom,
+                                           bool requires_grad) {
+  const auto found = facts.maps.find(atom.param);
+  if (found == facts.maps.end()) {
+    return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                           atom.param);
+  }
+  const ShardMap& map = found->second;
+  ArchiveOutput out;
+  out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+  UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+  uint64_t storage_numel = numel;
+  if (map.vocab) {
+    // ds_to_universal keeps the merged tensor's storage, padding rows included.
+    const std::optional<uint64_t> padded =
+        atom.shape[0] == 0 ? std::nullopt : CheckedMul(numel / atom.shape[0], facts.vocab->padded);
+    if (!padded) {
+      return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
+    }
+    storage_numel = *padded;
+  }
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = atom.dtype;
+  spec.storage_numel = storage_numel;
+  spec.shape = atom.shape;
+  spec.requires_grad = requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+  pickle::Graph& graph = out.graph;
+  std::vector<std::pair<Value*, Value*>> entries;
+  UCP_RETURN_IF_ERROR(AddUniversalMapEntries(graph, map, model, entries));
+  if (map.vocab || facts.vocabulary.contains(atom.param)) {
+    entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+  }
+  entries.emplace_back(graph.Str("param"), tensor);
+  graph.set_root(graph.Dict(std::move(entries)));
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  AppendZeros(segments, (storage_numel - numel) * ItemSize(atom.dtype));
+  out.storages.push_back({"0", std::move(segments)});
+  return out;
+}
+
+// Module tensors without optimizer state, where the release writes them: a frozen parameter
+// whole from its atom (rank 0's module holds only its slice), the others (alike on every TP
+// rank) from rank 0's model states; then the model-states files, copied.
+Status AddUniversalModuleFiles(const AtomIndex& index, const IndexFacts& facts,
+                               const TorchArchiveReader& model, OutputPlan& plan) {
+  const std::string& version = index.contents().framework_version;
+  std::set<std::string> indexed;
+  for (const Atom& atom : index.atoms()) indexed.insert(atom.param);
+  if (VersionAtLeast(version, 0, 19, 8)) {
+    for (const std::string& name : facts.frozen) {
+      const Atom* atom = index.Find(name, "bit16");
+      if (atom == nullptr) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.frozen: no bit16 atom of " +
+                               name);
+      }
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput frozen, UniversalModuleAtomArchive(index, *atom));
+      plan.archives.push_back(std::move(frozen));
+    }
+  }
+  UCP_RETURN_IF_ERROR(AddUniversalModuleTensors(model, facts.model_file, indexed, version, plan));
+
+  // Named, not taken from the index: over an atoms store the files are read from their copies.
+  plan.copies.push_back({ModelStatesName(0), facts.model_file});
+  for (const CarriedObject& carried : index.contents().carried) {
+    if (carried.role != kCopiedModelRole) continue;
+    const std::optional<RankCoordinates>& rank = index.files()[carried.file].rank;
+    if (!rank) return Status::Corrupt("deepspeed: index: model states copy without a rank");
+    plan.copies.push_back({ModelStatesName(MpRank(rank->pp, rank->tp, facts.tp)), carried.file});
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
@@ -2264,22 +2406,7 @@ Result<AtomIndex> DeepSpeedTpAdapter::BuildIndex(const std::string& tag_dir,
 Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
                                                    const std::string& tag_dir,
                                                    const Topology& target) const {
-  UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
-  if (target.dp == 0 || target.tp == 0 || target.pp == 0) {
-    return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
-                                   " tp=" + std::to_string(target.tp) +
-                                   " pp=" + std::to_string(target.pp) + ": no ranks to reshard to");
-  }
-  const std::optional<uint64_t> world =
-      CheckedMul(uint64_t{target.dp}, uint64_t{target.tp} * target.pp);
-  if (target.tp > kMaxTpWorldSize || target.pp > kMaxTpWorldSize ||
-      uint64_t{target.tp} * target.pp > kMaxTpWorldSize || !world ||
-      (target.world != 0 && target.world != *world)) {
-    return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
-                                   " is not dp=" + std::to_string(target.dp) +
-                                   " × tp=" + std::to_string(target.tp) +
-                                   " × pp=" + std::to_string(target.pp));
-  }
+  UCP_RETURN_IF_ERROR(CheckGridTarget(target));
   // 1. Where every parameter goes: the target's stages, their groups laid out at (tp, dp).
   UCP_ASSIGN_OR_RETURN(const IndexFacts source, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
@@ -2360,109 +2487,14 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
       plan.archives.push_back(std::move(out));
       continue;
     }
-    const auto found = facts.maps.find(atom.param);
-    if (found == facts.maps.end()) {
-      return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
-                             atom.param);
-    }
-    const ShardMap& map = found->second;
-    ArchiveOutput out;
-    out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
-    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-    uint64_t storage_numel = numel;
-    if (map.vocab) {
-      // ds_to_universal keeps the merged tensor's storage, padding rows included.
-      const std::optional<uint64_t> padded =
-          atom.shape[0] == 0 ? std::nullopt
-                             : CheckedMul(numel / atom.shape[0], facts.vocab->padded);
-      if (!padded) {
-        return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
-      }
-      storage_numel = *padded;
-    }
-    TensorNodeSpec spec;
-    spec.storage_key = "0";
-    spec.dtype = atom.dtype;
-    spec.storage_numel = storage_numel;
-    spec.shape = atom.shape;
-    spec.requires_grad = grad;
-    UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-    pickle::Graph& graph = out.graph;
-    std::vector<std::pair<Value*, Value*>> entries;
-    // ds_to_universal concatenates a parameter no pattern names on dim 0.
-    if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
-    switch (map.universal) {
-      case UniversalForm::kNone:
-        break;
-      case UniversalForm::kCatDim:
-        entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
-        break;
-      case UniversalForm::kNSubParams:
-        entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
-        entries.emplace_back(graph.Str("param_n_sub_params"),
-                             graph.Int(static_cast<int64_t>(map.sub_params.size())));
-        break;
-      case UniversalForm::kSubParamShape: {
-        // The SubparamShape dataclass ds_to_universal pickles, from the client's entry.
-        const std::string field = std::string(kInfo) + "/parameter_with_sub_params/" +
-                                  std::to_string(map.sub_param_shape);
-        std::vector<std::pair<Value*, Value*>> fields;
-        for (const char* key : {"patterns", "shape", "partition_dim"}) {
-          UCP_ASSIGN_OR_RETURN(const Value* value, Field(model, field + "/" + key));
-          fields.emplace_back(graph.Str(key), graph.Import(value));
-        }
-        Value* object =
-            graph.Object(pickle::Construction::kNewObj,
-                         graph.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
-                         graph.Tuple({}));
-        object->mutable_mutations().push_back(
-            {pickle::Mutation::Op::kBuild, graph.Dict(std::move(fields)), nullptr});
-        entries.emplace_back(graph.Str("sub_param_shape"), object);
-        break;
-      }
-    }
-    if (map.vocab || facts.vocabulary.contains(atom.param)) {
-      entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
-    }
-    entries.emplace_back(graph.Str("param"), tensor);
-    graph.set_root(graph.Dict(std::move(entries)));
-    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-    AppendZeros(segments, (storage_numel - numel) * ItemSize(atom.dtype));
-    out.storages.push_back({"0", std::move(segments)});
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalShardedAtom(index, facts, model, atom, grad));
     plan.archives.push_back(std::move(out));
   }
 
   // zero/optimizer_state.pt from rank (0, 0)'s optimizer_state_dict.
   UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalOptimizerState(reader, facts.optim_file));
   plan.archives.push_back(std::move(out));
-  // Module tensors without optimizer state, where the release writes them: a frozen parameter
-  // whole from its atom (rank 0's module holds only its slice), the others (alike on every TP
-  // rank) from rank 0's model states.
-  const std::string& version = index.contents().framework_version;
-  std::set<std::string> indexed;
-  for (const Atom& atom : index.atoms()) indexed.insert(atom.param);
-  if (VersionAtLeast(version, 0, 19, 8)) {
-    for (const std::string& name : facts.frozen) {
-      const Atom* atom = index.Find(name, "bit16");
-      if (atom == nullptr) {
-        return Status::Corrupt("deepspeed: index adapter_state.tp.frozen: no bit16 atom of " +
-                               name);
-      }
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput frozen, UniversalModuleAtomArchive(index, *atom));
-      plan.archives.push_back(std::move(frozen));
-    }
-  }
-  UCP_RETURN_IF_ERROR(AddUniversalModuleTensors(model, facts.model_file, indexed, version, plan));
-
-  // Named, not taken from the index: over an atoms store the files are read from their copies.
-  plan.copies.push_back({ModelStatesName(0), facts.model_file});
-  for (const CarriedObject& carried : index.contents().carried) {
-    if (carried.role != kCopiedModelRole) continue;
-    const std::optional<RankCoordinates>& rank = index.files()[carried.file].rank;
-    if (!rank) return Status::Corrupt("deepspeed: index: model states copy without a rank");
-    plan.copies.push_back({ModelStatesName(MpRank(rank->pp, rank->tp, facts.tp)), carried.file});
-  }
+  UCP_RETURN_IF_ERROR(AddUniversalModuleFiles(index, facts, model, plan));
   return plan;
 }
 
