@@ -633,87 +633,95 @@ Result<std::vector<Segment>> PartitionSegments(const AtomIndex& index, const Ind
   return segments;
 }
 
-Result<IndexFacts> ReadFacts(const AtomIndex& index) {
-  const AtomIndexContents& c = index.contents();
-  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedZero3Adapter::kName));
-  IndexFacts facts;
-  facts.dp = c.topology.dp;
-  facts.tp = c.topology.tp;
-  if (facts.dp == 0 || facts.tp == 0)
-    return Status::Corrupt("deepspeed: index topology: dp or tp 0");
-  const nlohmann::json& state = c.adapter_state;
-  const auto bad = [] {
-    return Status::Corrupt(
-        "deepspeed: index adapter_state: file_prefix, sub_group_size, flat_groups or "
-        "frozen_params missing or mistyped");
-  };
-  if (!state.is_object() || !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
-      !state.contains("sub_group_size") || !state["sub_group_size"].is_number_unsigned() ||
-      !state.contains("flat_groups") || !state["flat_groups"].is_array() ||
-      !state.contains("frozen_params") || !state["frozen_params"].is_array()) {
-    return bad();
-  }
-  facts.prefix = state["file_prefix"].get<std::string>();
-  if (facts.prefix != "" && facts.prefix != "bf16_") return bad();
-  facts.sub_group_size = state["sub_group_size"].get<uint64_t>();
-  if (facts.tp > 1) {
-    const auto tp_state = state.find("tp");
-    if (tp_state == state.end() || !tp_state->is_object() || !tp_state->contains("degree") ||
-        (*tp_state)["degree"] != facts.tp || !tp_state->contains("vocabulary") ||
-        !(*tp_state)["vocabulary"].is_array() || !tp_state->contains("params") ||
-        !(*tp_state)["params"].is_object()) {
-      return Status::Corrupt("deepspeed: index adapter_state.tp: missing, or not of degree " +
-                             std::to_string(facts.tp) + " with shard maps and a vocabulary list");
-    }
-    for (const nlohmann::json& name : (*tp_state)["vocabulary"]) {
-      if (!name.is_string()) return bad();
-      facts.vocabulary.insert(name.get<std::string>());
-    }
-    for (const auto& [name, json] : (*tp_state)["params"].items()) {
-      UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
-      facts.maps.emplace(name, std::move(map));
-    }
-  }
+Status BadAdapterState() {
+  return Status::Corrupt(
+      "deepspeed: index adapter_state: file_prefix, sub_group_size, flat_groups or "
+      "frozen_params missing or mistyped");
+}
 
+// adapter_state.tp of a tag with TP: its vocabulary parameters and shard maps.
+Status ReadTpFacts(const nlohmann::json& state, IndexFacts& facts) {
+  const auto tp_state = state.find("tp");
+  if (tp_state == state.end() || !tp_state->is_object() || !tp_state->contains("degree") ||
+      (*tp_state)["degree"] != facts.tp || !tp_state->contains("vocabulary") ||
+      !(*tp_state)["vocabulary"].is_array() || !tp_state->contains("params") ||
+      !(*tp_state)["params"].is_object()) {
+    return Status::Corrupt("deepspeed: index adapter_state.tp: missing, or not of degree " +
+                           std::to_string(facts.tp) + " with shard maps and a vocabulary list");
+  }
+  for (const nlohmann::json& name : (*tp_state)["vocabulary"]) {
+    if (!name.is_string()) return BadAdapterState();
+    facts.vocabulary.insert(name.get<std::string>());
+  }
+  for (const auto& [name, json] : (*tp_state)["params"].items()) {
+    UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
+    facts.maps.emplace(name, std::move(map));
+  }
+  return Status::Ok();
+}
+
+// adapter_state.autoep where the tag has AutoEP layers: the expert placement.
+Status ReadAutoEpFacts(const nlohmann::json& state, IndexFacts& facts) {
   facts.placement.order = {facts.dp, 1, false};
-  if (const auto autoep = state.find("autoep"); autoep != state.end()) {
-    const auto bad_autoep = [] {
-      return Status::Corrupt(
-          "deepspeed: index adapter_state.autoep: not an expert-parallel size, a rank order and "
-          "each fused expert parameter's experts");
-    };
-    if (!autoep->is_object() || !autoep->contains("ep") || !(*autoep)["ep"].is_number_unsigned() ||
-        !autoep->contains("data_before_expert") || !(*autoep)["data_before_expert"].is_boolean() ||
-        !autoep->contains("experts") || !(*autoep)["experts"].is_object()) {
+  const auto autoep = state.find("autoep");
+  if (autoep == state.end()) return Status::Ok();
+  const auto bad_autoep = [] {
+    return Status::Corrupt(
+        "deepspeed: index adapter_state.autoep: not an expert-parallel size, a rank order and "
+        "each fused expert parameter's experts");
+  };
+  if (!autoep->is_object() || !autoep->contains("ep") || !(*autoep)["ep"].is_number_unsigned() ||
+      !autoep->contains("data_before_expert") || !(*autoep)["data_before_expert"].is_boolean() ||
+      !autoep->contains("experts") || !(*autoep)["experts"].is_object()) {
+    return bad_autoep();
+  }
+  const uint64_t ep = (*autoep)["ep"].get<uint64_t>();
+  if (ep == 0 || facts.dp % ep != 0) return bad_autoep();
+  facts.placement.ep = static_cast<uint32_t>(ep);
+  facts.placement.order = {facts.dp, facts.placement.ep,
+                           (*autoep)["data_before_expert"].get<bool>()};
+  for (const auto& [name, experts] : (*autoep)["experts"].items()) {
+    if (!experts.is_number_unsigned() || experts.get<uint64_t>() % ep != 0 ||
+        experts.get<uint64_t>() == 0 || experts.get<uint64_t>() > kMaxExperts) {
       return bad_autoep();
     }
-    const uint64_t ep = (*autoep)["ep"].get<uint64_t>();
-    if (ep == 0 || facts.dp % ep != 0) return bad_autoep();
-    facts.placement.ep = static_cast<uint32_t>(ep);
-    facts.placement.order = {facts.dp, facts.placement.ep,
-                             (*autoep)["data_before_expert"].get<bool>()};
-    for (const auto& [name, experts] : (*autoep)["experts"].items()) {
-      if (!experts.is_number_unsigned() || experts.get<uint64_t>() % ep != 0 ||
-          experts.get<uint64_t>() == 0 || experts.get<uint64_t>() > kMaxExperts) {
-        return bad_autoep();
-      }
-      facts.placement.experts[name] = experts.get<uint32_t>();
-    }
+    facts.placement.experts[name] = experts.get<uint32_t>();
   }
+  return Status::Ok();
+}
+
+// `name`'s TP slices (from its shard map) recorded in facts.slices; returns TP rank 0's slice
+// shape.
+Result<Shape> RecordTpSlices(const std::string& name, const Shape& shape, IndexFacts& facts) {
+  const auto map = facts.maps.find(name);
+  if (map == facts.maps.end()) {
+    return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " + name);
+  }
+  UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map->second, shape, facts.tp,
+                                                     std::nullopt, map->second.blocks));
+  Shape local = geometry.local;
+  facts.slices.emplace(name, std::move(geometry));
+  return local;
+}
+
+// adapter_state.flat_groups: each flat group's parameters (the next ones of its parameter group)
+// and their shapes as a rank holds them (an expert-parallel rank's rows, a TP rank's slice).
+Status ReadFlatGroups(const AtomIndex& index, const nlohmann::json& state, IndexFacts& facts) {
+  const AtomIndexContents& c = index.contents();
   for (const ParamGroup& group : c.groups) facts.param_groups.push_back(group.params);
   std::vector<size_t> taken(c.groups.size(), 0);
   for (const nlohmann::json& flat : state["flat_groups"]) {
     if (!flat.is_object() || !flat.contains("param_group") ||
         !flat["param_group"].is_number_unsigned() || !flat.contains("params") ||
         !flat["params"].is_number_unsigned()) {
-      return bad();
+      return BadAdapterState();
     }
     const size_t pg = flat["param_group"].get<size_t>();
     const size_t count = flat["params"].get<size_t>();
     // Flat groups come in parameter-group order, each group's parameters in order.
     if (pg >= c.groups.size() || count > c.groups[pg].params.size() - taken[pg] ||
         (!facts.flat_group_of.empty() && pg < facts.flat_group_of.back())) {
-      return bad();
+      return BadAdapterState();
     }
     std::vector<std::string> names(c.groups[pg].params.begin() + taken[pg],
                                    c.groups[pg].params.begin() + taken[pg] + count);
@@ -725,53 +733,48 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
       if (const auto experts = facts.placement.experts.find(name);
           experts != facts.placement.experts.end()) {
         // An expert-parallel rank's rows of it.
-        if (shape.empty() || shape.front() != experts->second) return bad();
+        if (shape.empty() || shape.front() != experts->second) return BadAdapterState();
         shape.front() /= facts.placement.ep;
         ++fused;
       }
       if (facts.tp > 1) {
-        const auto map = facts.maps.find(name);
-        if (map == facts.maps.end()) {
-          return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
-                                 name);
-        }
-        UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map->second, shape, facts.tp,
-                                                           std::nullopt, map->second.blocks));
-        shape = geometry.local;
-        facts.slices.emplace(name, std::move(geometry));
+        UCP_ASSIGN_OR_RETURN(shape, RecordTpSlices(name, shape, facts));
       }
       shapes.push_back(std::move(shape));
     }
-    if (fused != 0 && fused != names.size()) return bad();
+    if (fused != 0 && fused != names.size()) return BadAdapterState();
     facts.placement.expert_groups.push_back(fused != 0);
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(std::move(names), std::move(shapes)));
     facts.flat_groups.push_back(std::move(layout));
     facts.flat_group_of.push_back(pg);
   }
   for (size_t pg = 0; pg < c.groups.size(); ++pg) {
-    if (taken[pg] != c.groups[pg].params.size()) return bad();
+    if (taken[pg] != c.groups[pg].params.size()) return BadAdapterState();
   }
+  return Status::Ok();
+}
+
+// adapter_state.frozen_params: their layout of whole shapes (each TP rank's slices in
+// facts.slices).
+Status ReadFrozenFacts(const AtomIndex& index, const nlohmann::json& state, IndexFacts& facts) {
   std::vector<std::string> frozen_names;
   std::vector<Shape> frozen_shapes;
   for (const nlohmann::json& name : state["frozen_params"]) {
-    if (!name.is_string()) return bad();
+    if (!name.is_string()) return BadAdapterState();
     frozen_names.push_back(name.get<std::string>());
     UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, frozen_names.back(), kFrozenState));
-    if (facts.tp > 1) {  // the layout is of the whole shapes; each TP rank's slices in `slices`
-      const auto map = facts.maps.find(frozen_names.back());
-      if (map == facts.maps.end()) {
-        return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
-                               frozen_names.back());
-      }
-      UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                           GeometryAt(frozen_names.back(), map->second, shape, facts.tp,
-                                      std::nullopt, map->second.blocks));
-      facts.slices.emplace(frozen_names.back(), std::move(geometry));
+    if (facts.tp > 1) {
+      UCP_RETURN_IF_ERROR(RecordTpSlices(frozen_names.back(), shape, facts).status());
     }
     frozen_shapes.push_back(std::move(shape));
   }
   UCP_ASSIGN_OR_RETURN(facts.frozen, MakeLayout(std::move(frozen_names), std::move(frozen_shapes)));
+  return Status::Ok();
+}
 
+// The carried files: every rank's model states (TP rank by TP rank in DP rank order) and the
+// optimizer-states template.
+Status ReadCarriedFiles(const AtomIndexContents& c, IndexFacts& facts) {
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> model_by_rank;  // (tp, dp) → file
   bool have_optim = false;
   for (const CarriedObject& carried : c.carried) {
@@ -791,6 +794,32 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   }
   for (const auto& [rank, file] : model_by_rank) facts.model_files.push_back(file);
   facts.model_file = model_by_rank.begin()->second;
+  return Status::Ok();
+}
+
+Result<IndexFacts> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedZero3Adapter::kName));
+  IndexFacts facts;
+  facts.dp = c.topology.dp;
+  facts.tp = c.topology.tp;
+  if (facts.dp == 0 || facts.tp == 0)
+    return Status::Corrupt("deepspeed: index topology: dp or tp 0");
+  const nlohmann::json& state = c.adapter_state;
+  if (!state.is_object() || !state.contains("file_prefix") || !state["file_prefix"].is_string() ||
+      !state.contains("sub_group_size") || !state["sub_group_size"].is_number_unsigned() ||
+      !state.contains("flat_groups") || !state["flat_groups"].is_array() ||
+      !state.contains("frozen_params") || !state["frozen_params"].is_array()) {
+    return BadAdapterState();
+  }
+  facts.prefix = state["file_prefix"].get<std::string>();
+  if (facts.prefix != "" && facts.prefix != "bf16_") return BadAdapterState();
+  facts.sub_group_size = state["sub_group_size"].get<uint64_t>();
+  if (facts.tp > 1) UCP_RETURN_IF_ERROR(ReadTpFacts(state, facts));
+  UCP_RETURN_IF_ERROR(ReadAutoEpFacts(state, facts));
+  UCP_RETURN_IF_ERROR(ReadFlatGroups(index, state, facts));
+  UCP_RETURN_IF_ERROR(ReadFrozenFacts(index, state, facts));
+  UCP_RETURN_IF_ERROR(ReadCarriedFiles(c, facts));
   return facts;
 }
 
