@@ -21,4 +21,6 @@ echo "== real NCCL host"
 python3 "$here/check_nccl_hooks.py" real "$libucp" "$work/real_nccl_host"
 echo "== torch NCCL process group"
 python3 "$here/check_torch_nccl.py" "$libucp"
+echo "== torch NCCL process group of 4 ranks on the one GPU"
+python3 "$here/check_torch_nccl_ranks.py" "$libucp" 4
 echo "== all GPU checks passed"
