@@ -1319,4 +1319,43 @@ Result<Value*> PlanGroupPartitions(
   return node;
 }
 
+Result<ArchiveOutput> PlanPartitionedOptimFile(
+    const TorchArchiveReader& reader, uint32_t template_file, std::string path, bool elastic,
+    size_t groups, const std::function<Result<RankGroupPart>(size_t g)>& group_of,
+    const std::vector<uint64_t>& partition_counts,
+    const std::function<Status(pickle::Graph& graph, Value* root, Value* dict)>& edit) {
+  ArchiveOutput out;
+  out.path = std::move(path);
+  Value* root = out.graph.Import(reader.root());
+  out.graph.set_root(root);
+  Value* dict = root->Get(kOsd);
+  if (dict == nullptr) return FieldError(reader, std::string(kOsd), "missing");
+  std::map<std::string, std::vector<Segment>> replaced;
+  std::vector<uint64_t> paddings;
+  std::vector<Value*> fp32_items;
+  std::vector<Value*> mapping_items;
+  std::vector<size_t> params_per_group;
+  for (size_t g = 0; g < groups; ++g) {
+    UCP_ASSIGN_OR_RETURN(const RankGroupPart group, group_of(g));
+    UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
+                                           out.graph, dict, reader, g, elastic, group.part.sizes,
+                                           [&](const std::string& state) {
+                                             return group.segments_of(state, group.part.begin,
+                                                                      group.part.real_end);
+                                           },
+                                           replaced));
+    fp32_items.push_back(fp32);
+    paddings.push_back(group.padding);
+    mapping_items.push_back(MappingsNode(out.graph, group.mappings));
+    params_per_group.push_back(group.params);
+  }
+  UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings,
+                                         partition_counts, std::move(mapping_items),
+                                         params_per_group, reader.path()));
+  if (edit) UCP_RETURN_IF_ERROR(edit(out.graph, root, dict));
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, template_file, std::move(replaced)));
+  return out;
+}
+
 }  // namespace ucp::deepspeed

@@ -449,6 +449,29 @@ Result<pickle::Value*> PlanGroupPartitions(
     const std::function<Result<std::vector<Segment>>(const std::string& state)>& segments_of,
     std::map<std::string, std::vector<Segment>>& replaced);
 
+// One flat group of a rank's optimizer file, as PlanPartitionedOptimFile writes it.
+struct RankGroupPart {
+  PlannedRankPart part;                // the rank's elements of the group and its state sizes
+  uint64_t padding = 0;                // group_paddings' entry
+  std::vector<SliceMapping> mappings;  // param_slice_mappings' entry
+  size_t params = 0;                   // the parameters as the optimizer holds them
+  // Bytes of elements [begin, end) of state `state`'s flat buffer ("fp32" for the master).
+  std::function<Result<std::vector<Segment>>(const std::string& state, uint64_t begin,
+                                             uint64_t end)>
+      segments_of;
+};
+// A ZeRO-1/2 optimizer file `path` planned from the template `reader` (index file
+// `template_file`), as the ZeRO-1/2, MoE, pipeline and TP reshards write theirs: each of `groups`
+// groups' partition as `group_of(g)` gives it (PlanGroupPartitions), then SetPartitionFields
+// with `partition_counts`; `edit`, when given, then changes the root or its optimizer_state_dict
+// further. kCorrupt naming optimizer_state_dict where the template lacks it.
+Result<ArchiveOutput> PlanPartitionedOptimFile(
+    const TorchArchiveReader& reader, uint32_t template_file, std::string path, bool elastic,
+    size_t groups, const std::function<Result<RankGroupPart>(size_t g)>& group_of,
+    const std::vector<uint64_t>& partition_counts,
+    const std::function<Status(pickle::Graph& graph, pickle::Value* root, pickle::Value* dict)>&
+        edit = nullptr);
+
 // DeepSpeed's pipeline layer placement (runtime/utils.py partition_uniform, partition_balanced):
 // stage boundaries, num_parts + 1 entries, stage s holding layers [bounds[s], bounds[s+1]).
 std::vector<uint64_t> PartitionUniform(uint64_t items, uint64_t parts);

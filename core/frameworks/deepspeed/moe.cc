@@ -32,7 +32,6 @@ using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
 using deepspeed::ExpertRankOrder;
-using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
@@ -52,7 +51,6 @@ using deepspeed::kOsd;
 using deepspeed::ListTag;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
-using deepspeed::MappingsNode;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
@@ -64,11 +62,11 @@ using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
-using deepspeed::PlanGroupPartitions;
-using deepspeed::PlannedRankPart;
+using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankGroupPart;
 using deepspeed::RankPartition;
 using deepspeed::ReadAutoEpLayers;
 using deepspeed::ReadNumExperts;
@@ -76,17 +74,14 @@ using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
-using deepspeed::SetAffineMapDegree;
 using deepspeed::SetAutoEpLayers;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
-using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::SliceMapping;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
-using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
@@ -1346,57 +1341,46 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
   for (uint32_t r = 0; r < at.dp; ++r) {
-    ArchiveOutput out;
-    out.path = OptimName(facts.prefix, r, 0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    Value* dict = root->Get(kOsd);
-    if (dict == nullptr) return FieldError(reader, kOsd, "missing");
-    std::map<std::string, std::vector<Segment>> replaced;
-    std::vector<uint64_t> paddings;
-    std::vector<Value*> fp32_items;
-    std::vector<Value*> mapping_items;
-    std::vector<size_t> params_per_group;
-    for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
       const bool experts = g == facts.expert_group;
       const GroupLayout& layout =
           experts ? at.experts.global[at.order.ExpertRank(r)] : facts.groups[g];
       const Partitioning& p = at.partitions[g];
       const uint32_t index_in_group = experts ? at.order.IndexInGroup(r) : r;
-      PlannedRankPart part =
+      RankGroupPart group;
+      group.part =
           PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
                            Partition(experts ? facts.local.total : layout.total,
                                      experts ? facts.dp / facts.ep : facts.dp));
-      part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
-      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, false, part.sizes,
-                                             [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, part.begin,
-                                                                   part.real_end);
-                                             },
-                                             replaced));
-      fp32_items.push_back(fp32);
-      paddings.push_back(p.padding_of(index_in_group));
-      // One padding per parameter as the optimizer holds them: AutoEP's fused, not their rows.
-      params_per_group.push_back(experts ? at.experts.local.names.size() : layout.names.size());
+      group.part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
+      group.padding = p.padding_of(index_in_group);
       // DeepSpeed's mappings name an expert by its local id.
-      mapping_items.push_back(MappingsNode(
-          out.graph,
-          ExpectedMappings(experts ? at.experts.local : layout, p, index_in_group, false)));
-    }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings,
-                                           at.partition_counts, std::move(mapping_items),
-                                           params_per_group, reader.path()));
-    UCP_RETURN_IF_ERROR(
-        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", at.ep, reader));
-    // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
-    // saves, which ucp's files are.
-    if (at.ep != facts.ep && !facts.fused) {
-      UCP_RETURN_IF_ERROR(RenameExpertGroup(out.graph, dict, reader, facts.expert_group, at.ep));
-    }
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+      group.mappings =
+          ExpectedMappings(experts ? at.experts.local : layout, p, index_in_group, false);
+      // One padding per parameter as the optimizer holds them: AutoEP's fused, not their rows.
+      group.params = experts ? at.experts.local.names.size() : layout.names.size();
+      group.segments_of = [&index, &layout](const std::string& state, uint64_t begin,
+                                            uint64_t end) {
+        return FlatSegments(index, layout, state, begin, end);
+      };
+      return group;
+    };
+    const auto edit = [&](pickle::Graph& graph, Value* root, Value* dict) -> Status {
+      UCP_RETURN_IF_ERROR(
+          SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.ep, reader));
+      // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
+      // saves, which ucp's files are.
+      if (at.ep != facts.ep && !facts.fused) {
+        UCP_RETURN_IF_ERROR(RenameExpertGroup(graph, dict, reader, facts.expert_group, at.ep));
+      }
+      return Status::Ok();
+    };
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        PlanPartitionedOptimFile(reader, facts.optim_file, OptimName(facts.prefix, r, 0),
+                                 /*elastic=*/false, facts.groups.size(), group_of,
+                                 at.partition_counts, edit));
     plan.archives.push_back(std::move(out));
   }
   return Status::Ok();

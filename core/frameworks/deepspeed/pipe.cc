@@ -48,7 +48,6 @@ using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
-using deepspeed::MappingsNode;
 using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
@@ -61,11 +60,11 @@ using deepspeed::Partition;
 using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionUniform;
-using deepspeed::PlanGroupPartitions;
-using deepspeed::PlannedRankPart;
+using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankGroupPart;
 using deepspeed::RankPartition;
 using deepspeed::ReadMappings;
 using deepspeed::RefuseElasticForm;
@@ -73,7 +72,6 @@ using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
-using deepspeed::SetPartitionFields;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::SliceMapping;
@@ -451,33 +449,21 @@ Status CheckPipeTarget(const Topology& target) {
 Result<ArchiveOutput> StageOptimFile(const AtomIndex& index, const TorchArchiveReader& reader,
                                      uint32_t template_file, const GroupLayout& layout, uint32_t r,
                                      uint32_t stage, uint32_t dp, const std::string& prefix) {
-  const std::string osd(kOsd);
   UCP_ASSIGN_OR_RETURN(const Partitioning p,
                        SavablePartition(layout.total, dp, "stage " + std::to_string(stage)));
-  ArchiveOutput out;
-  out.path = OptimName(prefix, r, stage);
-  Value* root = out.graph.Import(reader.root());
-  out.graph.set_root(root);
-  Value* dict = root->Get(kOsd);
-  if (dict == nullptr) return FieldError(reader, osd, "missing");
-  const PlannedRankPart part =
-      PlanRankPart(p, r, layout.total, /*elastic=*/false, /*bf16_optimizer=*/false);
-  std::map<std::string, std::vector<Segment>> replaced;
-  UCP_ASSIGN_OR_RETURN(Value * node, PlanGroupPartitions(
-                                         out.graph, dict, reader, 0, /*elastic=*/false, part.sizes,
-                                         [&](const std::string& state) {
-                                           return FlatSegments(index, layout, state, part.begin,
-                                                               part.real_end);
-                                         },
-                                         replaced));
-
-  UCP_RETURN_IF_ERROR(SetPartitionFields(
-      out.graph, dict, {node}, {p.padding_of(r)}, {dp},
-      {MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false))},
-      {layout.names.size()}, reader.path()));
-  UCP_ASSIGN_OR_RETURN(out.storages,
-                       CollectStorages(root, reader, template_file, std::move(replaced)));
-  return out;
+  const auto group_of = [&](size_t) -> Result<RankGroupPart> {
+    RankGroupPart group;
+    group.part = PlanRankPart(p, r, layout.total, /*elastic=*/false, /*bf16_optimizer=*/false);
+    group.padding = p.padding_of(r);
+    group.mappings = ExpectedMappings(layout, p, r, /*round_robin=*/false);
+    group.params = layout.names.size();
+    group.segments_of = [&](const std::string& state, uint64_t begin, uint64_t end) {
+      return FlatSegments(index, layout, state, begin, end);
+    };
+    return group;
+  };
+  return PlanPartitionedOptimFile(reader, template_file, OptimName(prefix, r, stage),
+                                  /*elastic=*/false, 1, group_of, {dp});
 }
 
 // Each layer's file number in the index.

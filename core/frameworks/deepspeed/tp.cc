@@ -43,7 +43,6 @@ using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileName;
-using deepspeed::FormName;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
 using deepspeed::GroupLayout;
@@ -62,7 +61,6 @@ using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
-using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
@@ -80,11 +78,11 @@ using deepspeed::Partition;
 using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
 using deepspeed::PartitionUniform;
-using deepspeed::PlanGroupPartitions;
-using deepspeed::PlannedRankPart;
+using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankGroupPart;
 using deepspeed::ReadAutoTpMaps;
 using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::ReadModelStates;
@@ -93,12 +91,10 @@ using deepspeed::RefuseElasticForm;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
-using deepspeed::RuleName;
 using deepspeed::SavablePartition;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetBlocks;
 using deepspeed::SetDictItem;
-using deepspeed::SetPartitionFields;
 using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
@@ -1417,47 +1413,26 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
                                     uint32_t source_tp, const TorchArchiveReader& reader,
                                     const std::vector<TargetGroup>& groups, uint32_t t, uint32_t r,
                                     const Topology& target, std::string path) {
-  const uint32_t m = target.dp;
-  const std::string osd(kOsd);
-  ArchiveOutput out;
-  out.path = std::move(path);
-  Value* root = out.graph.Import(reader.root());
-  out.graph.set_root(root);
-  Value* dict = root->Get(kOsd);
-  if (dict == nullptr) return FieldError(reader, osd, "missing");
-  if (facts.autotp && target.tp != source_tp) {
-    UCP_RETURN_IF_ERROR(SetAutoTpSize(out.graph, root, target.tp, reader));
-  }
-  std::map<std::string, std::vector<Segment>> replaced;
-  std::vector<uint64_t> paddings;
-  std::vector<Value*> fp32_items;
-  std::vector<Value*> mapping_items;
-  std::vector<size_t> params_per_group;
-  for (size_t g = 0; g < groups.size(); ++g) {
+  const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
     const GroupLayout& layout = groups[g].layout;
-    params_per_group.push_back(layout.names.size());
     const Partitioning& p = groups[g].partition;
-    const PlannedRankPart part =
-        PlanRankPart(p, r, layout.total, /*elastic=*/false, facts.bf16_optimizer);
-    UCP_ASSIGN_OR_RETURN(Value * node,
-                         PlanGroupPartitions(
-                             out.graph, dict, reader, g, /*elastic=*/false, part.sizes,
-                             [&](const std::string& state) {
-                               return FlatSegments(index, facts, groups[g], t, state, part.begin,
-                                                   part.real_end);
-                             },
-                             replaced));
-    fp32_items.push_back(node);
-    paddings.push_back(p.padding_of(r));
-    mapping_items.push_back(
-        MappingsNode(out.graph, ExpectedMappings(layout, p, r, /*round_robin=*/false)));
-  }
-  UCP_RETURN_IF_ERROR(SetPartitionFields(
-      out.graph, dict, std::move(fp32_items), paddings, std::vector<uint64_t>(paddings.size(), m),
-      std::move(mapping_items), params_per_group, reader.path()));
-  UCP_ASSIGN_OR_RETURN(out.storages,
-                       CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
-  return out;
+    RankGroupPart group;
+    group.part = PlanRankPart(p, r, layout.total, /*elastic=*/false, facts.bf16_optimizer);
+    group.padding = p.padding_of(r);
+    group.mappings = ExpectedMappings(layout, p, r, /*round_robin=*/false);
+    group.params = layout.names.size();
+    group.segments_of = [&, g](const std::string& state, uint64_t begin, uint64_t end) {
+      return FlatSegments(index, facts, groups[g], t, state, begin, end);
+    };
+    return group;
+  };
+  const auto edit = [&](pickle::Graph& graph, Value* root, Value*) -> Status {
+    if (!facts.autotp || target.tp == source_tp) return Status::Ok();
+    return SetAutoTpSize(graph, root, target.tp, reader);
+  };
+  return PlanPartitionedOptimFile(reader, facts.optim_file, std::move(path), /*elastic=*/false,
+                                  groups.size(), group_of,
+                                  std::vector<uint64_t>(groups.size(), target.dp), edit);
 }
 
 // The layer files of a pipeline tag at TP rank t of the target: each layer's state_dict from its

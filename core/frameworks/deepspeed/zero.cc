@@ -45,7 +45,6 @@ using deepspeed::kUniversalRole;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::MakeLayout;
-using deepspeed::MappingsNode;
 using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::OpenSource;
@@ -59,11 +58,11 @@ using deepspeed::OptionalField;
 using deepspeed::OrderStatesAs;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
-using deepspeed::PlanGroupPartitions;
-using deepspeed::PlannedRankPart;
+using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
 using deepspeed::RankFile;
+using deepspeed::RankGroupPart;
 using deepspeed::RankPartition;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
@@ -73,7 +72,6 @@ using deepspeed::RewrittenPartitionFields;
 using deepspeed::RoundRobinOrder;
 using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
-using deepspeed::SetPartitionFields;
 using deepspeed::ShapeText;
 using deepspeed::StateNumel;
 using deepspeed::StateTemplates;
@@ -429,45 +427,30 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
                        const TargetLayout& at, OutputPlan& plan) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
-  if (reader.root()->Get(kOsd) == nullptr) return FieldError(reader, std::string(kOsd), "missing");
+  const std::vector<uint64_t> counts(at.groups.size(), at.dp);
   for (uint32_t r = 0; r < at.dp; ++r) {
-    ArchiveOutput out;
-    out.path = OptimName(facts.prefix, r, 0);
-    Value* root = out.graph.Import(reader.root());
-    out.graph.set_root(root);
-    Value* dict = root->Get(kOsd);
-    std::map<std::string, std::vector<Segment>> replaced;
-    std::vector<uint64_t> paddings;
-    std::vector<Value*> fp32_items;
-    std::vector<Value*> mapping_items;
-    std::vector<size_t> params_per_group;
-    for (size_t g = 0; g < at.groups.size(); ++g) {
+    const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
       const GroupLayout& layout = at.groups[g];
-      params_per_group.push_back(layout.names.size());
       const Partitioning& p = at.partitions[g];
-      PlannedRankPart part = PlanRankPart(p, r, layout.total, facts.elastic, facts.bf16_optimizer);
+      RankGroupPart group;
+      group.part = PlanRankPart(p, r, layout.total, facts.elastic, facts.bf16_optimizer);
       UCP_ASSIGN_OR_RETURN(const Partitioning source_p, Partition(facts.groups[g].total, facts.dp));
       // The template is rank 0's file.
-      part.sizes.template_numel =
+      group.part.sizes.template_numel =
           StateNumel(facts.elastic, source_p.partition, source_p.padding_of(0));
-      UCP_ASSIGN_OR_RETURN(Value * fp32, PlanGroupPartitions(
-                                             out.graph, dict, reader, g, facts.elastic, part.sizes,
-                                             [&](const std::string& state) {
-                                               return FlatSegments(index, layout, state, part.begin,
-                                                                   part.real_end);
-                                             },
-                                             replaced));
-      fp32_items.push_back(fp32);
-      paddings.push_back(p.padding_of(r));
-      mapping_items.push_back(
-          MappingsNode(out.graph, ExpectedMappings(layout, p, r, facts.round_robin)));
-    }
-    UCP_RETURN_IF_ERROR(SetPartitionFields(out.graph, dict, std::move(fp32_items), paddings,
-                                           std::vector<uint64_t>(paddings.size(), at.dp),
-                                           std::move(mapping_items), params_per_group,
-                                           reader.path()));
-    UCP_ASSIGN_OR_RETURN(out.storages,
-                         CollectStorages(root, reader, facts.optim_file, std::move(replaced)));
+      group.padding = p.padding_of(r);
+      group.mappings = ExpectedMappings(layout, p, r, facts.round_robin);
+      group.params = layout.names.size();
+      group.segments_of = [&index, &layout](const std::string& state, uint64_t begin,
+                                            uint64_t end) {
+        return FlatSegments(index, layout, state, begin, end);
+      };
+      return group;
+    };
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        PlanPartitionedOptimFile(reader, facts.optim_file, OptimName(facts.prefix, r, 0),
+                                 facts.elastic, at.groups.size(), group_of, counts));
     plan.archives.push_back(std::move(out));
   }
   return Status::Ok();
