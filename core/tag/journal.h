@@ -38,9 +38,10 @@
 //                directories after the close that the record's other members describe; the
 //                record repeats that close's record member for member (same "time_ns"), so a
 //                reader that ignores "durable" sees the same close twice. Absent means false.
-//   "job"        the launcher's id of the job (LauncherJob): every process of one run of a job
+//   "job"        this run of the job (hooks' RunJob: the launcher's id, LauncherJob, else
+//                "nccl=<hash>" of the NCCL world's unique id): every process of one run of a job
 //                writes the same, a rerun of the job (requeued, restarted) another. Absent when
-//                the launcher gives none.
+//                there is neither.
 // A crash can leave the last line of a file without its "\n": readers skip such a torn last line
 // with a warning. Any other malformed line makes the whole file unreadable (kCorrupt).
 //
@@ -125,7 +126,7 @@ int64_t LauncherRank();
 // SLURM_RESTART_COUNT), PMIx's namespace (PMIX_NAMESPACE: Open MPI 5, srun --mpi=pmix) and
 // torchelastic's run and restart count (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) that is
 // set, joined: e.g. "slurm=812.0.0;torchelastic=none.1". Empty when none is set (ranks started
-// by hand, DeepSpeed's pdsh launcher).
+// by hand, DeepSpeed's pdsh launcher: hooks' RunJob names those by their NCCL world).
 std::string LauncherJob();
 
 // The record as one JSON line, "\n" included. InvalidArgument for an absolute or empty path, or

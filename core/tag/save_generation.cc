@@ -34,8 +34,9 @@ std::string NewCommitId() {
          std::to_string(commits.fetch_add(1) + 1);
 }
 
-SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier) {
-  return {std::move(commit), std::move(earlier), JournalHostName(), kLoadTimeNs, LauncherJob()};
+SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier,
+                               std::string job) {
+  return {std::move(commit), std::move(earlier), JournalHostName(), kLoadTimeNs, std::move(job)};
 }
 
 Result<std::optional<SaveGeneration>> ReadSaveGeneration(const std::string& tag_dir) {

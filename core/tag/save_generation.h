@@ -63,17 +63,18 @@ struct SaveBounds {
   // records of that host are compared with it, so two nodes' clocks never meet. Empty: none.
   std::string host;
   int64_t host_start_ns = 0;
-  // A close whose record names a launcher job other than `job` is another run's: a killed run of
-  // the job, on any node, that never committed. Only records that name a job are compared with
-  // it. Empty: none.
+  // A close whose record names a job other than `job` (a run's, RunJob) is another run's: a killed
+  // run of the job, on any node, that never committed. Only records that name a job are compared
+  // with it. Empty: none.
   std::string job;
 };
 
 // The bounds of `commit` as this process sees them: this host, the time this library was
-// loaded, and this process's launcher job (LauncherJob). Only for a process that the job's other
-// processes met before they saved (a trainer's rank after its rendezvous, as the durable commit's
-// is): a close on this host earlier than that is then an earlier run's.
-SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier);
+// loaded, and `job`, this process's run of its job (hooks' RunJob). Only for a process that the
+// job's other processes met before they saved (a trainer's rank after its rendezvous, as the
+// durable commit's is): a close on this host earlier than that is then an earlier run's.
+SaveBounds BoundsOfThisProcess(std::string commit, std::optional<SaveGeneration> earlier,
+                               std::string job);
 
 // The closes of `expected` that make up the save `bounds` describe: each path's close that
 // describes the file on disk now (ClosesOnDisk), unless `bounds` say it is an earlier save's.

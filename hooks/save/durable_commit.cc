@@ -16,6 +16,7 @@
 #include "core/io/file.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
+#include "hooks/save/run_job.h"
 
 namespace ucp::hooks {
 namespace {
@@ -311,7 +312,7 @@ void DurableCommit::MakeDurable(const std::vector<SavedFileEvent>& files) {
     record.chunks = event->chunks;
     record.stamp = event->stamp;
     record.rank = LauncherRank();
-    record.job = LauncherJob();
+    record.job = event->job;
     record.pid = pid_;
     record.time_ns = event->time_ns;
     record.framework = event->framework;
@@ -340,7 +341,8 @@ bool DurableCommit::Complete(const Publish& publish, std::string* waiting) const
     return false;
   }
   const std::string& commit = publish.event.commit_id;
-  const SaveBounds bounds = BoundsOfThisProcess(commit, std::move(earlier).value());
+  const SaveBounds bounds =
+      BoundsOfThisProcess(commit, std::move(earlier).value(), RunJob(TopologyRegistry::Global()));
   const FileOnDiskLookup on_disk = TagFilesOnDisk(tag_dir);
   Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_dir);
   Result<std::vector<std::string>> files = adapter.ok()

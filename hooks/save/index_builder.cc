@@ -18,6 +18,7 @@
 #include "core/tag/save_generation.h"
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
+#include "hooks/save/run_job.h"
 
 namespace ucp::hooks {
 namespace {
@@ -34,10 +35,12 @@ Result<SaveFiles> MatchThisSave(const std::string& tag_dir,
   UCP_ASSIGN_OR_RETURN(std::optional<SaveGeneration> earlier, ReadSaveGeneration(tag_dir));
   // No bound from this process's start: the index may be built by a process that started after
   // the other ranks closed their files (nothing in the index builder's use waits for a
-  // rendezvous). The launcher's job id bounds it instead where the launcher gives one: the
-  // committing process belongs to the run whose save it commits.
-  return MatchSave(*records, expected, SaveBounds{commit, std::move(earlier), "", 0, LauncherJob()},
-                   TagFilesOnDisk(tag_dir));
+  // rendezvous). The run's job (the launcher's id, else the NCCL world's) bounds it instead where
+  // there is one: the committing process belongs to the run whose save it commits.
+  return MatchSave(
+      *records, expected,
+      SaveBounds{commit, std::move(earlier), "", 0, RunJob(TopologyRegistry::Global())},
+      TagFilesOnDisk(tag_dir));
 }
 
 // The files of `closes` whose bytes on disk are no longer the ones their close describes.

@@ -15,6 +15,7 @@
 #include "core/util/log.h"
 #include "core/util/reentrancy_guard.h"
 #include "hooks/save/durable_commit.h"
+#include "hooks/save/run_job.h"
 
 namespace ucp::hooks {
 namespace {
@@ -396,7 +397,7 @@ void SaveTracker::FinishData(OpenFile& file) {
   record.chunks = digest.chunks;
   record.stamp = FileOnDiskOf(st).stamp;
   record.rank = LauncherRank();
-  record.job = LauncherJob();
+  record.job = RunJob(TopologyRegistry::Global());
   record.pid = ::getpid();
   record.time_ns = WallClockNs();
   record.framework = file.match.framework;
@@ -408,8 +409,9 @@ void SaveTracker::FinishData(OpenFile& file) {
   }
   UCP_LOG_DEBUG("save: journaled {} ({} bytes, xxh3 {})", file.path, digest.size,
                 FormatXxh3(digest.xxh3));
-  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,   digest.size,
-                             digest.xxh3,          record.time_ns,     record.chunks, record.stamp};
+  const SavedFileEvent event{file.match.framework, file.match.tag_dir, record.path,
+                             digest.size,          digest.xxh3,        record.time_ns,
+                             record.chunks,        record.stamp,       record.job};
   for (CommitListener* listener : Listeners()) listener->OnFileSaved(event);
 }
 
@@ -443,7 +445,7 @@ void SaveTracker::Commit(const PathMatch& signal, const std::string& signal_path
   record.size = digest->size;
   record.xxh3 = digest->xxh3;
   record.rank = LauncherRank();
-  record.job = LauncherJob();
+  record.job = RunJob(TopologyRegistry::Global());
   record.pid = ::getpid();
   record.time_ns = WallClockNs();
   record.framework = signal.framework;

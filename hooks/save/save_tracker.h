@@ -79,6 +79,7 @@ struct SavedFileEvent {
   int64_t time_ns = 0;                            // the journal record's "time_ns"
   ChunkHashes chunks = {};                        // the journal record's, when recorded
   std::optional<FileStamp> stamp = std::nullopt;  // the journal record's
+  std::string job = {};                           // the journal record's (RunJob)
 };
 
 class CommitListener {

@@ -15,6 +15,9 @@ the preload, each rank's UCP_DUMP_TOPOLOGY file, taken while its communicators l
 the world (RANKS ranks, this rank, one unique id shared by every rank) and its two splits (2 and
 RANKS/2 ranks, this rank's place in each, the split's parent the world, its color shared by
 exactly the members of its group); the summary must name the world, its size and the rank.
+Each rank then torch.saves a DeepSpeed-named file of one tag (rank 0 also the model states, then
+`latest`): with no launcher id in the environment, every journal record of the save must name
+the run by its NCCL world, job "nccl=<the world's unique-id hash>".
 Exit status 77 means skipped (no GPU, or no torch with NCCL).
 """
 import json
@@ -45,6 +48,17 @@ torch.cuda.synchronize()
 print("rank", rank, "world", world.tolist(), "pair", pair.tolist(), "parity", parity.tolist())
 if os.environ.get("UCP_DUMP_TOPOLOGY"):  # the dump as it stands while the communicators live
     shutil.copy(os.environ["UCP_DUMP_TOPOLOGY"], os.environ["UCP_DUMP_TOPOLOGY"] + ".live")
+# A DeepSpeed-named save of this run, which the preload journals (each close's "job").
+tag = os.path.join(os.environ["CHECK_SAVE_DIR"], "global_step1")
+os.makedirs(tag, exist_ok=True)
+state = {"rank": rank, "world": world.cpu()}
+torch.save(state, os.path.join(tag, f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+if rank == 0:
+    torch.save(state, os.path.join(tag, "mp_rank_00_model_states.pt"))
+dist.barrier()
+if rank == 0:
+    with open(os.path.join(os.environ["CHECK_SAVE_DIR"], "latest"), "w") as f:
+        f.write("global_step1")
 dist.barrier()
 dist.destroy_process_group()
 print("destroyed")
@@ -63,7 +77,8 @@ def run(ranks, env_extra):
     procs = []
     for r in range(ranks):
         env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)
+        for name in ("LD_PRELOAD", "SLURM_JOB_ID", "PMIX_NAMESPACE", "TORCHELASTIC_RUN_ID"):
+            env.pop(name, None)  # no launcher names the run: NCCL's world must
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
                     "WORLD_SIZE": str(ranks), "NCCL_HOSTID": f"ucp-check-host-{r}",
                     "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1",
@@ -118,13 +133,16 @@ def main():
     if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
         print("skipped: no GPU or no NCCL in torch")
         return SKIP
-    plain = run(ranks, {})
+    plain_dir = tempfile.TemporaryDirectory()
+    plain = run(ranks, {"CHECK_SAVE_DIR": plain_dir.name})
     for r, (status, out, err) in enumerate(plain):
         if status != 0:
             raise AssertionError(f"rank {r} exited {status} without the preload:\n{err[-3000:]}")
     with tempfile.TemporaryDirectory() as tmp:
         dump = os.path.join(tmp, "topology.%r.json")
-        preloaded = run(ranks, {"LD_PRELOAD": libucp, "UCP_DUMP_TOPOLOGY": dump})
+        save_dir = os.path.join(tmp, "ckpt")
+        preloaded = run(ranks, {"LD_PRELOAD": libucp, "UCP_DUMP_TOPOLOGY": dump,
+                                "CHECK_SAVE_DIR": save_dir})
         lives = []
         for r in range(ranks):
             if plain[r][:2] != preloaded[r][:2]:
@@ -133,6 +151,9 @@ def main():
             print(plain[r][1], end="")
             with open(dump.replace("%r", str(r)) + ".live") as f:
                 lives.append(json.load(f))
+        journal = os.path.join(save_dir, "global_step1", ".ucp")
+        records = [json.loads(line) for name in sorted(os.listdir(journal))
+                   if name.startswith("journal") for line in open(os.path.join(journal, name))]
     print(json.dumps(lives[ranks - 1], indent=1))
     seen = [check_rank(r, ranks, live) for r, live in enumerate(lives)]
     if len({ids for ids, _, _ in seen}) != 1 or seen[0][0] is None:
@@ -144,7 +165,14 @@ def main():
         if any(len(c) != 1 for c in colors.values()) or \
                 len(set.union(*colors.values())) != len(colors):
             raise AssertionError(f"split colors do not follow the groups: {colors}")
-    print(f"{ranks} ranks: the world, its pairs and parities recorded on every rank")
+    # Launched by hand (no Slurm, PMIx or torchelastic id): the run's job is its NCCL world's id.
+    data = [rec for rec in records if rec.get("role") == "data"]
+    jobs = {rec.get("job") for rec in data}
+    if len(data) != ranks + 1 or jobs != {"nccl=" + seen[0][0]}:
+        raise AssertionError(f"journal records {data}: expected {ranks + 1} data records, each "
+                             f"with job nccl={seen[0][0]}")
+    print(f"{ranks} ranks: the world, its pairs and parities recorded on every rank; the save's "
+          f"{len(data)} journal records name the run {jobs.pop()}")
     return 0
 
 

@@ -145,7 +145,7 @@ TEST_F(SaveGenerationTest, ClosesOnThisHostBeforeThisProcessStartedAreAnEarlierR
             std::vector<std::string>{"a.pt"});
   records_[0].time_ns = 150;  // closed after this process started: this save's
   EXPECT_TRUE(Match(SaveBounds{"c2", std::nullopt, "node1", 100, ""}).missing.empty());
-  const SaveBounds here = BoundsOfThisProcess("c3", std::nullopt);
+  const SaveBounds here = BoundsOfThisProcess("c3", std::nullopt, LauncherJob());
   EXPECT_EQ(here.host, JournalHostName());
   EXPECT_GT(here.host_start_ns, 0);
   EXPECT_EQ(here.commit, "c3");
@@ -168,7 +168,8 @@ TEST_F(SaveGenerationTest, ClosesOfAnotherRunOfTheJobAreAnEarlierRunsOnAnyNode) 
   EXPECT_TRUE(Match(SaveBounds{"c2", std::nullopt, "node1", 100, ""}).missing.empty());
   ::setenv("TORCHELASTIC_RUN_ID", "r", 1);
   ::setenv("TORCHELASTIC_RESTART_COUNT", "4", 1);
-  EXPECT_THAT(BoundsOfThisProcess("c3", std::nullopt).job, HasSubstr("torchelastic=r.4"));
+  EXPECT_THAT(BoundsOfThisProcess("c3", std::nullopt, LauncherJob()).job,
+              HasSubstr("torchelastic=r.4"));
   ::unsetenv("TORCHELASTIC_RUN_ID");
   ::unsetenv("TORCHELASTIC_RESTART_COUNT");
 }

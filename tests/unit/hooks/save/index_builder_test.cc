@@ -1,14 +1,19 @@
 #include "hooks/save/index_builder.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -19,6 +24,8 @@
 #include "core/frameworks/framework_adapter.h"
 #include "core/tag/journal.h"
 #include "core/util/log.h"
+#include "hooks/save/run_job.h"
+#include "hooks/topology/topology_registry.h"
 #include "tests/unit/core/test_bytes.h"
 
 namespace ucp::hooks {
@@ -156,7 +163,10 @@ class IndexBuilderTest : public ::testing::Test {
 
   std::string dir_;
   std::string tag_;
-  std::string job_;  // the launcher job that Journal's records name
+  std::string job_;  // the run of the job that Journal's records name (RunJob)
+
+  void KilledRunsFilesDoNotCount(const std::string& killed_job,
+                                 const std::function<void()>& start_next_run);
 };
 
 class IndexBuilderFixtureTest : public IndexBuilderTest,
@@ -257,22 +267,21 @@ TEST_F(IndexBuilderTest, RecommitWaitsForThisSavesRecordsAndReplacesTheIndex) {
   EXPECT_FALSE(replaced == first_index);
 }
 
-// A run killed after every rank closed its files but before rank 0 committed, and the job's next
-// run (a requeue: same Slurm job, next restart count) saving the same tag, its ranks other than 0
-// not yet at their files when rank 0 commits: the killed run's files and records still agree,
-// and no generation records them, yet they are not this save's. The builder compares no clocks,
-// so only the job tells them apart.
-TEST_F(IndexBuilderTest, FilesOfAKilledRunOfTheJobDoNotCount) {
+// A run killed after every rank closed its files but before rank 0 committed (its records naming
+// `killed_job`), and the job's next run (`start_next_run` makes this process one of its ranks)
+// saving the same tag, its ranks other than 0 not yet at their files when rank 0 commits: the
+// killed run's files and records still agree, and no generation records them, yet they are not
+// this save's. The builder compares no clocks, so only the job tells them apart.
+void IndexBuilderTest::KilledRunsFilesDoNotCount(const std::string& killed_job,
+                                                 const std::function<void()>& start_next_run) {
   IndexBuilder builder(IndexBuilderOptions{});
-  job_ = "slurm=77.0.0";
+  job_ = killed_job;
   const std::vector<std::string> names = Save("z2_fp32_odd", "dp4");
   for (const std::string& name : names) Journal(name);
 
-  ::setenv("SLURM_JOB_ID", "77", 1);
-  ::setenv("SLURM_STEP_ID", "0", 1);
-  ::setenv("SLURM_RESTART_COUNT", "1", 1);
-  job_ = LauncherJob();
-  EXPECT_EQ(job_, "slurm=77.0.1");  // not ASSERT: the variables are unset below
+  start_next_run();
+  job_ = RunJob(TopologyRegistry::Global());
+  EXPECT_NE(job_, killed_job);
   const std::string source = kFixtures + "/z2_fp32_odd/dp4/global_step5/";
   const auto rewrite = [&](const std::string& name) {
     fs::copy_file(source + name, tag_ + "/" + name, fs::copy_options::overwrite_existing);
@@ -294,12 +303,36 @@ TEST_F(IndexBuilderTest, FilesOfAKilledRunOfTheJobDoNotCount) {
   });
   later.join();
   builder.Drain(steady_clock::now() + kDrainLimit);
-  for (const char* name : {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) {
-    ::unsetenv(name);
-  }
   EXPECT_FALSE(index_before_last);
   EXPECT_EQ(builder.committed(), 1u);
   EXPECT_TRUE(testing::ReadAll(IndexPath()) == AdapterIndex());
+}
+
+// A requeue: same Slurm job, next restart count.
+TEST_F(IndexBuilderTest, FilesOfAKilledRunOfTheJobDoNotCount) {
+  KilledRunsFilesDoNotCount("slurm=77.0.0", [] {
+    ::setenv("SLURM_JOB_ID", "77", 1);
+    ::setenv("SLURM_STEP_ID", "0", 1);
+    ::setenv("SLURM_RESTART_COUNT", "1", 1);
+  });
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) {
+    ::unsetenv(name);
+  }
+}
+
+// Ranks no launcher names (started by hand, pdsh): the next run's NCCL world, from a unique id
+// of its own, tells the runs apart.
+TEST_F(IndexBuilderTest, FilesOfAKilledRunWithoutALauncherIdDoNotCountUnderNccl) {
+  std::array<std::byte, 128> id{};
+  id.fill(std::byte{0x5a});
+  const std::string killed = "nccl=" + std::string(16, '0');
+  KilledRunsFilesDoNotCount(killed, [&] {
+    TopologyRegistry::Global().RecordInit(0x5a00, CommOrigin::kInitRankConfig, 4, 0, id, 0);
+  });
+  const std::optional<CommRecord> world = TopologyRegistry::Global().World();
+  ASSERT_TRUE(world.has_value());
+  EXPECT_EQ(RunJob(TopologyRegistry::Global()), "nccl=" + fmt::format("{:016x}", HashUniqueId(id)));
+  TopologyRegistry::Global().RecordEnd(world->order, CommState::kDestroyed);
 }
 
 // A second save to the tag while the first build still waits for its other ranks: only the
