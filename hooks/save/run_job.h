@@ -14,8 +14,10 @@ namespace ucp::hooks {
 // "nccl=<16 hex digits>": the XXH3-64 of the unique id `registry`'s live world communicator was
 // created from, which every process of one run shares (one rank draws it, ncclGetUniqueId, and the
 // others receive it) and a restarted run draws anew; the id NCCL gives jobs that a launcher does
-// not name (started by hand, DeepSpeed's pdsh launcher). Else empty: no launcher id, and no live
-// world with a unique id of its own (gloo, no collective yet, a world made by ncclCommInitAll).
+// not name (started by hand, DeepSpeed's pdsh launcher). Only a world of as many ranks as the
+// launcher's environment states (WORLD_SIZE, ...: LauncherPositionFromEnv) counts. Else empty:
+// no launcher id, and no such world with a unique id of its own (gloo, no collective over all
+// ranks yet, no launcher size, a world made by ncclCommInitAll).
 std::string RunJob(const TopologyRegistry& registry);
 
 }  // namespace ucp::hooks

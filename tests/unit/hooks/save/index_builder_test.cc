@@ -327,12 +327,14 @@ TEST_F(IndexBuilderTest, FilesOfAKilledRunWithoutALauncherIdDoNotCountUnderNccl)
   id.fill(std::byte{0x5a});
   const std::string killed = "nccl=" + std::string(16, '0');
   KilledRunsFilesDoNotCount(killed, [&] {
+    ::setenv("WORLD_SIZE", "4", 1);
     TopologyRegistry::Global().RecordInit(0x5a00, CommOrigin::kInitRankConfig, 4, 0, id, 0);
   });
   const std::optional<CommRecord> world = TopologyRegistry::Global().World();
   ASSERT_TRUE(world.has_value());
   EXPECT_EQ(RunJob(TopologyRegistry::Global()), "nccl=" + fmt::format("{:016x}", HashUniqueId(id)));
   TopologyRegistry::Global().RecordEnd(world->order, CommState::kDestroyed);
+  ::unsetenv("WORLD_SIZE");
 }
 
 // A second save to the tag while the first build still waits for its other ranks: only the

@@ -13,9 +13,12 @@
 namespace ucp::hooks {
 namespace {
 
-constexpr const char* kLauncherVariables[] = {"SLURM_JOB_ID",        "SLURM_STEP_ID",
-                                              "SLURM_RESTART_COUNT", "PMIX_NAMESPACE",
-                                              "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"};
+constexpr const char* kLauncherVariables[] = {"SLURM_JOB_ID",         "SLURM_STEP_ID",
+                                              "SLURM_RESTART_COUNT",  "PMIX_NAMESPACE",
+                                              "TORCHELASTIC_RUN_ID",  "TORCHELASTIC_RESTART_COUNT",
+                                              "WORLD_SIZE",           "RANK",
+                                              "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                              "SLURM_NTASKS"};
 
 class RunJobTest : public ::testing::Test {
  protected:
@@ -45,6 +48,7 @@ TEST_F(RunJobTest, NoLauncherAndNoNcclNameNoJob) {
 // Ranks started without a launcher that names the run: the world communicator's unique id,
 // which one rank drew for this run, names it; a restarted run draws another.
 TEST_F(RunJobTest, WithoutALauncherTheNcclWorldsUniqueIdNamesTheRun) {
+  ::setenv("WORLD_SIZE", "8", 1);
   TopologyRegistry run;
   run.RecordInit(0x1000, CommOrigin::kInitRankConfig, 8, 3, UniqueId(1), 0);
   // A smaller communicator made later (a data-parallel group) is not the world.
@@ -69,7 +73,21 @@ TEST_F(RunJobTest, TheLaunchersIdWins) {
   EXPECT_EQ(RunJob(registry), "torchelastic=r.2");
 }
 
+// Before a collective over all the ranks, the largest communicator is a group of some of them,
+// whose id the other groups' ranks do not share: no job, rather than one that differs by rank.
+TEST_F(RunJobTest, ACommunicatorSmallerThanTheLaunchersWorldNamesNoJob) {
+  TopologyRegistry registry;
+  registry.RecordInit(0x1000, CommOrigin::kInitRankConfig, 4, 1, UniqueId(1), 0);
+  ::setenv("WORLD_SIZE", "8", 1);
+  EXPECT_EQ(RunJob(registry), "");
+  ::setenv("WORLD_SIZE", "4", 1);
+  EXPECT_EQ(RunJob(registry), NcclJob(UniqueId(1)));
+  ::unsetenv("WORLD_SIZE");  // no launcher size to compare with
+  EXPECT_EQ(RunJob(registry), "");
+}
+
 TEST_F(RunJobTest, NoLiveWorldWithAUniqueIdNamesNoJob) {
+  ::setenv("WORLD_SIZE", "4", 1);
   TopologyRegistry destroyed;
   destroyed.RecordInit(0x1000, CommOrigin::kInitRank, 4, 0, UniqueId(1), 0);
   destroyed.RecordEnd(0, CommState::kDestroyed);
