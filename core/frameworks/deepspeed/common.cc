@@ -1358,4 +1358,13 @@ Result<ArchiveOutput> PlanPartitionedOptimFile(
   return out;
 }
 
+Status CollectGroupRequiresGrad(const TorchArchiveReader& reader, size_t g,
+                                const std::vector<std::string>& names,
+                                std::map<std::string, bool>& out) {
+  const std::string osd(kOsd);
+  const std::string gs = std::to_string(g);
+  return CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
+                             osd + "/base_optimizer_state/state/" + gs, names, out);
+}
+
 }  // namespace ucp::deepspeed

@@ -191,6 +191,10 @@ Result<ArchiveOutput> UniversalAtomArchive(const AtomIndex& index, const Atom& a
 Status CollectRequiresGrad(const TorchArchiveReader& reader, const std::string& fp32_field,
                            const std::string& states_field, const std::vector<std::string>& names,
                            std::map<std::string, bool>& out);
+// CollectRequiresGrad for group g of a ZeRO-1/2 optimizer file (its fp32 partition and states).
+Status CollectGroupRequiresGrad(const TorchArchiveReader& reader, size_t g,
+                                const std::vector<std::string>& names,
+                                std::map<std::string, bool>& out);
 // A file's ds_config/<section>/<key>, where `root` (the file's object, imported from `reader`
 // into `graph`) has one, set to `value`: DeepSpeed saves the config of the run, which trains at
 // the target's sizes (tensor_parallel.autotp_size, expert_parallel.autoep_size).

@@ -25,7 +25,7 @@ using deepspeed::AddUniversalModuleTensors;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
-using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
@@ -1154,12 +1154,9 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
   const std::string osd(kOsd);
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"; experts by fused name
   for (size_t g = 0; g < facts.groups.size(); ++g) {
-    const std::string gs = std::to_string(g);
-    const bool expert_group = g == facts.expert_group;
-    UCP_RETURN_IF_ERROR(CollectRequiresGrad(
-        reader, osd + "/single_partition_of_fp32_groups/" + gs,
-        osd + "/base_optimizer_state/state/" + gs,
-        expert_group ? experts.local.names : facts.groups[g].names, requires_grad));
+    UCP_RETURN_IF_ERROR(CollectGroupRequiresGrad(
+        reader, g, g == facts.expert_group ? experts.local.names : facts.groups[g].names,
+        requires_grad));
   }
   const GroupLayout& expert_rows = facts.groups[facts.expert_group];
   const std::set<std::string> rows(expert_rows.names.begin(), expert_rows.names.end());

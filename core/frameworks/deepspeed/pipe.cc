@@ -23,7 +23,7 @@ using deepspeed::Bf16Prefix;
 using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckNoParameterAlignment;
-using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::Decimal;
 using deepspeed::DpWorldSize;
@@ -943,11 +943,8 @@ Result<OutputPlan> DeepSpeedPipeAdapter::PlanUniversalExport(const AtomIndex& in
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
-  const std::string osd(kOsd);
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
-  UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/0",
-                                          osd + "/base_optimizer_state/state/0", facts.names,
-                                          requires_grad));
+  UCP_RETURN_IF_ERROR(CollectGroupRequiresGrad(reader, 0, facts.names, requires_grad));
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.state == "bit16") continue;

@@ -36,7 +36,7 @@ using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckZeroOptimizerStage;
-using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
@@ -2442,14 +2442,9 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
                        OpenSource(index, tag_dir, facts.optim_file));
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                        OpenSource(index, tag_dir, facts.model_file));
-  const std::string osd(kOsd);
-
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.groups.size(); ++g) {
-    const std::string gs = std::to_string(g);
-    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
-                                            osd + "/base_optimizer_state/state/" + gs,
-                                            facts.groups[g], requires_grad));
+    UCP_RETURN_IF_ERROR(CollectGroupRequiresGrad(reader, g, facts.groups[g], requires_grad));
   }
 
   OutputPlan plan;

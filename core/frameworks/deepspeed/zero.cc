@@ -26,7 +26,7 @@ using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckTarget;
 using deepspeed::CheckZeroOptimizerStage;
-using deepspeed::CollectRequiresGrad;
+using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
 using deepspeed::ExpectedMappings;
@@ -557,10 +557,7 @@ Result<OutputPlan> DeepSpeedZeroAdapter::PlanUniversalExport(const AtomIndex& in
 
   std::map<std::string, bool> requires_grad;  // "<param>/<state>"
   for (size_t g = 0; g < facts.groups.size(); ++g) {
-    const std::string gs = std::to_string(g);
-    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
-                                            osd + "/base_optimizer_state/state/" + gs,
-                                            facts.groups[g].names, requires_grad));
+    UCP_RETURN_IF_ERROR(CollectGroupRequiresGrad(reader, g, facts.groups[g].names, requires_grad));
   }
 
   OutputPlan plan;
