@@ -133,8 +133,8 @@ def main():
     if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
         print("skipped: no GPU or no NCCL in torch")
         return SKIP
-    plain_dir = tempfile.TemporaryDirectory()
-    plain = run(ranks, {"CHECK_SAVE_DIR": plain_dir.name})
+    with tempfile.TemporaryDirectory() as plain_dir:
+        plain = run(ranks, {"CHECK_SAVE_DIR": plain_dir})
     for r, (status, out, err) in enumerate(plain):
         if status != 0:
             raise AssertionError(f"rank {r} exited {status} without the preload:\n{err[-3000:]}")
@@ -152,8 +152,11 @@ def main():
             with open(dump.replace("%r", str(r)) + ".live") as f:
                 lives.append(json.load(f))
         journal = os.path.join(save_dir, "global_step1", ".ucp")
-        records = [json.loads(line) for name in sorted(os.listdir(journal))
-                   if name.startswith("journal") for line in open(os.path.join(journal, name))]
+        records = []
+        for name in sorted(os.listdir(journal)):
+            if name.startswith("journal"):
+                with open(os.path.join(journal, name)) as f:
+                    records += [json.loads(line) for line in f]
     print(json.dumps(lives[ranks - 1], indent=1))
     seen = [check_rank(r, ranks, live) for r, live in enumerate(lives)]
     if len({ids for ids, _, _ in seen}) != 1 or seen[0][0] is None:
