@@ -873,13 +873,10 @@ Result<std::optional<uint32_t>> LayerFileTpDegree(const std::string& tag_dir,
   return degree;
 }
 
-// Reads every model-states and optimizer file of the grid and checks them against each other.
-Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) {
-  if (!listing.model_states.contains(0)) {
-    return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
-  }
-  GridTag grid;
-  UCP_ASSIGN_OR_RETURN(TpModelStates ms0, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
+// The grid's degrees from rank 0's model states and the layer files' names, checked against
+// what the tag can be read as.
+Status ReadGridShape(const std::string& tag_dir, const TagListing& listing,
+                     const TpModelStates& ms0, GridTag& grid) {
   grid.autotp = HasAutoTpMaps(ms0.reader);
   UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> layer_tp, LayerFileTpDegree(tag_dir, listing));
   if (grid.autotp && layer_tp) {
@@ -911,6 +908,14 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
   if (ms0.config_stage && *ms0.config_stage >= 3) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
   }
+  return Status::Ok();
+}
+
+// Every stage's TP ranks' model states (`ms0` the first), checked to be of one save and, within
+// a stage, of the same parameters.
+Status ReadGridModels(const std::string& tag_dir, const TagListing& listing, TpModelStates ms0,
+                      GridTag& grid) {
+  const uint32_t mp = ms0.mp;
   for (const auto& [rank, name] : listing.model_states) {
     if (rank >= mp) {
       return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " + std::to_string(rank) +
@@ -959,6 +964,12 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
     }
   }
 
+  return Status::Ok();
+}
+
+// Every (stage, TP rank, DP rank)'s optimizer file, by its name's ranks.
+Status ReadGridOptims(const std::string& tag_dir, const TagListing& listing, GridTag& grid) {
+  const uint32_t mp = grid.tp * grid.pp;
   if (listing.optim.empty()) {
     return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
   }
@@ -999,6 +1010,19 @@ Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) 
       }
     }
   }
+  return Status::Ok();
+}
+
+// Reads every model-states and optimizer file of the grid and checks them against each other.
+Result<GridTag> ReadGrid(const std::string& tag_dir, const TagListing& listing) {
+  if (!listing.model_states.contains(0)) {
+    return Status::NotFound(Prefix(tag_dir + "/" + ModelStatesName(0)) + "not found");
+  }
+  GridTag grid;
+  UCP_ASSIGN_OR_RETURN(TpModelStates ms0, ReadTpModelStates(tag_dir, listing.model_states.at(0)));
+  UCP_RETURN_IF_ERROR(ReadGridShape(tag_dir, listing, ms0, grid));
+  UCP_RETURN_IF_ERROR(ReadGridModels(tag_dir, listing, std::move(ms0), grid));
+  UCP_RETURN_IF_ERROR(ReadGridOptims(tag_dir, listing, grid));
   const OptimStates& first = grid.stages[0].optim[0][0];
   for (TpTag& stage : grid.stages) {
     for (uint32_t t = 0; t < grid.tp; ++t) {
