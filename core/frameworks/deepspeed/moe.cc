@@ -1235,9 +1235,7 @@ Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
 // The groups at the target: the experts' layouts at its expert-parallel size, every group's
 // partitioning (the expert group's over the dp/ep ranks of an expert's data-parallel group).
 struct MoeLayout {
-  uint32_t dp = 0;
-  uint32_t ep = 0;
-  ExpertRankOrder order;
+  ExpertRankOrder order;  // the target's dp, ep and rank order
   ExpertLayouts experts;
   std::vector<Partitioning> partitions;
   std::vector<uint64_t> partition_counts;
@@ -1245,8 +1243,6 @@ struct MoeLayout {
 
 Result<MoeLayout> LayoutAtTarget(const IndexFacts& facts, uint32_t dp, uint32_t ep) {
   MoeLayout at;
-  at.dp = dp;
-  at.ep = ep;
   at.order = {dp, ep, facts.data_before_expert};
   UCP_ASSIGN_OR_RETURN(at.experts, ExpertLayoutsAt(facts, ep));
   for (size_t g = 0; g < facts.groups.size(); ++g) {
@@ -1271,22 +1267,23 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   out.path = ModelStatesName(0);
   Value* root = out.graph.Import(reader.root());
   out.graph.set_root(root);
-  UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(at.dp), reader.path()));
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(root, "dp_world_size", out.graph.Int(at.order.dp), reader.path()));
   std::vector<GroupLayout> dense;
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     if (g != facts.expert_group) dense.push_back(facts.groups[g]);
   }
   std::map<std::string, std::vector<Segment>> resized;
-  UCP_RETURN_IF_ERROR(
-      ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp, at.dp, resized));
-  if (at.ep != facts.ep) {
+  UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
+                                          at.order.dp, resized));
+  if (at.order.ep != facts.ep) {
     UCP_RETURN_IF_ERROR(SetLocalExpertShapes(out.graph, root, reader, facts.expert_group,
                                              at.experts.local, facts.fused));
   }
   if (facts.fused) {
     UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, at.order, 0, reader));
     UCP_RETURN_IF_ERROR(
-        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", at.ep, reader));
+        SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", at.order.ep, reader));
   }
   UCP_ASSIGN_OR_RETURN(out.storages,
                        CollectStorages(root, reader, facts.model_file, std::move(resized)));
@@ -1302,8 +1299,8 @@ Status PlanExpertFiles(const AtomIndex& index, const std::string& tag_dir, const
     plan.copies.push_back({index.contents().files[file].path, file});
   }
   if (facts.expp_files.empty()) return Status::Ok();
-  if (at.ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
-  for (uint32_t e = 0; e < at.ep; ++e) {
+  if (at.order.ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
+  for (uint32_t e = 0; e < at.order.ep; ++e) {
     plan.copies.push_back({ExpertOptimName(e, 0), facts.expp_files[e % facts.expp_files.size()]});
   }
   return Status::Ok();
@@ -1337,7 +1334,7 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
                        const MoeLayout& at, OutputPlan& plan) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
-  for (uint32_t r = 0; r < at.dp; ++r) {
+  for (uint32_t r = 0; r < at.order.dp; ++r) {
     const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
       const bool experts = g == facts.expert_group;
       const GroupLayout& layout =
@@ -1365,11 +1362,12 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     };
     const auto edit = [&](pickle::Graph& graph, Value* root, Value* dict) -> Status {
       UCP_RETURN_IF_ERROR(
-          SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.ep, reader));
+          SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.order.ep, reader));
       // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
       // saves, which ucp's files are.
-      if (at.ep != facts.ep && !facts.fused) {
-        UCP_RETURN_IF_ERROR(RenameExpertGroup(graph, dict, reader, facts.expert_group, at.ep));
+      if (at.order.ep != facts.ep && !facts.fused) {
+        UCP_RETURN_IF_ERROR(
+            RenameExpertGroup(graph, dict, reader, facts.expert_group, at.order.ep));
       }
       return Status::Ok();
     };
