@@ -54,15 +54,21 @@ def expect(record, **fields):
             raise AssertionError(f"{key}: expected {value!r}, got {record[key]!r} in {record}")
 
 
-def main():
-    libucp = sys.argv[1]
+def why_skipped():
+    """Why these checks cannot run here (no torch, no GPU, no NCCL in torch), or None."""
     try:
         import torch
     except ImportError:
-        print("skipped: no torch")
-        return SKIP
+        return "no torch"
     if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
-        print("skipped: no GPU or no NCCL in torch")
+        return "no GPU or no NCCL in torch"
+    return None
+
+
+def main():
+    libucp = sys.argv[1]
+    if reason := why_skipped():
+        print(f"skipped: {reason}")
         return SKIP
     plain = run({})
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
+from check_torch_nccl import SKIP, expect, why_skipped  # the one-rank check beside this one
 
 RANK_PROGRAM = r"""
 import os, shutil, sys
@@ -98,12 +98,6 @@ def run(ranks, env_extra):
     return results
 
 
-def expect(record, **fields):
-    for key, value in fields.items():
-        if record[key] != value:
-            raise AssertionError(f"{key}: expected {value!r}, got {record[key]!r} in {record}")
-
-
 def check_rank(r, ranks, live):
     comms = live["communicators"]
     if len(comms) != 3 or any(c["state"] != "live" for c in comms):
@@ -125,13 +119,8 @@ def main():
     ranks = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     if ranks < 2 or ranks % 2:
         sys.exit("RANKS must be even and at least 2")
-    try:
-        import torch
-    except ImportError:
-        print("skipped: no torch")
-        return SKIP
-    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
-        print("skipped: no GPU or no NCCL in torch")
+    if reason := why_skipped():
+        print(f"skipped: {reason}")
         return SKIP
     with tempfile.TemporaryDirectory() as plain_dir:
         plain = run(ranks, {"CHECK_SAVE_DIR": plain_dir})
