@@ -162,7 +162,46 @@ const Implementation& Chosen() {
   return impl;
 }
 
+// Polynomials over GF(2) modulo the CRC polynomial, in the CRC's reflected bit order: bit 31 is
+// x^0, bit 0 is x^31.
+constexpr uint32_t kOne = uint32_t{1} << 31;
+
+// a·b mod P.
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t term = kOne; term != 0; term >>= 1) {
+    if ((a & term) != 0) product ^= b;
+    b = (b & 1) != 0 ? (b >> 1) ^ kPolynomial : b >> 1;  // b·x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..66: enough for x^(8·n) with any 64-bit n.
+using PowerTable = std::array<uint32_t, 67>;
+PowerTable MakePowers() {
+  PowerTable powers{};
+  powers[0] = kOne >> 1;  // x^1
+  for (size_t k = 1; k < powers.size(); ++k) powers[k] = MultiplyModP(powers[k - 1], powers[k - 1]);
+  return powers;
+}
+
+// x^(8·bytes) mod P: a CRC register moved past `bytes` zero bytes.
+uint32_t ShiftOfBytes(uint64_t bytes) {
+  static const PowerTable powers = MakePowers();
+  uint32_t shift = kOne;
+  for (size_t k = 3; bytes != 0; bytes >>= 1, ++k) {
+    if ((bytes & 1) != 0) shift = MultiplyModP(powers[k], shift);
+  }
+  return shift;
+}
+
 }  // namespace
+
+// With R(i, m) the register after m from register i, R(i, m) = i·x^(8|m|) ⊕ R(0, m), and
+// Crc32(m) = ~R(~0, m); so Crc32(a ‖ b) ⊕ Crc32(b) = (R(~0, a) ⊕ ~0)·x^(8|b|) = Crc32(a)·x^(8|b|).
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return MultiplyModP(crc_a, ShiftOfBytes(length_b)) ^ crc_b;
+}
 
 uint32_t Crc32(std::span<const std::byte> data, uint32_t crc) {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());

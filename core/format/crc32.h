@@ -20,6 +20,11 @@ namespace ucp {
 [[nodiscard]] uint32_t Crc32(std::span<const std::byte> data, uint32_t crc = 0);
 [[nodiscard]] uint32_t Crc32(std::string_view data, uint32_t crc = 0);
 
+// The CRC-32 of a ‖ b from crc_a = Crc32(a), crc_b = Crc32(b) and b's length, without the bytes
+// (zlib's crc32_combine): what lets several processes CRC the pieces of one zip record they each
+// write, and one of them put the record's CRC in the archive. O(log length_b).
+[[nodiscard]] uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 // Incremental form for data that arrives in chunks: Update() any number of times, then value().
 class Crc32Stream {
  public:

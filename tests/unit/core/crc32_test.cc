@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +97,34 @@ TEST(Crc32Test, IncrementalEqualsOneShotForAnySplit) {
   Crc32Stream bytewise;
   for (size_t i = 0; i < data.size(); ++i) bytewise.Update(std::span(data).subspan(i, 1));
   EXPECT_EQ(bytewise.value(), whole);
+}
+
+// The CRC of a ‖ b from the two CRCs and b's length, for any split, empty halves included, and
+// for pieces combined one after another as the parts of one zip record are.
+TEST(Crc32Test, CombiningTheCrcsOfTwoPiecesGivesTheCrcOfBoth) {
+  const std::vector<std::byte> data = Pattern(5000, 7);
+  const uint32_t whole = Crc32(data);
+  for (size_t split : {0, 1, 3, 16, 64, 65, 1000, 4095, 4999, 5000}) {
+    const std::span<const std::byte> a = std::span(data).first(split);
+    const std::span<const std::byte> b = std::span(data).subspan(split);
+    EXPECT_EQ(Crc32Combine(Crc32(a), Crc32(b), b.size()), whole) << "split " << split;
+  }
+  uint32_t combined = 0;
+  for (size_t at = 0; at < data.size(); at += 777) {
+    const std::span<const std::byte> piece =
+        std::span(data).subspan(at, std::min<size_t>(777, data.size() - at));
+    combined = Crc32Combine(combined, Crc32(piece), piece.size());
+  }
+  EXPECT_EQ(combined, whole);
+  // A zero run of 2^33 bytes (more than any 32-bit length): shifting by it twice is shifting by
+  // its double, checked against the bytes' own CRC at a size that can be hashed.
+  const std::vector<std::byte> zeros(1 << 20);
+  EXPECT_EQ(Crc32Combine(Crc32(std::span(data).first(100)), Crc32(zeros), zeros.size()),
+            Crc32(zeros, Crc32(std::span(data).first(100))));
+  const uint32_t z33 = Crc32Combine(0, 0, uint64_t{1} << 33);
+  EXPECT_EQ(Crc32Combine(0xDEADBEEF, 0, uint64_t{1} << 34),
+            Crc32Combine(Crc32Combine(0xDEADBEEF, 0, uint64_t{1} << 33), 0, uint64_t{1} << 33));
+  EXPECT_EQ(z33, 0u);
 }
 
 TEST(Crc32Test, ReportsAnImplementation) {
