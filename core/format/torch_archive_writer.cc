@@ -135,21 +135,76 @@ Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
   return zip_.Finish();
 }
 
+namespace {
+
+// The records Finish writes for `root` with storages of these sizes, in its order; `names` and
+// `pickle` own the bytes the records view.
+struct RecordPlan {
+  std::string archive_name;
+  std::string pickle;
+  std::vector<std::string> names;  // reserved whole: the views below never move
+  std::vector<ZipWriter::PlannedRecord> records;
+};
+
+Result<RecordPlan> PlanRecords(const std::string& path, const TorchArchiveWriter::Options& options,
+                               const Value* root,
+                               const std::map<std::string, uint64_t>& storage_sizes) {
+  if (root == nullptr) return Status::InvalidArgument("torch archive " + path + ": no object");
+  RecordPlan plan;
+  plan.archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
+  UCP_ASSIGN_OR_RETURN(plan.pickle, pickle::WritePickle(root));
+  plan.names.reserve(storage_sizes.size());
+  plan.records.push_back({kPickleRecord, plan.pickle.size()});
+  for (const auto& [key, size] : storage_sizes) {
+    plan.records.push_back({plan.names.emplace_back(StorageRecord(key)), size});
+  }
+  plan.records.push_back({kVersionRecord, kVersionContents.size()});
+  return plan;
+}
+
+}  // namespace
+
 Result<uint64_t> TorchArchiveWriter::PlannedSize(
     const std::string& path, const Options& options, const Value* root,
     const std::map<std::string, uint64_t>& storage_sizes) {
-  if (root == nullptr) return Status::InvalidArgument("torch archive " + path + ": no object");
-  const std::string archive_name = options.archive_name.empty() ? Stem(path) : options.archive_name;
-  UCP_ASSIGN_OR_RETURN(const std::string pickle_bytes, pickle::WritePickle(root));
-  // The records view these names: reserved whole, the strings never move.
-  std::vector<std::string> storage_names;
-  storage_names.reserve(storage_sizes.size());
-  std::vector<ZipWriter::PlannedRecord> records = {{kPickleRecord, pickle_bytes.size()}};
+  UCP_ASSIGN_OR_RETURN(const RecordPlan plan, PlanRecords(path, options, root, storage_sizes));
+  return ZipWriter::PlannedSize(plan.archive_name, plan.records);
+}
+
+Result<std::map<std::string, uint64_t>> TorchArchiveWriter::PlannedStorageOffsets(
+    const std::string& path, const Options& options, const Value* root,
+    const std::map<std::string, uint64_t>& storage_sizes) {
+  UCP_ASSIGN_OR_RETURN(const RecordPlan plan, PlanRecords(path, options, root, storage_sizes));
+  UCP_ASSIGN_OR_RETURN(const std::vector<uint64_t> offsets,
+                       ZipWriter::PlannedDataOffsets(plan.archive_name, plan.records));
+  std::map<std::string, uint64_t> storage_offsets;
+  size_t record = 1;  // after data.pkl, the storages in key order
+  for (const auto& [key, size] : storage_sizes) storage_offsets[key] = offsets[record++];
+  return storage_offsets;
+}
+
+Result<uint64_t> TorchArchiveWriter::FinishParts(
+    const std::string& path, const Options& options, const Value* root,
+    const std::map<std::string, uint64_t>& storage_sizes,
+    const std::map<std::string, uint32_t>& storage_crcs, File file) {
+  UCP_ASSIGN_OR_RETURN(const RecordPlan plan, PlanRecords(path, options, root, storage_sizes));
+  std::vector<ZipWriter::PartsRecord> records;
+  records.push_back({kPickleRecord, plan.pickle.size(), 0,
+                     std::as_bytes(std::span(plan.pickle.data(), plan.pickle.size()))});
+  size_t record = 1;
   for (const auto& [key, size] : storage_sizes) {
-    records.push_back({storage_names.emplace_back(StorageRecord(key)), size});
+    const auto crc = storage_crcs.find(key);
+    if (crc == storage_crcs.end()) {
+      return Status::InvalidArgument("torch archive " + path + ": no CRC-32 for storage " + key);
+    }
+    records.push_back({plan.records[record++].name, size, crc->second, std::nullopt});
   }
-  records.push_back({kVersionRecord, kVersionContents.size()});
-  return ZipWriter::PlannedSize(archive_name, records);
+  records.push_back({kVersionRecord, kVersionContents.size(), 0,
+                     std::as_bytes(std::span(kVersionContents.data(), kVersionContents.size()))});
+  ZipWriter::Options zip_options;
+  zip_options.archive_name = plan.archive_name;
+  zip_options.sync = options.sync;
+  return ZipWriter::FinishParts(path, std::move(file), std::move(zip_options), records);
 }
 
 Result<uint64_t> RewriteArchive(const TorchArchiveReader& reader, std::string path,

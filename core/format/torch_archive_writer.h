@@ -76,6 +76,21 @@ class TorchArchiveWriter {
                                       const pickle::Value* root,
                                       const std::map<std::string, uint64_t>& storage_sizes);
 
+  // An archive whose storages' bytes several processes write into one file (ZipWriter's parts):
+  // where each storage's data starts in the archive Finish would write (arguments as for
+  // PlannedSize).
+  static Result<std::map<std::string, uint64_t>> PlannedStorageOffsets(
+      const std::string& path, const Options& options, const pickle::Value* root,
+      const std::map<std::string, uint64_t>& storage_sizes);
+  // Completes that archive in `file`, where every storage's bytes were written and
+  // `storage_crcs` holds each one's CRC-32: data.pkl, version, the headers and the directory
+  // (ZipWriter::FinishParts), then `file` renamed to `path`. Returns the archive's size.
+  static Result<uint64_t> FinishParts(const std::string& path, const Options& options,
+                                      const pickle::Value* root,
+                                      const std::map<std::string, uint64_t>& storage_sizes,
+                                      const std::map<std::string, uint32_t>& storage_crcs,
+                                      File file);
+
  private:
   struct Source {
     const File* file = nullptr;  // null: memory, or `runs` when there are any

@@ -374,6 +374,60 @@ Result<uint64_t> ZipWriter::Finish() {
   return cursor_;
 }
 
+Result<std::vector<uint64_t>> ZipWriter::PlannedDataOffsets(std::string_view archive_name,
+                                                            std::span<const PlannedRecord> records,
+                                                            bool force_zip64) {
+  std::vector<uint64_t> offsets;
+  offsets.reserve(records.size());
+  uint64_t cursor = 0;
+  for (const PlannedRecord& record : records) {
+    const size_t full_name_size = archive_name.size() + 1 + record.name.size();
+    const Zip64Need zip64 = NeedFor(record.size, cursor, force_zip64);
+    const std::optional<uint64_t> data_offset = DataOffsetFor(cursor, full_name_size, zip64);
+    const std::optional<uint64_t> end =
+        data_offset ? CheckedAdd(*data_offset, record.size) : std::nullopt;
+    if (!end || !CheckedAdd(*end, uint64_t{24})) {
+      return Status::OutOfRange("zip: planned offsets: offset overflow at record " +
+                                std::string(record.name));
+    }
+    offsets.push_back(*data_offset);
+    cursor = *end + DescriptorBytes(record.size, zip64);
+  }
+  return offsets;
+}
+
+Result<uint64_t> ZipWriter::FinishParts(std::string path, File file, Options options,
+                                        std::span<const PartsRecord> records) {
+  if (options.archive_name.empty() || options.archive_name.find('/') != std::string::npos ||
+      !IsValidZipRecordName(options.archive_name)) {
+    return Status::InvalidArgument("zip: finish parts of " + path + ": invalid archive name \"" +
+                                   options.archive_name + "\"");
+  }
+  ZipWriter writer(std::move(path), std::move(file), std::move(options));
+  writer.owns_temp_ = false;  // the parts' file: left for another process when this one fails
+  // Each record as AddRecord writes it, but for the data the parts wrote: the same offsets.
+  for (const PartsRecord& record : records) {
+    const uint64_t header_offset = writer.cursor_;
+    std::string full;
+    UCP_ASSIGN_OR_RETURN(const uint64_t data_offset,
+                         writer.BeginRecord(record.name, record.size, &full));
+    uint32_t crc32 = record.crc32;
+    if (record.data) {
+      if (record.data->size() != record.size) {
+        return Status::InvalidArgument("zip: finish parts: record \"" + full + "\" of " +
+                                       std::to_string(record.size) + " bytes given " +
+                                       std::to_string(record.data->size()));
+      }
+      if (Status st = writer.file_.WriteAt(data_offset, *record.data); !st.ok()) {
+        return writer.Fail(st.WithContext("zip: finish parts: record \"" + full + "\""));
+      }
+      crc32 = Crc32(*record.data);
+    }
+    UCP_RETURN_IF_ERROR(writer.EndRecord(std::move(full), header_offset, record.size, crc32));
+  }
+  return writer.Finish();
+}
+
 Result<uint64_t> ZipWriter::PlannedSize(std::string_view archive_name,
                                         std::span<const PlannedRecord> records, bool force_zip64) {
   uint64_t cursor = 0;

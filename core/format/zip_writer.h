@@ -91,6 +91,29 @@ class ZipWriter {
   static Result<ZipWriter> Create(std::string path, Options options);
   static Result<ZipWriter> Create(std::string path) { return Create(std::move(path), Options{}); }
 
+  // An archive whose record data several writers (processes, on any node) write into one shared
+  // file, each a byte range at the offsets the whole archive gives it, and which one of them then
+  // completes (FinishParts): the bytes one writer writes.
+  //
+  // Where the data of each of `records` starts in the archive Finish() writes.
+  static Result<std::vector<uint64_t>> PlannedDataOffsets(std::string_view archive_name,
+                                                          std::span<const PlannedRecord> records,
+                                                          bool force_zip64 = false);
+  // A record of such an archive: its data in the file already and its CRC-32, or `data`, which
+  // FinishParts writes.
+  struct PartsRecord {
+    std::string_view name;
+    uint64_t size = 0;
+    uint32_t crc32 = 0;
+    std::optional<std::span<const std::byte>> data;
+  };
+  // Completes the archive of `records` in `file`: every local header, the data given here, every
+  // data descriptor, the central directory and end records; then syncs `file`, renames it to
+  // `path` and syncs the directory (Options::sync). `file` stays in place when this fails.
+  // Returns the archive's size.
+  static Result<uint64_t> FinishParts(std::string path, File file, Options options,
+                                      std::span<const PartsRecord> records);
+
   ZipWriter(ZipWriter&& other) noexcept;
   ZipWriter& operator=(ZipWriter&&) = delete;
   ZipWriter(const ZipWriter&) = delete;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/format/crc32.h"
 #include "core/format/safetensors_writer.h"
 #include "core/format/torch_archive_writer.h"
 #include "core/io/byte_run.h"
@@ -107,6 +110,23 @@ class Execution {
       UCP_RETURN_IF_ERROR(writer.AddStorageFromRuns(storage.key, Runs(storage.segments)));
     }
     return writer.Finish(output.graph.root()).status();
+  }
+
+  // Streams `runs` into `out` from byte `at` on: the CRC-32 of the bytes written.
+  Result<uint32_t> WritePiece(std::span<const ByteRun> runs, File& out, uint64_t at) {
+    std::unique_ptr<std::byte[]> buffer(new std::byte[options_.chunk_bytes]);
+    Crc32Stream crc;
+    uint64_t done = 0;
+    const Status streamed = StreamRuns(runs, std::span(buffer.get(), options_.chunk_bytes),
+                                       [&](std::span<const std::byte> piece) -> Status {
+                                         crc.Update(piece);
+                                         UCP_RETURN_IF_ERROR(out.WriteAt(at + done, piece));
+                                         done += piece.size();
+                                         Progress(piece.size());
+                                         return Status::Ok();
+                                       });
+    UCP_RETURN_IF_ERROR(streamed);
+    return crc.value();
   }
 
   Status Write(const SafetensorsOutput& output) {
@@ -255,6 +275,236 @@ uint64_t OutputPlan::DataBytes() const {
     }
   }
   return total;
+}
+
+namespace {
+
+constexpr uint64_t kPartGrain = 64;  // a storage is cut only at multiples of this, of its own
+// At most this many parts (then larger ones): bounds the leases and marks of one file, and keeps
+// the cut arithmetic below within 64 bits.
+constexpr uint64_t kMaxParts = uint64_t{1} << 20;
+
+// The archive's storages in record order (by key).
+std::vector<const OutputStorage*> StoragesByKey(const ArchiveOutput& archive) {
+  std::vector<const OutputStorage*> storages;
+  for (const OutputStorage& storage : archive.storages) storages.push_back(&storage);
+  std::sort(storages.begin(), storages.end(),
+            [](const OutputStorage* a, const OutputStorage* b) { return a->key < b->key; });
+  return storages;
+}
+
+// Bytes [begin, end) of the concatenation of `segments` (a cut inside a widened segment falls on
+// a whole float32 of its output: its offset in the segment is a multiple of 4).
+std::vector<Segment> SliceSegments(const std::vector<Segment>& segments, uint64_t begin,
+                                   uint64_t end) {
+  std::vector<Segment> slice;
+  uint64_t at = 0;
+  for (const Segment& segment : segments) {
+    const uint64_t lo = std::max(begin, at);
+    const uint64_t hi = std::min(end, at + segment.length);
+    if (lo < hi) {
+      Segment piece = segment;
+      const uint64_t skip = lo - at;
+      if (!segment.zero_fill()) piece.offset += segment.widen_bf16 ? skip / 2 : skip;
+      piece.length = hi - lo;
+      slice.push_back(piece);
+    }
+    at += segment.length;
+  }
+  return slice;
+}
+
+std::map<std::string, uint64_t> StorageSizes(const ArchiveOutput& archive) {
+  std::map<std::string, uint64_t> sizes;
+  for (const OutputStorage& storage : archive.storages) {
+    sizes[storage.key] = SegmentBytes(storage.segments);
+  }
+  return sizes;
+}
+
+// The writer's options for `archive` built in parts; with its path, whose stem names the archive
+// where archive_name is empty, they give the parts and the finisher the same layout.
+TorchArchiveWriter::Options PartsWriterOptions(const ArchiveOutput& archive,
+                                               const ExecuteOptions& options) {
+  TorchArchiveWriter::Options writer_options;
+  writer_options.archive_name = archive.archive_name;
+  writer_options.sync = options.sync;
+  return writer_options;
+}
+
+}  // namespace
+
+Result<std::vector<ArchivePart>> PlanArchiveParts(const ArchiveOutput& archive,
+                                                  uint64_t part_bytes) {
+  if (part_bytes == 0) return Status::InvalidArgument("archive parts: parts of 0 bytes");
+  const std::vector<const OutputStorage*> storages = StoragesByKey(archive);
+  uint64_t total = 0;
+  for (const OutputStorage* storage : storages) total += SegmentBytes(storage->segments);
+  const uint64_t count = std::clamp<uint64_t>(total / part_bytes, 1, kMaxParts);
+  // Cut k of count at k·total/count, moved back to a 64-byte boundary of the storage it falls in.
+  std::vector<uint64_t> cuts = {0};
+  size_t s = 0;
+  uint64_t storage_start = 0;
+  for (uint64_t k = 1; k < count; ++k) {
+    const uint64_t cut = total / count * k + total % count * k / count;
+    while (storage_start + SegmentBytes(storages[s]->segments) <= cut) {
+      storage_start += SegmentBytes(storages[s]->segments);
+      ++s;
+    }
+    const uint64_t snapped = cut - (cut - storage_start) % kPartGrain;
+    if (snapped > cuts.back()) cuts.push_back(snapped);
+  }
+  cuts.push_back(total);
+  std::vector<ArchivePart> parts;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) parts.push_back({cuts[k], cuts[k + 1]});
+  if (parts.empty()) parts.push_back({0, 0});
+  return parts;
+}
+
+Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
+    const ArchiveOutput& archive, const ArchivePart& part, const AtomIndex& index,
+    const std::string& tag_dir, const std::string& parts_path, const ExecuteOptions& options) {
+  const std::string where = "execute plan: part [" + std::to_string(part.begin) + ", " +
+                            std::to_string(part.end) + ") of " + archive.path;
+  if (options.chunk_bytes == 0) {
+    return Status::InvalidArgument(where + ": a copy buffer of 0 bytes");
+  }
+  const std::map<std::string, uint64_t> sizes = StorageSizes(archive);
+  using Offsets = std::map<std::string, uint64_t>;
+  UCP_ASSIGN_OR_RETURN(
+      const Offsets data_offsets,
+      TorchArchiveWriter::PlannedStorageOffsets(archive.path, PartsWriterOptions(archive, options),
+                                                archive.graph.root(), sizes));
+  // The part's piece of each storage it overlaps: [lo, hi) of the storage.
+  struct Piece {
+    const OutputStorage* storage;
+    uint64_t lo;
+    uint64_t hi;
+  };
+  std::vector<Piece> pieces;
+  std::set<uint32_t> used;
+  uint64_t bytes = 0;
+  uint64_t start = 0;
+  for (const OutputStorage* storage : StoragesByKey(archive)) {
+    const uint64_t size = sizes.at(storage->key);
+    const uint64_t lo = std::max(part.begin, start);
+    const uint64_t hi = std::min(part.end, start + size);
+    if (lo < hi) {
+      UCP_RETURN_IF_ERROR(
+          CheckSegments(storage->segments, index, where + " storage " + storage->key, used));
+      pieces.push_back({storage, lo - start, hi - start});
+      bytes += hi - lo;
+    }
+    start += size;
+  }
+  if (part.begin > part.end || part.end > start) {
+    return Status::InvalidArgument(where + ": outside the archive's " + std::to_string(start) +
+                                   " storage bytes");
+  }
+  UCP_ASSIGN_OR_RETURN(const uint64_t size, PlannedArchiveSize(archive));
+  // Whoever comes first creates it; a second opener, on any node, opens the same file.
+  Result<File> file = File::Open(parts_path, File::Mode::kCreateExclusive);
+  if (!file.ok()) file = File::Open(parts_path, File::Mode::kReadWrite);
+  UCP_RETURN_IF_ERROR(file.status().WithContext(where));
+  UCP_ASSIGN_OR_RETURN(const uint64_t had, file->Size());
+  if (had < size) UCP_RETURN_IF_ERROR(file->Truncate(size).WithContext(where));
+  // The writer's path (messages); Execution keeps a reference.
+  const std::string out_dir = Parent(parts_path);
+  Execution execution(index, out_dir, options, bytes);
+  UCP_RETURN_IF_ERROR(execution.OpenSources(used, tag_dir));
+  std::vector<StoragePieceCrc> crcs;
+  for (const Piece& piece : pieces) {
+    const std::vector<ByteRun> runs =
+        execution.Runs(SliceSegments(piece.storage->segments, piece.lo, piece.hi));
+    Result<uint32_t> crc =
+        execution.WritePiece(runs, *file, data_offsets.at(piece.storage->key) + piece.lo);
+    if (!crc.ok()) return crc.status().WithContext(where + " storage " + piece.storage->key);
+    crcs.push_back({piece.storage->key, piece.lo, piece.hi - piece.lo, *crc});
+  }
+  if (options.sync) UCP_RETURN_IF_ERROR(file->Sync().WithContext(where));
+  UCP_RETURN_IF_ERROR(file->Close().WithContext(where));
+  return crcs;
+}
+
+Status FinishArchiveParts(const ArchiveOutput& archive, std::span<const StoragePieceCrc> pieces,
+                          const std::string& parts_path, const std::string& out_dir,
+                          const ExecuteOptions& options) {
+  const std::string path = out_dir + "/" + archive.path;
+  const std::string where = "execute plan: finish the parts of " + path;
+  if (!IsNormalRelativePath(archive.path)) {
+    return Status::InvalidArgument("execute plan: output path \"" + archive.path +
+                                   "\" is not a normalised path inside " + out_dir);
+  }
+  const std::map<std::string, uint64_t> sizes = StorageSizes(archive);
+  // Each storage's pieces in order, which must tile it; their CRCs combined.
+  std::map<std::string, std::map<uint64_t, const StoragePieceCrc*>> by_storage;
+  for (const StoragePieceCrc& piece : pieces) by_storage[piece.key][piece.offset] = &piece;
+  std::map<std::string, uint32_t> crcs;
+  for (const auto& [key, size] : sizes) {
+    uint64_t covered = 0;
+    uint32_t crc = 0;
+    for (const auto& [offset, piece] : by_storage[key]) {
+      if (offset != covered) break;
+      crc = Crc32Combine(crc, piece->crc32, piece->length);
+      covered += piece->length;
+    }
+    if (covered != size) {
+      return Status::FailedPrecondition(where + ": storage " + key + " has " +
+                                        std::to_string(size) + " bytes, its parts wrote [0, " +
+                                        std::to_string(covered) + ") in one run");
+    }
+    crcs[key] = crc;
+  }
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(parts_path, File::Mode::kReadWrite));
+  return TorchArchiveWriter::FinishParts(path, PartsWriterOptions(archive, options),
+                                         archive.graph.root(), sizes, crcs, std::move(file))
+      .status()
+      .WithContext(where);
+}
+
+std::string PieceCrcsText(std::span<const StoragePieceCrc> pieces) {
+  std::string text;
+  for (const StoragePieceCrc& piece : pieces) {
+    char crc[9];
+    std::snprintf(crc, sizeof(crc), "%08x", piece.crc32);
+    text += piece.key + " " + std::to_string(piece.offset) + " " + std::to_string(piece.length) +
+            " " + crc + "\n";
+  }
+  return text;
+}
+
+Result<std::vector<StoragePieceCrc>> ParsePieceCrcs(std::string_view text,
+                                                    const std::string& where) {
+  std::vector<StoragePieceCrc> pieces;
+  size_t line_number = 0;
+  while (!text.empty()) {
+    ++line_number;
+    const size_t newline = text.find('\n');
+    const std::string_view line = text.substr(0, newline);
+    text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+    StoragePieceCrc piece;
+    std::vector<std::string_view> fields;
+    for (size_t at = 0; at <= line.size();) {
+      const size_t space = std::min(line.find(' ', at), line.size());
+      fields.push_back(line.substr(at, space - at));
+      at = space + 1;
+    }
+    const auto number = [](std::string_view field, int base, auto& out) {
+      const auto [rest, error] =
+          std::from_chars(field.data(), field.data() + field.size(), out, base);
+      return !field.empty() && error == std::errc() && rest == field.data() + field.size();
+    };
+    if (fields.size() != 4 || fields[0].empty() || !number(fields[1], 10, piece.offset) ||
+        !number(fields[2], 10, piece.length) || fields[3].size() != 8 ||
+        !number(fields[3], 16, piece.crc32)) {
+      return Status::Corrupt(where + ": line " + std::to_string(line_number) + " \"" +
+                             std::string(line.substr(0, 200)) +
+                             "\" is not \"<storage> <offset> <length> <crc32 hex>\"");
+    }
+    piece.key = std::string(fields[0]);
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
 }
 
 Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::string& tag_dir,

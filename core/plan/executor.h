@@ -19,7 +19,9 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/format/atom_index.h"
@@ -121,5 +123,57 @@ Result<std::optional<uint64_t>> PlannedFileSize(const OutputPlan& plan, const At
 [[nodiscard]] Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index,
                                  const std::string& tag_dir, const std::string& out_dir,
                                  const ExecuteOptions& options);
+
+// One archive built in parts by several processes into one shared file (the view cache's large
+// files, such as the model states every rank reads, which one process would otherwise build
+// while the job waits): each part writes a byte range of the archive's storages, the storages
+// taken one after another in the archive's record order (by key), at their offsets in the whole
+// archive, and reports the CRC-32 of each storage piece it wrote; once every part is written, one
+// process writes the rest (data.pkl, the headers, the directory) and renames the file into place.
+// The bytes are those ExecutePlan writes. A storage may be cut anywhere on a 64-byte boundary of
+// its own: one storage can be the whole archive (DeepSpeed's ZeRO-1/2 model states hold the
+// module's parameters in one flat buffer).
+struct ArchivePart {
+  uint64_t begin = 0;  // in the storages' concatenated bytes
+  uint64_t end = 0;
+};
+
+// The CRC-32 of bytes [offset, offset + length) of storage `key`, as a part wrote them.
+struct StoragePieceCrc {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint32_t crc32 = 0;
+  bool operator==(const StoragePieceCrc&) const = default;
+};
+
+// `archive`'s storage bytes cut into parts of at least `part_bytes` each (less than twice that;
+// one part when the archive holds less than twice that), in order.
+Result<std::vector<ArchivePart>> PlanArchiveParts(const ArchiveOutput& archive,
+                                                  uint64_t part_bytes);
+
+// Writes `part` of `archive` into `parts_path` (created where missing and sized to the whole
+// archive; never truncated), reading the sources of `index` under `tag_dir` as ExecutePlan does
+// (sizes checked, chunk hashes checked as read; only the part's sources opened), then syncs it
+// (options.sync). Returns the CRC-32 of each storage piece written. A part written twice writes
+// the same bytes.
+[[nodiscard]] Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
+    const ArchiveOutput& archive, const ArchivePart& part, const AtomIndex& index,
+    const std::string& tag_dir, const std::string& parts_path, const ExecuteOptions& options);
+
+// Completes `archive` in `parts_path` from the pieces every part wrote (`pieces`, in any order,
+// each storage's tiling it exactly: kFailedPrecondition naming the storage otherwise), then
+// renames `parts_path` to `out_dir`/`archive.path` (synced as options.sync says); `parts_path`
+// stays where this fails.
+[[nodiscard]] Status FinishArchiveParts(const ArchiveOutput& archive,
+                                        std::span<const StoragePieceCrc> pieces,
+                                        const std::string& parts_path, const std::string& out_dir,
+                                        const ExecuteOptions& options);
+
+// Pieces as text, a line "<key> <offset> <length> <crc32 hex>" each (what a part's mark holds),
+// and back: kCorrupt naming `where` and the line for anything else.
+std::string PieceCrcsText(std::span<const StoragePieceCrc> pieces);
+Result<std::vector<StoragePieceCrc>> ParsePieceCrcs(std::string_view text,
+                                                    const std::string& where);
 
 }  // namespace ucp

@@ -236,6 +236,80 @@ TEST_F(ExecutorTest, SyncedRunAndSingleThread) {
   EXPECT_EQ(ReadAll(Out("x/src0.bin")), ReadAll(Tag("src0.bin")));
 }
 
+// An archive built in parts, each part by its own call as other processes would, in an order
+// that is not the archive's, one of them twice (a build taken over from a hung owner): the bytes
+// are those ExecutePlan writes. Parts cut storages, a widened (bf16 → fp32) one included.
+TEST_F(ExecutorTest, AnArchiveBuiltInPartsIsTheArchiveBuiltWhole) {
+  const AtomIndex index = Index();
+  std::vector<std::vector<Segment>> storages;
+  for (uint64_t s = 0; s < 12; ++s) storages.push_back({{2, s * 20'000, 4'000 + s * 400}});
+  storages[0] = {{2, 0, 900'000}};  // one storage holding most of the archive
+  storages[5].push_back({Segment::kZeroFill, 0, 64});
+  storages[7] = {{0, 1000, 40'000, true}, {2, 77, 4'000}};  // 20 000 bf16 widened, then fp32
+  OutputPlan plan;
+  plan.archives.push_back(Archive("model_states.pt", storages));
+  plan.archives[0].archive_name.clear();  // named by its path's stem, as torch.save names it
+  const ArchiveOutput& archive = plan.archives[0];
+  ExecuteOptions options;
+  options.sync = false;
+  options.chunk_bytes = 1024;
+  ASSERT_TRUE(
+      ExecutePlan(plan, index, (root_ / "tag").string(), (root_ / "expected").string(), options)
+          .ok());
+
+  const std::vector<ArchivePart> parts = PlanArchiveParts(archive, 100'000).value();
+  // Runs of the storages' bytes from 0 to the end, each at least 100 000 and less than twice.
+  ASSERT_GE(parts.size(), 9u);
+  EXPECT_EQ(parts.front().begin, 0u);
+  EXPECT_EQ(parts.back().end, plan.DataBytes());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (p > 0) {
+      EXPECT_EQ(parts[p].begin, parts[p - 1].end);
+    }
+    EXPECT_GE(parts[p].end - parts[p].begin, 100'000u);
+    EXPECT_LT(parts[p].end - parts[p].begin, 200'000u);
+  }
+  EXPECT_EQ(PlanArchiveParts(archive, uint64_t{1} << 40).value().size(), 1u);
+
+  const std::string parts_path = Out(".model_states.pt.parts");
+  const std::string tag = (root_ / "tag").string();
+  const std::string out = (root_ / "out").string();
+  std::vector<StoragePieceCrc> pieces;
+  for (size_t p = parts.size(); p-- > 1;) {
+    const std::vector<StoragePieceCrc> written =
+        ExecuteArchivePart(archive, parts[p], index, tag, parts_path, options).value();
+    pieces.insert(pieces.end(), written.begin(), written.end());
+  }
+  const Status early = FinishArchiveParts(archive, pieces, parts_path, out, options);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition) << early.ToString();
+  EXPECT_THAT(early.message(), HasSubstr("storage 0 has 900000 bytes, its parts wrote [0, 0)"));
+  EXPECT_FALSE(std::filesystem::exists(Out("model_states.pt")));
+  for (const size_t p : {size_t{0}, size_t{1}}) {
+    const std::vector<StoragePieceCrc> written =
+        ExecuteArchivePart(archive, parts[p], index, tag, parts_path, options).value();
+    pieces.insert(pieces.end(), written.begin(), written.end());
+  }
+  // Through the text a part's mark holds.
+  const std::vector<StoragePieceCrc> parsed =
+      ParsePieceCrcs(PieceCrcsText(pieces), "marks").value();
+  EXPECT_EQ(parsed, pieces);
+  ASSERT_TRUE(FinishArchiveParts(archive, parsed, parts_path, out, options).ok());
+  EXPECT_TRUE(ReadAll(Out("model_states.pt")) == ReadAll(Expected("model_states.pt")));
+  EXPECT_FALSE(std::filesystem::exists(parts_path));
+
+  EXPECT_EQ(ParsePieceCrcs("0 0 64 0000000g\n", "m").status().code(), StatusCode::kCorrupt);
+  EXPECT_THAT(ParsePieceCrcs("0 0 64\n", "mark m").status().message(),
+              HasSubstr("mark m: line 1 \"0 0 64\" is not"));
+  EXPECT_EQ(ExecuteArchivePart(archive, {0, plan.DataBytes() + 1}, index, tag, parts_path, options)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  // A part's short source is found as the whole build finds it.
+  std::filesystem::resize_file(Tag("src2.bin"), 999'000);
+  EXPECT_EQ(ExecuteArchivePart(archive, parts[1], index, tag, parts_path, options).status().code(),
+            StatusCode::kCorrupt);
+}
+
 TEST_F(ExecutorTest, ShortSourceIsCorruptAndNothingIsWritten) {
   const AtomIndex index = Index();
   std::filesystem::resize_file(Tag("src2.bin"), 999'000);

@@ -4,9 +4,11 @@
 
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/format/crc32.h"
 #include "core/format/zip_reader.h"
 #include "tests/unit/core/zip_test_support.h"
 
@@ -261,6 +263,59 @@ TEST_F(ZipWriterTest, PlannedSizeIsTheSizeFinishWrites) {
       EXPECT_EQ(*size, *written);
       EXPECT_EQ(*size, std::filesystem::file_size(target));
     }
+  }
+}
+
+// Records whose data others wrote at PlannedDataOffsets, completed by FinishParts (headers,
+// the data it is given, descriptors, directory): the bytes one writer writes, with and without
+// forced ZIP64 (whose extra fields move the data), empty records included.
+TEST_F(ZipWriterTest, AnArchiveCompletedFromItsPartsIsTheArchiveWrittenWhole) {
+  const std::vector<std::pair<std::string, size_t>> records = {
+      {"data.pkl", 917}, {"data/0", 0},    {"data/1", 1}, {"data/10", 63},
+      {"data/2", 64},    {"data/3", 6000}, {"version", 2}};
+  const auto bytes = [](size_t size) {
+    return std::string(size, static_cast<char>('a' + size % 26));
+  };
+  std::vector<ZipWriter::PlannedRecord> planned;
+  for (const auto& [name, size] : records) planned.push_back({name, size});
+  for (const bool force : {false, true}) {
+    SCOPED_TRACE(force ? "forced zip64" : "zip64 where needed");
+    ZipWriter::Options options;
+    options.sync = false;
+    options.force_zip64 = force;
+    options.archive_name = "mp_rank_00_model_states";
+    const std::string whole = dir_ / "whole.zip";
+    auto writer = ZipWriter::Create(whole, options);
+    ASSERT_TRUE(writer.ok());
+    for (const auto& [name, size] : records) ASSERT_TRUE(writer->AddRecord(name, bytes(size)).ok());
+    ASSERT_TRUE(writer->Finish().ok());
+
+    // The parts write the data of records 1..5; data.pkl and version come with FinishParts.
+    const std::vector<uint64_t> offsets =
+        ZipWriter::PlannedDataOffsets(options.archive_name, planned, force).value();
+    ASSERT_EQ(offsets.size(), records.size());
+    const std::string parts = dir_ / ".parts";
+    const std::string target = dir_ / "parts.zip";
+    std::vector<std::string> data;
+    std::vector<ZipWriter::PartsRecord> finished;
+    {
+      File file = File::Open(parts, File::Mode::kCreateExclusive).value();
+      for (size_t i = 0; i < records.size(); ++i) data.push_back(bytes(records[i].second));
+      for (size_t i = records.size() - 1; i-- > 1;) {
+        ASSERT_TRUE(file.WriteAt(offsets[i], std::as_bytes(std::span(data[i]))).ok());
+      }
+    }
+    for (size_t i = 0; i < records.size(); ++i) {
+      ZipWriter::PartsRecord record{records[i].first, records[i].second, Crc32(data[i]), {}};
+      if (i == 0 || i + 1 == records.size()) record.data = std::as_bytes(std::span(data[i]));
+      finished.push_back(record);
+    }
+    const Result<uint64_t> size = ZipWriter::FinishParts(
+        target, File::Open(parts, File::Mode::kReadWrite).value(), options, finished);
+    ASSERT_TRUE(size.ok()) << size.status().ToString();
+    EXPECT_EQ(*size, std::filesystem::file_size(whole));
+    EXPECT_TRUE(ReadAll(target) == ReadAll(whole));
+    EXPECT_FALSE(std::filesystem::exists(parts));
   }
 }
 
