@@ -124,6 +124,19 @@ Status ParseMilliseconds(const EnvLookup& lookup, const char* name, int64_t min,
   return Status::Ok();
 }
 
+Status ParseKibibytes(const EnvLookup& lookup, const char* name, uint64_t min, uint64_t max,
+                      uint64_t* out_bytes) {
+  const std::string_view value = Lookup(lookup, name);
+  if (value.empty()) return Status::Ok();
+  uint64_t kib = 0;
+  const auto [rest, error] = std::from_chars(value.data(), value.data() + value.size(), kib);
+  if (error != std::errc() || rest != value.data() + value.size() || kib < min || kib > max) {
+    return Invalid(name, value, "KiB from " + std::to_string(min) + " to " + std::to_string(max));
+  }
+  *out_bytes = kib << 10;
+  return Status::Ok();
+}
+
 Status ParseStackPatterns(const EnvLookup& lookup, std::vector<std::string>* out) {
   constexpr const char* kName = "UCP_STACK_PATTERNS";
   const std::string_view value = Lookup(lookup, kName);
@@ -174,6 +187,8 @@ Result<Config> ParseConfig(const EnvLookup& lookup) {
   UCP_RETURN_IF_ERROR(ParseBool(lookup, "UCP_DURABLE", &config.durable));
   UCP_RETURN_IF_ERROR(
       ParseMilliseconds(lookup, "UCP_LEASE_STALE_MS", 100, 86400000, &config.lease_stale));
+  UCP_RETURN_IF_ERROR(
+      ParseKibibytes(lookup, "UCP_BUILD_PART_KB", 4, uint64_t{1} << 30, &config.build_part_bytes));
   return config;
 }
 

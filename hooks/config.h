@@ -62,6 +62,11 @@ struct Config {
   // UCP_LEASE_STALE_MS: how long a view file's build lease may stay unchanged before its owner
   // counts as hung or dead and a waiting process takes the build over (100 .. 86400000).
   std::chrono::milliseconds lease_stale{30000};
+  // UCP_BUILD_PART_KB: a view file (a torch archive) of at least twice this many KiB of tensor
+  // data is built in parts of at least this size, each by whichever process of the job takes it,
+  // so that the model states every rank reads are not one process's work (4 .. 2^30; default
+  // 1048576, 1 GiB).
+  uint64_t build_part_bytes = uint64_t{1} << 30;
 
   // True when the wrappers should do anything at all (not UCP_DISABLE=1, not UCP_MODE=off).
   bool active() const { return !disable && mode != Mode::kOff; }

@@ -71,6 +71,7 @@ Status Start(const Config& config) {
   serve.roots = options.roots;
   serve.cache_dir = config.cache_dir;
   serve.lease.stale_after = config.lease_stale;
+  serve.build_part_bytes = config.build_part_bytes;
   serve.strict = config.strict;
   // Read here, once, outside any serve: a process's arguments do not change.
   Result<TrainerDegrees> trainer = DegreesFromArguments(

@@ -28,6 +28,8 @@ constexpr int kViewVersion = 2;
 constexpr std::string_view kComplete = "complete\n";
 constexpr std::string_view kFailed = "failed: ";
 constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
+// A part's mark: a line per storage piece it wrote, a few per part.
+constexpr uint64_t kMaxMarkBytes = uint64_t{16} << 20;
 
 std::string LastComponent(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -212,12 +214,24 @@ Result<std::map<std::string, OutputPlan>> CheckOrCreateView(const AtomIndex& ind
   return plans;
 }
 
-// The file name of `name`'s lease: names may have directories, and the lease sits beside the
-// view's top-level files.
-std::string LeaseFileName(const std::string& name) {
-  std::string lease_name = name;
-  for (char& c : lease_name) c = c == '/' ? '#' : c;
-  return "." + lease_name + ".lease";
+// `name` as one component, for the files about it beside the view's top-level files: names may
+// have directories.
+std::string Flattened(const std::string& name) {
+  std::string flat = name;
+  for (char& c : flat) c = c == '/' ? '#' : c;
+  return flat;
+}
+
+// The file name of `name`'s lease.
+std::string LeaseFileName(const std::string& name) { return "." + Flattened(name) + ".lease"; }
+
+// The file names of part `k` of `name`'s lease and of its written mark. '#' comes from no
+// other name: a file `x` and a file `x/part0` cannot both exist.
+std::string PartLeaseFileName(const std::string& name, size_t k) {
+  return "." + Flattened(name) + "#part" + std::to_string(k) + ".lease";
+}
+std::string PartMarkFileName(const std::string& name, size_t k) {
+  return "." + Flattened(name) + "#part" + std::to_string(k) + ".done";
 }
 
 }  // namespace
@@ -262,7 +276,7 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
                                          uint64_t index_xxh3, std::string tag_dir,
                                          const std::string& cache_dir, const Topology& target,
                                          const OwnerLease::Options& lease,
-                                         std::optional<JobPlace> place) {
+                                         std::optional<JobPlace> place, uint64_t part_bytes) {
   if (index == nullptr) return Status::InvalidArgument("view: no index for " + tag_dir);
   UCP_ASSIGN_OR_RETURN(OutputPlan plan, adapter.PlanReshard(*index, tag_dir, target));
   std::string directory = ViewDirectory(tag_dir, cache_dir, target);
@@ -274,7 +288,8 @@ Result<std::unique_ptr<View>> View::Open(const FrameworkAdapter& adapter,
         plans, CheckOrCreateView(*index, std::move(plan), index_xxh3, tag_dir, directory, target));
   }
   std::unique_ptr<View> view(new View(std::move(index), std::move(tag_dir), std::move(directory),
-                                      std::move(plans), lease, cache_dir.empty(), place));
+                                      std::move(plans), lease, cache_dir.empty(), place,
+                                      part_bytes));
   UCP_RETURN_IF_ERROR(view->CheckNoBuildFailed());
   return view;
 }
@@ -322,7 +337,7 @@ Status View::RecordVerdict(const Status& outcome) const {
 
 View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
            std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease,
-           bool whole_job, std::optional<JobPlace> place)
+           bool whole_job, std::optional<JobPlace> place, uint64_t part_bytes)
     : index_(std::move(index)),
       tag_dir_(std::move(tag_dir)),
       directory_(std::move(directory)),
@@ -333,8 +348,20 @@ View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::str
   for (const auto& [name, plan] : plans_) {
     names_.insert(name);
     const std::filesystem::path stored(directory_ + "/" + StoredName(name));
-    listed_as_[name] = {stored.parent_path().string(), stored.filename().string(),
-                        LeaseFileName(name)};
+    ListedAs& listed = listed_as_[name];
+    listed = {
+        stored.parent_path().string(), stored.filename().string(), LeaseFileName(name), {}, {}};
+    if (part_bytes == 0 || plan.archives.size() != 1 || !plan.safetensors.empty() ||
+        !plan.copies.empty() || !plan.texts.empty()) {
+      continue;
+    }
+    Result<std::vector<ArchivePart>> parts = PlanArchiveParts(plan.archives.front(), part_bytes);
+    if (!parts.ok() || parts->size() < 2) continue;
+    for (size_t k = 0; k < parts->size(); ++k) {
+      listed.part_leases.push_back(PartLeaseFileName(name, k));
+      listed.part_marks.push_back(PartMarkFileName(name, k));
+    }
+    splits_[name] = {std::move(parts).value(), listed.directory + "/." + listed.stored + ".parts"};
   }
 }
 
@@ -420,35 +447,122 @@ Result<View::Listing> View::List() const {
   const std::set<std::string>& top = entries[directory_];
   for (const auto& [name, where] : listed_as_) {
     if (entries[where.directory].contains(where.stored)) listing.built.insert(name);
-    if (top.contains(where.lease)) listing.claimed.insert(name);
+    // A file built in parts is claimed once its finisher is at work, or each of its parts is
+    // written or being written.
+    bool parts_claimed = !where.part_leases.empty();
+    for (size_t k = 0; k < where.part_leases.size(); ++k) {
+      parts_claimed = parts_claimed &&
+                      (top.contains(where.part_leases[k]) || top.contains(where.part_marks[k]));
+    }
+    if (top.contains(where.lease) || parts_claimed) listing.claimed.insert(name);
   }
   return listing;
+}
+
+Result<std::optional<OwnerLease>> View::Claim(const std::string& lease_path, bool wait,
+                                              const std::function<bool()>& done) const {
+  OwnerLease::Options lease_options = lease_options_;
+  if (!wait) lease_options.wait = std::chrono::milliseconds(0);
+  // Acquire stops waiting once the build is over or a verdict is there.
+  UCP_ASSIGN_OR_RETURN(std::optional<OwnerLease> lease,
+                       OwnerLease::Acquire(lease_path, lease_options, [this, &done] {
+                         return done() || IsRegularFile(VerdictPath());
+                       }));
+  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
+  // Without the lease another owner finished; with it, a previous owner may have.
+  if (!lease || done()) return std::optional<OwnerLease>();
+  return lease;
+}
+
+ExecuteOptions View::BuildOptions() const {
+  ExecuteOptions options;
+  options.threads = 1;
+  options.locate_damage = LocateDamageWith(*index_, tag_dir_);
+  return options;
 }
 
 Result<bool> View::Build(const std::string& name, bool wait) {
   const std::string path = directory_ + "/" + StoredName(name);
   if (IsRegularFile(path)) return true;
-  OwnerLease::Options lease_options = lease_options_;
-  if (!wait) lease_options.wait = std::chrono::milliseconds(0);
-  // Acquire stops waiting once the file or a verdict is there.
-  Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(
-      LeasePath(name), lease_options,
-      [this, &path] { return IsRegularFile(path) || IsRegularFile(VerdictPath()); });
+  if (splits_.contains(name)) return BuildInParts(name, wait);
+  Result<std::optional<OwnerLease>> lease =
+      Claim(LeasePath(name), wait, [&path] { return IsRegularFile(path); });
   if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
     return false;  // another process builds it
   }
   UCP_RETURN_IF_ERROR(lease.status());
-  UCP_RETURN_IF_ERROR(CheckNoBuildFailed());
-  // Without the lease another owner built it; with it, a previous owner may have.
-  if (!*lease || IsRegularFile(path)) return true;
-  ExecuteOptions options;
-  options.threads = 1;
-  options.locate_damage = LocateDamageWith(*index_, tag_dir_);
-  UCP_RETURN_IF_ERROR(ExecutePlan(plans_.at(name), *index_, tag_dir_, directory_, options)
+  if (!*lease) return true;
+  UCP_RETURN_IF_ERROR(ExecutePlan(plans_.at(name), *index_, tag_dir_, directory_, BuildOptions())
                           .WithContext("view: build " + path));
   UCP_LOG_INFO("view: built {}", path);
   std::lock_guard guard(mutex_);
   ++built_;
+  return true;
+}
+
+Result<bool> View::BuildInParts(const std::string& name, bool wait) {
+  const std::string path = directory_ + "/" + StoredName(name);
+  const Split& split = splits_.at(name);
+  // The job's processes start on different parts, as on different files.
+  bool all_written = true;
+  for (const size_t k : BuildOrder(split.parts.size(), place_)) {
+    UCP_ASSIGN_OR_RETURN(const bool written, BuildPart(name, k, wait));
+    all_written = all_written && written;
+    if (IsRegularFile(path)) return true;  // completed meanwhile
+  }
+  if (!all_written) return false;  // parts other processes are writing
+  Result<std::optional<OwnerLease>> lease =
+      Claim(LeasePath(name), wait, [&path] { return IsRegularFile(path); });
+  if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
+    return false;  // another process completes it
+  }
+  UCP_RETURN_IF_ERROR(lease.status());
+  if (!*lease) return true;
+  // Each part's mark holds the CRC-32 of what it wrote.
+  std::vector<StoragePieceCrc> pieces;
+  for (size_t k = 0; k < split.parts.size(); ++k) {
+    const std::string mark = directory_ + "/" + PartMarkFileName(name, k);
+    UCP_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(mark, kMaxMarkBytes));
+    UCP_ASSIGN_OR_RETURN(std::vector<StoragePieceCrc> written, ParsePieceCrcs(text, mark));
+    pieces.insert(pieces.end(), written.begin(), written.end());
+  }
+  UCP_RETURN_IF_ERROR(FinishArchiveParts(plans_.at(name).archives.front(), pieces, split.parts_path,
+                                         directory_, BuildOptions())
+                          .WithContext("view: build " + path));
+  UCP_LOG_INFO("view: built {} from {} parts", path, split.parts.size());
+  std::lock_guard guard(mutex_);
+  ++built_;
+  return true;
+}
+
+Result<bool> View::BuildPart(const std::string& name, size_t k, bool wait) {
+  const std::string path = directory_ + "/" + StoredName(name);
+  const std::string mark = directory_ + "/" + PartMarkFileName(name, k);
+  const auto written = [&path, &mark] { return IsRegularFile(mark) || IsRegularFile(path); };
+  if (written()) return true;
+  Result<std::optional<OwnerLease>> lease =
+      Claim(directory_ + "/" + PartLeaseFileName(name, k), wait, written);
+  if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
+    return false;  // another process writes it
+  }
+  UCP_RETURN_IF_ERROR(lease.status());
+  if (!*lease) return true;
+  const Split& split = splits_.at(name);
+  const ArchivePart& part = split.parts[k];
+  const std::string where = "view: build part " + std::to_string(k) + " of " + path;
+  UCP_RETURN_IF_ERROR(
+      CreateDirectories(std::filesystem::path(split.parts_path).parent_path().string())
+          .WithContext(where));
+  Result<std::vector<StoragePieceCrc>> pieces = ExecuteArchivePart(
+      plans_.at(name).archives.front(), part, *index_, tag_dir_, split.parts_path, BuildOptions());
+  if (!pieces.ok()) return pieces.status().WithContext(where);
+  // Marked, with the CRC-32 of each piece it wrote, only once its bytes are synced: a mark is a
+  // promise to the process that completes the file.
+  UCP_RETURN_IF_ERROR(WriteFileAtomically(mark, PieceCrcsText(*pieces)).WithContext(where));
+  UCP_LOG_INFO("view: built part {} of {} (bytes [{}, {}) of its storages)", k, path, part.begin,
+               part.end);
+  std::lock_guard guard(mutex_);
+  ++parts_built_;
   return true;
 }
 
@@ -484,6 +598,11 @@ Result<std::string> View::Describe(const std::string& name) {
 uint64_t View::built() const {
   std::lock_guard lock(mutex_);
   return built_;
+}
+
+uint64_t View::parts_built() const {
+  std::lock_guard lock(mutex_);
+  return parts_built_;
 }
 
 }  // namespace ucp::hooks

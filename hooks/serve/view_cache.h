@@ -31,6 +31,14 @@
 //                           After "failed" no process builds or serves a file of the view
 //                           (View::Open, Materialize and Describe fail naming it)
 //   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
+//   <view>/.<name>#part<k>.lease, <view>/.<name>#part<k>.done
+//                           a file built in parts (an archive of more than the part size, e.g.
+//                           the model states that every rank reads): the lease of part k's
+//                           builder, and the mark that part k is written and synced
+//   <dir of served.<name>>/.served.<name>.parts
+//                           the file the parts are written into, each at its offsets in the
+//                           whole archive; once every part is marked, the holder of <name>'s
+//                           lease writes its directory and renames it to served.<name>
 //   <view>/served.<name>    the file <name> of the target topology (the prefix goes on the last
 //                           component), exactly the bytes `ucp reshard` writes for <name>;
 //                           written under a temporary name and renamed. The prefix keeps tools
@@ -61,6 +69,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,12 +116,15 @@ class View {
   // and creates or checks view.json, verifying the source files it reads against the index
   // when it creates it. kCorrupt naming the file when a source file's size or hash differs from the
   // index (also when an earlier process recorded that); the adapter's errors as they are.
+  // A torch archive of the view whose storages hold more than `part_bytes` is built in parts of
+  // at least that many storage bytes, by whichever processes take them (0: every file whole).
   static Result<std::unique_ptr<View>> Open(const FrameworkAdapter& adapter,
                                             std::shared_ptr<const AtomIndex> index,
                                             uint64_t index_xxh3, std::string tag_dir,
                                             const std::string& cache_dir, const Topology& target,
                                             const OwnerLease::Options& lease = {},
-                                            std::optional<JobPlace> place = std::nullopt);
+                                            std::optional<JobPlace> place = std::nullopt,
+                                            uint64_t part_bytes = 0);
 
   View(const View&) = delete;
   View& operator=(const View&) = delete;
@@ -137,13 +149,16 @@ class View {
   // is not one of names().
   Result<std::string> Describe(const std::string& name);
 
-  // How many files this process built (not found built), for tests and logs.
+  // How many files this process built (not found built), for tests and logs; of a file built in
+  // parts, the process that completed it.
   uint64_t built() const;
+  // How many parts of files built in parts this process wrote.
+  uint64_t parts_built() const;
 
  private:
   View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::string directory,
        std::map<std::string, OutputPlan> plans, const OwnerLease::Options& lease, bool whole_job,
-       std::optional<JobPlace> place);
+       std::optional<JobPlace> place, uint64_t part_bytes);
   // The plan of `name`, or kNotFound naming the view.
   Result<const OutputPlan*> PlanOf(const std::string& name) const;
   std::string VerdictPath() const;
@@ -169,6 +184,19 @@ class View {
   // process building it (taking over a dead or hung one); without, leaves it to that process:
   // false.
   Result<bool> Build(const std::string& name, bool wait);
+  // Build for a file built in parts: writes the parts no other process is writing (with `wait`,
+  // also waits for the others, taking over dead or hung ones), then, once every part is marked,
+  // completes the file unless another process does.
+  Result<bool> BuildInParts(const std::string& name, bool wait);
+  // Writes part `k` of `name` unless it is marked written; true once it is. Without `wait`,
+  // false when another process writes it.
+  Result<bool> BuildPart(const std::string& name, size_t k, bool wait);
+  // Acquires the lease at `lease_path` for a build that is over once `done` holds (or a verdict
+  // is there): the lease, nullopt when there is nothing left to do; kFailedPrecondition when
+  // another process holds it and `wait` is false.
+  Result<std::optional<OwnerLease>> Claim(const std::string& lease_path, bool wait,
+                                          const std::function<bool()>& done) const;
+  ExecuteOptions BuildOptions() const;
 
   std::shared_ptr<const AtomIndex> index_;
   std::string tag_dir_;
@@ -181,8 +209,17 @@ class View {
     std::string directory;  // of the stored file
     std::string stored;     // the stored file's name in it
     std::string lease;      // the lease's name in the view's directory
+    // A file built in parts: each part's lease and written mark in the view's directory.
+    std::vector<std::string> part_leases;
+    std::vector<std::string> part_marks;
   };
   std::map<std::string, ListedAs> listed_as_;
+  // The files built in parts: their parts (PlanArchiveParts), and where the parts are written.
+  struct Split {
+    std::vector<ArchivePart> parts;
+    std::string parts_path;
+  };
+  std::map<std::string, Split> splits_;
   mutable std::mutex mutex_;
   // Inside the tag: the whole job shares the view, which is read whole or not at all.
   const bool whole_job_;
@@ -193,6 +230,7 @@ class View {
   std::map<std::string, std::string> placeholders_;  // name → its placeholder, once described
   std::atomic<bool> verdict_read_{false};            // by Describe
   uint64_t built_ = 0;
+  uint64_t parts_built_ = 0;
 };
 
 }  // namespace ucp::hooks

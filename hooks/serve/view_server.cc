@@ -162,7 +162,7 @@ std::shared_ptr<ViewServer::TagState> ViewServer::StateOf(const std::string& tag
   }
   Result<std::unique_ptr<View>> view =
       View::Open(**adapter, std::move(sources), loaded->xxh3, tag_dir, options_.cache_dir, target,
-                 options_.lease, place);
+                 options_.lease, place, options_.build_part_bytes);
   if (!view.ok()) return fail(view.status());
   for (const IndexedFile& file : index.files()) {
     if (!AtomIndex::IsStoreFile(file)) state->source_files.insert(file.path);

@@ -58,6 +58,9 @@ struct ViewServerOptions {
   bool strict = false;    // UCP_STRICT
   // How a view file's builder is chosen and taken over (UCP_LEASE_STALE_MS).
   OwnerLease::Options lease;
+  // A view file of more storage bytes than this is built in parts of at least this many, by
+  // several processes (UCP_BUILD_PART_KB; 0: every file by one process).
+  uint64_t build_part_bytes = 0;
   // The current topology for a tag saved at `source` (production: ResolveCurrentTopology with the
   // config, TopologyRegistry::Global().Summary() and getenv).
   std::function<Result<CurrentTopology>(const Topology& source)> current_topology;

@@ -12,6 +12,9 @@
 #                reads the real files (warning naming the bytes), and so do later processes,
 #                which find the job's verdict recorded; under UCP_STRICT=1, OSError EIO
 #   concurrent   8 processes open every file at once: each file is built once, same bytes
+#   parts        the same with UCP_BUILD_PART_KB=32: every file is built in parts (the model
+#                states, one 0.26 MB storage, in 7), each part once by whichever process took
+#                it, parts of one file by several processes; the same bytes
 #   stale_owner  the builds of two view files owned, as the preload finds them, by a process of
 #                this host that is stopped (hung) and by one that is gone (dead): the reader takes
 #                both over (the hung one after UCP_LEASE_STALE_MS) and reads ucp reshard's bytes
@@ -118,6 +121,38 @@ PY
     done
     expected=$(ls "$work/ref8/global_step5" | wc -l)
     [[ $(built_lines) == "$expected" ]] || fail "$(built_lines) builds for $expected files"
+    ;;
+
+  parts)
+    reference 8
+    pids=()
+    for rank in 0 1 2 3 4 5 6 7; do
+      served_python WORLD_SIZE=8 RANK=$rank UCP_BUILD_PART_KB=32 -- concurrent "$tag" "$work/go" \
+        >"$work/digests.$rank" &
+      pids+=($!)
+    done
+    sleep 2
+    touch "$work/go"
+    for pid in "${pids[@]}"; do wait "$pid" || fail "a reader failed"; done
+    "$UCP_PYTHON" "$here/check_serve.py" digests "$work/ref8/global_step5" >"$work/digests.ref"
+    for rank in 0 1 2 3 4 5 6 7; do
+      cmp -s "$work/digests.$rank" "$work/digests.ref" ||
+        fail "rank $rank read other bytes: $(diff "$work/digests.$rank" "$work/digests.ref")"
+    done
+    cat "$work"/logs/ucp.*.log >"$work/all.log"
+    model_parts=$(grep -c "view: built part [0-9]* of .*served.mp_rank_00_model_states.pt " \
+      "$work/all.log" || true)
+    ((model_parts == 7)) || fail "the model states were built in $model_parts parts, expected 7"
+    duplicates=$(grep -o "view: built part [0-9]* of [^ ]*" "$work/all.log" | sort | uniq -d)
+    [[ -z $duplicates ]] || fail "parts built twice: $duplicates"
+    builders=$(grep -l "view: built part [0-9]* of .*served.mp_rank_00_model_states.pt " \
+      "$work"/logs/ucp.*.log | wc -l)
+    echo "the model states built in $model_parts parts by $builders processes"
+    expected=$(ls "$work/ref8/global_step5" | wc -l)
+    completed=$(grep -c "view: built .* from [0-9]* parts" "$work/all.log" || true)
+    ((completed == expected)) || fail "$completed files completed from parts, expected $expected"
+    ls -A "$tag/.ucp/views/tp1-pp1-dp8" | grep -q "\.parts$" && fail "a parts file was left"
+    true
     ;;
 
   stale_owner)

@@ -171,6 +171,12 @@ TEST(ConfigTest, Durable) {
 TEST(ConfigTest, LeaseStale) {
   EXPECT_EQ(Parse({})->lease_stale, std::chrono::milliseconds(30000));
   EXPECT_EQ(Parse({{"UCP_LEASE_STALE_MS", "500"}})->lease_stale, std::chrono::milliseconds(500));
+  EXPECT_EQ(Parse({})->build_part_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(Parse({{"UCP_BUILD_PART_KB", "64"}})->build_part_bytes, uint64_t{64} << 10);
+  EXPECT_EQ(ErrorOf({{"UCP_BUILD_PART_KB", "3"}}),
+            "UCP_BUILD_PART_KB=3 is invalid (expected KiB from 4 to 1073741824)");
+  EXPECT_EQ(ErrorOf({{"UCP_BUILD_PART_KB", "1G"}}),
+            "UCP_BUILD_PART_KB=1G is invalid (expected KiB from 4 to 1073741824)");
   EXPECT_EQ(ErrorOf({{"UCP_LEASE_STALE_MS", "99"}}),
             "UCP_LEASE_STALE_MS=99 is invalid (expected milliseconds from 100 to 86400000)");
   EXPECT_EQ(ErrorOf({{"UCP_LEASE_STALE_MS", "5s"}}),

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -110,8 +111,11 @@ class ViewCacheTest : public ::testing::Test {
 
   // The tag's view at DP `dp`, inside the tag (`cache` empty) or under `cache`.
   Result<std::unique_ptr<View>> Open(uint32_t dp, const std::string& cache = "",
-                                     std::optional<JobPlace> place = std::nullopt) const {
-    return View::Open(kAdapter, ReadIndex(tag_), index_xxh3_, tag_, cache, Dp(dp), {}, place);
+                                     std::optional<JobPlace> place = std::nullopt,
+                                     uint64_t part_bytes = 0,
+                                     const OwnerLease::Options& lease = {}) const {
+    return View::Open(kAdapter, ReadIndex(tag_), index_xxh3_, tag_, cache, Dp(dp), lease, place,
+                      part_bytes);
   }
 
   fs::path scratch_;
@@ -251,6 +255,114 @@ TEST_F(ViewCacheTest, EachFileIsBuiltOnceAcrossThreadsAndProcesses) {
   EXPECT_EQ(built_by_threads + built_by_children, (*view)->names().size());
   ExpectViewEquals(**view, Reshard(tag_, 8, (scratch_ / "out").string()));
   EXPECT_EQ((*view)->built(), 0u);
+}
+
+// Parts of 32 KiB: the 0.26 MB model states (one storage, the flat fp32 weights, cut in 7) and
+// each DP 2 optimizer file are built in parts.
+constexpr uint64_t kPartBytes = 32 << 10;
+
+// The parts of every file the view at DP 2 builds in parts, in all.
+size_t PartsOfTheView(const AtomIndex& index, const std::string& tag) {
+  size_t total = 0;
+  const OutputPlan plan = kAdapter.PlanReshard(index, tag, Dp(2)).value();
+  for (const ArchiveOutput& archive : plan.archives) {
+    const size_t parts = PlanArchiveParts(archive, kPartBytes).value().size();
+    if (parts > 1) total += parts;
+  }
+  return total;
+}
+
+// Four processes of one job, each asking for its own file as DeepSpeed's load does: the files
+// big enough are built in parts, each part written once by whichever process took it; every file
+// is the bytes `ucp reshard` writes, and nothing of the parts is left.
+TEST_F(ViewCacheTest, LargeFilesAreBuiltInPartsByTheJobsProcesses) {
+  const size_t expected_parts = PartsOfTheView(*ReadIndex(tag_), tag_);
+  ASSERT_GE(expected_parts, 3u * 3);  // the model states and the optimizer files are split
+  constexpr int kChildren = 4;
+  int results[2];
+  ASSERT_EQ(::pipe(results), 0);
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      Result<std::unique_ptr<View>> view =
+          Open(2, "", JobPlace{static_cast<uint32_t>(c), kChildren}, kPartBytes);
+      if (!view.ok()) ::_exit(1);
+      const std::string name =
+          c % 2 == 0 ? "mp_rank_00_model_states.pt"
+                     : "zero_pp_rank_" + std::to_string(c / 2) + "_mp_rank_00_optim_states.pt";
+      if (!(*view)->Materialize(name).ok()) ::_exit(2);
+      const uint64_t counts[2] = {(*view)->parts_built(), (*view)->built()};
+      ::_exit(::write(results[1], counts, sizeof(counts)) == sizeof(counts) ? 0 : 3);
+    }
+    children.push_back(pid);
+  }
+  uint64_t parts = 0;
+  uint64_t built = 0;
+  for (const pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    uint64_t counts[2] = {0, 0};
+    ASSERT_EQ(::read(results[0], counts, sizeof(counts)), static_cast<ssize_t>(sizeof(counts)));
+    parts += counts[0];
+    built += counts[1];
+  }
+  for (const int fd : results) ::close(fd);
+  Result<std::unique_ptr<View>> view = Open(2, "", std::nullopt, kPartBytes);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(parts, expected_parts);
+  EXPECT_EQ(built, (*view)->names().size());
+  ExpectViewEquals(**view, Reshard(tag_, 2, (scratch_ / "out").string()));
+  for (const auto& entry : fs::directory_iterator((*view)->directory())) {
+    const std::string file = entry.path().filename().string();
+    EXPECT_FALSE(file.ends_with(".parts") || file.ends_with(".lease")) << file;
+  }
+}
+
+// The owner of a part that died mid-build (its lease left behind, its pid gone) is taken over at
+// once; one that hangs, once its lease is stale; the file is the whole build's either way.
+TEST_F(ViewCacheTest, APartWhoseOwnerDiedOrHangsIsTakenOver) {
+  Result<std::unique_ptr<View>> view = Open(2, "", JobPlace{0, 1}, kPartBytes);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const std::string dead = (*view)->directory() + "/.mp_rank_00_model_states.pt#part1.lease";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(dead, {});
+    ::_exit(lease.ok() && lease->has_value() ? 0 : 1);  // dies holding it
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(fs::exists(dead));
+
+  OwnerLease::Options short_lease;
+  short_lease.stale_after = std::chrono::milliseconds(300);
+  const std::string hung = (*view)->directory() + "/.mp_rank_00_model_states.pt#part0.lease";
+  const pid_t stopped = ::fork();
+  ASSERT_GE(stopped, 0);
+  if (stopped == 0) {
+    Result<std::optional<OwnerLease>> lease = OwnerLease::Acquire(hung, short_lease);
+    if (!lease.ok() || !lease->has_value()) ::_exit(1);
+    ::raise(SIGSTOP);  // hangs holding it
+    ::_exit(0);
+  }
+  ASSERT_EQ(::waitpid(stopped, &status, WUNTRACED), stopped);
+  ASSERT_TRUE(WIFSTOPPED(status));
+
+  Result<std::unique_ptr<View>> taker = Open(2, "", JobPlace{0, 1}, kPartBytes, short_lease);
+  ASSERT_TRUE(taker.ok()) << taker.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  const Result<std::string> served = (*taker)->Materialize("mp_rank_00_model_states.pt");
+  // The dead owner's part at once, the hung one's after its lease was seen unchanged that long.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, short_lease.stale_after);
+  ::kill(stopped, SIGKILL);
+  ASSERT_EQ(::waitpid(stopped, &status, 0), stopped);
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  EXPECT_EQ((*taker)->parts_built(), PartsOfTheView(*ReadIndex(tag_), tag_));
+  ExpectViewEquals(**taker, Reshard(tag_, 2, (scratch_ / "out").string()));
 }
 
 TEST_F(ViewCacheTest, ResavedTagRebuildsTheView) {
