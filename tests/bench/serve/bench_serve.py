@@ -13,7 +13,12 @@ the view occupies on disk, the wall time of `ucp reshard`, and the wall time of 
 loading `ucp reshard`'s output without the preload (the load alone, which any resume pays after an
 offline reshard), best of --reps for each. Nothing asserts; the aims of issue 21 that this measures
 are printed as ratios: the job's wall to the offline reshard's, and to the offline path's whole
-(the reshard, then the load).
+(the reshard, then the load). With --part-kb K1,K2,... the job runs once per value with
+UCP_BUILD_PART_KB set to it ("default": unset, files of less than 2 GiB of tensor data built
+whole), a row each: the view's big files built in parts by several processes against one owner.
+With --model-states-only each rank reads the model states alone, under UCP_CACHE_DIR (each
+process builds only what it reads): the one file every rank waits for, built by one process or in
+parts by all of them; the offline columns are left out.
 
 With --metadata each rank runs under strace instead (its timings are then strace's, not ucp's), and
 per N it prints the metadata operations on the view's directory (stat, access, open, listing, link,
@@ -44,19 +49,28 @@ def allocated_bytes(path):
                for d, _, names in os.walk(path) for n in names)
 
 
-def load_job(args, tag_dir, procs, logs, preload=True):
-    """One job of `procs` loader.py ranks, under the preload unless `preload` is false; returns
-    the ranks' JSON records."""
+def load_job(args, tag_dir, procs, logs, preload=True, part_kb='default'):
+    """One job of `procs` loader.py ranks, under the preload unless `preload` is false, with
+    UCP_BUILD_PART_KB=`part_kb` unless it is 'default'; returns the ranks' JSON records."""
     shutil.rmtree(os.path.join(tag_dir, '.ucp', 'views'), ignore_errors=True)
+    shutil.rmtree(os.path.join(os.path.dirname(logs), 'node-cache'), ignore_errors=True)
     shutil.rmtree(logs, ignore_errors=True)
     os.makedirs(logs)
     start = time.time() + 1.0 + 0.05 * procs  # every rank has started by then
     ranks = []
     for rank in range(procs):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(procs))
+        env.pop('UCP_BUILD_PART_KB', None)
         if preload:
-            env.update(LD_PRELOAD=args.lib, UCP_LOG_DIR=logs)
+            # info: the builds' lines, which model_part_builders counts (a few per process)
+            env.update(LD_PRELOAD=args.lib, UCP_LOG_DIR=logs, UCP_LOG_LEVEL='info')
+            if part_kb != 'default':
+                env.update(UCP_BUILD_PART_KB=part_kb)
+        if preload and args.model_states_only:
+            env.update(UCP_CACHE_DIR=os.path.join(os.path.dirname(logs), 'node-cache'))
         command = [PYTHON, os.path.join(HERE, 'loader.py'), tag_dir, repr(start)]
+        if args.model_states_only:
+            command.append('model')
         if args.metadata:
             # -y names each descriptor's path, so that listings (getdents64 on a descriptor)
             # count by the directory they list.
@@ -84,6 +98,16 @@ def view_metadata_operations(logs, procs, view_root):
     return counts
 
 
+def model_part_builders(logs):
+    """How many processes' logs say they built a part of the model states (0: built whole)."""
+    marker = 'served.mp_rank_00_model_states.pt'
+    count = 0
+    for name in os.listdir(logs):
+        with open(os.path.join(logs, name), errors='replace') as log:
+            count += any('view: built part' in line and marker in line for line in log)
+    return count
+
+
 def job_wall(records):
     """First rank's start to last rank's end."""
     return max(r['end'] for r in records) - min(r['begin'] for r in records)
@@ -105,6 +129,10 @@ def main():
     parser.add_argument('--preset', default='gpt2', help='gen_ds_zero.py --preset')
     parser.add_argument('--procs', default='8,16', help='comma-separated process counts')
     parser.add_argument('--reps', type=int, default=2)
+    parser.add_argument('--part-kb', default='default',
+                        help='comma-separated UCP_BUILD_PART_KB values, "default" for unset')
+    parser.add_argument('--model-states-only', action='store_true',
+                        help='each rank reads the model states alone, under UCP_CACHE_DIR')
     parser.add_argument('--metadata', action='store_true',
                         help='count each rank\'s metadata operations on the view under strace')
     args = parser.parse_args()
@@ -137,17 +165,31 @@ def main():
             print(f'| {procs} | {files} | {min(counts)} / {max(counts)} | {sum(counts)} '
                   f'| {max(counts) / files:.1f} |', flush=True)
         return
-    print('| N | job wall s | slowest stat phase s | read phase s (min / max) '
+    if args.model_states_only:
+        print('| N | `UCP_BUILD_PART_KB` | job wall s | read phase s (min / max) '
+              '| wchar GB per rank (min / max) | processes that built model-states parts |')
+        print('|---|---|---|---|---|---|')
+        for procs in [int(p) for p in args.procs.split(',')]:
+            for part_kb in args.part_kb.split(','):
+                logs = os.path.join(work, f'logs-{procs}')
+                best = None
+                for _ in range(args.reps):
+                    records = load_job(args, tag_dir, procs, logs, part_kb=part_kb)
+                    if best is None or job_wall(records) < job_wall(best[0]):
+                        best = (records, model_part_builders(logs))
+                records, builders = best
+                reads = [r['read_s'] for r in records]
+                wchar = [r['wchar'] / GB for r in records]
+                print(f'| {procs} | {part_kb} | {job_wall(records):.2f} '
+                      f'| {min(reads):.2f} / {max(reads):.2f} '
+                      f'| {min(wchar):.2f} / {max(wchar):.2f} | {builders} |', flush=True)
+        return
+    print('| N | `UCP_BUILD_PART_KB` | job wall s | slowest stat phase s | read phase s (min / max) '
           '| rchar GB per rank (min / max) | wchar GB per rank (min / max) | view GB on disk '
+          '| processes that built model-states parts '
           '| `ucp reshard` s | load of its output s | wall / reshard | wall / (reshard + load) |')
-    print('|---|---|---|---|---|---|---|---|---|---|---|')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|')
     for procs in [int(p) for p in args.procs.split(',')]:
-        best = None
-        for _ in range(args.reps):
-            records = load_job(args, tag_dir, procs, os.path.join(work, f'logs-{procs}'))
-            wall = job_wall(records)
-            if best is None or wall < best[0]:
-                best = (wall, records, allocated_bytes(os.path.join(tag_dir, '.ucp', 'views')))
         resharded = os.path.join(work, 'reshard-out')
         offline = min(reshard(args, tag_dir, procs, resharded) for _ in range(args.reps))
         plain_load = min(job_wall(load_job(args, os.path.join(resharded, TAG), procs,
@@ -155,15 +197,24 @@ def main():
                                            preload=False))
                          for _ in range(args.reps))
         shutil.rmtree(resharded, ignore_errors=True)
-        wall, records, view_bytes = best
-        reads = [r['read_s'] for r in records]
-        rchar = [r['rchar'] / GB for r in records]
-        wchar = [r['wchar'] / GB for r in records]
-        print(f'| {procs} | {wall:.2f} | {max(r["stat_s"] for r in records):.3f} '
-              f'| {min(reads):.2f} / {max(reads):.2f} | {min(rchar):.2f} / {max(rchar):.2f} '
-              f'| {min(wchar):.2f} / {max(wchar):.2f} | {view_bytes / GB:.2f} | {offline:.2f} '
-              f'| {plain_load:.2f} | {wall / offline:.2f} | {wall / (offline + plain_load):.2f} |',
-              flush=True)
+        for part_kb in args.part_kb.split(','):
+            best = None
+            logs = os.path.join(work, f'logs-{procs}')
+            for _ in range(args.reps):
+                records = load_job(args, tag_dir, procs, logs, part_kb=part_kb)
+                wall = job_wall(records)
+                if best is None or wall < best[0]:
+                    best = (wall, records, allocated_bytes(os.path.join(tag_dir, '.ucp', 'views')),
+                            model_part_builders(logs))
+            wall, records, view_bytes, builders = best
+            reads = [r['read_s'] for r in records]
+            rchar = [r['rchar'] / GB for r in records]
+            wchar = [r['wchar'] / GB for r in records]
+            print(f'| {procs} | {part_kb} | {wall:.2f} | {max(r["stat_s"] for r in records):.3f} '
+                  f'| {min(reads):.2f} / {max(reads):.2f} | {min(rchar):.2f} / {max(rchar):.2f} '
+                  f'| {min(wchar):.2f} / {max(wchar):.2f} | {view_bytes / GB:.2f} | {builders} '
+                  f'| {offline:.2f} | {plain_load:.2f} | {wall / offline:.2f} '
+                  f'| {wall / (offline + plain_load):.2f} |', flush=True)
 
 
 if __name__ == '__main__':

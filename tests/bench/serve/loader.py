@@ -7,8 +7,9 @@ This does the same with plain reads (no torch, so that the figures are ucp's), t
 JSON line: rank, seconds of the stat phase and of the read phase, and the process's rchar and
 wchar from /proc/self/io (every byte it read and wrote through system calls, ucp's own included).
 
-Usage (RANK and WORLD_SIZE set, under LD_PRELOAD=libucp.so): loader.py TAG_DIR START_TIME
+Usage (RANK and WORLD_SIZE set, under LD_PRELOAD=libucp.so): loader.py TAG_DIR START_TIME [model]
   START_TIME: a time.time() at which every rank begins, so that start-up does not count.
+  model: the model states alone (a stat, then read whole), no optimizer file.
 """
 import json
 import os
@@ -31,9 +32,10 @@ def read_whole(path):
 
 def main():
     tag_dir, start = sys.argv[1], float(sys.argv[2])
+    model_only = sys.argv[3:] == ['model']
     rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     optim = [os.path.join(tag_dir, f'zero_pp_rank_{r}_mp_rank_00_optim_states.pt')
-             for r in range(world)]
+             for r in range(0 if model_only else world)]
     model = os.path.join(tag_dir, 'mp_rank_00_model_states.pt')
     time.sleep(max(0.0, start - time.time()))
     begin = time.time()
@@ -41,7 +43,8 @@ def main():
     missing = [path for path in [model] + optim if not os.path.exists(path)]
     stated = time.time()
     read_whole(model)
-    read_whole(optim[rank])
+    if not model_only:
+        read_whole(optim[rank])
     end = time.time()
     rchar, wchar = io_counters()
     print(json.dumps({'rank': rank, 'begin': begin, 'stat_s': stated - begin, 'read_s': end - stated,

@@ -5,7 +5,9 @@
 # this builds both in Release into build-bench.
 # Env: UCP_BENCH_DIR (scratch, default /tmp/ucp-bench-serve; the tag is generated once and kept),
 # PROCS (default 8,16), REPS (default 2), PRESET (default gpt2; tiny for a quick look), METADATA=1
-# (each rank under strace: its metadata operations on the view instead of timings).
+# (each rank under strace: its metadata operations on the view instead of timings), PART_KB
+# (comma-separated UCP_BUILD_PART_KB values, "default" for unset: a row each), MODEL_ONLY=1 (each
+# rank reads the model states alone, under UCP_CACHE_DIR).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -18,4 +20,5 @@ if [[ -z ${BUILD_DIR:-} ]]; then
 fi
 /usr/bin/python3 "$here/bench_serve.py" --ucp "$BUILD_DIR/ucp" --lib "$BUILD_DIR/libucp.so" \
   --procs "${PROCS:-8,16}" --reps "${REPS:-2}" --preset "${PRESET:-gpt2}" \
+  --part-kb "${PART_KB:-default}" ${MODEL_ONLY:+--model-states-only} \
   ${METADATA:+--metadata}
