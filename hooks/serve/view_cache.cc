@@ -503,12 +503,18 @@ Result<bool> View::Build(const std::string& name, bool wait) {
 Result<bool> View::BuildInParts(const std::string& name, bool wait) {
   const std::string path = directory_ + "/" + StoredName(name);
   const Split& split = splits_.at(name);
-  // The job's processes start on different parts, as on different files.
+  // The job's processes start on different parts, as on different files; first the parts no
+  // other process has taken, then, with `wait`, the others', waiting for them or taking them over.
+  const std::vector<size_t> order = BuildOrder(split.parts.size(), place_);
   bool all_written = true;
-  for (const size_t k : BuildOrder(split.parts.size(), place_)) {
-    UCP_ASSIGN_OR_RETURN(const bool written, BuildPart(name, k, wait));
-    all_written = all_written && written;
-    if (IsRegularFile(path)) return true;  // completed meanwhile
+  for (const bool waiting : {false, true}) {
+    if (waiting && (!wait || all_written)) break;
+    all_written = true;
+    for (const size_t k : order) {
+      UCP_ASSIGN_OR_RETURN(const bool written, BuildPart(name, k, waiting));
+      all_written = all_written && written;
+      if (IsRegularFile(path)) return true;  // completed meanwhile
+    }
   }
   if (!all_written) return false;  // parts other processes are writing
   Result<std::optional<OwnerLease>> lease =
