@@ -501,6 +501,13 @@ Result<bool> View::Build(const std::string& name, bool wait) {
 }
 
 Result<bool> View::BuildInParts(const std::string& name, bool wait) {
+  Result<bool> built = BuildOrCompleteParts(name, wait);
+  // A failed build fails the job's view: no process completes the parts' file, so it goes.
+  if (!built.ok()) (void)RemoveFile(splits_.at(name).parts_path);
+  return built;
+}
+
+Result<bool> View::BuildOrCompleteParts(const std::string& name, bool wait) {
   const std::string path = directory_ + "/" + StoredName(name);
   const Split& split = splits_.at(name);
   // The job's processes start on different parts, as on different files; first the parts no

@@ -188,6 +188,8 @@ class View {
   // also waits for the others, taking over dead or hung ones), then, once every part is marked,
   // completes the file unless another process does.
   Result<bool> BuildInParts(const std::string& name, bool wait);
+  // BuildInParts but for removing the parts' file after a failure.
+  Result<bool> BuildOrCompleteParts(const std::string& name, bool wait);
   // Writes part `k` of `name` unless it is marked written; true once it is. Without `wait`,
   // false when another process writes it.
   Result<bool> BuildPart(const std::string& name, size_t k, bool wait);

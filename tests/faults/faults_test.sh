@@ -12,6 +12,8 @@
 #            through, no served file is left), and under UCP_STRICT=1 the opens fail with EIO;
 #            flock unsupported (ENOLCK on every flock: Lustre noflock) serves them through the
 #            lease that stands in for it
+#   view_parts  the same with every file built in parts (UCP_BUILD_PART_KB=32): a failed part
+#            or completion serves nothing and leaves no parts' file
 #   atoms    faults in the atoms store (UCP_MODE=atoms, two ranks): EINTR and short transfers
 #            give the store of a run without faults; ENOSPC/EIO leave the index without a store
 #   durable  faults in the durable commit (UCP_DURABLE=1): EINTR is retried and `latest` is
@@ -207,7 +209,9 @@ case "$case_name" in
     done
     ;;
 
-  view)
+  view | view_parts)
+    part_kb=()
+    [[ $case_name == view_parts ]] && part_kb=(UCP_BUILD_PART_KB=32)
     names=(mp_rank_00_model_states.pt zero_pp_rank_0_mp_rank_00_optim_states.pt
       zero_pp_rank_1_mp_rank_00_optim_states.pt)
     mkdir -p "$work/tag"
@@ -237,12 +241,18 @@ case "$case_name" in
       cp -r "$work/tag" "$work/run/tag"
       strict=0
       [[ $expected == eio ]] && strict=1
-      faulty WORLD_SIZE=2 RANK=0 UCP_STRICT=$strict -- load "$work/run/tag" "${names[@]}" \
-        >"$work/out" || fail "host exit status $?"
+      faulty WORLD_SIZE=2 RANK=0 UCP_STRICT=$strict "${part_kb[@]}" -- load "$work/run/tag" \
+        "${names[@]}" >"$work/out" || fail "host exit status $?"
       fired
       diff -u "$work/$expected.out" "$work/out" >&2 || fail "the host read other bytes"
       no_temporaries "$work/run"
       views=$work/run/tag/.ucp/views
+      left=$(find "$views" -name '*.parts' 2>/dev/null || true)
+      [[ -z $left ]] || fail "a parts' file left: $left"
+      if [[ $case_name == view_parts && $expected == served ]]; then
+        grep -q "view: built .*served.mp_rank_00_model_states.pt from [0-9]* parts" \
+          "$work"/logs/ucp.*.log || fail "the model states were not built in parts"
+      fi
       # The view's files, not their placeholders (.planned/, made with the view).
       built=$(find "$views" -path '*/.planned' -prune -o -name 'served.*' -print 2>/dev/null || true)
       if [[ $expected == served ]]; then
