@@ -27,6 +27,61 @@ constexpr std::string_view kVersionContents = "3\n";
 
 std::string StorageRecord(const std::string& key) { return "data/" + key; }
 
+// Every storage persistent id in `root` names a key of `storage_sizes` whose size is numel ×
+// itemsize of its storage type, and every key is referenced (kInvalidArgument naming `path`).
+Status CheckStorageReferences(const std::string& path, const Value* root,
+                              const std::map<std::string, uint64_t>& storage_sizes) {
+  if (root == nullptr) return Status::InvalidArgument("torch archive " + path + ": no object");
+  std::map<std::string, uint64_t> referenced;  // key → bytes its persistent ids promise
+  UCP_RETURN_IF_ERROR(
+      pickle::ForEachReachable(const_cast<Value*>(root), [&](Value* node) -> Status {
+        if (node->kind() != Kind::kPersistentId) return Status::Ok();
+        const Value* pid = node->pid();
+        if (pid == nullptr || pid->kind() != Kind::kTuple || pid->items().size() != 5 ||
+            pid->Item(1)->kind() != Kind::kGlobal || pid->Item(2)->kind() != Kind::kStr ||
+            pid->Item(4)->kind() != Kind::kInt) {
+          return Status::InvalidArgument("torch archive " + path +
+                                         ": persistent id is not a torch storage");
+        }
+        const std::optional<DType> dtype = StorageElementType(pid->Item(1)->name());
+        const std::optional<int64_t> numel = pid->Item(4)->AsInt64();
+        const std::optional<uint64_t> size =
+            dtype && numel && *numel >= 0
+                ? CheckedMul(static_cast<uint64_t>(*numel), ItemSize(*dtype))
+                : std::nullopt;
+        const std::string& key = pid->Item(2)->data();
+        if (!size) {
+          return Status::InvalidArgument("torch archive " + path + ": storage " + key +
+                                         " has an unknown type or a bad size");
+        }
+        const auto [it, added] = referenced.emplace(key, *size);
+        if (!added && it->second != *size) {
+          return Status::InvalidArgument("torch archive " + path + ": storage " + key +
+                                         " is referenced with two sizes");
+        }
+        return Status::Ok();
+      }));
+  for (const auto& [key, size] : referenced) {
+    const auto added = storage_sizes.find(key);
+    if (added == storage_sizes.end()) {
+      return Status::InvalidArgument("torch archive " + path + ": storage " + key +
+                                     " is referenced but was not added");
+    }
+    if (added->second != size) {
+      return Status::InvalidArgument("torch archive " + path + ": storage " + key + " has " +
+                                     std::to_string(added->second) + " bytes, its references say " +
+                                     std::to_string(size));
+    }
+  }
+  for (const auto& [key, size] : storage_sizes) {
+    if (referenced.count(key) == 0) {
+      return Status::InvalidArgument("torch archive " + path + ": storage " + key +
+                                     " was added but nothing references it");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<TorchArchiveWriter> TorchArchiveWriter::Create(std::string path, Options options) {
@@ -69,54 +124,9 @@ Status TorchArchiveWriter::AddStorageFromMemory(std::string key, std::span<const
 }
 
 Result<uint64_t> TorchArchiveWriter::Finish(const Value* root) {
-  if (root == nullptr) return Status::InvalidArgument("torch archive " + path_ + ": no object");
-  std::map<std::string, uint64_t> referenced;  // key → bytes its persistent ids promise
-  UCP_RETURN_IF_ERROR(
-      pickle::ForEachReachable(const_cast<Value*>(root), [&](Value* node) -> Status {
-        if (node->kind() != Kind::kPersistentId) return Status::Ok();
-        const Value* pid = node->pid();
-        if (pid == nullptr || pid->kind() != Kind::kTuple || pid->items().size() != 5 ||
-            pid->Item(1)->kind() != Kind::kGlobal || pid->Item(2)->kind() != Kind::kStr ||
-            pid->Item(4)->kind() != Kind::kInt) {
-          return Status::InvalidArgument("torch archive " + path_ +
-                                         ": persistent id is not a torch storage");
-        }
-        const std::optional<DType> dtype = StorageElementType(pid->Item(1)->name());
-        const std::optional<int64_t> numel = pid->Item(4)->AsInt64();
-        const std::optional<uint64_t> size =
-            dtype && numel && *numel >= 0
-                ? CheckedMul(static_cast<uint64_t>(*numel), ItemSize(*dtype))
-                : std::nullopt;
-        const std::string& key = pid->Item(2)->data();
-        if (!size) {
-          return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
-                                         " has an unknown type or a bad size");
-        }
-        const auto [it, added] = referenced.emplace(key, *size);
-        if (!added && it->second != *size) {
-          return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
-                                         " is referenced with two sizes");
-        }
-        return Status::Ok();
-      }));
-  for (const auto& [key, size] : referenced) {
-    const auto source = sources_.find(key);
-    if (source == sources_.end()) {
-      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
-                                     " is referenced but was not added");
-    }
-    if (source->second.size != size) {
-      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key + " has " +
-                                     std::to_string(source->second.size) +
-                                     " bytes, its references say " + std::to_string(size));
-    }
-  }
-  for (const auto& [key, source] : sources_) {
-    if (referenced.count(key) == 0) {
-      return Status::InvalidArgument("torch archive " + path_ + ": storage " + key +
-                                     " was added but nothing references it");
-    }
-  }
+  std::map<std::string, uint64_t> storage_sizes;
+  for (const auto& [key, source] : sources_) storage_sizes[key] = source.size;
+  UCP_RETURN_IF_ERROR(CheckStorageReferences(path_, root, storage_sizes));
   // The record order (PlannedSize follows it): data.pkl, the storages by key, version.
   UCP_ASSIGN_OR_RETURN(std::string pickle_bytes, pickle::WritePickle(root));
   UCP_RETURN_IF_ERROR(zip_.AddRecord(kPickleRecord, std::string_view(pickle_bytes)));
@@ -174,6 +184,7 @@ Result<uint64_t> TorchArchiveWriter::PlannedSize(
 Result<std::map<std::string, uint64_t>> TorchArchiveWriter::PlannedStorageOffsets(
     const std::string& path, const Options& options, const Value* root,
     const std::map<std::string, uint64_t>& storage_sizes) {
+  UCP_RETURN_IF_ERROR(CheckStorageReferences(path, root, storage_sizes));
   UCP_ASSIGN_OR_RETURN(const RecordPlan plan, PlanRecords(path, options, root, storage_sizes));
   UCP_ASSIGN_OR_RETURN(const std::vector<uint64_t> offsets,
                        ZipWriter::PlannedDataOffsets(plan.archive_name, plan.records));
@@ -187,6 +198,7 @@ Result<uint64_t> TorchArchiveWriter::FinishParts(
     const std::string& path, const Options& options, const Value* root,
     const std::map<std::string, uint64_t>& storage_sizes,
     const std::map<std::string, uint32_t>& storage_crcs, File file) {
+  UCP_RETURN_IF_ERROR(CheckStorageReferences(path, root, storage_sizes));
   UCP_ASSIGN_OR_RETURN(const RecordPlan plan, PlanRecords(path, options, root, storage_sizes));
   std::vector<ZipWriter::PartsRecord> records;
   records.push_back({kPickleRecord, plan.pickle.size(), 0,

@@ -76,6 +76,37 @@ std::span<const std::byte> AsBytes(const std::string& s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
 
+// Where the records of an archive go, computed as the writer places them.
+struct PlannedLayout {
+  std::vector<uint64_t> data_offsets;
+  uint64_t directory_offset = 0;  // after the last record
+  uint64_t directory_bytes = 0;
+};
+
+Result<PlannedLayout> PlanLayout(std::string_view archive_name,
+                                 std::span<const ZipWriter::PlannedRecord> records,
+                                 bool force_zip64) {
+  PlannedLayout layout;
+  layout.data_offsets.reserve(records.size());
+  uint64_t cursor = 0;
+  for (const ZipWriter::PlannedRecord& record : records) {
+    const size_t full_name_size = archive_name.size() + 1 + record.name.size();
+    const Zip64Need zip64 = NeedFor(record.size, cursor, force_zip64);
+    const std::optional<uint64_t> data_offset = DataOffsetFor(cursor, full_name_size, zip64);
+    const std::optional<uint64_t> end =
+        data_offset ? CheckedAdd(*data_offset, record.size) : std::nullopt;
+    if (!end || !CheckedAdd(*end, uint64_t{24})) {
+      return Status::OutOfRange("zip: planned size: offset overflow at record " +
+                                std::string(record.name));
+    }
+    layout.data_offsets.push_back(*data_offset);
+    cursor = *end + DescriptorBytes(record.size, zip64);
+    layout.directory_bytes += CentralEntryBytes(full_name_size, zip64);
+  }
+  layout.directory_offset = cursor;
+  return layout;
+}
+
 }  // namespace
 
 Result<ZipWriter> ZipWriter::Create(std::string path, Options options) {
@@ -377,23 +408,8 @@ Result<uint64_t> ZipWriter::Finish() {
 Result<std::vector<uint64_t>> ZipWriter::PlannedDataOffsets(std::string_view archive_name,
                                                             std::span<const PlannedRecord> records,
                                                             bool force_zip64) {
-  std::vector<uint64_t> offsets;
-  offsets.reserve(records.size());
-  uint64_t cursor = 0;
-  for (const PlannedRecord& record : records) {
-    const size_t full_name_size = archive_name.size() + 1 + record.name.size();
-    const Zip64Need zip64 = NeedFor(record.size, cursor, force_zip64);
-    const std::optional<uint64_t> data_offset = DataOffsetFor(cursor, full_name_size, zip64);
-    const std::optional<uint64_t> end =
-        data_offset ? CheckedAdd(*data_offset, record.size) : std::nullopt;
-    if (!end || !CheckedAdd(*end, uint64_t{24})) {
-      return Status::OutOfRange("zip: planned offsets: offset overflow at record " +
-                                std::string(record.name));
-    }
-    offsets.push_back(*data_offset);
-    cursor = *end + DescriptorBytes(record.size, zip64);
-  }
-  return offsets;
+  UCP_ASSIGN_OR_RETURN(PlannedLayout layout, PlanLayout(archive_name, records, force_zip64));
+  return std::move(layout.data_offsets);
 }
 
 Result<uint64_t> ZipWriter::FinishParts(std::string path, File file, Options options,
@@ -430,22 +446,9 @@ Result<uint64_t> ZipWriter::FinishParts(std::string path, File file, Options opt
 
 Result<uint64_t> ZipWriter::PlannedSize(std::string_view archive_name,
                                         std::span<const PlannedRecord> records, bool force_zip64) {
-  uint64_t cursor = 0;
-  uint64_t central = 0;
-  for (const PlannedRecord& record : records) {
-    const size_t full_name_size = archive_name.size() + 1 + record.name.size();
-    const Zip64Need zip64 = NeedFor(record.size, cursor, force_zip64);
-    const std::optional<uint64_t> data_offset = DataOffsetFor(cursor, full_name_size, zip64);
-    const std::optional<uint64_t> end =
-        data_offset ? CheckedAdd(*data_offset, record.size) : std::nullopt;
-    if (!end || !CheckedAdd(*end, uint64_t{24})) {
-      return Status::OutOfRange("zip: planned size: offset overflow at record " +
-                                std::string(record.name));
-    }
-    cursor = *end + DescriptorBytes(record.size, zip64);
-    central += CentralEntryBytes(full_name_size, zip64);
-  }
-  const std::optional<uint64_t> total = CheckedAdd(cursor, central + kEndRecordsBytes);
+  UCP_ASSIGN_OR_RETURN(const PlannedLayout layout, PlanLayout(archive_name, records, force_zip64));
+  const std::optional<uint64_t> total =
+      CheckedAdd(layout.directory_offset, layout.directory_bytes + kEndRecordsBytes);
   if (!total) return Status::OutOfRange("zip: planned size: overflow");
   return *total;
 }

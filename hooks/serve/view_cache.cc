@@ -28,7 +28,7 @@ constexpr int kViewVersion = 2;
 constexpr std::string_view kComplete = "complete\n";
 constexpr std::string_view kFailed = "failed: ";
 constexpr uint64_t kMaxViewJsonBytes = uint64_t{1} << 20;
-// A part's mark: a line per storage piece it wrote, a few per part.
+// A part's mark: a line of about 40 bytes per storage piece it wrote (400 000 pieces at most).
 constexpr uint64_t kMaxMarkBytes = uint64_t{16} << 20;
 
 std::string LastComponent(const std::string& path) {

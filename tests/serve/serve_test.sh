@@ -14,7 +14,7 @@
 #   concurrent   8 processes open every file at once: each file is built once, same bytes
 #   parts        the same with UCP_BUILD_PART_KB=32: every file is built in parts (the model
 #                states, one 0.26 MB storage, in 7), each part once by whichever process took
-#                it, parts of one file by several processes; the same bytes
+#                it (how many processes built the model states' parts is printed); the same bytes
 #   stale_owner  the builds of two view files owned, as the preload finds them, by a process of
 #                this host that is stopped (hung) and by one that is gone (dead): the reader takes
 #                both over (the hung one after UCP_LEASE_STALE_MS) and reads ucp reshard's bytes
@@ -55,6 +55,26 @@ served_python() {
 }
 
 built_lines() { cat "$work"/logs/ucp.*.log 2>/dev/null | grep -c "view: built" || true; }
+
+# eight_readers [ENV=VALUE...]: 8 processes of a dp8 job, started at once, each read every file
+# of the tag: all read `ucp reshard`'s bytes.
+eight_readers() {
+  reference 8
+  local rank pid pids=()
+  for rank in 0 1 2 3 4 5 6 7; do
+    served_python WORLD_SIZE=8 RANK=$rank "$@" -- concurrent "$tag" "$work/go" \
+      >"$work/digests.$rank" &
+    pids+=($!)
+  done
+  sleep 2
+  touch "$work/go"
+  for pid in "${pids[@]}"; do wait "$pid" || fail "a reader failed"; done
+  "$UCP_PYTHON" "$here/check_serve.py" digests "$work/ref8/global_step5" >"$work/digests.ref"
+  for rank in 0 1 2 3 4 5 6 7; do
+    cmp -s "$work/digests.$rank" "$work/digests.ref" ||
+      fail "rank $rank read other bytes: $(diff "$work/digests.$rank" "$work/digests.ref")"
+  done
+}
 
 case "$case_name" in
   served)
@@ -104,41 +124,13 @@ PY
     ;;
 
   concurrent)
-    reference 8
-    pids=()
-    for rank in 0 1 2 3 4 5 6 7; do
-      served_python WORLD_SIZE=8 RANK=$rank -- concurrent "$tag" "$work/go" \
-        >"$work/digests.$rank" &
-      pids+=($!)
-    done
-    sleep 2
-    touch "$work/go"
-    for pid in "${pids[@]}"; do wait "$pid" || fail "a reader failed"; done
-    "$UCP_PYTHON" "$here/check_serve.py" digests "$work/ref8/global_step5" >"$work/digests.ref"
-    for rank in 0 1 2 3 4 5 6 7; do
-      cmp -s "$work/digests.$rank" "$work/digests.ref" ||
-        fail "rank $rank read other bytes: $(diff "$work/digests.$rank" "$work/digests.ref")"
-    done
+    eight_readers
     expected=$(ls "$work/ref8/global_step5" | wc -l)
     [[ $(built_lines) == "$expected" ]] || fail "$(built_lines) builds for $expected files"
     ;;
 
   parts)
-    reference 8
-    pids=()
-    for rank in 0 1 2 3 4 5 6 7; do
-      served_python WORLD_SIZE=8 RANK=$rank UCP_BUILD_PART_KB=32 -- concurrent "$tag" "$work/go" \
-        >"$work/digests.$rank" &
-      pids+=($!)
-    done
-    sleep 2
-    touch "$work/go"
-    for pid in "${pids[@]}"; do wait "$pid" || fail "a reader failed"; done
-    "$UCP_PYTHON" "$here/check_serve.py" digests "$work/ref8/global_step5" >"$work/digests.ref"
-    for rank in 0 1 2 3 4 5 6 7; do
-      cmp -s "$work/digests.$rank" "$work/digests.ref" ||
-        fail "rank $rank read other bytes: $(diff "$work/digests.$rank" "$work/digests.ref")"
-    done
+    eight_readers UCP_BUILD_PART_KB=32
     cat "$work"/logs/ucp.*.log >"$work/all.log"
     model_parts=$(grep -c "view: built part [0-9]* of .*served.mp_rank_00_model_states.pt " \
       "$work/all.log" || true)
