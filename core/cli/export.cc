@@ -31,8 +31,7 @@ struct ExportOptions {
   bool max_shard_given = false;
   unsigned threads = 0;
   bool force = false;
-  bool job = false;
-  unsigned job_wait_seconds = kJobWaitSeconds;
+  JobOptions job;
 };
 
 constexpr std::string_view kCommand = "export";
@@ -56,7 +55,7 @@ int RunExport(const ExportOptions& options) {
                       kExitUsage);
   }
   std::optional<JobPart> part;
-  if (options.job) {
+  if (options.job.enabled) {
     Result<JobPart> from_env = JobPartFromEnv(&::getenv);
     if (!from_env.ok()) return PrintError(kCommand, from_env.status(), kExitUsage);
     part = std::move(*from_env);
@@ -80,9 +79,8 @@ int RunExport(const ExportOptions& options) {
   const auto [parent, name] = SplitPath(out);
 
   if (part) {
-    Result<JobPartResult> done =
-        ExecuteJobPart(std::move(*plan), tag->index, tag->dir, out, *part, options.threads,
-                       options.force, std::chrono::seconds(options.job_wait_seconds));
+    Result<JobPartResult> done = ExecuteJobPart(std::move(*plan), tag->index, tag->dir, out, *part,
+                                                options.threads, options.force, options.job);
     Status status = done.status();
     if (status.ok() && done->committed && universal) {
       status = WriteFileAtomically(parent + "/latest_universal", name);
@@ -116,7 +114,7 @@ void AddExportCommand(CLI::App& app, Run* run) {
                       "safetensors: bytes of tensor data per file (default: one file)");
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");
   command->add_flag("--force", options->force, "replace an existing DIR");
-  AddJobOptions(*command, options->job, options->job_wait_seconds);
+  AddJobOptions(*command, options->job);
   command->callback([options, command, run] {
     options->state_given = command->count("--state") > 0;
     options->max_shard_given = command->count("--max-shard-size") > 0;

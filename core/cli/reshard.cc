@@ -23,8 +23,7 @@ struct ReshardOptions {
   std::string out;
   unsigned threads = 0;
   bool force = false;
-  bool job = false;
-  unsigned job_wait_seconds = kJobWaitSeconds;
+  JobOptions job;
 };
 
 int RunReshard(const ReshardOptions& options) {
@@ -32,7 +31,7 @@ int RunReshard(const ReshardOptions& options) {
   Result<TopologySpec> spec = ParseTopologySpec(options.to);
   if (!spec.ok()) return PrintError(kCommand, spec.status(), kExitUsage);
   std::optional<JobPart> part;
-  if (options.job) {
+  if (options.job.enabled) {
     Result<JobPart> from_env = JobPartFromEnv(&::getenv);
     if (!from_env.ok()) return PrintError(kCommand, from_env.status(), kExitUsage);
     part = std::move(*from_env);
@@ -56,9 +55,8 @@ int RunReshard(const ReshardOptions& options) {
   const std::string what = TopologyText(source) + " -> " + TopologyText(*target);
 
   if (part) {
-    Result<JobPartResult> done =
-        ExecuteJobPart(std::move(*plan), tag->index, tag->dir, final_path, *part, options.threads,
-                       options.force, std::chrono::seconds(options.job_wait_seconds));
+    Result<JobPartResult> done = ExecuteJobPart(std::move(*plan), tag->index, tag->dir, final_path,
+                                                *part, options.threads, options.force, options.job);
     Status status = done.status();
     if (status.ok() && done->committed) {
       status = WriteFileAtomically(save_dir + "/latest", tag->name);
@@ -92,7 +90,7 @@ void AddReshardCommand(CLI::App& app, Run* run) {
   command->add_option("--out", options->out, "save directory: gets <tag>/ and latest")->required();
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");
   command->add_flag("--force", options->force, "replace an existing SAVEDIR/<tag>");
-  AddJobOptions(*command, options->job, options->job_wait_seconds);
+  AddJobOptions(*command, options->job);
   command->callback([options, run] { *run = [options] { return RunReshard(*options); }; });
 }
 

@@ -4,10 +4,12 @@
 
 Processes are started as a launcher starts them (RANK and WORLD_SIZE in their environment, all
 at once, in reverse rank order). What the job commits must be byte for byte what one process
-writes: z1_fp32 dp4 -> dp2 in 3 parts and in 5 (more parts than files), DeepSpeed-universal and
+writes: z1_fp32 dp4 -> dp2 in 3 parts and in 5 (more parts than files), in 3 with every file
+divided as parts (--job-part-kb 32), DeepSpeed-universal and
 sharded safetensors exports in 4 and 2 parts. Process 0 commits only once every other part has
 finished: alone, with --job-wait 1, it fails naming the part it waited for, and leaves nothing; a
-part run before process 0 (a rerun after a crash) is found and used. --job needs the launcher's
+part run before process 0 (a rerun after a crash) is found and used, its parts of divided files
+too. --job needs the launcher's
 variables.
 """
 
@@ -68,6 +70,18 @@ for parts in (3, 5):
     report.check(sum(written) <= 3 and all(w <= 1 for w in written),
                  f"reshard in {parts} parts: the others wrote {written} of 3 files")
 
+# Files divided as parts (--job-part-kb 32: the 0.26 MB model states, one storage, and each dp2
+# optimizer file): the single process's bytes, every part written by the process given it.
+out = f"{work}/reshard_divided"
+results = job(["reshard", TAG, "--to", "dp=2", "--out", out, "--job-part-kb", "32"], 3)
+all_ok(results, "reshard divided in parts")
+same_tree(single, out, "reshard divided in parts")
+report.check(not harness.temp_leftovers(out), "reshard divided in parts: temporaries left")
+report.check(not any(name.endswith(".parts") for name in os.listdir(f"{out}/global_step5")),
+             f"reshard divided in parts: a parts' file left: {os.listdir(f'{out}/global_step5')}")
+report.check(all("parts of divided files" in results[r][1] for r in (1, 2)),
+             f"reshard divided in parts: {[results[r][1] for r in (1, 2)]}")
+
 # Exports: DeepSpeed-universal (every parameter's states, many small files) and safetensors
 # shards (sizes known only once written).
 for what, args, parts in (
@@ -93,14 +107,18 @@ report.check(status == 1 and "part 1 did not finish its share within 1 s" in err
 report.check(not os.path.exists(out) or not os.listdir(out),
              f"process 0 alone: left {os.listdir(out) if os.path.exists(out) else None}")
 
-# Part 1 first (its process then gone, as after a crash), process 0 later: its file is used.
-out = f"{work}/rerun"
-results = job(["reshard", TAG, "--to", "dp=2", "--out", out], 2, ranks=[1])
-report.check(results[1][0] == 0 and "process 0 commits" in results[1][1],
-             f"part 1 alone: {results[1]}")
-results = job(["reshard", TAG, "--to", "dp=2", "--out", out, "--job-wait", "5"], 2, ranks=[0])
-report.check(results[0][0] == 0, f"process 0 after part 1: {results[0]}")
-same_tree(single, out, "process 0 after part 1")
+# Part 1 first (its process then gone, as after a crash), process 0 later: its file, or its
+# parts of divided files (their CRC-32s from its marker), are used.
+for divide in ([], ["--job-part-kb", "32"]):
+    what = "process 0 after part 1" + (" (divided files)" if divide else "")
+    out = f"{work}/rerun{len(divide)}"
+    results = job(["reshard", TAG, "--to", "dp=2", "--out", out, *divide], 2, ranks=[1])
+    report.check(results[1][0] == 0 and "process 0 commits" in results[1][1],
+                 f"{what}: part 1 alone: {results[1]}")
+    results = job(["reshard", TAG, "--to", "dp=2", "--out", out, "--job-wait", "5", *divide], 2,
+                  ranks=[0])
+    report.check(results[0][0] == 0, f"{what}: {results[0]}")
+    same_tree(single, out, what)
 
 # No launcher variables, or no rank: a usage error.
 env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
