@@ -429,8 +429,14 @@ def check_weights_only(env, originals, served):
 def step_preload(args, env, work):
     logs = os.path.join(work, 'logs_preload')
     shutil.rmtree(logs, ignore_errors=True)
+    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', VIEW)
+    served_env = preload_env(env, args.lib, logs)
+    if args.build_part_kb:
+        # A view of its own: built now, every file in parts.
+        shutil.rmtree(view, ignore_errors=True)
+        served_env['UCP_BUILD_PART_KB'] = str(args.build_part_kb)
     status, seconds, output = run_past_flakes(lambda: launch(
-        args, preload_env(env, args.lib, logs), RESUME_DP, os.path.join(work, 'preload.log'),
+        args, served_env, RESUME_DP, os.path.join(work, 'preload.log'),
         ['--steps', str(STEPS), '--load_dir', os.path.join(work, 'ckpt'),
          '--out', os.path.join(work, 'preload.json')]), STEPS)
     if status != 0:
@@ -452,8 +458,18 @@ def step_preload(args, env, work):
         fail('losses differ from DeepSpeed\'s universal load at steps '
              + ', '.join(f'{s} ({float32_bits(got[s])} vs {float32_bits(oracle[s])})' for s in mismatched))
     print(f'losses bit-identical to DeepSpeed\'s universal load at steps {steps[0]}..{steps[-1]}')
+    if args.build_part_kb:
+        # Each part leaves its mark (the CRC-32s of what it wrote) in the view; the ranks' own
+        # log lines may be lost, as a rank that ends without ucp's shutdown does not flush them.
+        marks = os.listdir(view)
+        parts = {name: sum(1 for m in marks if m.startswith(f'.{name}#part') and m.endswith('.done'))
+                 for name in model_states_names(args.config, RESUME_DP) +
+                 [f'zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(RESUME_DP)]}
+        if any(count < 2 for count in parts.values()):
+            fail(f'files not built in parts of {args.build_part_kb} KiB: {parts}')
+        print(f'every served file built in parts of {args.build_part_kb} KiB: '
+              + ', '.join(f'{name} in {count}' for name, count in parts.items()))
     # What the preload served is what `ucp reshard` writes for the same target.
-    view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', VIEW)
     resharded = os.path.join(work, 'reshard')
     shutil.rmtree(resharded, ignore_errors=True)
     subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to', f'dp={RESUME_DP}',
@@ -540,6 +556,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('step', choices=['save', 'universal', 'preload', 'refusal', 'atoms'])
     parser.add_argument('--config', choices=sorted(CONFIGS), required=True)
+    parser.add_argument('--build-part-kb', type=int,
+                        help='preload: UCP_BUILD_PART_KB for the resume, in a view built anew')
     add_run_arguments(parser)
     args = parse_run_arguments(parser)
     env = trainer_environment(args)
