@@ -34,12 +34,18 @@ LogState& State() { return *StatePointer(); }
 
 spdlog::level::level_enum ToSpdlog(Level level) {
   switch (level) {
-    case Level::kTrace: return spdlog::level::trace;
-    case Level::kDebug: return spdlog::level::debug;
-    case Level::kInfo: return spdlog::level::info;
-    case Level::kWarn: return spdlog::level::warn;
-    case Level::kError: return spdlog::level::err;
-    case Level::kOff: return spdlog::level::off;
+    case Level::kTrace:
+      return spdlog::level::trace;
+    case Level::kDebug:
+      return spdlog::level::debug;
+    case Level::kInfo:
+      return spdlog::level::info;
+    case Level::kWarn:
+      return spdlog::level::warn;
+    case Level::kError:
+      return spdlog::level::err;
+    case Level::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::off;
 }
@@ -53,7 +59,10 @@ spdlog::logger* EnsureLogger(LogState& state) {
     state.logger = new spdlog::logger("ucp", std::move(sink));
     state.logger->set_level(ToSpdlog(state.configured_level));
     state.logger->set_pattern("%Y-%m-%dT%H:%M:%S.%f %P/%t %l %v");
-    state.logger->flush_on(spdlog::level::warn);
+    // Info and above reach the file at once: a trainer process often ends without ucp's
+    // shutdown (gloo's threads abort at interpreter exit), and its builds' lines would be lost.
+    // Debug and trace lines wait for the next of them.
+    state.logger->flush_on(spdlog::level::info);
   } catch (...) {
     // An unwritable log directory turns logging off; it never affects the host.
     state.directory.clear();
