@@ -225,13 +225,13 @@ std::string Flattened(const std::string& name) {
 // The file name of `name`'s lease.
 std::string LeaseFileName(const std::string& name) { return "." + Flattened(name) + ".lease"; }
 
-// The file names of part `k` of `name`'s lease and of its written mark. '#' comes from no
-// other name: a file `x` and a file `x/part0` cannot both exist.
-std::string PartLeaseFileName(const std::string& name, size_t k) {
-  return "." + Flattened(name) + "#part" + std::to_string(k) + ".lease";
-}
-std::string PartMarkFileName(const std::string& name, size_t k) {
-  return "." + Flattened(name) + "#part" + std::to_string(k) + ".done";
+// The file names of part `k` of `count` of `name`'s lease and of its written mark. '#' comes
+// from no other name: a file `x` and a file `x/part0of2` cannot both exist. The count names the
+// cuts (PlanArchiveParts cuts an archive by the count alone), so the marks of a build divided
+// otherwise (another UCP_BUILD_PART_KB) are never taken for this one's.
+std::string PartFileName(const std::string& name, size_t k, size_t count, std::string_view suffix) {
+  return "." + Flattened(name) + "#part" + std::to_string(k) + "of" + std::to_string(count) +
+         std::string(suffix);
 }
 
 }  // namespace
@@ -358,8 +358,8 @@ View::View(std::shared_ptr<const AtomIndex> index, std::string tag_dir, std::str
     Result<std::vector<ArchivePart>> parts = PlanArchiveParts(plan.archives.front(), part_bytes);
     if (!parts.ok() || parts->size() < 2) continue;
     for (size_t k = 0; k < parts->size(); ++k) {
-      listed.part_leases.push_back(PartLeaseFileName(name, k));
-      listed.part_marks.push_back(PartMarkFileName(name, k));
+      listed.part_leases.push_back(PartFileName(name, k, parts->size(), ".lease"));
+      listed.part_marks.push_back(PartFileName(name, k, parts->size(), ".done"));
     }
     splits_[name] = {std::move(parts).value(), listed.directory + "/." + listed.stored + ".parts"};
   }
@@ -534,7 +534,7 @@ Result<bool> View::BuildOrCompleteParts(const std::string& name, bool wait) {
   // Each part's mark holds the CRC-32 of what it wrote.
   std::vector<StoragePieceCrc> pieces;
   for (size_t k = 0; k < split.parts.size(); ++k) {
-    const std::string mark = directory_ + "/" + PartMarkFileName(name, k);
+    const std::string mark = directory_ + "/" + listed_as_.at(name).part_marks[k];
     UCP_ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(mark, kMaxMarkBytes));
     UCP_ASSIGN_OR_RETURN(std::vector<StoragePieceCrc> written, ParsePieceCrcs(text, mark));
     pieces.insert(pieces.end(), written.begin(), written.end());
@@ -550,11 +550,12 @@ Result<bool> View::BuildOrCompleteParts(const std::string& name, bool wait) {
 
 Result<bool> View::BuildPart(const std::string& name, size_t k, bool wait) {
   const std::string path = directory_ + "/" + StoredName(name);
-  const std::string mark = directory_ + "/" + PartMarkFileName(name, k);
+  const ListedAs& listed = listed_as_.at(name);
+  const std::string mark = directory_ + "/" + listed.part_marks[k];
   const auto written = [&path, &mark] { return IsRegularFile(mark) || IsRegularFile(path); };
   if (written()) return true;
   Result<std::optional<OwnerLease>> lease =
-      Claim(directory_ + "/" + PartLeaseFileName(name, k), wait, written);
+      Claim(directory_ + "/" + listed.part_leases[k], wait, written);
   if (!wait && !lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
     return false;  // another process writes it
   }

@@ -31,7 +31,7 @@
 //                           After "failed" no process builds or serves a file of the view
 //                           (View::Open, Materialize and Describe fail naming it)
 //   <view>/.<name>.lease    the OwnerLease of <name>'s builder while it is built ('/' becomes '#')
-//   <view>/.<name>#part<k>.lease, <view>/.<name>#part<k>.done
+//   <view>/.<name>#part<k>of<n>.lease, <view>/.<name>#part<k>of<n>.done
 //                           a file built in parts (an archive of more than the part size, e.g.
 //                           the model states that every rank reads): the lease of part k's
 //                           builder, and the mark that part k is written and synced

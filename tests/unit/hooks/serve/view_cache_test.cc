@@ -326,7 +326,7 @@ TEST_F(ViewCacheTest, LargeFilesAreBuiltInPartsByTheJobsProcesses) {
 TEST_F(ViewCacheTest, APartWhoseOwnerDiedOrHangsIsTakenOver) {
   Result<std::unique_ptr<View>> view = Open(2, "", JobPlace{0, 1}, kPartBytes);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
-  const std::string dead = (*view)->directory() + "/.mp_rank_00_model_states.pt#part1.lease";
+  const std::string dead = (*view)->directory() + "/.mp_rank_00_model_states.pt#part1of7.lease";
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -340,7 +340,7 @@ TEST_F(ViewCacheTest, APartWhoseOwnerDiedOrHangsIsTakenOver) {
 
   OwnerLease::Options short_lease;
   short_lease.stale_after = std::chrono::milliseconds(300);
-  const std::string hung = (*view)->directory() + "/.mp_rank_00_model_states.pt#part0.lease";
+  const std::string hung = (*view)->directory() + "/.mp_rank_00_model_states.pt#part0of7.lease";
   const pid_t stopped = ::fork();
   ASSERT_GE(stopped, 0);
   if (stopped == 0) {
