@@ -305,22 +305,36 @@ def save_with_and_without_preload(args, env, work, label, run, expected_files=No
     the test unless both ran, their losses are bit-identical, the preload committed an index of
     ckpt/TAG, its .pt files are `expected_files` (where given) and each is byte-identical to the
     plain run's. Returns (the tag folder, the saving run's losses, the .pt files)."""
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
     logs = os.path.join(work, 'logs_save')
-    runs = {}
-    for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
-                                    ('save', preload_env(env, args.lib, logs), 'ckpt')):
-        status, seconds, output = run(name, run_env, os.path.join(work, save_dir))
-        if status != 0:
-            fail(f'DeepSpeed {label} training ({name}) exited {status}:\n{output[-3000:]}')
-        runs[name] = losses(os.path.join(work, f'{name}.json'))
-        print(f'{label} run {"under" if name == "save" else "without"} the preload: '
-              f'{seconds:.1f} s')
-    print_losses(f'losses {label}', runs['save'])
-    if {s: float32_bits(v) for s, v in runs['save'].items()} != \
-            {s: float32_bits(v) for s, v in runs['plain'].items()}:
+
+    def both_runs():
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        runs = {}
+        for name, run_env, save_dir in (('plain', env, 'ckpt_plain'),
+                                        ('save', preload_env(env, args.lib, logs), 'ckpt')):
+            status, seconds, output = run(name, run_env, os.path.join(work, save_dir))
+            if status != 0:
+                fail(f'DeepSpeed {label} training ({name}) exited {status}:\n{output[-3000:]}')
+            runs[name] = losses(os.path.join(work, f'{name}.json'))
+            print(f'{label} run {"under" if name == "save" else "without"} the preload: '
+                  f'{seconds:.1f} s')
+        print_losses(f'losses {label}', runs['save'])
+        if {s: float32_bits(v) for s, v in runs['save'].items()} == \
+                {s: float32_bits(v) for s, v in runs['plain'].items()}:
+            return runs
         print_losses(f'losses {label} without the preload', runs['plain'])
+        return None
+
+    # Seen once in a clean-clone CI run (0.14.5, ZeRO-3 fp32, DP=4, under ctest -j2): the run
+    # WITHOUT the preload left the other runs' losses from step 2 on (4.3953619 against
+    # 4.40102243, which the run under the preload and ZeRO-2's runs gave), so no ucp code was in
+    # the run that moved. Both runs once more: a difference ucp causes comes back.
+    runs = both_runs()
+    if runs is None:
+        print('the losses differ; running both again', flush=True)
+        runs = both_runs()
+    if runs is None:
         fail('the preload changed the losses of the saving run')
     tag_dir = os.path.join(work, 'ckpt', TAG)
     index = os.path.join(tag_dir, '.ucp', 'index.json')
