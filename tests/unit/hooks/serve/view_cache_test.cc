@@ -436,6 +436,22 @@ TEST_F(ViewCacheTest, ADamagedChunkFailsTheWholeViewForTheJobNamingTheRangeAndAt
   EXPECT_THAT(again.status().message(), HasSubstr(victim));
 }
 
+// A part checks the chunks it reads as a whole build does: the damage fails the view, naming it,
+// and the parts' files go.
+TEST_F(ViewCacheTest, APartMeetingADamagedChunkFailsTheViewAndLeavesNoPartsFile) {
+  FlipMiddleByte(tag_ + "/zero_pp_rank_1_mp_rank_00_optim_states.pt");
+  Result<std::unique_ptr<View>> view = Open(2, "", JobPlace{0, 1}, kPartBytes);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  const Result<std::string> served = (*view)->Materialize("mp_rank_00_model_states.pt");
+  ASSERT_FALSE(served.ok());
+  EXPECT_THAT(served.status().message(), HasSubstr("fails its CRC-32"));
+  EXPECT_THAT(served.status().message(), HasSubstr("view: build part "));
+  EXPECT_THAT(ReadAll((*view)->directory() + "/verdict"), HasSubstr("fails its CRC-32"));
+  for (const auto& entry : fs::directory_iterator((*view)->directory())) {
+    EXPECT_FALSE(entry.path().filename().string().ends_with(".parts")) << entry.path();
+  }
+}
+
 TEST_F(ViewCacheTest, UnderACacheDirectoryAProcessBuildsOnlyWhatItAsksFor) {
   // A node's own disk: the node builds what its ranks read, not the whole view.
   const std::string cache = (scratch_ / "node_cache").string();
