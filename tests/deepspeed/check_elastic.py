@@ -94,11 +94,12 @@ mixed = elastic_copy(f"{fixtures}/z1_fp32/dp4/{TAG}", f"{work}/mixed/{TAG}", [RA
 refused("one elastic rank file", ["index", mixed],
         [RANK1, "optimizer_state_dict/base_optimizer_state", "elastic, but"])
 
-# The tensor-parallel and pipeline adapters read only the rigid form.
+# The grid adapter (pipeline and tensor-parallel tags) reads only the rigid form.
 for what, cfg, layout, target in (("tensor-parallel", "tp2_z1_fp32", "tp2dp2", "tp=1,dp=2"),
                                   ("pipeline", "pipe_z1_fp32", "pp2dp2", "pp=1,dp=2")):
     tag = elastic_copy(f"{fixtures}/{cfg}/{layout}/{TAG}", f"{work}/{cfg}/{TAG}")
     refused(f"{what} tag", ["reshard", tag, "--to", target, "--out",
                             harness.fresh_dir(f"{work}/{cfg}_out")],
-            ["optim_states.pt", "base_optimizer_state: an elastic checkpoint", f"{what} tags"])
+            ["optim_states.pt", "base_optimizer_state: an elastic checkpoint",
+             "pipeline and tensor-parallel tags"])
 report.exit()

@@ -1,5 +1,5 @@
-// Pieces the DeepSpeed adapters share (deepspeed_zero.h: ZeRO-1/2; deepspeed_pipe.h: pipeline;
-// deepspeed_tp.h: tensor parallelism; deepspeed_zero3.h: ZeRO-3): file names of a tag, typed reads
+// Pieces the DeepSpeed adapters share (zero.h: ZeRO-1/2; tp.h: the grid of pipeline stages and
+// tensor-parallel ranks; zero3.h: ZeRO-3; moe.h: experts): file names of a tag, typed reads
 // of pickle fields with errors naming the file and the field, ZeRO-1/2's partitioning rules and
 // optimizer files, and the building blocks of plans over a template archive. Internal to hooks/;
 // not an interface.
@@ -231,7 +231,7 @@ Status CheckZeroOptimizerStage(const TorchArchiveReader& reader, const std::stri
 Status CheckTarget(const Topology& target);
 
 // ---------------------------------------------------------------------------------------------
-// ZeRO-1/2 (deepspeed_zero.h, and per pipeline stage or TP rank deepspeed_pipe.h, deepspeed_tp.h).
+// ZeRO-1/2 (zero.h, and per pipeline stage and TP rank tp.h).
 
 // DeepSpeed pads every flat buffer to a multiple of nccl_start_alignment_factor × DP.
 inline constexpr uint64_t kAlignmentFactor = 2;

@@ -55,6 +55,7 @@ using deepspeed::kModelRole;
 using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::kUniversalRole;
+using deepspeed::LayerStatesName;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::LocalShape;
@@ -118,6 +119,8 @@ using pickle::Value;
 constexpr std::string_view kBf16Optimizer = "BF16_Optimizer";
 constexpr std::string_view kZeroOptimizer = "DeepSpeedZeroOptimizer";
 constexpr std::string_view kInfo = deepspeed::kUniversalCheckpointInfo;
+// PipelineModule's name prefix of a tied module's parameters: tied_modules.<key>.<name>.
+constexpr std::string_view kTiedPrefix = "tied_modules.";
 constexpr char kZero3Refusal[] = "zero_stage=3: ZeRO-3 with tensor parallelism is not supported";
 // The model states of TP ranks > 0: copied unchanged by the universal export.
 constexpr std::string_view kCopiedModelRole = "model_states_copy";
@@ -553,6 +556,7 @@ struct IndexFacts {
   // A pipeline tag (its module in layer files): every stage's groups, copies of pipeline-
   // replicated parameters included, and every layer file of TP rank 0 with its parameters.
   bool pipeline = false;
+  bool layer_names_tp = true;  // GridTag::layer_names_tp, told by the layer files' names
   std::vector<std::vector<std::vector<std::string>>> stages;  // [stage][group] → names
   struct Layer {
     uint32_t layer = 0;
@@ -563,7 +567,8 @@ struct IndexFacts {
 };
 
 // adapter_state.pipeline: {"stages": [[[names of group 0], ...], ...],
-//                          "layers": [{"layer": 1, "file": 12, "params": {"<key>": "<param>"}}]}
+//                          "layers": [{"layer": 1, "file": 12, "params": {"<key>": "<param>"}}],
+//                          "layer_names_tp": false}  (GridTag::layer_names_tp; default true)
 Status ReadPipelineFacts(const AtomIndex& index, const nlohmann::json& pipeline,
                          IndexFacts& facts) {
   const Status bad = Status::Corrupt("deepspeed: index adapter_state.pipeline: malformed");
@@ -573,6 +578,10 @@ Status ReadPipelineFacts(const AtomIndex& index, const nlohmann::json& pipeline,
     return bad;
   }
   facts.pipeline = true;
+  if (pipeline.contains("layer_names_tp")) {  // absent in indexes of 3D tags before it was added
+    if (!pipeline["layer_names_tp"].is_boolean()) return bad;
+    facts.layer_names_tp = pipeline["layer_names_tp"].get<bool>();
+  }
   for (const nlohmann::json& stage : pipeline["stages"]) {
     if (!stage.is_array() || stage.size() != facts.groups.size()) return bad;
     std::vector<std::vector<std::string>> groups;
@@ -805,26 +814,10 @@ bool CarriesRules(const TorchArchiveReader& model_states) {
   return info != nullptr && info->kind() == Kind::kDict;
 }
 
-// Whether every layer file of the listing names its TP rank (layer_LL-model_TT-model_states.pt):
-// a pipeline with tensor parallelism, this adapter's; false without layer files.
-bool HasTpLayerFiles(const TagListing& listing) {
-  if (listing.layer_files.empty()) return false;
-  for (const std::string& name : listing.layer_files) {
-    const std::optional<FileName> parsed = ParseFileName(name);
-    if (!parsed || !parsed->model_rank) return false;
-  }
-  return true;
-}
-
-// ZeRO-3 tags and pipeline tags without TP layer files are not this adapter's.
+// ZeRO-3 tags are not this adapter's.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
-  }
-  if (!listing.layer_files.empty() && !HasTpLayerFiles(listing)) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "pipeline layer files without a TP rank: a pipeline-parallel tag, "
-                               "the deepspeed-pipe adapter's");
   }
   return Status::Ok();
 }
@@ -844,9 +837,13 @@ struct GridTag {
   // DeepSpeed 0.19's AutoTP: the splits are in universal_checkpoint_info/affine_map, uneven ones
   // too (TP ranks' slices of other shapes).
   bool autotp = false;
-  std::string prefix;                            // of the optimizer files: "" or "bf16_"
-  std::vector<TpTag> stages;                     // by pipeline stage
-  std::vector<std::string> layer_names;          // pipeline: every layer file, sorted
+  std::string prefix;                    // of the optimizer files: "" or "bf16_"
+  std::vector<TpTag> stages;             // by pipeline stage
+  std::vector<std::string> layer_names;  // pipeline: every layer file, sorted
+  // Whether the layer files name their TP rank (layer_LL-model_TT-model_states.pt, Megatron's
+  // grid with a model axis) or not (layer_LL-model_states.pt: PipelineModule's own grid, whose
+  // only axes are pipe and data, so tp = 1).
+  bool layer_names_tp = true;
   std::map<std::string, LayerFile> layer_files;  // pipeline: those read, by name
   // Where each parameter's atoms come from: (stage, group, position in the group's flat order).
   std::map<std::string, std::tuple<uint32_t, size_t, size_t>> owner;
@@ -856,20 +853,34 @@ struct GridTag {
 // model-states and optimizer files of stage s and TP rank t as mp rank s·tp + t.
 uint32_t MpRank(uint32_t s, uint32_t t, uint32_t tp) { return s * tp + t; }
 
-// The TP degree a pipeline tag's layer files (layer_LL-model_TT-model_states.pt) name: one past
-// their highest TT; nullopt without layer files (pp = 1: mp_world_size is the TP degree).
+// The name of layer `layer`'s file of TP rank t in a tag whose layer files do (named_tp) or do
+// not name their TP rank.
+std::string LayerFileName(bool named_tp, uint32_t layer, uint32_t t) {
+  return named_tp ? TpLayerStatesName(layer, t) : LayerStatesName(layer);
+}
+
+// The TP degree a pipeline tag's layer files name: one past their highest TT where they are
+// layer_LL-model_TT-model_states.pt, 1 where none names a TP rank (`named_tp` false); nullopt
+// without layer files (pp = 1: mp_world_size is the TP degree).
 Result<std::optional<uint32_t>> LayerFileTpDegree(const std::string& tag_dir,
-                                                  const TagListing& listing) {
+                                                  const TagListing& listing, bool& named_tp) {
   std::optional<uint32_t> degree;
+  size_t unnamed = 0;
   for (const std::string& name : listing.layer_files) {
     const std::optional<FileName> parsed = ParseFileName(name);
-    if (!parsed || !parsed->model_rank) {
-      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
-                                 "a pipeline layer file without a TP rank beside tensor-parallel "
-                                 "ones (layer_LL-model_TT-model_states.pt): files of two layouts");
+    if (parsed && parsed->model_rank) {
+      degree = std::max(degree.value_or(0), *parsed->model_rank + 1);
+    } else {
+      ++unnamed;
     }
-    degree = std::max(degree.value_or(0), *parsed->model_rank + 1);
+    if (unnamed > 0 && degree) {
+      return Status::Unsupported(Prefix(tag_dir + "/" + name) +
+                                 "layer files with a TP rank (layer_LL-model_TT-model_states.pt) "
+                                 "and without one (layer_LL-model_states.pt): files of two grids");
+    }
   }
+  named_tp = unnamed == 0;
+  if (unnamed > 0) return std::optional<uint32_t>{1};
   return degree;
 }
 
@@ -878,7 +889,8 @@ Result<std::optional<uint32_t>> LayerFileTpDegree(const std::string& tag_dir,
 Status ReadGridShape(const std::string& tag_dir, const TagListing& listing,
                      const TpModelStates& ms0, GridTag& grid) {
   grid.autotp = HasAutoTpMaps(ms0.reader);
-  UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> layer_tp, LayerFileTpDegree(tag_dir, listing));
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> layer_tp,
+                       LayerFileTpDegree(tag_dir, listing, grid.layer_names_tp));
   if (grid.autotp && layer_tp) {
     return Status::Unsupported(Prefix(ms0.reader.path()) + std::string(kInfo) +
                                "/affine_map: AutoTP beside pipeline layer files is not supported");
@@ -899,11 +911,12 @@ Status ReadGridShape(const std::string& tag_dir, const TagListing& listing,
                             std::to_string(grid.tp) + " TP ranks");
     }
   }
-  if (grid.tp == 1 && !CarriesRules(ms0.reader)) {
+  // A pipeline needs no rules to change its pp and dp; without them tp stays 1 (PlanReshard).
+  if (grid.tp == 1 && !layer_tp && !CarriesRules(ms0.reader)) {
     return Status::Unsupported(Prefix(ms0.reader.path()) +
                                "TP degree 1 without universal_checkpoint_info: no rules to split "
-                               "it over TP ranks by (the deepspeed-zero12 and deepspeed-pipe "
-                               "adapters read such tags without TP layer files)");
+                               "it over TP ranks by (the deepspeed-zero12 adapter reads such "
+                               "tags)");
   }
   if (ms0.config_stage && *ms0.config_stage >= 3) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
@@ -1005,7 +1018,7 @@ Status ReadGridOptims(const std::string& tag_dir, const TagListing& listing, Gri
         UCP_ASSIGN_OR_RETURN(
             OptimStates os,
             ReadOptimStates(tag_dir, *it->second, stage.models[t].groups.size(), kZero3Refusal));
-        UCP_RETURN_IF_ERROR(RefuseElasticForm(os.reader, "tensor-parallel tags"));
+        UCP_RETURN_IF_ERROR(RefuseElasticForm(os.reader, "pipeline and tensor-parallel tags"));
         stage.optim.back().push_back(std::move(os));
       }
     }
@@ -1068,8 +1081,6 @@ Status AssignOwners(GridTag& grid, const std::vector<std::regex>& pipeline_repli
   return Status::Ok();
 }
 
-constexpr std::string_view kTiedPrefix = "tied_modules.";
-
 // "tied_modules.<key>.<name>" taken apart: (key, name); nullopt for any other name.
 std::optional<std::pair<std::string, std::string>> SplitTiedName(const std::string& name) {
   const size_t dot = name.find('.', kTiedPrefix.size());
@@ -1122,7 +1133,7 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
         for (const std::string& name : layout.names) {
           if (std::get<0>(grid.owner.at(name)) != s) continue;
           if (const std::optional<uint32_t> layer = NumberedLayer(name)) {
-            const std::string file = TpLayerStatesName(*layer, t);
+            const std::string file = LayerFileName(grid.layer_names_tp, *layer, t);
             if (!present.contains(file)) {
               return Status::NotFound(Prefix(tag_dir + "/" + file) + "not found (" + ms.name +
                                       " names " + name + ")");
@@ -1150,8 +1161,8 @@ Status AttachLayerTensors(GridTag& grid, const std::string& tag_dir) {
         std::vector<std::string> matches;
         for (const std::string& file : grid.layer_names) {
           const std::optional<FileName> parsed = ParseFileName(file);
-          if (!parsed || parsed->model_rank != t || parsed->layer < lo || parsed->layer >= hi ||
-              all_numbered.contains(parsed->layer)) {
+          if (!parsed || parsed->model_rank.value_or(0) != t || parsed->layer < lo ||
+              parsed->layer >= hi || all_numbered.contains(parsed->layer)) {
             continue;
           }
           UCP_ASSIGN_OR_RETURN(const LayerFile* layer_file, OpenLayerFile(grid, tag_dir, file));
@@ -1192,7 +1203,7 @@ Status RefuseSplitLayerEntries(GridTag& grid, const std::string& tag_dir) {
   }
   for (const std::string& file : grid.layer_names) {
     const std::optional<FileName> parsed = ParseFileName(file);
-    if (!parsed || parsed->model_rank != 0) continue;
+    if (!parsed || parsed->model_rank.value_or(0) != 0) continue;
     UCP_ASSIGN_OR_RETURN(const LayerFile* first, OpenLayerFile(grid, tag_dir, file));
     for (const auto& [key, tensor] : first->tensors) {
       if (trained[file].contains(key)) continue;
@@ -1200,8 +1211,9 @@ Status RefuseSplitLayerEntries(GridTag& grid, const std::string& tag_dir) {
           const std::string reference,
           ReadRange(first->reader.path(), tensor->file_offset(), tensor->byte_size()));
       for (uint32_t t = 1; t < grid.tp; ++t) {
-        UCP_ASSIGN_OR_RETURN(const LayerFile* other,
-                             OpenLayerFile(grid, tag_dir, TpLayerStatesName(parsed->layer, t)));
+        UCP_ASSIGN_OR_RETURN(
+            const LayerFile* other,
+            OpenLayerFile(grid, tag_dir, LayerFileName(grid.layer_names_tp, parsed->layer, t)));
         const auto it = other->tensors.find(key);
         if (it == other->tensors.end()) {
           return FieldError(other->reader, key, "missing (" + file + " holds it)");
@@ -1465,8 +1477,9 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
 Status PlanLayerFiles(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                       uint32_t t, const Topology& target, OutputPlan& plan) {
   for (const IndexFacts::Layer& layer : facts.layers) {
-    const std::string path = TpLayerStatesName(layer.layer, t);
-    if (layer.params.empty()) {  // nothing of it is split: the file as saved
+    const std::string path = LayerFileName(facts.layer_names_tp, layer.layer, t);
+    // Nothing of it is split, or its parameters whole at both degrees: the file as saved.
+    if (layer.params.empty() || (facts.tp == 1 && target.tp == 1)) {
       plan.copies.push_back({path, layer.file});
       continue;
     }
@@ -1668,6 +1681,9 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
     weights[layer] = 1;
   }
   for (auto& [signature, weights] : kinds) {
+    // A kind of one layer is no block to balance: weighting it alone leaves every other layer's
+    // stage to the partitioner's ties, and would make any placement of a model ambiguous.
+    if (std::count(weights.begin(), weights.end(), uint64_t{1}) < 2) continue;
     uint64_t first = 0;
     while (weights[first] == 0) ++first;
     methods.push_back(
@@ -1774,7 +1790,13 @@ Result<TpIndexTag> ReadTpTag(const std::string& tag_dir) {
   GridTag& grid = tag.grid;
   const TpModelStates& ms0 = grid.stages[0].models[0];
   UCP_ASSIGN_OR_RETURN(tag.patterns, ReadPatterns(ms0.reader));
-  UCP_RETURN_IF_ERROR(AssignOwners(grid, tag.patterns.pipeline_replicated));
+  std::vector<std::regex> pipeline_replicated = tag.patterns.pipeline_replicated;
+  if (!CarriesRules(ms0.reader)) {
+    // Without the client's rules, the copies DeepSpeed's PipelineModule keeps of a tied module
+    // (TiedLayerSpec) on each stage that holds one: the engine reduces their gradients together.
+    pipeline_replicated.emplace_back(R"(tied_modules\.)");
+  }
+  UCP_RETURN_IF_ERROR(AssignOwners(grid, pipeline_replicated));
   if (!grid.layer_names.empty()) {
     UCP_RETURN_IF_ERROR(AttachLayerTensors(grid, tag_dir));
     UCP_RETURN_IF_ERROR(RefuseSplitLayerEntries(grid, tag_dir));
@@ -2155,7 +2177,7 @@ Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const Sha
     std::map<uint32_t, nlohmann::json> layers;
     for (const std::string& file : grid.layer_names) {
       const std::optional<FileName> parsed = ParseFileName(file);
-      if (parsed->model_rank != 0) continue;
+      if (parsed->model_rank.value_or(0) != 0) continue;
       layers[parsed->layer] = {{"layer", parsed->layer},
                                {"file", file_index.at(file)},
                                {"params", nlohmann::json::object()}};
@@ -2164,8 +2186,9 @@ Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const Sha
       const ModuleTensor& module = grid.stages[std::get<0>(where)].models[0].module.at(name);
       const std::optional<FileName> parsed = ParseFileName(module.file);
       if (!layers.contains(parsed->layer)) {
-        return Status::NotFound(Prefix(tag_dir + "/" + TpLayerStatesName(parsed->layer, 0)) +
-                                "not found (" + module.file + " holds " + name + ")");
+        return Status::NotFound(
+            Prefix(tag_dir + "/" + LayerFileName(grid.layer_names_tp, parsed->layer, 0)) +
+            "not found (" + module.file + " holds " + name + ")");
       }
       layers[parsed->layer]["params"][module.key] = name;
     }
@@ -2177,7 +2200,9 @@ Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const Sha
           {std::string(kLayerRole), entry["file"].get<uint32_t>(), std::move(keys)});
       layer_list.push_back(std::move(entry));
     }
-    pipeline = {{"stages", std::move(stages)}, {"layers", std::move(layer_list)}};
+    pipeline = {{"stages", std::move(stages)},
+                {"layers", std::move(layer_list)},
+                {"layer_names_tp", grid.layer_names_tp}};
   }
   c.adapter_state = {
       {"optimizer", std::string(first.bf16_optimizer ? kBf16Optimizer : kZeroOptimizer)},
@@ -2338,7 +2363,7 @@ Status AddUniversalModuleFiles(const AtomIndex& index, const IndexFacts& facts,
 bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
   Result<TagListing> listing = ListTag(tag_dir);
   if (!listing.ok() || !listing->zero3_model_states.empty()) return false;
-  if (!listing->layer_files.empty()) return HasTpLayerFiles(*listing);
+  if (!listing->layer_files.empty()) return true;  // a pipeline, with TP ranks or without
   if (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) return true;
   for (const RankFile& entry : listing->optim) {
     if (entry.mp > 0) return true;
@@ -2374,7 +2399,7 @@ Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(
   for (uint32_t t = 0; t < mp; ++t) {
     for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, t));
   }
-  if (HasTpLayerFiles(listing)) {
+  if (!listing.layer_files.empty()) {
     // A pipeline stage's rank writes its layer files before its model states: once every model
     // states file is whole, every layer file is there.
     for (uint32_t i = 1; i < mp; ++i) {
@@ -2415,6 +2440,12 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
   if (source.autotp && target.tp != source.tp) {
     UCP_ASSIGN_OR_RETURN(const AutoTpSplitRule rule, ReadAutoTpSplitRule(model, tag_dir));
     UCP_ASSIGN_OR_RETURN(facts, AutoTpFactsAt(index, source, target.tp, rule));
+  }
+  if (facts.pipeline && !facts.layer_names_tp && target.tp != 1) {
+    return Status::Unsupported(
+        "deepspeed: tp=" + std::to_string(target.tp) +
+        ": the tag's pipeline grid has no model axis (layer files without a TP rank, "
+        "layer_LL-model_states.pt), so its trainer runs at tp = 1 only");
   }
   UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp));
   // [stage][TP rank]: the groups laid out at (tp, dp).

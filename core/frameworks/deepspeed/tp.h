@@ -1,8 +1,9 @@
-// The DeepSpeed tensor-parallel adapter ("deepspeed-tp", schema 1): Megatron-DeepSpeed
-// checkpoints of ZeRO-1/2 (DeepSpeedZeroOptimizer, BF16_Optimizer) at tensor-parallel degree
-// tp > 1, or at tp = 1 when the model states carry universal_checkpoint_info (the rules to split
-// by), as atoms, resharded to any (tp, dp) and exported as ds_to_universal does. A TP=1 tag
-// without it is the deepspeed-zero12 adapter's, which refuses tp > 1 targets.
+// The DeepSpeed grid adapter ("deepspeed-tp", schema 1): checkpoints of ZeRO-1/2
+// (DeepSpeedZeroOptimizer, BF16_Optimizer) on DeepSpeed's grid of pipeline stages × TP ranks ×
+// DP ranks, as atoms, resharded to any (pp, tp, dp) and exported as ds_to_universal does: every
+// pipeline tag, and outside a pipeline Megatron-DeepSpeed's at tensor-parallel degree tp > 1, or
+// at tp = 1 when the model states carry universal_checkpoint_info (the rules to split by). A
+// pp = 1, TP = 1 tag without it is the deepspeed-zero12 adapter's, which refuses tp > 1 targets.
 //
 // A tag it reads at pp = 1 (per TP rank t < mp_world_size, per DP rank r < dp_world_size):
 //   mp_rank_<t:02>_model_states.pt   module (rank t's slices, views of one flat buffer),
@@ -13,7 +14,9 @@
 //                                    TP rank t's flat buffer (deepspeed_zero.h describes it)
 // A pipeline tag with tensor parallelism (3D: a PipelineModule on DeepSpeed's pipeline grid, every
 // layer file named with its TP rank) holds per stage s < pp and TP rank t < tp, at mp rank
-// m = s·tp + t (mp_world_size = tp·pp; tp is one past the layer files' highest TT):
+// m = s·tp + t (mp_world_size = tp·pp; tp is one past the layer files' highest TT). A
+// PipelineModule on its own grid (PipeDataParallelTopology: axes pipe and data, no model axis)
+// names no TP rank (layer_<LL>-model_states.pt): tp = 1, and a reshard keeps it 1.
 //   mp_rank_<m:02>_model_states.pt   module None, param_shapes of stage s's slices, as above
 //   [bf16_]zero_pp_rank_<r>_mp_rank_<m:02>_optim_states.pt   as above, over stage s's buffer
 //   layer_<LL>-model_<t:02>-model_states.pt   layer LL's state_dict on TP rank t: the module
@@ -22,7 +25,8 @@
 //                                    parameter and holds every such <name>
 // A parameter's atoms come from the first stage listing it; a later stage may list it again only
 // when pipeline_replicated_parameter_patterns names it (a tied module's copy, which
-// ds_to_universal skips too: the last stage's never-used position embeddings differ).
+// ds_to_universal skips too: the last stage's never-used position embeddings differ), or, in a
+// tag without universal_checkpoint_info, when it is a tied module's (tied_modules.<key>.<name>).
 // universal_checkpoint_info (every entry optional; Python regexes matched at the start of a name):
 //   tp_replicated_parameter_patterns        every TP rank holds the whole parameter (slices must
 //                                           be bit-identical; ds_to_universal asserts the same)

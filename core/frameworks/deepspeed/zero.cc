@@ -158,7 +158,7 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   }
   if (!listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
-                               "a pipeline tag (the deepspeed-pipe adapter reads it)");
+                               "a pipeline tag (the deepspeed-tp adapter reads it)");
   }
   if (listing.model_states.size() > 1) {
     return Status::Unsupported(Prefix(tag_dir) +

@@ -29,7 +29,7 @@
 // export refuses them: it needs param_groups).
 //
 // Refused with kUnsupported: ZeRO-3 tags (deepspeed_zero3.h reads them), pipeline tags
-// (deepspeed_pipe.h reads them), tp > 1 (deepspeed_tp.h reads them).
+// and tp > 1 (tp.h reads them).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -53,9 +53,9 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
 
   // True when `tag_dir` holds DeepSpeed checkpoint file names (model or optimizer states), no
   // ZeRO-3 model-states file (zero_pp_rank_N_mp_rank_XX_model_states.pt: DeepSpeedZero3Adapter's),
-  // no pipeline layer file (layer_XX-model_states.pt: DeepSpeedPipeAdapter's) and no file of a TP
-  // rank > 0 (DeepSpeedTpAdapter's). DeepSpeedTpAdapter, registered before this one, also takes
-  // TP=1 tags whose model states carry universal_checkpoint_info.
+  // no pipeline layer file (layer_XX[-model_TT]-model_states.pt: DeepSpeedTpAdapter's) and no
+  // file of a TP rank > 0 (DeepSpeedTpAdapter's). DeepSpeedTpAdapter, registered before this one,
+  // also takes TP=1 tags whose model states carry universal_checkpoint_info.
   bool Recognizes(const std::string& tag_dir) const override;
 
   // mp_rank_00_model_states.pt and [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt for r <
@@ -85,10 +85,10 @@ class DeepSpeedZeroAdapter final : public FrameworkAdapter {
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
-  // ds_to_universal's ZeRO-1/2 output (kUnsupported for an elastic tag): zero/<param>/<state>.pt ({'cat_dim': 0, 'param':
-  // tensor}), zero/<param>/step.pt (the 0-d step tensor), zero/optimizer_state.pt (rank 0's
-  // optimizer_state_dict without its partitioned entries, plus param_groups) and copies of the
-  // model-states files.
+  // ds_to_universal's ZeRO-1/2 output (kUnsupported for an elastic tag): zero/<param>/<state>.pt
+  // ({'cat_dim': 0, 'param': tensor}), zero/<param>/step.pt (the 0-d step tensor),
+  // zero/optimizer_state.pt (rank 0's optimizer_state_dict without its partitioned entries, plus
+  // param_groups) and copies of the model-states files.
   Result<OutputPlan> PlanUniversalExport(const AtomIndex& index,
                                          const std::string& tag_dir) const override;
 };

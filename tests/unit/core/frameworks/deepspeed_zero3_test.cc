@@ -309,7 +309,7 @@ TEST(Zero3RegistryTest, DetectsZero3TagsOnly) {
     Result<const FrameworkAdapter*> detected = DetectAdapter(tag);
     ASSERT_TRUE(detected.ok());
     EXPECT_EQ((*detected)->name(),
-              config == std::string("pipe_z1_fp32") ? "deepspeed-pipe" : "deepspeed-zero12");
+              config == std::string("pipe_z1_fp32") ? "deepspeed-tp" : "deepspeed-zero12");
   }
 }
 

@@ -317,7 +317,7 @@ TEST(DeepSpeedRefusalTest, RefusesZero3PipelineAndTensorParallelTags) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {Tag("z3_fp32", "dp4"), "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)"},
       {Tag("z3_bf16", "dp2"), "zero_stage=3: a ZeRO-3 tag (the deepspeed-zero3 adapter reads it)"},
-      {Tag("pipe_z1_fp32", "pp2dp2"), "a pipeline tag (the deepspeed-pipe adapter reads it)"},
+      {Tag("pipe_z1_fp32", "pp2dp2"), "a pipeline tag (the deepspeed-tp adapter reads it)"},
       {Tag("tp2_z1_fp32", "tp2dp2"), "tp=2: a tensor-parallel tag (the deepspeed-tp adapter"},
   };
   for (const auto& [tag, message] : cases) {
