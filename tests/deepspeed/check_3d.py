@@ -11,7 +11,8 @@ read), the vocabulary cut to its 67 real rows, zero/optimizer_state.pt and the f
 copies, every object and tensor bit-identical. `ucp reshard` to tp2pp2dp1, tp1pp2dp2, tp2pp1dp2,
 tp1pp1dp2 and tp2pp2dp2 must write DeepSpeed's own resaves there (where DeepSpeed has none, the
 export of ucp's files must hold the source's atoms), through tp1pp2dp1 and back the same-size
-resave, and from DeepSpeed's pp=4 resave back to pp=2; pp=4 from pp=2 is refused as ambiguous. A
+resave, and from DeepSpeed's pp=4 resave back to pp=2; pp=4 from pp=2 is refused as ambiguous,
+pp=2 from ucp's pp=1 files naming the tied module (its copy on the last stage is not shown). A
 tag missing one layer file must be refused naming that file, and one whose layer files hold a
 frozen parameter split over the TP ranks naming it.
 """
@@ -105,6 +106,20 @@ for config in ("3d_z1_fp32", "3d_bf16"):
                                      "--out", save_dir)
     report.check(status != 0 and "ambiguous layer placement" in err,
                  f"{config}: pp=4 not refused as ambiguous: exit {status}: {err}")
+    # pp=2 from a pp=1 tag (ucp's tp1pp1dp2 files): the tied embedding's use by the LM head has
+    # no layer file and no copy there, so nothing shows that the last stage holds one at pp 2:
+    # refused, naming the tied module, rather than written without the last stage's copy.
+    pp1 = harness.fresh_dir(f"{work}/{config}_pp1")
+    status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to", "tp=1,pp=1,dp=2",
+                                     "--out", pp1)
+    if report.check(status == 0, f"{config}: reshard to tp1pp1dp2 exit {status}: {err}"):
+        status, _, err = harness.run_ucp(ucp, "index", f"{pp1}/{TAG}")
+        report.check(status == 0, f"{config}: ucp index of tp1pp1dp2 exit {status}: {err}")
+        status, _, err = harness.run_ucp(ucp, "reshard", f"{pp1}/{TAG}", "--to", "tp=1,pp=2,dp=2",
+                                         "--out", harness.fresh_dir(f"{work}/{config}_pp1_pp2"))
+        report.check(status != 0 and 'tied module "' in err and "saved at pp=1" in err,
+                     f"{config}: pp=2 from pp=1 not refused naming the tied module: exit "
+                     f"{status}: {err}")
     # From DeepSpeed's own pp=4 resave ([0, 3, 4, 5, 8]: only 'parameters' and the transformer
     # layers' kind give it, and they agree at pp 2) back to pp 2: DeepSpeed's resaves there.
     pp4 = f"{fixtures}/{config}/resaved/tp1pp4dp2_from_tp2pp2dp2/{TAG}"

@@ -1661,6 +1661,22 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
     }
     return std::vector<StageNames>{std::move(groups)};
   }
+  if (facts.stages.size() == 1) {
+    // A tied module's later uses (a TiedLayerSpec with a forward_fn: the LM head tied to the
+    // embedding) have no layer file, and on one stage no copy either: nothing shows which stages
+    // hold its copies at pp > 1.
+    for (const std::vector<std::string>& group : facts.groups) {
+      for (const std::string& name : group) {
+        if (const std::string key = TiedKey(name); !key.empty()) {
+          return Status::Unsupported(
+              "deepspeed: pp=" + std::to_string(pp) + ": tied module \"" + key +
+              "\" in a tag saved at pp=1, where its uses past the first have no layer file: the "
+              "stages holding its copies at pp=" +
+              std::to_string(pp) + " are unknown");
+        }
+      }
+    }
+  }
   UCP_ASSIGN_OR_RETURN(const PipelineLayers layers, ReadPipelineLayers(index, facts));
   const uint32_t source_pp = static_cast<uint32_t>(facts.stages.size());
   std::vector<uint32_t> source;
