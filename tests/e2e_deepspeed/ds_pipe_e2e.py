@@ -10,6 +10,10 @@ every step is fixed, so losses compare across topologies:
         stage, partition_method 'type:transformer', 2 transformer layers), saved at
         TP=2 x PP=2 x DP=1 (4 ranks), resumed at TP=1 x PP=1 x DP=2: the TP slices merged, the
         stages joined, the DP partitions split.
+  pipe_tied  train_pipe_tied.py (this folder): a PipelineModule on DeepSpeed's own grid whose word
+        embedding is tied to the LM head (TiedLayerSpec on the first and last stage, no
+        universal_checkpoint_info), partition_method 'parameters', saved at PP=2 x DP=2, resumed
+        at PP=1 x DP=2; with --stage 0 --dtype bf16, under DeepSpeed's BF16 optimizer.
 One CTest test per step, sharing WORK/<model>[_bf16]:
 
   save        the save topology without and with the preload: steps 1..STEPS, saves tag
@@ -26,10 +30,12 @@ One CTest test per step, sharing WORK/<model>[_bf16]:
               (megatron_args.py): ucp must take them from those arguments (its log names them)
               and the losses must be as above.
 
-Usage: ds_pipe_e2e.py STEP [--model pipe|3d] [--dtype fp32|bf16] --work DIR --tools DIR
-                      --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION [--required]
+Usage: ds_pipe_e2e.py STEP [--model pipe|3d|pipe_tied] [--dtype fp32|bf16] [--stage 0|1]
+                      --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
+                      [--required]
 --dtype bf16 runs the same steps in bf16 with DeepSpeed's ZeRO-1 bf16 optimizer (bf16_ optimizer
-files), in WORK/<model>_bf16.
+files), in WORK/<model>_bf16; --stage 0 with it, DeepSpeed's BF16 optimizer, in
+WORK/<model>_bf16_stage0.
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -43,6 +49,7 @@ from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_loss
 
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Model:
@@ -60,6 +67,10 @@ MODELS = {
     '3d': Model('train_3d.py', (2, 2, 1), (1, 1, 2), ['--nlayer', '2'],
                 [f'layer_{layer:02d}-model_{t:02d}-model_states.pt'
                  for layer in range(1, 5) for t in range(2)]),
+    # Layers 0 (the tied embedding) .. 4 (the final norm); layer 5, the head, is the tied
+    # embedding's forward_fn and has no file.
+    'pipe_tied': Model(os.path.join(HERE, 'train_pipe_tied.py'), (1, 2, 2), (1, 1, 2), [],
+                       [f'layer_{layer:02d}-model_states.pt' for layer in range(5)]),
 }
 
 
@@ -83,7 +94,7 @@ def launch(args, env, topology, log, extra, megatron_args=False):
         trainer = [MEGATRON_ARGS, model.trainer] + degrees
     else:
         trainer = [model.trainer, '--pp', str(pp)] + (['--tp', str(tp)] if args.model == '3d' else [])
-    trainer += ['--dtype', args.dtype] + model.extra
+    trainer += ['--dtype', args.dtype, '--stage', str(args.stage)] + model.extra
     command = [sys.executable, 'launch.py', str(tp * pp * dp), ds_e2e.PORT] + trainer + extra
     return ds_e2e.run_launcher(command, args.tools, env, log)
 
@@ -199,13 +210,16 @@ def main():
     parser.add_argument('--model', choices=sorted(MODELS), default='pipe')
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
                         help="the trainer's dtype (pipe bf16: DeepSpeed's ZeRO-1 bf16 optimizer)")
+    parser.add_argument('--stage', type=int, choices=[0, 1], default=1,
+                        help="the ZeRO stage (0 in bf16: DeepSpeed's BF16 optimizer)")
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     trainer = MODELS[args.model].trainer
     if not os.path.isfile(os.path.join(args.tools, trainer)):
         ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    work = os.path.join(args.work, args.model + ('' if args.dtype == 'fp32' else '_' + args.dtype))
+    work = os.path.join(args.work, args.model + ('' if args.dtype == 'fp32' else '_' + args.dtype) +
+                        ('' if args.stage == 1 else f'_stage{args.stage}'))
     if args.step != 'save' and not os.path.isfile(os.path.join(work, 'save.json')):
         fail(f'no saved checkpoint in {work} (run the save step first)')
     {'save': step_save, 'universal': step_universal, 'preload': step_preload,
