@@ -20,7 +20,9 @@ One CTest test per step, sharing WORK/<model>[_bf16]:
               global_step<SAVE_AT>; under the preload the save must leave a committed index,
               DeepSpeed's files byte for byte those of the run without it, and the same losses.
   universal   DeepSpeed's own path, no preload: ds_to_universal.py, then the universal load at
-              the resume topology and steps SAVE_AT+1..STEPS (the oracle).
+              the resume topology and steps SAVE_AT+1..STEPS (the oracle); `ucp export --format
+              deepspeed-universal` of the tag must write ds_to_universal's files, every object
+              and tensor identical.
   preload     the plain load_checkpoint at the resume topology under the preload with
               UCP_TOPOLOGY naming its tp and pp (the world size alone cannot tell them: see the
               README) and the same steps: every loss must have the same float32 bits as the
@@ -46,6 +48,9 @@ import sys
 
 import ds_e2e
 from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'deepspeed'))
+import harness  # noqa: E402
 
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
@@ -125,6 +130,18 @@ def step_universal(args, env, work):
     universal = os.path.join(work, 'universal')
     shutil.rmtree(universal, ignore_errors=True)
     ds_e2e.ds_to_universal(env, tag_dir, os.path.join(universal, f'{TAG}_universal'))
+    export = os.path.join(work, 'export')
+    shutil.rmtree(export, ignore_errors=True)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if status != 0:
+        fail(f'ucp export exited {status}: {output[-2000:]}')
+    report = harness.Report('ucp export')
+    names = harness.compare_export(report, 'export', os.path.join(universal, f'{TAG}_universal'),
+                                   export)
+    if report.failures:
+        fail(f'ucp export differs from ds_to_universal in {len(report.failures)} places')
+    print(f'ucp export = ds_to_universal: {len(names)} files')
     status, seconds, output = ds_e2e.run_past_flakes(lambda: launch(
         args, env, MODELS[args.model].resume, os.path.join(work, 'universal.log'),
         ['--steps', str(STEPS), '--load_dir', universal, '--universal',
