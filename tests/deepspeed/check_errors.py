@@ -4,7 +4,9 @@ naming the file and the field, and nothing left behind (no output, no temporary,
   check_errors.py UCP FIXTURES WORKDIR
 
 Inputs are damaged copies of z1_fp32/dp4/global_step5 (a missing rank file, a truncated file,
-rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins);
+rank files of another fixture swapped in, param_shapes edited with the DeepSpeed stand-ins, the
+model states as DeepSpeed 0.19 writes them under its BF16 optimizer at ZeRO stage 0, also in a copy
+of pipe_z1_fp32);
 arguments: malformed --to specifications, a world size the target does not divide, an existing
 output; unsupported targets: a tensor-parallel one that does not split evenly, an ambiguous
 pipeline one.
@@ -106,6 +108,27 @@ def edit_param_shapes(tag):
 
 
 every_command("param_shapes", damaged("param_shapes", edit_param_shapes), [MODEL, "param_shapes"])
+
+
+def as_bf16_optimizer_at_stage_0_of_0_19(tag):
+    """The model states as DeepSpeed 0.19 writes them under its BF16 optimizer at ZeRO stage 0:
+    param_shapes None, DP rank 0's optimizer state in `optimizer`."""
+    state = ds_objects.load(f"{tag}/{MODEL}")
+    state["param_shapes"] = None
+    state["optimizer"] = {"ds_version": "0.19.8", "clip_grad": 1.0}
+    ds_objects.save(state, f"{tag}/{MODEL}")
+
+
+# Refused, naming why: 0.19.8 itself resumes such a tag neither by its plain load nor through
+# ds_to_universal. The same for the ZeRO-1/2 adapter's tags and the grid adapter's pipelines.
+every_command("bf16_optimizer_stage_0",
+              damaged("bf16_optimizer_stage_0", as_bf16_optimizer_at_stage_0_of_0_19),
+              [MODEL, "param_shapes None", "BF16_Optimizer._load_legacy_checkpoint"])
+pipe = harness.copy_tag(f"{fixtures}/pipe_z1_fp32/pp2dp2/global_step5",
+                        f"{work}/bf16_optimizer_stage_0_pipe/global_step5")
+as_bf16_optimizer_at_stage_0_of_0_19(pipe)
+expect_failure("bf16_optimizer_stage_0 pipeline (index)", ["index", pipe], INPUT,
+               [MODEL, "param_shapes None", "BF16_Optimizer._load_legacy_checkpoint"])
 
 # Arguments.
 save = harness.fresh_dir(f"{work}/usage_out")

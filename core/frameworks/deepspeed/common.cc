@@ -918,13 +918,16 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const std::strin
   const Value* optimizer = OptionalField(r, "optimizer");
   if (shapes->kind() == Kind::kNone && optimizer != nullptr && optimizer->kind() == Kind::kDict) {
     // DeepSpeed 0.19's engine writes param_shapes only when zero_optimization() holds; bf16 at
-    // ZeRO stage 0 (its BF16 optimizer) saves the optimizer state here instead.
+    // ZeRO stage 0 (its BF16 optimizer) saves DP rank 0's optimizer state here instead, which
+    // 0.19.8's own load indexes by DP rank as a list (BF16_Optimizer._load_legacy_checkpoint:
+    // KeyError 0, seen at pp2dp2 on CPU), so no DeepSpeed resume of it exists to serve.
     return Status::Unsupported(
         Prefix(r.path()) +
         "param_shapes None, the optimizer state in the model states: a BF16 optimizer run at "
-        "ZeRO stage 0 saved by a DeepSpeed that records no parameter shapes for it (0.19), so "
-        "its flat partitions cannot be cut into parameters (DeepSpeed's ds_to_universal fails "
-        "on it too); not supported");
+        "ZeRO stage 0 saved by a DeepSpeed that records no parameter shapes for it (0.19); "
+        "DeepSpeed resumes such a tag neither by its plain load (KeyError in "
+        "BF16_Optimizer._load_legacy_checkpoint) nor through ds_to_universal (which fails on "
+        "it); not supported");
   }
   if (shapes->kind() != Kind::kList || shapes->items().empty()) {
     return FieldError(r, "param_shapes", "not a non-empty list of parameter groups");
