@@ -16,7 +16,9 @@ there is no resave to compare with. What must hold instead:
   object and tensor bit-identical.
 - The universal export, a DP the expert-parallel size does not divide, another expert-parallel
   size (DeepSpeed 0.14.5 scales expert gradients by it, so its Adam moments would not fit),
-  tensor parallelism and a tag missing an expert file are refused, naming the reason. (A change
+  tensor parallelism, tags of two model-parallel ranks (a pipeline or tensor parallelism, named
+  where the model states record which) and a tag missing an expert file are refused, naming the
+  reason. (A change
   of the expert-parallel size is checked live on the current release: ds_moe_e2e.py.)
 """
 
@@ -134,6 +136,27 @@ status, _, err = harness.run_ucp(ucp, "reshard", f"{fixtures}/z2_fp32/dp4/{TAG}"
                                  "dp=2,ep=2", "--out", save_dir)
 report.check(status != 0 and "ep=2: the tag has no experts" in err,
              f"ep on a tag without experts: not refused as expected: {err}")
+
+# A tag of two model-parallel ranks: a pipeline or tensor parallelism, told apart only where the
+# model states record checkpoint_parallel_dimensions (DeepSpeed 0.19; a pipeline with MoE layers
+# writes no layer files there, each stage's dense tensors in its own model states).
+for name, dimensions, words in (
+        ("mp2_pipeline", {"pp_degree": 2, "tp_degree": 1},
+         "checkpoint_parallel_dimensions/pp_degree 2: MoE layers in a pipeline"),
+        ("mp2_tensor", {"pp_degree": 1, "tp_degree": 2},
+         "checkpoint_parallel_dimensions/tp_degree 2: MoE with tensor parallelism"),
+        ("mp2_unrecorded", None,
+         "mp_world_size 2: MoE with tensor or pipeline parallelism is not supported")):
+    copy = harness.copy_tag(f"{fixtures}/moe_z2_fp32/dp4/{TAG}", f"{work}/{name}/{TAG}")
+    state = ds_objects.load(f"{copy}/mp_rank_00_model_states.pt")
+    state["mp_world_size"] = 2
+    if dimensions is not None:
+        state["checkpoint_parallel_dimensions"] = dimensions
+    for rank in (0, 1):
+        ds_objects.save(state, f"{copy}/mp_rank_{rank:02d}_model_states.pt")
+    status, _, err = harness.run_ucp(ucp, "index", copy)
+    report.check(status != 0 and "mp_rank_00_model_states.pt" in err and words in err,
+                 f"{name}: not refused naming the model-parallel axis: exit {status}: {err}")
 
 copy = harness.copy_tag(f"{fixtures}/moe_z2_fp32/dp4/{TAG}", f"{work}/missing/{TAG}")
 os.remove(f"{copy}/layer_1_expert_3_mp_rank_00_model_states.pt")

@@ -288,6 +288,29 @@ uint64_t PartitionSize(const OptimStates& os, size_t g) {
   return fp32 + static_cast<uint64_t>(os.group_paddings[g]);
 }
 
+// The refusal of an MoE tag of mp_world_size `mp` > 1, naming the axis where the model states
+// `model` record it (DeepSpeed 0.19's checkpoint_parallel_dimensions: pp_degree, tp_degree); a
+// pipeline with MoE layers writes no layer files (each stage's dense tensors are its model
+// states' module), so only that record tells it from tensor parallelism.
+Status RefuseModelParallel(const TorchArchiveReader& model, int64_t mp) {
+  const auto degree = [&](const char* key) -> int64_t {
+    const Value* node = OptionalField(model, std::string("checkpoint_parallel_dimensions/") + key);
+    return node != nullptr && node->kind() == Kind::kInt ? node->AsInt64().value_or(0) : 0;
+  };
+  const int64_t pp = degree("pp_degree");
+  const int64_t tp = degree("tp_degree");
+  std::string what = "mp_world_size " + std::to_string(mp) +
+                     ": MoE with tensor or pipeline parallelism is not supported";
+  if (pp > 1) {
+    what = "checkpoint_parallel_dimensions/pp_degree " + std::to_string(pp) +
+           ": MoE layers in a pipeline (PipelineModule) are not supported";
+  } else if (tp > 1) {
+    what = "checkpoint_parallel_dimensions/tp_degree " + std::to_string(tp) +
+           ": MoE with tensor parallelism is not supported";
+  }
+  return Status::Unsupported(Prefix(model.path()) + what);
+}
+
 // Refusals by file name: ZeRO-3, pipeline and tensor-parallel tags.
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
@@ -296,11 +319,6 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.layer_files.empty()) {
     return Status::Unsupported(Prefix(tag_dir) +
                                "MoE with pipeline parallelism (layer files) is not supported");
-  }
-  if (listing.model_states.size() > 1) {
-    return Status::Unsupported(Prefix(tag_dir) +
-                               "tp=" + std::to_string(listing.model_states.size()) +
-                               ": MoE with tensor parallelism is not supported");
   }
   if (!listing.model_states.contains(0)) {
     return Status::NotFound(Prefix(tag_dir) + ModelStatesName(0) + ": not found");
@@ -666,10 +684,7 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
   tag.dp = dp;
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
-  if (mp != 1) {
-    return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
-                               ": MoE with tensor parallelism is not supported");
-  }
+  if (mp != 1 || listing.model_states.size() > 1) return RefuseModelParallel(model, mp);
   UCP_ASSIGN_OR_RETURN(tag.experts, ListExpertFiles(tag_dir, listing, model));
   std::optional<uint32_t> autoep_size;
   if (const Value* autoep = OptionalField(model, kAutoEpLayers);
@@ -1392,14 +1407,17 @@ bool DeepSpeedMoeAdapter::Recognizes(const std::string& tag_dir) const {
 Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
     const std::string& tag_dir) const {
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  if (!listing.zero3_model_states.empty() || !listing.layer_files.empty() ||
-      listing.model_states.size() > 1) {
+  if (!listing.zero3_model_states.empty() || !listing.layer_files.empty()) {
     return RefuseListing(tag_dir, listing);
   }
   const std::string model_name = ModelStatesName(0);
   UCP_ASSIGN_OR_RETURN(
       const TorchArchiveReader model,
       OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
+  if (listing.model_states.size() > 1) {
+    UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
+    return RefuseModelParallel(model, mp);
+  }
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
   UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
   const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
