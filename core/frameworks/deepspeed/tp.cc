@@ -556,7 +556,7 @@ struct IndexFacts {
   // A pipeline tag (its module in layer files): every stage's groups, copies of pipeline-
   // replicated parameters included, and every layer file of TP rank 0 with its parameters.
   bool pipeline = false;
-  bool layer_names_tp = true;  // GridTag::layer_names_tp, told by the layer files' names
+  bool layer_names_tp = true;  // GridTag::layer_names_tp, from adapter_state.pipeline
   std::vector<std::vector<std::vector<std::string>>> stages;  // [stage][group] → names
   struct Layer {
     uint32_t layer = 0;
@@ -1632,6 +1632,25 @@ std::vector<uint32_t> StageOfLayers(const PipelineLayers& layers,
   return stages;
 }
 
+// A tag saved at pp = 1 with a tied module, to another pp: refused. The module's later uses (a
+// TiedLayerSpec with a forward_fn: the LM head tied to the embedding) have no layer file, and on
+// one stage no copy either: nothing shows which stages hold its copies at pp > 1.
+Status RefuseTiedFromOneStage(const IndexFacts& facts, uint32_t pp) {
+  if (facts.stages.size() != 1) return Status::Ok();
+  for (const std::vector<std::string>& group : facts.groups) {
+    for (const std::string& name : group) {
+      if (const std::string key = TiedKey(name); !key.empty()) {
+        return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": tied module \"" +
+                                   key +
+                                   "\" in a tag saved at pp=1, where its uses past the first "
+                                   "have no layer file: the stages holding its copies at pp=" +
+                                   std::to_string(pp) + " are unknown");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The target's stages, per stage per group its parameters in flat order. Outside a pipeline there
 // is one. A pipeline keeps its stages at the source's pp. At another pp its layers are placed by
 // the partition methods of DeepSpeed that reproduce the source's stages from what the checkpoint
@@ -1661,22 +1680,7 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
     }
     return std::vector<StageNames>{std::move(groups)};
   }
-  if (facts.stages.size() == 1) {
-    // A tied module's later uses (a TiedLayerSpec with a forward_fn: the LM head tied to the
-    // embedding) have no layer file, and on one stage no copy either: nothing shows which stages
-    // hold its copies at pp > 1.
-    for (const std::vector<std::string>& group : facts.groups) {
-      for (const std::string& name : group) {
-        if (const std::string key = TiedKey(name); !key.empty()) {
-          return Status::Unsupported(
-              "deepspeed: pp=" + std::to_string(pp) + ": tied module \"" + key +
-              "\" in a tag saved at pp=1, where its uses past the first have no layer file: the "
-              "stages holding its copies at pp=" +
-              std::to_string(pp) + " are unknown");
-        }
-      }
-    }
-  }
+  UCP_RETURN_IF_ERROR(RefuseTiedFromOneStage(facts, pp));
   UCP_ASSIGN_OR_RETURN(const PipelineLayers layers, ReadPipelineLayers(index, facts));
   const uint32_t source_pp = static_cast<uint32_t>(facts.stages.size());
   std::vector<uint32_t> source;
