@@ -21,8 +21,10 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
 if (($# == 0)) && [[ -n "$(ls tests/fuzz/*_fuzz.cc 2>/dev/null)" && "${UCP_SKIP_FUZZ:-0}" != 1 ]]
 then
   fuzz_dir=${FUZZ_BUILD_DIR:-build-fuzz}
+  # Only the targets (and ucp_core, which they link): the preload and the CLI are not fuzzed.
+  mapfile -t fuzz_targets < <(basename -s .cc tests/fuzz/*_fuzz.cc)
   CC=clang CXX=clang++ BUILD_DIR=$fuzz_dir tools/build.sh -DUCP_WERROR=OFF -DUCP_BUILD_TESTS=OFF \
-    -DUCP_BUILD_FUZZ=ON -DUCP_FUZZ_SECONDS="${UCP_FUZZ_SECONDS:-30}"
+    -DUCP_BUILD_FUZZ=ON -DUCP_FUZZ_SECONDS="${UCP_FUZZ_SECONDS:-30}" "${fuzz_targets[@]}"
   # One target per core: each fuzzes single-threaded for its own UCP_FUZZ_SECONDS.
   ctest --test-dir "$fuzz_dir" --output-on-failure -L fuzz -j "$(nproc)"
 fi
