@@ -311,7 +311,8 @@ Status RefuseModelParallel(const TorchArchiveReader& model, int64_t mp) {
   return Status::Unsupported(Prefix(model.path()) + what);
 }
 
-// Refusals by file name: ZeRO-3, pipeline and tensor-parallel tags.
+// Refusals by file name: ZeRO-3 tags and pipelines with layer files (a tag of several model
+// states is refused by RefuseModelParallel, which reads them).
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
