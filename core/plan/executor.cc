@@ -17,6 +17,7 @@
 #include "core/format/crc32.h"
 #include "core/format/safetensors_writer.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/format/zip_reader.h"
 #include "core/io/byte_run.h"
 #include "core/io/checked_source.h"
 #include "core/io/fault_injection.h"
@@ -71,6 +72,55 @@ class Execution {
     return Status::Ok();
   }
 
+  // Reads the record directories of `files` (sources opened by OpenSources) that are zip
+  // archives, so that a storage which is one whole record of one of them moves unseen with that
+  // record's CRC-32 (UnchangedRecordCrc). A file that does not open as a zip archive (safetensors,
+  // damaged headers) has no records here: its bytes are read and checked as the plan reads them.
+  // Where the file has chunk hashes, the bytes from its last record's data to its end (the
+  // central directory the CRCs come from) are checked against them first.
+  Status LoadRecordCrcs(const std::set<uint32_t>& files, const std::string& tag_dir) {
+    record_crcs_.resize(index_.files().size());
+    for (const uint32_t f : files) {
+      const IndexedFile& indexed = index_.files()[f];
+      UCP_ASSIGN_OR_RETURN(File again, File::OpenBeneath(tag_dir, indexed.path));
+      Result<ZipReader> zip = ZipReader::Open(std::move(again), ZipReader::Limits{});
+      if (!zip.ok()) continue;
+      uint64_t directory = 0;
+      for (const ZipRecord& record : zip->records()) {
+        directory = std::max(directory, record.data_offset + record.size);
+      }
+      if (checked_[f] != nullptr && directory < indexed.size) {
+        std::vector<std::byte> buffer(
+            std::min<uint64_t>(options_.chunk_bytes, indexed.size - directory));
+        ChunkCache cache;
+        for (uint64_t at = directory; at < indexed.size;) {
+          const uint64_t n = std::min<uint64_t>(buffer.size(), indexed.size - at);
+          UCP_RETURN_IF_ERROR(checked_[f]->ReadAt(at, std::span(buffer.data(), n), cache));
+          at += n;
+        }
+      }
+      for (const ZipRecord& record : zip->records()) {
+        record_crcs_[f][record.data_offset] = {record.size, record.crc32};
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The CRC-32 of the source record whose data `segments` are, whole and unchanged (one segment,
+  // not widened, exactly a record's data in a file LoadRecordCrcs read); nullopt otherwise.
+  std::optional<uint32_t> UnchangedRecordCrc(const std::vector<Segment>& segments) const {
+    if (segments.size() != 1) return std::nullopt;
+    const Segment& segment = segments.front();
+    if (segment.zero_fill() || segment.widen_bf16 || segment.file >= record_crcs_.size()) {
+      return std::nullopt;
+    }
+    const auto record = record_crcs_[segment.file].find(segment.offset);
+    if (record == record_crcs_[segment.file].end() || record->second.size != segment.length) {
+      return std::nullopt;
+    }
+    return record->second.crc32;
+  }
+
   std::vector<ByteRun> Runs(const std::vector<Segment>& segments) const {
     std::vector<ByteRun> runs;
     runs.reserve(segments.size());
@@ -107,7 +157,13 @@ class Execution {
     UCP_ASSIGN_OR_RETURN(TorchArchiveWriter writer,
                          TorchArchiveWriter::Create(OutPath(output.path), writer_options));
     for (const OutputStorage& storage : output.storages) {
-      UCP_RETURN_IF_ERROR(writer.AddStorageFromRuns(storage.key, Runs(storage.segments)));
+      if (const std::optional<uint32_t> crc = UnchangedRecordCrc(storage.segments)) {
+        const Segment& record = storage.segments.front();
+        UCP_RETURN_IF_ERROR(writer.AddStorageFromFile(storage.key, sources_[record.file],
+                                                      record.offset, record.length, crc));
+      } else {
+        UCP_RETURN_IF_ERROR(writer.AddStorageFromRuns(storage.key, Runs(storage.segments)));
+      }
     }
     return writer.Finish(output.graph.root()).status();
   }
@@ -149,8 +205,7 @@ class Execution {
     const std::string temp = path + ".ucp-tmp-" + std::to_string(::getpid()) + "-" +
                              std::to_string(counter.fetch_add(1));
     UCP_ASSIGN_OR_RETURN(File out, File::Open(temp, File::Mode::kCreateExclusive));
-    Status status = checked_[output.file] != nullptr ? CopyChecked(output.file, out, size)
-                                                     : CopyUnseen(source, out, size);
+    Status status = CopyUnseen(source, 0, out, 0, size);
     if (status.ok() && options_.sync) status = out.Sync();
     if (status.ok()) status = out.Close();
     if (status.ok()) status = RenameFile(temp, path);
@@ -161,24 +216,23 @@ class Execution {
     return status.WithContext("execute plan: copy " + source.path() + " to " + path);
   }
 
-  // copy_file_range (a reflink where the file system has one): the bytes never pass through
-  // this process, so only a source checked whole beforehand may be copied this way.
-  Status CopyUnseen(const File& source, File& out, uint64_t size) {
+  // Bytes [offset, offset + size) of `source` to `out` at `at` with copy_file_range (a reflink
+  // where the file system has one): the bytes never pass through this process, so they are not
+  // checked against the source's chunk hashes; whole files and whole zip records, whose CRC-32s
+  // travel with them, move this way.
+  Status CopyUnseen(const File& source, uint64_t offset, File& out, uint64_t at, uint64_t size) {
     for (uint64_t done = 0; done < size;) {
       const uint64_t n = std::min(size - done, kCopyProgressStep);
-      UCP_RETURN_IF_ERROR(CopyRange(source, done, out, done, n));
+      UCP_RETURN_IF_ERROR(CopyRange(source, offset + done, out, at + done, n));
       Progress(n);
       done += n;
     }
     return Status::Ok();
   }
 
-  // Through a buffer, every chunk checked against its hash as it passes.
-  Status CopyChecked(uint32_t file, File& out, uint64_t size) {
-    const ByteRun run{&sources_[file], 0, size, checked_[file].get()};
-    std::unique_ptr<std::byte[]> buffer(new std::byte[options_.chunk_bytes]);
-    return WriteRuns(std::span(&run, 1), out, 0, std::span(buffer.get(), options_.chunk_bytes),
-                     [this](uint64_t bytes) { Progress(bytes); });
+  // Bytes [lo, hi) of a storage that is one whole source record (UnchangedRecordCrc), unseen.
+  Status CopyRecordPiece(const Segment& record, uint64_t lo, uint64_t hi, File& out, uint64_t at) {
+    return CopyUnseen(sources_[record.file], record.offset + lo, out, at, hi - lo);
   }
 
   Status Write(const TextOutput& output) {
@@ -192,6 +246,12 @@ class Execution {
   const uint64_t total_;
   std::vector<File> sources_;  // by index file number; open only where the plan reads
   std::vector<std::unique_ptr<CheckedSource>> checked_;  // by file number; where it has chunks
+  struct RecordCrc {
+    uint64_t size;
+    uint32_t crc32;
+  };
+  // By file number, then by the data offset of each record (LoadRecordCrcs).
+  std::vector<std::map<uint64_t, RecordCrc>> record_crcs_;
   std::mutex progress_mutex_;
   uint64_t done_ = 0;
 };
@@ -225,6 +285,14 @@ Status CheckSegments(const std::vector<Segment>& segments, const AtomIndex& inde
     used.insert(segment.file);
   }
   return Status::Ok();
+}
+
+// Adds the source file of `segments` to `files` where they are one plain segment: a storage that
+// may be a whole source record, copied unchanged (Execution::UnchangedRecordCrc).
+void AddRecordSource(const std::vector<Segment>& segments, std::set<uint32_t>& files) {
+  if (segments.size() == 1 && !segments.front().zero_fill() && !segments.front().widen_bf16) {
+    files.insert(segments.front().file);
+  }
 }
 
 }  // namespace
@@ -383,6 +451,7 @@ Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
   };
   std::vector<Piece> pieces;
   std::set<uint32_t> used;
+  std::set<uint32_t> record_sources;
   uint64_t bytes = 0;
   uint64_t start = 0;
   for (const OutputStorage* storage : StoragesByKey(archive)) {
@@ -392,6 +461,7 @@ Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
     if (lo < hi) {
       UCP_RETURN_IF_ERROR(
           CheckSegments(storage->segments, index, where + " storage " + storage->key, used));
+      AddRecordSource(storage->segments, record_sources);
       pieces.push_back({storage, lo - start, hi - start});
       bytes += hi - lo;
     }
@@ -412,12 +482,21 @@ Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
   const std::string out_dir = Parent(parts_path);
   Execution execution(index, out_dir, options, bytes);
   UCP_RETURN_IF_ERROR(execution.OpenSources(used, tag_dir));
+  UCP_RETURN_IF_ERROR(execution.LoadRecordCrcs(record_sources, tag_dir).WithContext(where));
   std::vector<StoragePieceCrc> crcs;
   for (const Piece& piece : pieces) {
+    const uint64_t at = data_offsets.at(piece.storage->key) + piece.lo;
+    if (const std::optional<uint32_t> record_crc =
+            execution.UnchangedRecordCrc(piece.storage->segments)) {
+      const Status copied =
+          execution.CopyRecordPiece(piece.storage->segments.front(), piece.lo, piece.hi, *file, at);
+      if (!copied.ok()) return copied.WithContext(where + " storage " + piece.storage->key);
+      crcs.push_back({piece.storage->key, piece.lo, piece.hi - piece.lo, *record_crc, true});
+      continue;
+    }
     const std::vector<ByteRun> runs =
         execution.Runs(SliceSegments(piece.storage->segments, piece.lo, piece.hi));
-    Result<uint32_t> crc =
-        execution.WritePiece(runs, *file, data_offsets.at(piece.storage->key) + piece.lo);
+    Result<uint32_t> crc = execution.WritePiece(runs, *file, at);
     if (!crc.ok()) return crc.status().WithContext(where + " storage " + piece.storage->key);
     crcs.push_back({piece.storage->key, piece.lo, piece.hi - piece.lo, *crc});
   }
@@ -443,9 +522,19 @@ Status FinishArchiveParts(const ArchiveOutput& archive, std::span<const StorageP
   for (const auto& [key, size] : sizes) {
     uint64_t covered = 0;
     uint32_t crc = 0;
+    std::optional<uint32_t> record_crc;  // every piece's, where the pieces copied a record
+    size_t record_pieces = 0;
     for (const auto& [offset, piece] : by_storage[key]) {
       if (offset != covered) break;
       crc = Crc32Combine(crc, piece->crc32, piece->length);
+      if (piece->record_crc) {
+        if (record_crc.value_or(piece->crc32) != piece->crc32) {
+          return Status::FailedPrecondition(where + ": storage " + key +
+                                            "'s pieces name two CRC-32s of its source record");
+        }
+        record_crc = piece->crc32;
+        ++record_pieces;
+      }
       covered += piece->length;
     }
     if (covered != size) {
@@ -453,7 +542,12 @@ Status FinishArchiveParts(const ArchiveOutput& archive, std::span<const StorageP
                                         std::to_string(size) + " bytes, its parts wrote [0, " +
                                         std::to_string(covered) + ") in one run");
     }
-    crcs[key] = crc;
+    if (record_pieces != 0 && record_pieces != by_storage[key].size()) {
+      return Status::FailedPrecondition(where + ": storage " + key +
+                                        " has pieces copied from a source record and pieces " +
+                                        "written through memory (parts of two builds)");
+    }
+    crcs[key] = record_crc.value_or(crc);
   }
   UCP_ASSIGN_OR_RETURN(File file, File::Open(parts_path, File::Mode::kReadWrite));
   return TorchArchiveWriter::FinishParts(path, PartsWriterOptions(archive, options),
@@ -468,7 +562,7 @@ std::string PieceCrcsText(std::span<const StoragePieceCrc> pieces) {
     char crc[9];
     std::snprintf(crc, sizeof(crc), "%08x", piece.crc32);
     text += piece.key + " " + std::to_string(piece.offset) + " " + std::to_string(piece.length) +
-            " " + crc + "\n";
+            " " + crc + (piece.record_crc ? " record\n" : "\n");
   }
   return text;
 }
@@ -494,12 +588,13 @@ Result<std::vector<StoragePieceCrc>> ParsePieceCrcs(std::string_view text,
           std::from_chars(field.data(), field.data() + field.size(), out, base);
       return !field.empty() && error == std::errc() && rest == field.data() + field.size();
     };
-    if (fields.size() != 4 || fields[0].empty() || !number(fields[1], 10, piece.offset) ||
-        !number(fields[2], 10, piece.length) || fields[3].size() != 8 ||
-        !number(fields[3], 16, piece.crc32)) {
+    piece.record_crc = fields.size() == 5 && fields[4] == "record";
+    if ((fields.size() != 4 && !piece.record_crc) || fields[0].empty() ||
+        !number(fields[1], 10, piece.offset) || !number(fields[2], 10, piece.length) ||
+        fields[3].size() != 8 || !number(fields[3], 16, piece.crc32)) {
       return Status::Corrupt(where + ": line " + std::to_string(line_number) + " \"" +
                              std::string(line.substr(0, 200)) +
-                             "\" is not \"<storage> <offset> <length> <crc32 hex>\"");
+                             "\" is not \"<storage> <offset> <length> <crc32 hex>[ record]\"");
     }
     piece.key = std::string(fields[0]);
     pieces.push_back(std::move(piece));
@@ -516,6 +611,7 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
   std::vector<Task> tasks;
   std::set<std::string> paths;
   std::set<uint32_t> used;
+  std::set<uint32_t> record_sources;
   const auto add_path = [&](const std::string& path) -> Status {
     if (!IsNormalRelativePath(path)) {
       return Status::InvalidArgument("execute plan: output path \"" + path +
@@ -533,6 +629,7 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
       UCP_RETURN_IF_ERROR(CheckSegments(storage.segments, index,
                                         "execute plan: " + output.path + " storage " + storage.key,
                                         used));
+      AddRecordSource(storage.segments, record_sources);
       bytes += SegmentBytes(storage.segments);
     }
     tasks.push_back({bytes, [&output](Execution& e) { return e.Write(output); }});
@@ -567,6 +664,8 @@ Status ExecutePlan(const OutputPlan& plan, const AtomIndex& index, const std::st
 
   Execution execution(index, out_dir, options, plan.DataBytes() + copied);
   UCP_RETURN_IF_ERROR(execution.OpenSources(used, tag_dir));
+  UCP_RETURN_IF_ERROR(
+      execution.LoadRecordCrcs(record_sources, tag_dir).WithContext("execute plan"));
 
   // Directories: create what is missing, remembering what was created so that its entry in its
   // parent can be made durable.

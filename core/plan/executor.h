@@ -1,7 +1,7 @@
 // The reshard executor: writes the files an OutputPlan describes, moving every tensor byte from
-// the source files by ranged reads (copy_file_range where no byte needs to be seen: neither CRC'd
-// nor checked against chunk hashes), through a bounded buffer per worker: memory is
-// O(threads × chunk), never O(file) or O(atom).
+// the source files by ranged reads through a bounded buffer per worker (memory is
+// O(threads × chunk), never O(file) or O(atom)), except bytes copied unchanged with their own
+// CRC-32s: whole files and whole zip records move with copy_file_range, never through memory.
 //
 // An OutputPlan is what an adapter decides a target topology (or an export format) needs:
 // torch archives (an object tree + storages made of Segments), safetensors files (tensors made
@@ -116,7 +116,10 @@ Result<std::optional<uint64_t>> PlannedFileSize(const OutputPlan& plan, const At
 // read; a source shorter than a segment needs is kCorrupt naming the file. A source with chunk
 // hashes in the index has every chunk this call reads checked as it is read (CheckedSource):
 // kCorrupt naming the file, the byte range and the atoms it holds. Sources without them are
-// not checked here: the caller checks them whole first (VerifySources). Each output is written
+// not checked here: the caller checks them whole first (VerifySources). This call does not read
+// what it copies unchanged: a CopyOutput's file, and a storage that is exactly one record of a
+// zip source (one segment, not widened), which keeps the CRC-32 of the source's central
+// directory (whose bytes are checked against the chunk hashes first). Each output is written
 // to a temporary name and renamed, so on failure no output path holds a partial file (outputs
 // already completed stay; the caller writes into a temporary directory when the set must be
 // all-or-nothing).
@@ -138,12 +141,15 @@ struct ArchivePart {
   uint64_t end = 0;
 };
 
-// The CRC-32 of bytes [offset, offset + length) of storage `key`, as a part wrote them.
+// The CRC-32 of bytes [offset, offset + length) of storage `key`, as a part wrote them; or, with
+// `record_crc`, the CRC-32 of the whole storage: it is one source record copied unchanged, whose
+// pieces moved with copy_file_range and whose CRC is the source directory's.
 struct StoragePieceCrc {
   std::string key;
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t crc32 = 0;
+  bool record_crc = false;
   bool operator==(const StoragePieceCrc&) const = default;
 };
 
@@ -154,9 +160,10 @@ Result<std::vector<ArchivePart>> PlanArchiveParts(const ArchiveOutput& archive,
 
 // Writes `part` of `archive` into `parts_path` (created where missing and sized to the whole
 // archive; never truncated), reading the sources of `index` under `tag_dir` as ExecutePlan does
-// (sizes checked, chunk hashes checked as read; only the part's sources opened), then syncs it
-// (options.sync). Returns the CRC-32 of each storage piece written. A part written twice writes
-// the same bytes.
+// (sizes checked, chunk hashes checked as read, a storage that is one source record copied
+// unseen; only the part's sources opened), then syncs it (options.sync). Returns the CRC-32 of
+// each storage piece written (a copied record's: the whole record's, `record_crc`). A part
+// written twice writes the same bytes.
 [[nodiscard]] Result<std::vector<StoragePieceCrc>> ExecuteArchivePart(
     const ArchiveOutput& archive, const ArchivePart& part, const AtomIndex& index,
     const std::string& tag_dir, const std::string& parts_path, const ExecuteOptions& options);
@@ -170,7 +177,8 @@ Result<std::vector<ArchivePart>> PlanArchiveParts(const ArchiveOutput& archive,
                                         const std::string& parts_path, const std::string& out_dir,
                                         const ExecuteOptions& options);
 
-// Pieces as text, a line "<key> <offset> <length> <crc32 hex>" each (what a part's mark holds),
+// Pieces as text, a line "<key> <offset> <length> <crc32 hex>" each, with " record" after it for
+// a record's CRC (what a part's mark holds),
 // and back: kCorrupt naming `where` and the line for anything else.
 std::string PieceCrcsText(std::span<const StoragePieceCrc> pieces);
 Result<std::vector<StoragePieceCrc>> ParsePieceCrcs(std::string_view text,

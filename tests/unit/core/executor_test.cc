@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,10 @@
 #include "core/format/safetensors_reader.h"
 #include "core/format/safetensors_writer.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/format/zip_reader.h"
+#include "core/io/fault_injection.h"
 #include "core/plan/export_plan.h"
+#include "core/util/chunked_xxh3.h"
 #include "test_bytes.h"
 
 namespace ucp {
@@ -308,6 +312,146 @@ TEST_F(ExecutorTest, AnArchiveBuiltInPartsIsTheArchiveBuiltWhole) {
   std::filesystem::resize_file(Tag("src2.bin"), 999'000);
   EXPECT_EQ(ExecuteArchivePart(archive, parts[1], index, tag, parts_path, options).status().code(),
             StatusCode::kCorrupt);
+}
+
+// Counts the bytes ucp's own I/O reads from files whose path ends in `suffix`.
+class ReadCounter : public IoFaultInjector {
+ public:
+  explicit ReadCounter(std::string suffix) : suffix_(std::move(suffix)) {}
+  IoFault Decide(IoPhase, IoOp op, std::string_view path, size_t bytes) noexcept override {
+    if (op == IoOp::kRead && path.ends_with(suffix_)) read_ += bytes;
+    return {};
+  }
+  uint64_t read() const { return read_; }
+
+ private:
+  const std::string suffix_;
+  std::atomic<uint64_t> read_{0};
+};
+
+// A source that is a torch archive: a storage that is one of its records, whole, moves with
+// copy_file_range and keeps the record's CRC-32 from the source's directory, unread; a storage
+// cut from a record is read and checked against the chunk hashes. Built whole or in parts.
+TEST_F(ExecutorTest, ARecordCopiedUnchangedMovesUnseenWithItsSourceCrc) {
+  const std::vector<std::byte> big = testing::Pattern(400'000, 7);
+  const std::vector<std::byte> small = testing::Pattern(40'000, 8);
+  {
+    TorchArchiveWriter::Options options;
+    options.sync = false;
+    TorchArchiveWriter writer = TorchArchiveWriter::Create(Tag("src.pt"), options).value();
+    ASSERT_TRUE(writer.AddStorageFromMemory("0", big).ok());
+    ASSERT_TRUE(writer.AddStorageFromMemory("1", small).ok());
+    pickle::Graph graph;
+    TensorNodeSpec first;
+    first.storage_key = "0";
+    first.storage_numel = first.shape.emplace_back(big.size() / 4);
+    TensorNodeSpec second;
+    second.storage_key = "1";
+    second.storage_numel = second.shape.emplace_back(small.size() / 4);
+    graph.set_root(
+        graph.List({MakeTensorNode(graph, first).value(), MakeTensorNode(graph, second).value()}));
+    ASSERT_TRUE(writer.Finish(graph.root()).ok());
+  }
+  const ZipReader source = ZipReader::Open(Tag("src.pt")).value();
+  const ZipRecord& whole = *source.Get("data/0").value();
+  const ZipRecord& cut = *source.Get("data/1").value();
+  const std::string file = ReadAll(Tag("src.pt"));
+  const auto index_of = [&] {
+    AtomIndexContents c;
+    c.framework = "test";
+    c.adapter = "test";
+    c.tag = "tag";
+    ChunkedXxh3 hash(4096);
+    hash.Update(file.data(), file.size());
+    c.files.push_back({"src.pt", file.size(), hash.Whole(), "data", {}, {}, hash.Chunks()});
+    return AtomIndex::Create(std::move(c)).value();
+  };
+  const AtomIndex index = index_of();
+  OutputPlan plan;
+  plan.archives.push_back(Archive(
+      "out.pt", {{{0, whole.data_offset, whole.size}}, {{0, cut.data_offset, cut.size / 2}}}));
+  const ArchiveOutput& archive = plan.archives[0];
+  ExecuteOptions options;
+  options.sync = false;
+  options.chunk_bytes = 4096;
+  const std::string tag = (root_ / "tag").string();
+  ReadCounter reads("/src.pt");
+  SetIoFaultInjector(&reads);
+  const Status built = ExecutePlan(plan, index, tag, (root_ / "out").string(), options);
+  SetIoFaultInjector(nullptr);
+  ASSERT_TRUE(built.ok()) << built.ToString();
+  // Bytes equal to the archive written from memory, its record CRCs included.
+  {
+    TorchArchiveWriter::Options writer_options;
+    writer_options.archive_name = archive.archive_name;
+    writer_options.sync = false;
+    TorchArchiveWriter writer =
+        TorchArchiveWriter::Create(Expected("out.pt"), writer_options).value();
+    ASSERT_TRUE(writer.AddStorageFromMemory("0", big).ok());
+    const std::span half(small.data(), small.size() / 2);
+    ASSERT_TRUE(writer.AddStorageFromMemory("1", half).ok());
+    ASSERT_TRUE(writer.Finish(archive.graph.root()).ok());
+  }
+  EXPECT_TRUE(ReadAll(Out("out.pt")) == ReadAll(Expected("out.pt")));
+  // The whole record was not read: what was read is the cut record's checked chunks, the zip
+  // headers and the directory's chunks, well under the whole record's 400 000 bytes.
+  EXPECT_LT(reads.read(), whole.size / 2) << reads.read();
+  const ZipReader written = ZipReader::Open(Out("out.pt")).value();
+  EXPECT_EQ(written.Get("data/0").value()->crc32, whole.crc32);
+
+  // In parts cutting the record: its pieces carry the record's CRC, the finished file is the same.
+  const std::string parts_path = Out(".parts.pt");
+  std::vector<StoragePieceCrc> pieces;
+  const std::vector<ArchivePart> parts = PlanArchiveParts(archive, 100'000).value();
+  for (const ArchivePart& part : parts) {
+    const std::vector<StoragePieceCrc> written_part =
+        ExecuteArchivePart(archive, part, index, tag, parts_path, options).value();
+    pieces.insert(pieces.end(), written_part.begin(), written_part.end());
+  }
+  ASSERT_GE(pieces.size(), 4u);
+  for (const StoragePieceCrc& piece : pieces) {
+    EXPECT_EQ(piece.record_crc, piece.key == "0") << piece.key << " " << piece.offset;
+    if (piece.record_crc) {
+      EXPECT_EQ(piece.crc32, whole.crc32);
+    }
+  }
+  const std::vector<StoragePieceCrc> parsed =
+      ParsePieceCrcs(PieceCrcsText(pieces), "marks").value();
+  EXPECT_EQ(parsed, pieces);
+  std::filesystem::create_directories(root_ / "parts");
+  ASSERT_TRUE(
+      FinishArchiveParts(archive, parsed, parts_path, (root_ / "parts").string(), options).ok());
+  EXPECT_TRUE(ReadAll((root_ / "parts" / "out.pt").string()) == ReadAll(Expected("out.pt")));
+  // Pieces of one storage from a record copy and through memory: not one build's.
+  std::vector<StoragePieceCrc> mixed = pieces;
+  mixed.front().record_crc = !mixed.front().record_crc;
+  const Status mix =
+      FinishArchiveParts(archive, mixed, parts_path, (root_ / "parts").string(), options);
+  EXPECT_EQ(mix.code(), StatusCode::kFailedPrecondition) << mix.ToString();
+
+  // Damage in the copied record is not seen here: its source CRC travels with it, so the copy
+  // fails the CRC check torch's or ucp's verifying readers make.
+  const auto damage = [&](uint64_t at) {
+    std::string bytes = file;
+    bytes[at] = static_cast<char>(bytes[at] ^ 1);
+    std::ofstream(Tag("src.pt"), std::ios::binary).write(bytes.data(), bytes.size());
+  };
+  damage(whole.data_offset + 1000);
+  std::filesystem::remove(Out("out.pt"));
+  ASSERT_TRUE(ExecutePlan(plan, index, tag, (root_ / "out").string(), options).ok());
+  const ZipReader damaged = ZipReader::Open(Out("out.pt")).value();
+  EXPECT_EQ(damaged.VerifyCrc(*damaged.Get("data/0").value()).code(), StatusCode::kCorrupt);
+  // Damage in the bytes read, or in the directory the CRCs come from (the "version made by" of
+  // its first entry, which the zip reader does not look at): kCorrupt, nothing written.
+  const size_t directory = file.find("PK\1\2", cut.data_offset + cut.size);
+  ASSERT_NE(directory, std::string::npos);
+  for (const uint64_t at : {cut.data_offset + 10, directory + 4}) {
+    damage(at);
+    std::filesystem::remove(Out("out.pt"));
+    const Status status = ExecutePlan(plan, index, tag, (root_ / "out").string(), options);
+    EXPECT_EQ(status.code(), StatusCode::kCorrupt) << at << " " << status.ToString();
+    EXPECT_FALSE(std::filesystem::exists(Out("out.pt")));
+  }
 }
 
 TEST_F(ExecutorTest, ShortSourceIsCorruptAndNothingIsWritten) {
