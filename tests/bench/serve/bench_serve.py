@@ -35,7 +35,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GENERATOR = os.path.join(HERE, '..', 'reshard', 'gen_ds_zero.py')
-PYTHON = '/usr/bin/python3'
+# The interpreter of the generator (it needs torch) and the loaders; UCP_BENCH_PYTHON names another
+# (a machine whose torch is not Debian's, such as a lent GPU machine's).
+PYTHON = os.environ.get('UCP_BENCH_PYTHON', '/usr/bin/python3')
 TAG = 'global_step5'
 GB = 1e9
 # The system calls that ask a file system's metadata server (strace -e trace=...).

@@ -7,7 +7,8 @@
 # PROCS (default 8,16), REPS (default 2), PRESET (default gpt2; tiny for a quick look), METADATA=1
 # (each rank under strace: its metadata operations on the view instead of timings), PART_KB
 # (comma-separated UCP_BUILD_PART_KB values, "default" for unset: a row each), MODEL_ONLY=1 (each
-# rank reads the model states alone, under UCP_CACHE_DIR).
+# rank reads the model states alone, under UCP_CACHE_DIR), UCP_BENCH_PYTHON (the generator's and
+# the loaders' interpreter, default /usr/bin/python3).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
