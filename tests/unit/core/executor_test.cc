@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -329,6 +330,29 @@ class ReadCounter : public IoFaultInjector {
   std::atomic<uint64_t> read_{0};
 };
 
+// Fails or shortens the kernel copies of `record_bytes` (the copy of a whole record asks for all
+// of it at once; no other write of the test is that large): `error`, else a tenth of the ask.
+class CopyFault : public IoFaultInjector {
+ public:
+  CopyFault(uint64_t record_bytes, int error) : record_bytes_(record_bytes), error_(error) {}
+  IoFault Decide(IoPhase, IoOp op, std::string_view, size_t bytes) noexcept override {
+    if (op != IoOp::kWrite || bytes != record_bytes_ || fired_.exchange(1) != 0) return {};
+    IoFault fault;
+    if (error_ != 0) {
+      fault.error = error_;
+    } else {
+      fault.max_bytes = bytes / 10;
+    }
+    return fault;
+  }
+  uint64_t fired() const { return fired_; }
+
+ private:
+  const uint64_t record_bytes_;
+  const int error_;
+  std::atomic<uint64_t> fired_{0};
+};
+
 // A source that is a torch archive: a storage that is one of its records, whole, moves with
 // copy_file_range and keeps the record's CRC-32 from the source's directory, unread; a storage
 // cut from a record is read and checked against the chunk hashes. Built whole or in parts.
@@ -428,6 +452,25 @@ TEST_F(ExecutorTest, ARecordCopiedUnchangedMovesUnseenWithItsSourceCrc) {
   const Status mix =
       FinishArchiveParts(archive, mixed, parts_path, (root_ / "parts").string(), options);
   EXPECT_EQ(mix.code(), StatusCode::kFailedPrecondition) << mix.ToString();
+
+  // The kernel copy moving less than asked, or refusing (EXDEV: another file system; the copy
+  // falls back to reads and writes), gives the same file; ENOSPC fails and leaves nothing.
+  for (const int error : {0, EXDEV, ENOSPC}) {
+    CopyFault fault(whole.size, error);
+    SetIoFaultInjector(&fault);
+    std::filesystem::remove(Out("out.pt"));
+    const Status status = ExecutePlan(plan, index, tag, (root_ / "out").string(), options);
+    SetIoFaultInjector(nullptr);
+    EXPECT_GT(fault.fired(), 0u) << error;
+    if (error == ENOSPC) {
+      EXPECT_EQ(status.code(), StatusCode::kIoError) << status.ToString();
+      EXPECT_THAT(status.message(), HasSubstr("copy_file_range"));
+      EXPECT_EQ(OutEntries(), std::vector<std::string>{}) << error;
+    } else {
+      ASSERT_TRUE(status.ok()) << error << " " << status.ToString();
+      EXPECT_TRUE(ReadAll(Out("out.pt")) == ReadAll(Expected("out.pt"))) << error;
+    }
+  }
 
   // Damage in the copied record is not seen here: its source CRC travels with it, so the copy
   // fails the CRC check torch's or ucp's verifying readers make.
