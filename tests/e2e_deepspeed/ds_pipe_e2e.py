@@ -49,12 +49,12 @@ import sys
 import ds_e2e
 from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'deepspeed'))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
 import harness  # noqa: E402
 
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Model:

@@ -380,17 +380,14 @@ TEST_F(ExecutorTest, ARecordCopiedUnchangedMovesUnseenWithItsSourceCrc) {
   const ZipRecord& whole = *source.Get("data/0").value();
   const ZipRecord& cut = *source.Get("data/1").value();
   const std::string file = ReadAll(Tag("src.pt"));
-  const auto index_of = [&] {
-    AtomIndexContents c;
-    c.framework = "test";
-    c.adapter = "test";
-    c.tag = "tag";
-    ChunkedXxh3 hash(4096);
-    hash.Update(file.data(), file.size());
-    c.files.push_back({"src.pt", file.size(), hash.Whole(), "data", {}, {}, hash.Chunks()});
-    return AtomIndex::Create(std::move(c)).value();
-  };
-  const AtomIndex index = index_of();
+  AtomIndexContents contents;
+  contents.framework = "test";
+  contents.adapter = "test";
+  contents.tag = "tag";
+  ChunkedXxh3 hash(4096);
+  hash.Update(file.data(), file.size());
+  contents.files.push_back({"src.pt", file.size(), hash.Whole(), "data", {}, {}, hash.Chunks()});
+  const AtomIndex index = AtomIndex::Create(std::move(contents)).value();
   OutputPlan plan;
   plan.archives.push_back(Archive(
       "out.pt", {{{0, whole.data_offset, whole.size}}, {{0, cut.data_offset, cut.size / 2}}}));
