@@ -1,26 +1,35 @@
 #!/usr/bin/env python3
 """Real DeepSpeed-MoE end to end under LD_PRELOAD=libucp.so (CPU, gloo).
 
-train_moe.py of ../shared/tools/deepspeed-cpu: train.py's model with each block's MLP a
-deepspeed.moe.layer.MoE of 4 experts at expert-parallel size 2 (top-1, no token dropping, no
-random gating: the function does not depend on the layout), ZeRO-2, fp32, a fixed global batch.
-Saved at DP=4, resumed at DP=2, where DeepSpeed refuses the plain load ("used a DP world size of
-4 but the current world size is 2") and has no universal path (ds_to_universal fails on MoE
-tags). One CTest test per step, sharing WORK:
+--model moe (the default): train_moe.py of ../shared/tools/deepspeed-cpu, train.py's model with
+each block's MLP a deepspeed.moe.layer.MoE of 4 experts at expert-parallel size 2 (top-1, no
+token dropping, no random gating: the function does not depend on the layout), ZeRO-2, fp32, a
+fixed global batch. Saved at DP=4, resumed at DP=2, where DeepSpeed refuses the plain load ("used
+a DP world size of 4 but the current world size is 2") and has no universal path (ds_to_universal
+fails on MoE tags).
 
-  save     DP=4 without and with the preload: steps 1..STEPS, saves tag global_step<SAVE_AT>;
-           under the preload the save must leave a committed index, DeepSpeed's files byte for
-           byte those of the run without it, and the same losses.
-  preload  the plain load_checkpoint at DP=2 under the preload, steps SAVE_AT+1..STEPS. With no
-           DeepSpeed oracle, the losses are held to the uninterrupted DP=4 run's within
-           TOLERANCE, and the served files must be the bytes `ucp reshard --to dp=2` writes.
-  preload_ep1  the same at DP=2 with the trainer at expert-parallel size 1 (every rank holds all
-           4 experts), stated only on its command line as Megatron-LM's
+--model pipe: the MoE layers in a PipelineModule (train_moe_pipe.py beside this file: 4 MoE
+blocks of 4 experts over 2 stages, ZeRO-1 fp32; each stage writes its own model states, expert
+files numbered from layer 0 and optimizer files, as mp rank <stage>). Saved at PP=2 x DP=2 with
+E=2, resumed at PP=2 x DP=1 with E=1, told by UCP_TOPOLOGY=pp=2,ep=1.
+
+One CTest test per step, sharing WORK/<model>:
+
+  save     at the save topology without and with the preload: steps 1..STEPS, saves tag
+           global_step<SAVE_AT>; under the preload the save must leave a committed index,
+           DeepSpeed's files byte for byte those of the run without it, and the same losses.
+  preload  the plain load_checkpoint at the resume topology under the preload, steps
+           SAVE_AT+1..STEPS. With no DeepSpeed oracle, the losses are held to the uninterrupted
+           run's within TOLERANCE, and the served files must be the bytes `ucp reshard` writes
+           for that target. For the pipeline, `ucp reshard` of those files back to the save
+           topology must give the saved files, every object and tensor (a round trip).
+  preload_ep1  (moe) the same at DP=2 with the trainer at expert-parallel size 1 (every rank
+           holds all 4 experts), stated only on its command line as Megatron-LM's
            --expert-model-parallel-size 1 (megatron_args.py): ucp's log must name it as the
            evidence; served files `ucp reshard --to dp=2,ep=1`'s.
 
-Usage: ds_moe_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
-                      [--required]
+Usage: ds_moe_e2e.py STEP [--model moe|pipe] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+                      --deepspeed VERSION [--required]
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -32,37 +41,64 @@ import sys
 import ds_e2e
 from ds_e2e import fail, log_tail, losses, preload_env, print_losses
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
+import harness  # noqa: E402
+
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
-SAVE_DP, RESUME_DP = 4, 2
-SAVE_EP = 2
-TRAINER = ['train_moe.py', '--stage', '2', '--experts', '4', '--k', '1']
-# |Δloss| allowed against the uninterrupted DP=4 run: float32 summation over 2 against 4 partial
+# |Δloss| allowed against the uninterrupted run: float32 summation over 2 against 4 partial
 # gradients (the fixtures' uninterrupted DP=4 and DP=2 runs differ by up to 4.8e-7).
 TOLERANCE = 1e-5
 
 
-MEGATRON_ARGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'megatron_args.py')
+class Model:
+    """A trainer; its (pp, dp, ep) at the save and at the resume (ep None: the save's, not told
+    to ucp); the UCP_TOPOLOGY that tells the resume its target (None: nothing)."""
+
+    def __init__(self, trainer, save, resume, topology):
+        self.trainer, self.save, self.resume, self.topology = trainer, save, resume, topology
+
+
+MODELS = {
+    'moe': Model(['train_moe.py', '--stage', '2', '--experts', '4', '--k', '1'], (1, 4, 2),
+                 (1, 2, None), None),
+    'pipe': Model([os.path.join(HERE, 'train_moe_pipe.py')], (2, 2, 2), (2, 1, 1), 'pp=2,ep=1'),
+}
+
+MEGATRON_ARGS = os.path.join(HERE, 'megatron_args.py')
 EP_FLAG = '--expert-model-parallel-size'
 
 
-def launch(args, env, nproc, name, extra, ep=None):
-    """train_moe.py at `nproc` ranks: at SAVE_EP, or with `ep` given as Megatron's flag."""
-    trainer = TRAINER + ['--ep', str(SAVE_EP)] if ep is None else \
-        [MEGATRON_ARGS] + TRAINER + [EP_FLAG, str(ep)]
-    command = [sys.executable, 'launch.py', str(nproc), ds_e2e.PORT] + trainer + \
+def launch(args, env, topology, name, extra, ep_flag=False):
+    """The model's trainer at `topology` (pp, dp, ep; ep None: the save's), given its
+    expert-parallel size as --ep or, with ep_flag, as Megatron's flag."""
+    model = MODELS[args.model]
+    pp, dp, ep = topology
+    ep = model.save[2] if ep is None else ep
+    trainer = [MEGATRON_ARGS] + model.trainer + [EP_FLAG, str(ep)] if ep_flag else \
+        model.trainer + ['--ep', str(ep)]
+    if args.model == 'pipe':
+        trainer += ['--pp', str(pp)]
+    command = [sys.executable, 'launch.py', str(pp * dp), ds_e2e.PORT] + trainer + \
         ['--steps', str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
     return ds_e2e.run_past_flakes(
         lambda: ds_e2e.run_launcher(command, args.tools, env, os.path.join(args.work, name + '.log')),
         STEPS, ds_e2e.save_dir_of(extra))
 
 
+def where(topology):
+    pp, dp, ep = topology
+    return (f'PP={pp} x ' if pp > 1 else '') + f'DP={dp}' + ('' if ep is None else f' at E={ep}')
+
+
 def step_save(args, env):
+    save = MODELS[args.model].save
+
     def run(name, run_env, save_dir):
-        return launch(args, run_env, SAVE_DP, name,
-                      ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+        return launch(args, run_env, save, name, ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
     tag_dir, _, files = ds_e2e.save_with_and_without_preload(
-        args, env, args.work, f'DP={SAVE_DP} MoE', run)
+        args, env, args.work, f'{where(save)} MoE', run)
     if not any(n.startswith('layer_0_expert_') for n in files):
         fail(f'no expert files among {files}')
     inspect = subprocess.run([args.ucp, 'inspect', tag_dir], capture_output=True, text=True)
@@ -73,19 +109,51 @@ def step_save(args, env):
           f'the run without the preload')
 
 
+def reshard(args, tag_dir, to, name):
+    """`ucp reshard` of tag_dir to `to` into WORK/<name>; the resharded tag's directory."""
+    out = os.path.join(args.work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run([args.ucp, 'reshard', tag_dir, '--to', to, '--out', out], check=True,
+                   stdout=subprocess.DEVNULL)
+    return os.path.join(out, TAG)
+
+
+def check_round_trip(args, resharded):
+    """`ucp reshard` of the served topology's files back to the save's gives the saved files."""
+    pp, dp, ep = MODELS[args.model].save
+    back = reshard(args, resharded, f'dp={dp},ep={ep}', 'round_trip')
+    saved = os.path.join(args.work, 'ckpt', TAG)
+    names = sorted(n for n in os.listdir(saved) if n.endswith('.pt'))
+    if sorted(n for n in os.listdir(back) if n.endswith('.pt')) != names:
+        fail(f'the round trip wrote {sorted(os.listdir(back))}, the save {names}')
+    report = harness.Report('round trip')
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(saved, name), os.path.join(back, name)),
+                     name)
+    if report.failures:
+        fail(f'the round trip differs from the save in {len(report.failures)} places')
+    print(f'round trip {where(MODELS[args.model].resume)} -> {where((pp, dp, ep))}: '
+          f'{len(names)} files, every object and tensor the saved ones')
+
+
 def step_preload(args, env, ep=None):
-    """The resume at DP=2 under the preload; with `ep`, at that expert-parallel size."""
+    """The resume at the model's resume topology under the preload; with `ep`, at that
+    expert-parallel size, told only by the trainer's Megatron flag."""
     work = args.work
+    model = MODELS[args.model]
+    resume = model.resume if ep is None else model.resume[:2] + (ep,)
     name = 'preload' if ep is None else f'preload_ep{ep}'
     logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
-    status, seconds, output = launch(args, preload_env(env, args.lib, logs), RESUME_DP, name,
-                                     ['--load_dir', os.path.join(work, 'ckpt')], ep)
-    where = f'DP={RESUME_DP}' + ('' if ep is None else f' and expert-parallel size {ep}')
+    run_env = preload_env(env, args.lib, logs)
+    if model.topology:
+        run_env['UCP_TOPOLOGY'] = model.topology
+    status, seconds, output = launch(args, run_env, resume, name,
+                                     ['--load_dir', os.path.join(work, 'ckpt')], ep is not None)
     if status != 0:
-        fail(f'plain load_checkpoint at {where} under the preload exited {status}:\n'
+        fail(f'plain load_checkpoint at {where(resume)} under the preload exited {status}:\n'
              f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
-    print(f'{where}: plain resume under the preload: {seconds:.1f} s')
+    print(f'{where(resume)}: plain resume under the preload: {seconds:.1f} s')
     if ep is not None:
         said = f'ep={ep} ({EP_FLAG} {ep})'
         logged = ''.join(open(os.path.join(logs, n), errors='replace').read()
@@ -99,19 +167,16 @@ def step_preload(args, env, ep=None):
     if sorted(got) != steps:
         fail(f'resumed steps {sorted(got)}, expected {steps}')
     print_losses('losses preload', got)
-    print_losses(f'losses DP={SAVE_DP} uninterrupted', {s: full[s] for s in steps})
+    print_losses(f'losses {where(model.save)} uninterrupted', {s: full[s] for s in steps})
     worst = max(abs(got[s] - full[s]) for s in steps)
     if worst > TOLERANCE:
         fail(f'max |Δloss| {worst:.3g} against the uninterrupted run exceeds {TOLERANCE}')
-    print(f'max |Δloss| against the uninterrupted DP={SAVE_DP} run: {worst:.3g}')
+    print(f'max |Δloss| against the uninterrupted {where(model.save)} run: {worst:.3g}')
+    pp, dp, told_ep = resume
     view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views',
-                        f'tp1-pp1-dp{RESUME_DP}' + ('' if ep is None else f'-ep{ep}'))
-    to = f'dp={RESUME_DP}' + ('' if ep is None else f',ep={ep}')
-    resharded = os.path.join(work, 'reshard_' + name)
-    shutil.rmtree(resharded, ignore_errors=True)
-    subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to', to, '--out',
-                    resharded], check=True, stdout=subprocess.DEVNULL)
-    resharded = os.path.join(resharded, TAG)
+                        f'tp1-pp{pp}-dp{dp}' + ('' if told_ep is None else f'-ep{told_ep}'))
+    to = f'dp={dp}' + ('' if told_ep is None else f',ep={told_ep}')
+    resharded = reshard(args, os.path.join(work, 'ckpt', TAG), to, 'reshard_' + name)
     # The expert files are the saved ones, passed through; the others are made for the target.
     served = sorted(n for n in os.listdir(resharded)
                     if n.endswith('.pt') and not n.startswith(('layer_', 'expp_')))
@@ -123,17 +188,23 @@ def step_preload(args, env, ep=None):
         if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
             fail(f'{stored} differs from `ucp reshard`\'s {name}')
     print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
+    if args.model == 'pipe':
+        check_round_trip(args, resharded)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('step', choices=['save', 'preload', 'preload_ep1'])
+    parser.add_argument('--model', choices=sorted(MODELS), default='moe')
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
-    if not os.path.isfile(os.path.join(args.tools, TRAINER[0])):
-        ds_e2e.skip(f'no DeepSpeed trainer {TRAINER[0]} at {args.tools}')
+    trainer = MODELS[args.model].trainer[0]
+    if not os.path.isfile(os.path.join(args.tools, trainer)):
+        ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')
+    if args.model == 'pipe' and args.step == 'preload_ep1':
+        fail('preload_ep1 is a step of --model moe')
     env = ds_e2e.trainer_environment(args)
-    args.work = os.path.join(args.work, 'moe')
+    args.work = os.path.join(args.work, 'moe' if args.model == 'moe' else 'moe_' + args.model)
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
         fail(f'no saved checkpoint in {args.work} (run the save step first)')
     {'save': step_save, 'preload': step_preload,

@@ -875,17 +875,25 @@ Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reade
 
 Result<std::vector<const RankFile*>> OptimFilesByRank(const std::string& tag_dir,
                                                       const TagListing& listing, uint32_t dp,
-                                                      const std::string& model) {
+                                                      const std::string& model, uint32_t mp,
+                                                      uint32_t mp_ranks) {
   if (listing.optim.empty()) {
     return Status::NotFound(Prefix(tag_dir) + "no zero_pp_rank_*_optim_states.pt files");
   }
   const std::string& prefix = listing.optim.front().prefix;
   std::vector<const RankFile*> by_rank(dp, nullptr);
   for (const RankFile& entry : listing.optim) {
-    if (entry.mp != 0) {
+    if (entry.mp >= mp_ranks && mp_ranks > 1) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "mp rank " +
+                             std::to_string(entry.mp) + " >= mp_world_size " +
+                             std::to_string(mp_ranks) + " of " + model +
+                             " (a file of another save)");
+    }
+    if (entry.mp >= mp_ranks) {
       return Status::Unsupported(Prefix(tag_dir) + "tp=" + std::to_string(entry.mp + 1) +
                                  ": a tensor-parallel tag (the deepspeed-tp adapter reads it)");
     }
+    if (entry.mp != mp) continue;
     if (entry.prefix != prefix) {
       return Status::Corrupt(Prefix(tag_dir + "/" + entry.name) + "name: prefix \"" + entry.prefix +
                              "\", but " + listing.optim.front().name + " has \"" + prefix +
@@ -900,7 +908,7 @@ Result<std::vector<const RankFile*>> OptimFilesByRank(const std::string& tag_dir
   }
   for (uint32_t r = 0; r < dp; ++r) {
     if (by_rank[r] == nullptr) {
-      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, 0)) +
+      return Status::NotFound(Prefix(tag_dir + "/" + OptimName(prefix, r, mp)) +
                               "not found (dp_world_size " + std::to_string(dp) + " in " + model +
                               ")");
     }

@@ -315,13 +315,15 @@ Status ResizeModuleBuffers(pickle::Graph& graph, const TorchArchiveReader& reade
                            uint32_t target_dp,
                            std::map<std::string, std::vector<Segment>>& replaced);
 
-// The optimizer files of a tag without model parallelism, by DP rank: one per rank < dp, all with
-// one prefix and mp rank 00 (`model`, the model-states file that gives dp, for messages).
-// kNotFound when there is none or a rank's is missing (naming it), kUnsupported for an mp rank
-// above 0 (a tensor-parallel tag), kCorrupt for two prefixes or a rank >= dp.
+// The optimizer files of model-parallel rank `mp` of a tag of `mp_ranks` such ranks (a pipeline's
+// stages; 1 for a tag without model parallelism), by DP rank: one per rank < dp, all with one
+// prefix (`model`, the model-states file that gives dp, for messages). kNotFound when there is
+// none or a rank's is missing (naming it), kUnsupported for an mp rank above 0 of a tag of one (a
+// tensor-parallel tag), kCorrupt for two prefixes, a rank >= dp or an mp rank >= `mp_ranks` > 1.
 Result<std::vector<const RankFile*>> OptimFilesByRank(const std::string& tag_dir,
                                                       const TagListing& listing, uint32_t dp,
-                                                      const std::string& model);
+                                                      const std::string& model, uint32_t mp = 0,
+                                                      uint32_t mp_ranks = 1);
 
 // A model-states file mp_rank_XX_model_states.pt, read.
 struct ModelStates {

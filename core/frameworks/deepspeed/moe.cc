@@ -97,6 +97,8 @@ constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_exp
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
 // AutoEP's checkpoint_format of experts saved one file per expert (ZeRO-1/2).
 constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
+// Bounds the per-stage file lists a corrupt mp_world_size would make.
+constexpr int64_t kMaxStages = int64_t{1} << 16;
 
 // Where an expert parameter's name holds the expert's id: digits [begin, end).
 struct ExpertIdAt {
@@ -139,25 +141,35 @@ std::string WithExpertId(const std::string& name, const ExpertIdAt& at, uint32_t
   return name.substr(0, at.begin) + std::to_string(id) + name.substr(at.end);
 }
 
-// The expert files of a tag.
+// The expert files of a tag's pipeline stage (mp rank; at pp = 1 the tag's).
 struct ExpertFiles {
+  uint32_t mp = 0;
   std::vector<uint32_t> num_experts;              // per MoE layer, from the model states
   std::set<std::pair<uint32_t, uint32_t>> model;  // (layer, global expert) of each file
   std::set<uint32_t> optim;                       // the expp_rank files' expert-parallel ranks
 };
 
+// Stage `mp`'s expert files of a tag of `stages` pipeline stages (`model`: the stage's model
+// states).
 Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
-                                    const TorchArchiveReader& model) {
+                                    const TorchArchiveReader& model, uint32_t mp, uint32_t stages) {
   ExpertFiles files;
+  files.mp = mp;
   UCP_ASSIGN_OR_RETURN(files.num_experts, ReadNumExperts(model));
   const std::vector<int64_t> counts(files.num_experts.begin(), files.num_experts.end());
   for (const std::string& name : listing.expert_files) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
-    if (!parsed || parsed->mp != 0) {
+    if (!parsed || (parsed->mp != 0 && stages == 1)) {
       return Status::Unsupported(Prefix(tag_dir + "/" + name) +
                                  "an expert file of an mp rank above 0: MoE with tensor "
                                  "parallelism is not supported");
     }
+    if (parsed->mp >= stages) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " +
+                             std::to_string(parsed->mp) + " >= mp_world_size " +
+                             std::to_string(stages) + " (a file of another save)");
+    }
+    if (parsed->mp != mp) continue;
     if (parsed->kind == FileKind::kExpertOptimStates) {
       files.optim.insert(parsed->dp);
       continue;
@@ -189,7 +201,7 @@ Status CheckExpertFiles(const std::string& tag_dir, const ExpertFiles& files, ui
     }
     for (uint32_t g = 0; g < files.num_experts[layer]; ++g) {
       if (!files.model.contains({layer, g})) {
-        return Status::NotFound(Prefix(tag_dir + "/" + ExpertModelStatesName(layer, g, 0)) +
+        return Status::NotFound(Prefix(tag_dir + "/" + ExpertModelStatesName(layer, g, files.mp)) +
                                 "not found (num_experts " + ListText(counts) + " in " +
                                 model.path() + ")");
       }
@@ -198,15 +210,16 @@ Status CheckExpertFiles(const std::string& tag_dir, const ExpertFiles& files, ui
   if (files.optim.empty()) return Status::Ok();
   for (uint32_t e = 0; e < ep; ++e) {
     if (!files.optim.contains(e)) {
-      return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(e, 0)) +
+      return Status::NotFound(Prefix(tag_dir + "/" + ExpertOptimName(e, files.mp)) +
                               "not found (the expert-parallel size is " + std::to_string(ep) +
                               " and other expp_rank files are there)");
     }
   }
   if (*files.optim.rbegin() >= ep) {
-    return Status::Corrupt(Prefix(tag_dir + "/" + ExpertOptimName(*files.optim.rbegin(), 0)) +
-                           "an expert-parallel rank beyond the expert-parallel size " +
-                           std::to_string(ep) + " (a file of another save)");
+    return Status::Corrupt(
+        Prefix(tag_dir + "/" + ExpertOptimName(*files.optim.rbegin(), files.mp)) +
+        "an expert-parallel rank beyond the expert-parallel size " + std::to_string(ep) +
+        " (a file of another save)");
   }
   return Status::Ok();
 }
@@ -288,31 +301,37 @@ uint64_t PartitionSize(const OptimStates& os, size_t g) {
   return fp32 + static_cast<uint64_t>(os.group_paddings[g]);
 }
 
-// The refusal of an MoE tag of mp_world_size `mp` > 1, naming the axis where the model states
-// `model` record it (DeepSpeed 0.19's checkpoint_parallel_dimensions: pp_degree, tp_degree); a
-// pipeline with MoE layers writes no layer files (each stage's dense tensors are its model
-// states' module), so only that record tells it from tensor parallelism.
-Status RefuseModelParallel(const TorchArchiveReader& model, int64_t mp) {
+// The pipeline stages of an MoE tag whose model states `model` give mp_world_size `mp`. DeepSpeed
+// 0.19 records the axes (checkpoint_parallel_dimensions: pp_degree, tp_degree); MoE layers in a
+// PipelineModule write no layer files (each stage's dense tensors are its model states' module),
+// so only that record tells a pipeline from tensor parallelism. kUnsupported for tensor
+// parallelism and where the tag does not record the axis (0.14).
+Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
+  if (mp == 1) return 1;
   const auto degree = [&](const char* key) -> int64_t {
     const Value* node = OptionalField(model, std::string("checkpoint_parallel_dimensions/") + key);
     return node != nullptr && node->kind() == Kind::kInt ? node->AsInt64().value_or(0) : 0;
   };
   const int64_t pp = degree("pp_degree");
   const int64_t tp = degree("tp_degree");
-  std::string what = "mp_world_size " + std::to_string(mp) +
-                     ": MoE with tensor or pipeline parallelism is not supported";
-  if (pp > 1) {
-    what = "checkpoint_parallel_dimensions/pp_degree " + std::to_string(pp) +
-           ": MoE layers in a pipeline (PipelineModule) are not supported";
-  } else if (tp > 1) {
-    what = "checkpoint_parallel_dimensions/tp_degree " + std::to_string(tp) +
-           ": MoE with tensor parallelism is not supported";
+  if (tp > 1) {
+    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
+                               std::to_string(tp) +
+                               ": MoE with tensor parallelism is not supported");
   }
-  return Status::Unsupported(Prefix(model.path()) + what);
+  if (pp > 1 && pp == mp && pp <= kMaxStages) return static_cast<uint32_t>(pp);
+  if (pp > 1) {
+    return FieldError(model, "checkpoint_parallel_dimensions/pp_degree",
+                      std::to_string(pp) + ", but mp_world_size is " + std::to_string(mp));
+  }
+  return Status::Unsupported(Prefix(model.path()) + "mp_world_size " + std::to_string(mp) +
+                             ": MoE with tensor or pipeline parallelism, and the tag does not "
+                             "record which (checkpoint_parallel_dimensions, written from "
+                             "DeepSpeed 0.19 on), is not supported");
 }
 
 // Refusals by file name: ZeRO-3 tags and pipelines with layer files (a tag of several model
-// states is refused by RefuseModelParallel, which reads them).
+// states is read by PipelineStages).
 Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   if (!listing.zero3_model_states.empty()) {
     return Status::Unsupported(Prefix(tag_dir) + kZero3Refusal);
@@ -327,87 +346,144 @@ Status RefuseListing(const std::string& tag_dir, const TagListing& listing) {
   return Status::Ok();
 }
 
-// The index's facts PlanReshard needs.
+// The index's facts PlanReshard needs, of one pipeline stage (at pp = 1 the tag's).
 struct IndexFacts {
+  uint32_t mp = 0;  // the stage
   uint32_t dp = 0;
   uint32_t ep = 0;
-  size_t expert_group = 0;
+  size_t expert_group = 0;  // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
-  bool fused = false;                 // AutoEP's fused experts (MoeTag::fused)
-  bool data_before_expert = false;    // the rank order (ExpertRankOrder)
-  std::vector<GroupLayout> groups;    // dense groups as indexed; the expert group: all EP ranks
-  GroupLayout local;                  // the expert group of one EP rank, under local names
-  std::vector<uint32_t> num_experts;  // per MoE layer
+  bool fused = false;               // AutoEP's fused experts (MoeTag::fused)
+  bool data_before_expert = false;  // the rank order (ExpertRankOrder)
+  std::vector<GroupLayout> groups;  // the stage's: dense as indexed; the expert group: all EP ranks
+  GroupLayout local;                // the expert group of one EP rank, under local names
+  std::vector<uint32_t> num_experts;  // per MoE layer of the stage
   uint32_t model_file = 0;
   uint32_t optim_file = 0;
   std::vector<uint32_t> expert_files;  // layer_<L>_expert_<G> files, the same at any E
   std::vector<uint32_t> expp_files;    // expp_rank_<e> files, in e order
 };
 
-Result<IndexFacts> ReadFacts(const AtomIndex& index) {
-  const AtomIndexContents& c = index.contents();
+// A stage's entry of adapter_state (at pp = 1 the state itself): its expert group and experts
+// per MoE layer; a pipeline's also its groups and template files.
+Status ReadStageEntry(const nlohmann::json& entry, bool pipeline, IndexFacts& facts,
+                      size_t& groups) {
   const std::string what = "deepspeed: index adapter_state: ";
-  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedMoeAdapter::kName));
-  const nlohmann::json& state = c.adapter_state;
-  if (!state.is_object() || !state.contains("expert_parallel") ||
-      !state["expert_parallel"].is_number_unsigned() || !state.contains("expert_group") ||
-      !state["expert_group"].is_number_unsigned() || !state.contains("file_prefix") ||
-      !state["file_prefix"].is_string() || !state.contains("optimizer") ||
-      !state["optimizer"].is_string() || !state.contains("num_experts") ||
-      !state["num_experts"].is_array()) {
-    return Status::Corrupt(what +
-                           "expert_parallel, expert_group, num_experts, "
-                           "file_prefix or optimizer missing or mistyped");
+  if (!entry.is_object() || !entry.contains("expert_group") ||
+      !entry["expert_group"].is_number_unsigned() || !entry.contains("num_experts") ||
+      !entry["num_experts"].is_array()) {
+    return Status::Corrupt(what + "expert_group or num_experts missing or mistyped");
   }
-  IndexFacts facts;
-  facts.dp = c.topology.dp;
-  facts.ep = state["expert_parallel"].get<uint32_t>();
-  facts.expert_group = state["expert_group"].get<size_t>();
-  facts.prefix = state["file_prefix"].get<std::string>();
-  facts.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
-  for (const auto& [key, flag] : {std::pair{"fused_experts", &facts.fused},
-                                  std::pair{"data_before_expert", &facts.data_before_expert}}) {
-    if (!state.contains(key)) continue;
-    if (!state[key].is_boolean()) return Status::Corrupt(what + key + ": not a bool");
-    *flag = state[key].get<bool>();
-  }
-  for (const nlohmann::json& n : state["num_experts"]) {
+  facts.expert_group = entry["expert_group"].get<size_t>();
+  for (const nlohmann::json& n : entry["num_experts"]) {
     if (!n.is_number_unsigned() || n.get<uint64_t>() == 0 || n.get<uint64_t>() > kMaxExperts) {
       return Status::Corrupt(what + "num_experts: not a list of expert counts");
     }
     facts.num_experts.push_back(n.get<uint32_t>());
   }
-  if (facts.ep == 0 || facts.dp % facts.ep != 0 || facts.expert_group >= c.groups.size() ||
-      (facts.prefix != "" && facts.prefix != "bf16_")) {
-    return Status::Corrupt(what + "expert_parallel " + std::to_string(facts.ep) +
-                           ", expert_group " + std::to_string(facts.expert_group) +
+  if (!pipeline) return Status::Ok();
+  for (const auto& [key, value] :
+       {std::pair{"model_file", &facts.model_file}, std::pair{"optim_file", &facts.optim_file}}) {
+    if (!entry.contains(key) || !entry[key].is_number_unsigned()) {
+      return Status::Corrupt(what + "stages: " + key + " missing or mistyped");
+    }
+    *value = entry[key].get<uint32_t>();
+  }
+  if (!entry.contains("groups") || !entry["groups"].is_number_unsigned()) {
+    return Status::Corrupt(what + "stages: groups missing or mistyped");
+  }
+  groups = entry["groups"].get<size_t>();
+  return Status::Ok();
+}
+
+// Every stage's facts, in stage order.
+Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
+  const AtomIndexContents& c = index.contents();
+  const std::string what = "deepspeed: index adapter_state: ";
+  UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedMoeAdapter::kName));
+  const nlohmann::json& state = c.adapter_state;
+  if (!state.is_object() || !state.contains("expert_parallel") ||
+      !state["expert_parallel"].is_number_unsigned() || !state.contains("file_prefix") ||
+      !state["file_prefix"].is_string() || !state.contains("optimizer") ||
+      !state["optimizer"].is_string()) {
+    return Status::Corrupt(what + "expert_parallel, file_prefix or optimizer missing or mistyped");
+  }
+  IndexFacts common;
+  common.dp = c.topology.dp;
+  common.ep = state["expert_parallel"].get<uint32_t>();
+  common.prefix = state["file_prefix"].get<std::string>();
+  common.bf16_optimizer = state["optimizer"].get<std::string>() == "BF16_Optimizer";
+  for (const auto& [key, flag] : {std::pair{"fused_experts", &common.fused},
+                                  std::pair{"data_before_expert", &common.data_before_expert}}) {
+    if (!state.contains(key)) continue;
+    if (!state[key].is_boolean()) return Status::Corrupt(what + key + ": not a bool");
+    *flag = state[key].get<bool>();
+  }
+  if (common.ep == 0 || common.dp % common.ep != 0 ||
+      (common.prefix != "" && common.prefix != "bf16_")) {
+    return Status::Corrupt(what + "expert_parallel " + std::to_string(common.ep) +
                            " or file_prefix inconsistent with the index");
   }
+  std::vector<GroupLayout> layouts;
   for (const ParamGroup& group : c.groups) {
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, IndexedLayout(index, group.params));
-    facts.groups.push_back(std::move(layout));
+    layouts.push_back(std::move(layout));
   }
-  // Expert-parallel rank 0's experts come first, and their global ids are their local ones.
-  const GroupLayout& experts = facts.groups[facts.expert_group];
-  const size_t per_rank = experts.names.size() / facts.ep;
-  if (per_rank * facts.ep != experts.names.size()) {
-    return Status::Corrupt("deepspeed: index: an expert group of " +
-                           std::to_string(experts.names.size()) + " parameters over " +
-                           std::to_string(facts.ep) + " expert-parallel ranks");
+  const bool pipeline = state.contains("stages");
+  const uint32_t pp = c.topology.pp;
+  if (pipeline != (pp > 1) ||
+      (pipeline && (!state["stages"].is_array() || state["stages"].size() != pp || common.fused))) {
+    return Status::Corrupt(what + "stages: not one entry per stage of pp " + std::to_string(pp));
   }
-  UCP_ASSIGN_OR_RETURN(
-      facts.local,
-      MakeLayout(std::vector<std::string>(experts.names.begin(), experts.names.begin() + per_rank),
-                 std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
-  UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
-  facts.model_file = templates.model_file;
-  facts.optim_file = templates.optim_file;
-  for (uint32_t f = 0; f < c.files.size(); ++f) {
-    if (c.files[f].role == kExpertStatesRole) facts.expert_files.push_back(f);
-    if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);
+  std::vector<IndexFacts> stages;
+  size_t next_group = 0;
+  for (uint32_t mp = 0; mp < pp; ++mp) {
+    IndexFacts facts = common;
+    facts.mp = mp;
+    size_t groups = layouts.size();
+    UCP_RETURN_IF_ERROR(
+        ReadStageEntry(pipeline ? state["stages"][mp] : state, pipeline, facts, groups));
+    if (!pipeline) {
+      UCP_ASSIGN_OR_RETURN(const StateTemplates templates, StateTemplatesOf(index));
+      facts.model_file = templates.model_file;
+      facts.optim_file = templates.optim_file;
+    }
+    if (groups > layouts.size() - next_group || facts.expert_group >= groups ||
+        facts.model_file >= c.files.size() || facts.optim_file >= c.files.size() ||
+        c.files[facts.model_file].path != ModelStatesName(mp) ||
+        c.files[facts.optim_file].role != kOptimRole) {
+      return Status::Corrupt(what + "stage " + std::to_string(mp) +
+                             ": groups, expert_group or files inconsistent with the index");
+    }
+    facts.groups.assign(layouts.begin() + next_group, layouts.begin() + next_group + groups);
+    next_group += groups;
+    // Expert-parallel rank 0's experts come first, and their global ids are their local ones.
+    const GroupLayout& experts = facts.groups[facts.expert_group];
+    const size_t per_rank = experts.names.size() / facts.ep;
+    if (per_rank * facts.ep != experts.names.size()) {
+      return Status::Corrupt("deepspeed: index: an expert group of " +
+                             std::to_string(experts.names.size()) + " parameters over " +
+                             std::to_string(facts.ep) + " expert-parallel ranks");
+    }
+    UCP_ASSIGN_OR_RETURN(
+        facts.local,
+        MakeLayout(
+            std::vector<std::string>(experts.names.begin(), experts.names.begin() + per_rank),
+            std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
+    for (uint32_t f = 0; f < c.files.size(); ++f) {
+      const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
+      if (!parsed || parsed->mp != mp) continue;
+      if (c.files[f].role == kExpertStatesRole) facts.expert_files.push_back(f);
+      if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);
+    }
+    stages.push_back(std::move(facts));
   }
-  return facts;
+  if (next_group != layouts.size()) {
+    return Status::Corrupt(what + "stages: " + std::to_string(next_group) + " groups, but the " +
+                           "index has " + std::to_string(layouts.size()));
+  }
+  return stages;
 }
 
 // The expert group at expert-parallel size `ep`: one rank's layout under local expert ids, and
@@ -638,25 +714,17 @@ Status CheckNoExpertOptimizer(const AtomIndex& index, const std::string& tag_dir
   return Status::Ok();
 }
 
-// A DeepSpeed-MoE tag as BuildIndex's phases read it.
-struct MoeTag {
-  std::string dir;
+// One pipeline stage of a DeepSpeed-MoE tag as BuildIndex's phases read it (at pp = 1 the tag):
+// its files are those of mp rank `mp`, each one a pp = 1 tag's.
+struct MoeStage {
+  uint32_t mp = 0;
   std::string model_name;
   std::optional<TorchArchiveReader> model;
-  uint32_t dp = 0;
-  uint32_t ep = 0;
-  uint32_t expert_dp = 0;  // dp / ep: the ranks each expert group is partitioned over
-  ExpertRankOrder order;
   size_t groups = 0;
   size_t expert_group = 0;
-  std::string prefix;  // the optimizer files' ("" or "bf16_")
-  // AutoEP (ds_autoep_layers): each expert-parallel rank's experts are rows of fused parameters
-  // ("<experts module>.w1" of n rows), each expert file holding its rows ("….w1.<G>").
-  bool fused = false;
-  std::vector<std::string> experts_modules;  // AutoEP: per MoE layer, its expert_key_prefix
   ExpertFiles experts;
   std::vector<OptimStates> ranks;
-  std::vector<std::string> paths;  // the index's files: model, optimizers, experts, expp
+  uint32_t model_file = 0;  // its model states in MoeTag::paths, then its ranks' optimizer files
   std::map<std::string, const TorchTensor*> module;
   std::deque<TorchArchiveReader> expert_readers;  // a deque: the tensors below point into them
   struct ExpertTensor {
@@ -672,31 +740,51 @@ struct MoeTag {
   Partitioning expert_p;
 };
 
-// Phase 1: the model states, the expert files' names and every rank's optimizer file, with
-// what is refused; the expert group and the expert-parallel size its name gives.
-Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
-  tag.dir = tag_dir;
-  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
-  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
-  tag.model_name = listing.model_states.at(0);
-  UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
-                       TorchArchiveReader::Open(tag_dir + "/" + tag.model_name));
-  const TorchArchiveReader& model = tag.model.emplace(std::move(opened));
+// A DeepSpeed-MoE tag as BuildIndex's phases read it.
+struct MoeTag {
+  std::string dir;
+  uint32_t dp = 0;
+  uint32_t ep = 0;
+  uint32_t expert_dp = 0;  // dp / ep: the ranks each expert group is partitioned over
+  ExpertRankOrder order;
+  std::string prefix;  // the optimizer files' ("" or "bf16_")
+  // AutoEP (ds_autoep_layers): each expert-parallel rank's experts are rows of fused parameters
+  // ("<experts module>.w1" of n rows), each expert file holding its rows ("….w1.<G>").
+  bool fused = false;
+  std::vector<std::string> experts_modules;  // AutoEP: per MoE layer, its expert_key_prefix
+  std::deque<MoeStage> stages;               // a deque: tensors point into its readers
+  std::vector<std::string> paths;  // the index's files: per stage model, optimizers, experts, expp
+};
+
+// Phase 1, per stage: the stage's model states, expert files' names and every rank's optimizer
+// file, with what is refused; the expert group and the expert-parallel size its name gives (the
+// tag's: every stage's must agree).
+Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
+  const std::string& tag_dir = tag.dir;
+  const TorchArchiveReader& model = *stage.model;
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
-  tag.dp = dp;
-  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
-  if (mp != 1 || listing.model_states.size() > 1) return RefuseModelParallel(model, mp);
-  UCP_ASSIGN_OR_RETURN(tag.experts, ListExpertFiles(tag_dir, listing, model));
+  if (stage.mp > 0 && dp != tag.dp) {
+    return FieldError(model, "dp_world_size",
+                      std::to_string(dp) + ", but " + tag.stages.front().model_name + " has " +
+                          std::to_string(tag.dp) + " (a file of another save)");
+  }
+  UCP_ASSIGN_OR_RETURN(stage.experts,
+                       ListExpertFiles(tag_dir, listing, model, stage.mp, tag.stages.size()));
   std::optional<uint32_t> autoep_size;
   if (const Value* autoep = OptionalField(model, kAutoEpLayers);
       autoep != nullptr && autoep->kind() != Kind::kNone) {
+    if (tag.stages.size() > 1) {
+      return Status::Unsupported(Prefix(model.path()) + std::string(kAutoEpLayers) +
+                                 ": AutoEP layers in a pipeline are not supported");
+    }
     tag.fused = true;
-    UCP_ASSIGN_OR_RETURN(autoep_size, ReadAutoEpLayers(model, tag.experts.num_experts, dp,
+    UCP_ASSIGN_OR_RETURN(autoep_size, ReadAutoEpLayers(model, stage.experts.num_experts, dp,
                                                        kAutoEpFileFormat, tag.experts_modules));
   }
 
-  UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> by_rank,
-                       OptimFilesByRank(tag_dir, listing, dp, tag.model_name));
+  UCP_ASSIGN_OR_RETURN(
+      const std::vector<const RankFile*> by_rank,
+      OptimFilesByRank(tag_dir, listing, dp, stage.model_name, stage.mp, tag.stages.size()));
   tag.prefix = by_rank.front()->prefix;
   size_t group_count = 0;
   {
@@ -706,8 +794,8 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
                          IntListField(probe, std::string(kOsd) + "/partition_count"));
     group_count = counts.size();
   }
-  tag.groups = group_count;
-  std::vector<OptimStates>& ranks = tag.ranks;
+  stage.groups = group_count;
+  std::vector<OptimStates>& ranks = stage.ranks;
   for (uint32_t r = 0; r < dp; ++r) {
     UCP_ASSIGN_OR_RETURN(OptimStates os,
                          ReadOptimStates(tag_dir, *by_rank[r], group_count, kZero3Refusal));
@@ -752,6 +840,12 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
       return FieldError(first.reader, field + "/name",
                         "not ep_size_<N> with N dividing dp_world_size " + std::to_string(dp));
     }
+    if (stage.mp > 0 && *size != tag.ep) {
+      return FieldError(first.reader, field + "/name",
+                        "expert-parallel size " + std::to_string(*size) + ", but stage 0's is " +
+                            std::to_string(tag.ep) +
+                            " (MoE layers of several expert-parallel sizes are not supported)");
+    }
     expert_group = g;
     ep = *size;
   }
@@ -759,29 +853,76 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
     return FieldError(first.reader, std::string(kOsd) + "/base_optimizer_state/param_groups",
                       "no group with moe True, but the tag holds expert files");
   }
-  UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, tag.experts, ep, model));
+  UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, stage.experts, ep, model));
   tag.ep = ep;
   tag.expert_dp = dp / ep;
   tag.order = {dp, ep, data_before_expert};
-  tag.expert_group = *expert_group;
+  stage.expert_group = *expert_group;
   return Status::Ok();
 }
 
-// Phase 2: the module's tensors and each expert file's, by global name.
-Status ReadExpertTensors(MoeTag& tag) {
+// Phase 1: the model states of every stage (their mp_world_size: the pipeline's stages), then
+// each stage as ReadStage reads it.
+Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
+  tag.dir = tag_dir;
+  UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
+  UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
+  tag.stages.resize(1);
+  // Growing a deque at its end keeps references to its elements.
+  for (uint32_t mp = 0; mp < tag.stages.size(); ++mp) {
+    const auto name = listing.model_states.find(mp);
+    if (name == listing.model_states.end()) {
+      return Status::NotFound(Prefix(tag_dir) + ModelStatesName(mp) +
+                              ": not found (mp_world_size " + std::to_string(tag.stages.size()) +
+                              " in " + tag.stages.front().model_name + ")");
+    }
+    MoeStage& stage = tag.stages[mp];
+    stage.mp = mp;
+    stage.model_name = name->second;
+    UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
+                         TorchArchiveReader::Open(tag_dir + "/" + stage.model_name));
+    const TorchArchiveReader& model = stage.model.emplace(std::move(opened));
+    UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
+    if (mp == 0) {
+      UCP_ASSIGN_OR_RETURN(tag.dp, DpWorldSize(model));
+      UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
+      tag.stages.resize(stages);
+    } else if (mp_world_size != static_cast<int64_t>(tag.stages.size())) {
+      return FieldError(model, "mp_world_size",
+                        std::to_string(mp_world_size) + ", but " + tag.stages.front().model_name +
+                            " has " + std::to_string(tag.stages.size()) +
+                            " (a file of another save)");
+    }
+  }
+  for (const auto& [mp, name] : listing.model_states) {
+    if (mp >= tag.stages.size()) {
+      return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " + std::to_string(mp) +
+                             " >= mp_world_size " + std::to_string(tag.stages.size()) + " of " +
+                             tag.stages.front().model_name + " (a file of another save)");
+    }
+  }
+  for (MoeStage& stage : tag.stages) UCP_RETURN_IF_ERROR(ReadStage(listing, tag, stage));
+  return Status::Ok();
+}
+
+// Phase 2, per stage: the module's tensors and each expert file's, by global name; the stage's
+// files appended to the index's.
+Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
   // Shapes: the module's tensors, and the expert files' (by global name, with their file).
-  const TorchArchiveReader& model = *tag.model;
+  const TorchArchiveReader& model = *stage.model;
   if (const Value* node = OptionalField(model, "module")) {
-    for (const auto& [name, value] : NamedChildren(node)) tag.module[name] = model.TensorAt(value);
+    for (const auto& [name, value] : NamedChildren(node))
+      stage.module[name] = model.TensorAt(value);
   }
   std::vector<std::string>& paths = tag.paths;
-  paths = {tag.model_name};
-  for (const OptimStates& os : tag.ranks) paths.push_back(os.entry.name);
-  for (const auto& [layer, expert] : tag.experts.model) {
-    const std::string name = ExpertModelStatesName(layer, expert, 0);
+  stage.model_file = static_cast<uint32_t>(paths.size());
+  paths.push_back(stage.model_name);
+  for (const OptimStates& os : stage.ranks) paths.push_back(os.entry.name);
+  for (const auto& [layer, expert] : stage.experts.model) {
+    const std::string name = ExpertModelStatesName(layer, expert, stage.mp);
     UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag.dir + "/" + name));
-    tag.expert_readers.push_back(std::move(reader));
-    const TorchArchiveReader& r = tag.expert_readers.back();
+    stage.expert_readers.push_back(std::move(reader));
+    const TorchArchiveReader& r = stage.expert_readers.back();
     const uint32_t file = static_cast<uint32_t>(paths.size());
     paths.push_back(name);
     for (const auto& [param, value] : NamedChildren(r.root())) {
@@ -795,35 +936,36 @@ Status ReadExpertTensors(MoeTag& tag) {
         return FieldError(r, param,
                           "not of MoE layer " + std::to_string(layer) + "'s experts " +
                               tag.experts_modules[layer] + " (ds_autoep_layers of " +
-                              tag.model_name + ")");
+                              stage.model_name + ")");
       }
-      if (const auto [it, added] = tag.moe_layer_of.emplace(module_name, layer);
+      if (const auto [it, added] = stage.moe_layer_of.emplace(module_name, layer);
           !added && it->second != layer) {
         return FieldError(r, param,
                           "MoE module " + module_name + " is layer " + std::to_string(it->second) +
                               " in other expert files");
       }
-      tag.expert_tensors[param] = {tensor, file};
+      stage.expert_tensors[param] = {tensor, file};
     }
   }
-  for (const uint32_t e : tag.experts.optim) paths.push_back(ExpertOptimName(e, 0));
+  for (const uint32_t e : stage.experts.optim) paths.push_back(ExpertOptimName(e, stage.mp));
   return Status::Ok();
 }
 
-// Phase 3: each group's flat layout from the ranks' param_slice_mappings: the dense groups over
-// every rank, the expert group per expert-parallel rank over its expert-data-parallel ranks.
-Status LayOutGroups(MoeTag& tag) {
+// Phase 3, per stage: each group's flat layout from the ranks' param_slice_mappings: the dense
+// groups over every rank, the expert group per expert-parallel rank over its expert-data-parallel
+// ranks.
+Status LayOutGroups(const MoeTag& tag, MoeStage& stage) {
   // A local expert parameter's global name on expert-parallel rank e (nullopt: not an expert's).
   const uint32_t ep = tag.ep;
-  const size_t group_count = tag.groups;
-  const std::vector<OptimStates>& ranks = tag.ranks;
+  const size_t group_count = stage.groups;
+  const std::vector<OptimStates>& ranks = stage.ranks;
   const OptimStates& first = ranks.front();
   const auto global_name = [&](const std::string& local, uint32_t e) -> std::optional<std::string> {
     const std::optional<ExpertIdAt> at = FindExpertId(local);
     if (!at) return std::nullopt;
-    const auto layer = tag.moe_layer_of.find(local.substr(0, at->module_end));
-    if (layer == tag.moe_layer_of.end()) return std::nullopt;
-    const uint32_t per_rank = tag.experts.num_experts[layer->second] / ep;
+    const auto layer = stage.moe_layer_of.find(local.substr(0, at->module_end));
+    if (layer == stage.moe_layer_of.end()) return std::nullopt;
+    const uint32_t per_rank = stage.experts.num_experts[layer->second] / ep;
     if (at->id >= per_rank) return std::nullopt;
     return WithExpertId(local, *at, e * per_rank + at->id);
   };
@@ -836,45 +978,45 @@ Status LayOutGroups(MoeTag& tag) {
   };
   const auto fused_rows = [&](const std::string& local, uint32_t e) -> std::optional<FusedRows> {
     const size_t dot = local.rfind('.');
-    const auto layer = dot == std::string::npos ? tag.moe_layer_of.end()
-                                                : tag.moe_layer_of.find(local.substr(0, dot));
-    if (layer == tag.moe_layer_of.end()) return std::nullopt;
-    const uint32_t per_rank = tag.experts.num_experts[layer->second] / ep;
-    const auto it = tag.expert_tensors.find(local + "." + std::to_string(e * per_rank));
-    if (it == tag.expert_tensors.end()) return std::nullopt;
+    const auto layer = dot == std::string::npos ? stage.moe_layer_of.end()
+                                                : stage.moe_layer_of.find(local.substr(0, dot));
+    if (layer == stage.moe_layer_of.end()) return std::nullopt;
+    const uint32_t per_rank = stage.experts.num_experts[layer->second] / ep;
+    const auto it = stage.expert_tensors.find(local + "." + std::to_string(e * per_rank));
+    if (it == stage.expert_tensors.end()) return std::nullopt;
     return FusedRows{it->second.tensor->shape, e * per_rank, per_rank};
   };
 
   // Layouts: the dense groups over every rank; the expert group per EP rank, over its ranks.
-  std::vector<GroupLayout>& dense = tag.dense;
-  std::vector<Partitioning>& dense_p = tag.dense_p;
+  std::vector<GroupLayout>& dense = stage.dense;
+  std::vector<Partitioning>& dense_p = stage.dense_p;
   dense.resize(group_count);
   dense_p.resize(group_count);
   std::vector<const OptimStates*> all;
   for (const OptimStates& os : ranks) all.push_back(&os);
   for (size_t g = 0; g < group_count; ++g) {
-    if (g == tag.expert_group) continue;
-    UCP_ASSIGN_OR_RETURN(dense[g],
-                         LayoutFromMappings(all, g, PartitionSize(first, g),
-                                            [&](const std::string& name) -> std::optional<Shape> {
-                                              const auto it = tag.module.find(name);
-                                              if (it == tag.module.end() || it->second == nullptr) {
-                                                return std::nullopt;
-                                              }
-                                              return it->second->shape;
-                                            }));
+    if (g == stage.expert_group) continue;
+    UCP_ASSIGN_OR_RETURN(
+        dense[g], LayoutFromMappings(all, g, PartitionSize(first, g),
+                                     [&](const std::string& name) -> std::optional<Shape> {
+                                       const auto it = stage.module.find(name);
+                                       if (it == stage.module.end() || it->second == nullptr) {
+                                         return std::nullopt;
+                                       }
+                                       return it->second->shape;
+                                     }));
     UCP_ASSIGN_OR_RETURN(dense_p[g], Partition(dense[g].total, tag.dp));
   }
-  std::vector<GroupLayout>& local = tag.local;
-  std::vector<GroupLayout>& global = tag.global;
+  std::vector<GroupLayout>& local = stage.local;
+  std::vector<GroupLayout>& global = stage.global;
   local.resize(ep);
   global.resize(ep);
   for (uint32_t e = 0; e < ep; ++e) {
     std::vector<const OptimStates*> members;
     for (uint32_t i = 0; i < tag.expert_dp; ++i) members.push_back(&ranks[tag.order.Rank(e, i)]);
     UCP_ASSIGN_OR_RETURN(
-        local[e], LayoutFromMappings(members, tag.expert_group,
-                                     PartitionSize(*members.front(), tag.expert_group),
+        local[e], LayoutFromMappings(members, stage.expert_group,
+                                     PartitionSize(*members.front(), stage.expert_group),
                                      [&](const std::string& name) -> std::optional<Shape> {
                                        if (tag.fused) {
                                          const std::optional<FusedRows> rows = fused_rows(name, e);
@@ -885,14 +1027,14 @@ Status LayOutGroups(MoeTag& tag) {
                                        }
                                        const std::optional<std::string> g = global_name(name, e);
                                        if (!g) return std::nullopt;
-                                       const auto it = tag.expert_tensors.find(*g);
-                                       if (it == tag.expert_tensors.end()) return std::nullopt;
+                                       const auto it = stage.expert_tensors.find(*g);
+                                       if (it == stage.expert_tensors.end()) return std::nullopt;
                                        return it->second.tensor->shape;
                                      }));
     if (local[e].names != local[0].names || local[e].shapes != local[0].shapes) {
       return FieldError(
           members.front()->reader,
-          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(tag.expert_group),
+          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(stage.expert_group),
           "other local experts than " + ranks[0].entry.name +
               "'s (expert-parallel ranks must hold alike experts)");
     }
@@ -910,8 +1052,8 @@ Status LayOutGroups(MoeTag& tag) {
       const FusedRows rows = *fused_rows(name, e);
       for (uint32_t k = 0; k < rows.count; ++k) {
         names.push_back(name + "." + std::to_string(rows.first + k));
-        const auto it = tag.expert_tensors.find(names.back());
-        if (it == tag.expert_tensors.end() || it->second.tensor->shape != rows.row) {
+        const auto it = stage.expert_tensors.find(names.back());
+        if (it == stage.expert_tensors.end() || it->second.tensor->shape != rows.row) {
           return Status::Corrupt(Prefix(tag.dir) + names.back() + ": no expert file holds it as " +
                                  ShapeText(rows.row) + ", the rows of " + name + " in " +
                                  members.front()->entry.name);
@@ -921,38 +1063,40 @@ Status LayOutGroups(MoeTag& tag) {
     }
     UCP_ASSIGN_OR_RETURN(global[e], MakeLayout(std::move(names), std::move(shapes)));
   }
-  UCP_ASSIGN_OR_RETURN(tag.expert_p, Partition(local[0].total, tag.expert_dp));
+  UCP_ASSIGN_OR_RETURN(stage.expert_p, Partition(local[0].total, tag.expert_dp));
   return Status::Ok();
 }
 
-// Phase 4: every rank's optimizer file against the layouts by DeepSpeed's rules.
-Status CheckRanks(const MoeTag& tag) {
-  const OptimStates& first = tag.ranks.front();
+// Phase 4, per stage: every rank's optimizer file against the layouts by DeepSpeed's rules.
+Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
+  const OptimStates& first = stage.ranks.front();
   std::vector<int64_t> partition_count;
-  for (size_t g = 0; g < tag.groups; ++g) {
-    partition_count.push_back(g == tag.expert_group ? tag.expert_dp : tag.dp);
+  for (size_t g = 0; g < stage.groups; ++g) {
+    partition_count.push_back(g == stage.expert_group ? tag.expert_dp : tag.dp);
   }
   const std::string source = "the param_slice_mappings of " + first.entry.name + "'s save";
+  const OptimStates& tag_first = tag.stages.front().ranks.front();
   for (uint32_t r = 0; r < tag.dp; ++r) {
-    const OptimStates& os = tag.ranks[r];
-    if (os.ds_version != first.ds_version) {
+    const OptimStates& os = stage.ranks[r];
+    if (os.ds_version != tag_first.ds_version) {
       return FieldError(os.reader, std::string(kOsd) + "/ds_version",
-                        "\"" + os.ds_version + "\", but " + first.entry.name + " has \"" +
-                            first.ds_version + "\" (a file of another save)");
+                        "\"" + os.ds_version + "\", but " + tag_first.entry.name + " has \"" +
+                            tag_first.ds_version + "\" (a file of another save)");
     }
     if (os.partition_count != partition_count) {
       return FieldError(os.reader, std::string(kOsd) + "/partition_count",
                         ListText(os.partition_count) + ", expected " + ListText(partition_count) +
-                            " (dp_world_size " + std::to_string(tag.dp) + " in " + tag.model_name +
-                            ", " + std::to_string(tag.ep) + " expert-parallel ranks)");
+                            " (dp_world_size " + std::to_string(tag.dp) + " in " +
+                            stage.model_name + ", " + std::to_string(tag.ep) +
+                            " expert-parallel ranks)");
     }
     std::vector<GroupExpectation> expectations;
-    for (size_t g = 0; g < tag.groups; ++g) {
-      if (g == tag.expert_group) {
+    for (size_t g = 0; g < stage.groups; ++g) {
+      if (g == stage.expert_group) {
         expectations.push_back(
-            {&tag.local[tag.order.ExpertRank(r)], tag.expert_p, tag.order.IndexInGroup(r)});
+            {&stage.local[tag.order.ExpertRank(r)], stage.expert_p, tag.order.IndexInGroup(r)});
       } else {
-        expectations.push_back({&tag.dense[g], tag.dense_p[g], r});
+        expectations.push_back({&stage.dense[g], stage.dense_p[g], r});
       }
     }
     UCP_RETURN_IF_ERROR(CheckOptimGroups(os, first, expectations, false, source));
@@ -960,12 +1104,14 @@ Status CheckRanks(const MoeTag& tag) {
   return Status::Ok();
 }
 
-// Phase 5: the index: files, groups, atoms (experts under global names), carried objects.
+// Phase 5: the index: files, groups (stage after stage), atoms (experts under global names),
+// carried objects (each stage's model states and rank 0's optimizer file).
 Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
-  const OptimStates& first = tag.ranks.front();
+  const OptimStates& first = tag.stages.front().ranks.front();
   const std::vector<std::string>& paths = tag.paths;
   const uint32_t dp = tag.dp;
   const uint32_t ep = tag.ep;
+  const uint32_t pp = static_cast<uint32_t>(tag.stages.size());
   AtomIndexContents c;
   c.framework = "deepspeed";
   c.framework_version = first.ds_version;
@@ -973,94 +1119,113 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   c.adapter_schema = DeepSpeedMoeAdapter::kSchema;
   c.tag = TagName(tag.dir);
   const int64_t zero_stage = first.zero_stage.value_or(1);
-  c.topology = {dp, 1, 1, dp, static_cast<uint32_t>(zero_stage)};
+  c.topology = {dp, 1, pp, dp * pp, static_cast<uint32_t>(zero_stage)};
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
                        HashTagFiles(tag.dir, paths, {options.threads, options.trust_journal}));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    std::string role(kModelRole);
-    std::optional<RankCoordinates> rank;
-    if (i >= 1 && i <= dp) {
-      role = kOptimRole;
-      rank = RankCoordinates{static_cast<uint32_t>(i - 1), 0, 0};
-    } else if (i > dp) {
-      role = i + tag.experts.optim.size() >= paths.size() ? kExpertOptimRole : kExpertStatesRole;
+  for (const MoeStage& stage : tag.stages) {
+    const size_t end = stage.mp + 1 < pp ? tag.stages[stage.mp + 1].model_file : paths.size();
+    for (size_t i = stage.model_file; i < end; ++i) {
+      std::string role(kModelRole);
+      std::optional<RankCoordinates> rank;
+      const size_t r = i - stage.model_file - 1;  // the DP rank of an optimizer file
+      if (i > stage.model_file && r < dp) {
+        role = kOptimRole;
+        rank = RankCoordinates{static_cast<uint32_t>(r), 0, stage.mp};
+      } else if (i > stage.model_file) {
+        role = i + stage.experts.optim.size() >= end ? kExpertOptimRole : kExpertStatesRole;
+      }
+      c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
+      c.files.back().chunks = digests[i].chunks;
     }
-    c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
-    c.files.back().chunks = digests[i].chunks;
   }
 
   std::set<std::string> seen;
-  for (size_t g = 0; g < tag.groups; ++g) {
-    ParamGroup group =
-        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
-    const bool experts_group = g == tag.expert_group;
-    for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
-      const GroupLayout& layout = experts_group ? tag.global[e] : tag.dense[g];
-      const Partitioning& p = experts_group ? tag.expert_p : tag.dense_p[g];
-      std::vector<RankPartition> partitions;
-      for (uint32_t i = 0; i < p.ranks; ++i) {
-        const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
-        const OptimStates& os = tag.ranks[r];
-        partitions.push_back({os.groups[g].fp32, &os.groups[g].states, 1 + r});
+  nlohmann::json stages = nlohmann::json::array();
+  for (const MoeStage& stage : tag.stages) {
+    const OptimStates& stage_first = stage.ranks.front();
+    stages.push_back({{"model_file", stage.model_file},
+                      {"optim_file", stage.model_file + 1},
+                      {"groups", stage.groups},
+                      {"expert_group", stage.expert_group},
+                      {"num_experts", stage.experts.num_experts}});
+    for (size_t g = 0; g < stage.groups; ++g) {
+      ParamGroup group = GroupSettings(stage_first.groups[g].param_group, stage_first.reader,
+                                       stage_first.groups[g].states);
+      const bool experts_group = g == stage.expert_group;
+      for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
+        const GroupLayout& layout = experts_group ? stage.global[e] : stage.dense[g];
+        const Partitioning& p = experts_group ? stage.expert_p : stage.dense_p[g];
+        std::vector<RankPartition> partitions;
+        for (uint32_t i = 0; i < p.ranks; ++i) {
+          const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
+          const OptimStates& os = stage.ranks[r];
+          partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.model_file + 1 + r});
+        }
+        for (size_t k = 0; k < layout.names.size(); ++k) {
+          const std::string& name = layout.names[k];
+          if (!seen.insert(name).second) {
+            return FieldError(
+                stage_first.reader,
+                std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name,
+                "a parameter of two groups");
+          }
+          group.params.push_back(name);
+          UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
+          const TorchTensor* bit16 = nullptr;
+          uint32_t file = stage.model_file;
+          if (experts_group) {
+            bit16 = stage.expert_tensors.at(name).tensor;
+            file = stage.expert_tensors.at(name).file;
+          } else {
+            bit16 = stage.module.at(name);
+          }
+          if (!bit16->contiguous()) {
+            return Status::Corrupt(Prefix(tag.dir + "/" + paths[file]) + name + ": not contiguous");
+          }
+          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
+          c.atoms.push_back({name,
+                             "bit16",
+                             bit16->dtype,
+                             bit16->shape,
+                             {{file, bit16->file_offset(), bit16->dtype, whole}}});
+        }
       }
-      for (size_t k = 0; k < layout.names.size(); ++k) {
-        const std::string& name = layout.names[k];
-        if (!seen.insert(name).second) {
-          return FieldError(
-              first.reader,
-              std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name,
-              "a parameter of two groups");
-        }
-        group.params.push_back(name);
-        UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
-        const TorchTensor* bit16 = nullptr;
-        uint32_t file = 0;
-        if (experts_group) {
-          bit16 = tag.expert_tensors.at(name).tensor;
-          file = tag.expert_tensors.at(name).file;
-        } else {
-          bit16 = tag.module.at(name);
-        }
-        if (!bit16->contiguous()) {
-          return Status::Corrupt(Prefix(tag.dir + "/" + paths[file]) + name + ": not contiguous");
-        }
-        UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
-        c.atoms.push_back({name,
-                           "bit16",
-                           bit16->dtype,
-                           bit16->shape,
-                           {{file, bit16->file_offset(), bit16->dtype, whole}}});
-      }
+      c.groups.push_back(std::move(group));
     }
-    c.groups.push_back(std::move(group));
-  }
 
-  std::vector<std::string> rewritten_optim;
-  for (size_t g = 0; g < tag.groups; ++g) {
-    for (const StateTensor& st : first.groups[g].states) {
-      if (!st.tensor->shape.empty()) {
-        rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
+    std::vector<std::string> rewritten_optim;
+    for (size_t g = 0; g < stage.groups; ++g) {
+      for (const StateTensor& st : stage_first.groups[g].states) {
+        if (!st.tensor->shape.empty()) {
+          rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
+        }
       }
     }
+    for (std::string& field : RewrittenPartitionFields(stage_first.reader)) {
+      rewritten_optim.push_back(std::move(field));
+    }
+    std::vector<std::string> rewritten_model = {"dp_world_size"};
+    if (tag.fused) {
+      rewritten_model.insert(rewritten_model.end(),
+                             {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
+    }
+    c.carried.push_back({std::string(kModelRole), stage.model_file, std::move(rewritten_model)});
+    c.carried.push_back({std::string(kOptimRole), stage.model_file + 1, rewritten_optim});
   }
-  for (std::string& field : RewrittenPartitionFields(first.reader)) {
-    rewritten_optim.push_back(std::move(field));
-  }
-  std::vector<std::string> rewritten_model = {"dp_world_size"};
-  if (tag.fused) {
-    rewritten_model.insert(rewritten_model.end(),
-                           {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
-  }
-  c.carried = {{std::string(kModelRole), 0, std::move(rewritten_model)},
-               {std::string(kOptimRole), 1, rewritten_optim}};
   c.adapter_state = {
       {"optimizer", first.bf16_optimizer ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer"},
       {"file_prefix", tag.prefix},
       {"zero_stage", zero_stage},
       {"expert_parallel", ep},
-      {"expert_group", tag.expert_group},
-      {"num_experts", tag.experts.num_experts},
   };
+  // A pipeline's stages each list their groups (consecutive in the index) and files; at pp = 1
+  // the tag's one stage is the state itself, as before pipelines were read.
+  if (pp == 1) {
+    c.adapter_state["expert_group"] = tag.stages.front().expert_group;
+    c.adapter_state["num_experts"] = tag.stages.front().experts.num_experts;
+  } else {
+    c.adapter_state["stages"] = std::move(stages);
+  }
   if (tag.fused) c.adapter_state["fused_experts"] = true;
   if (tag.order.data_before_expert) c.adapter_state["data_before_expert"] = true;
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
@@ -1231,12 +1396,25 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
 // target is one DeepSpeed can train the tag at.
 Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
                                 const Topology& target) {
-  if (target.tp > 1 || target.pp > 1) {
+  if (target.tp > 1) {
     return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
-                               " pp=" + std::to_string(target.pp) +
-                               ": MoE with tensor or pipeline parallelism is not supported");
+                               ": MoE with tensor parallelism is not supported");
   }
-  UCP_RETURN_IF_ERROR(CheckTarget(target));
+  const uint32_t pp = index.contents().topology.pp;
+  if (target.pp != pp) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
+                               ": moving the tag's MoE layers to another number of pipeline "
+                               "stages than its " +
+                               std::to_string(pp) +
+                               " is not supported; resume it at pp=" + std::to_string(pp));
+  }
+  if (target.world % pp != 0) {
+    return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
+                                   " is not a multiple of pp=" + std::to_string(pp));
+  }
+  // Each stage is resharded as a tag of its own, over the stage's ranks.
+  UCP_RETURN_IF_ERROR(
+      CheckTarget({target.dp, target.tp, 1, target.world / pp, target.zero_stage, target.ep}));
   const uint32_t ep = target.ep != 0 ? target.ep : facts.ep;
   if (target.dp % ep != 0) {
     return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
@@ -1280,7 +1458,7 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.model_file));
   ArchiveOutput out;
-  out.path = ModelStatesName(0);
+  out.path = ModelStatesName(facts.mp);
   Value* root = out.graph.Import(reader.root());
   out.graph.set_root(root);
   UCP_RETURN_IF_ERROR(
@@ -1317,7 +1495,8 @@ Status PlanExpertFiles(const AtomIndex& index, const std::string& tag_dir, const
   if (facts.expp_files.empty()) return Status::Ok();
   if (at.order.ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
   for (uint32_t e = 0; e < at.order.ep; ++e) {
-    plan.copies.push_back({ExpertOptimName(e, 0), facts.expp_files[e % facts.expp_files.size()]});
+    plan.copies.push_back(
+        {ExpertOptimName(e, facts.mp), facts.expp_files[e % facts.expp_files.size()]});
   }
   return Status::Ok();
 }
@@ -1389,7 +1568,7 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     };
     UCP_ASSIGN_OR_RETURN(
         ArchiveOutput out,
-        PlanPartitionedOptimFile(reader, facts.optim_file, OptimName(facts.prefix, r, 0),
+        PlanPartitionedOptimFile(reader, facts.optim_file, OptimName(facts.prefix, r, facts.mp),
                                  /*elastic=*/false, facts.groups.size(), group_of,
                                  at.partition_counts, edit));
     plan.archives.push_back(std::move(out));
@@ -1411,30 +1590,37 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
   if (!listing.zero3_model_states.empty() || !listing.layer_files.empty()) {
     return RefuseListing(tag_dir, listing);
   }
-  const std::string model_name = ModelStatesName(0);
   UCP_ASSIGN_OR_RETURN(
       const TorchArchiveReader model,
-      OpenWrittenModelStates(tag_dir, model_name, listing.model_states.contains(0)));
-  if (listing.model_states.size() > 1) {
-    UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
-    return RefuseModelParallel(model, mp);
-  }
+      OpenWrittenModelStates(tag_dir, ModelStatesName(0), listing.model_states.contains(0)));
+  UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
+  UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
-  UCP_ASSIGN_OR_RETURN(const ExpertFiles experts, ListExpertFiles(tag_dir, listing, model));
   const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
                                   [](const RankFile& entry) { return entry.dp == 0; });
   const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
-  std::vector<std::string> files = {model_name};
-  for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, 0));
-  for (uint32_t layer = 0; layer < experts.num_experts.size(); ++layer) {
-    for (uint32_t g = 0; g < experts.num_experts[layer]; ++g) {
-      files.push_back(ExpertModelStatesName(layer, g, 0));
+  std::vector<std::string> files;
+  for (uint32_t mp = 0; mp < stages; ++mp) {
+    std::optional<TorchArchiveReader> stage_model;
+    if (mp > 0) {
+      UCP_ASSIGN_OR_RETURN(stage_model, OpenWrittenModelStates(tag_dir, ModelStatesName(mp),
+                                                               listing.model_states.contains(mp)));
     }
+    UCP_ASSIGN_OR_RETURN(
+        const ExpertFiles experts,
+        ListExpertFiles(tag_dir, listing, mp > 0 ? *stage_model : model, mp, stages));
+    files.push_back(ModelStatesName(mp));
+    for (uint32_t r = 0; r < dp; ++r) files.push_back(OptimName(prefix, r, mp));
+    for (uint32_t layer = 0; layer < experts.num_experts.size(); ++layer) {
+      for (uint32_t g = 0; g < experts.num_experts[layer]; ++g) {
+        files.push_back(ExpertModelStatesName(layer, g, mp));
+      }
+    }
+    // Whether a release writes expp_rank files is in no file: those there belong to the save. A
+    // rank writes its own before its optimizer file, so once every optimizer file is closed (what
+    // a caller waits for) each is listed.
+    for (const uint32_t e : experts.optim) files.push_back(ExpertOptimName(e, mp));
   }
-  // Whether a release writes expp_rank files is in no file: those there belong to the save. A
-  // rank writes its own before its optimizer file, so once every optimizer file is closed (what
-  // a caller waits for) each is listed.
-  for (const uint32_t e : experts.optim) files.push_back(ExpertOptimName(e, 0));
   return files;
 }
 
@@ -1442,28 +1628,34 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
                                                   const IndexOptions& options) const {
   MoeTag tag;
   UCP_RETURN_IF_ERROR(ReadSave(tag_dir, tag));
-  UCP_RETURN_IF_ERROR(ReadExpertTensors(tag));
-  UCP_RETURN_IF_ERROR(LayOutGroups(tag));
-  UCP_RETURN_IF_ERROR(CheckRanks(tag));
+  for (MoeStage& stage : tag.stages) {
+    UCP_RETURN_IF_ERROR(ReadExpertTensors(tag, stage));
+    UCP_RETURN_IF_ERROR(LayOutGroups(tag, stage));
+    UCP_RETURN_IF_ERROR(CheckRanks(tag, stage));
+  }
   return MakeIndex(tag, options);
 }
 
 Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
-  UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, facts, target));
-  UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
+  UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, stages.front(), target));
   OutputPlan plan;
-  UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, at, plan));
-  UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, facts, at, plan));
-  UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
+  // At a fixed pp each stage's files are a pp = 1 tag's, resharded alike.
+  for (const IndexFacts& facts : stages) {
+    UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
+    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, at, plan));
+    UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, facts, at, plan));
+    UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
+  }
   return plan;
 }
 
 Result<OutputPlan> DeepSpeedMoeAdapter::PlanUniversalExport(const AtomIndex& index,
                                                             const std::string& tag_dir) const {
-  UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
+  UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
+  const IndexFacts& facts = stages.front();
   if (!facts.fused) {
     return Status::Unsupported(
         Prefix(tag_dir) +

@@ -1,6 +1,7 @@
 // The DeepSpeed-MoE adapter ("deepspeed-moe", schema 1): DeepSpeed v0.14 checkpoints of models
 // with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms, resharded to any DP size that the
-// expert-parallel size divides.
+// expert-parallel size divides; at a fixed pipeline degree also those of MoE layers in a
+// PipelineModule (DeepSpeed 0.19, below).
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -39,6 +40,18 @@
 // saves after it); ucp reads experts placed in runs (rank e: [e·n_L, (e+1)·n_L)), one file per
 // expert ("per_expert_files"), and refuses anything else by name.
 //
+// MoE layers in a PipelineModule (DeepSpeed 0.19, which records checkpoint_parallel_dimensions
+// {pp_degree: P, tp_degree: 1} and mp_world_size P in the model states): each stage s writes the
+// files above with mp_rank_<s> for mp_rank_00, and no layer files: its model states' module holds
+// its dense tensors under global layer names ("<LL>.<name>"), its expert files number its MoE
+// layers from 0 (L is stage-local) and name the parameters globally, its optimizer files hold its
+// own groups. Each stage is read as a tag of its own, every stage at the same DP and
+// expert-parallel size; the index lists the stages' files and groups one stage after another
+// (adapter_state "stages": per stage its groups, expert group, num_experts and template files).
+// A reshard keeps pp and reshards each stage alike; another pp (moving MoE layers between
+// stages), tensor parallelism, a tag of several mp ranks that does not record which axis they
+// are (0.14) and AutoEP in a pipeline are refused.
+//
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
 // (the group's 0-d step) and "bit16" (the module tensor or the expert file's).
@@ -59,7 +72,7 @@
 // autoep_universal.py): each fused parameter whole, and PlanUniversalExport writes the same.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
 // expert-parallel sizes, AutoEP layers of another
-// checkpoint_format or placement, tensor or pipeline parallelism. Tags of DeepSpeed 0.19 hold no
+// checkpoint_format or placement, tensor parallelism. Tags of DeepSpeed 0.19 hold no
 // expp_rank files under ZeRO, and param_shapes in the model states (not needed, not read).
 //
 // Thread-safety: stateless; every method may be called concurrently.
@@ -85,10 +98,10 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
   // True when `tag_dir` holds DeepSpeed-MoE expert files and no ZeRO-3 or pipeline file.
   bool Recognizes(const std::string& tag_dir) const override;
 
-  // The model states, one optimizer file per DP rank, every expert file num_experts names and
-  // the expp_rank files there (whether a release writes them is in no file; a rank writes its
-  // own before its optimizer file). kFailedPrecondition until the model states are a complete
-  // archive.
+  // Per pipeline stage: the model states, one optimizer file per DP rank, every expert file
+  // num_experts names and the expp_rank files there (whether a release writes them is in no
+  // file; a rank writes its own before its optimizer file). kFailedPrecondition until each
+  // stage's model states are a complete archive.
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag as the header says: kNotFound naming a missing file, kCorrupt naming the
@@ -98,8 +111,8 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
 
   // The files DeepSpeed writes at DP size target.dp and expert-parallel size target.ep (0: the
   // source's): kInvalidArgument when that E does not divide target.dp or a layer's experts
-  // (DeepSpeed cannot run there), kUnsupported for tp or pp > 1 and for a change of E on a tag of
-  // DeepSpeed before 0.15.4.
+  // (DeepSpeed cannot run there), kUnsupported for tp > 1, another pp than the tag's and a change
+  // of E on a tag of DeepSpeed before 0.15.4.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
