@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the project as the two commands need it: configures BUILD_DIR (default build/) with the
-# flags named here (RelWithDebInfo, warnings as errors, then any -D... arguments given), so that
-# nothing cached by an earlier or failed configure decides them, then builds the ninja targets
-# given (all when none). Prints what it builds and, when that fails, CMake's errors or the
-# failing compiler commands with their diagnostics, and exits 1.
+# flags named here (RelWithDebInfo at -O2 -g1, warnings as errors, then any -D... arguments
+# given), so that nothing cached by an earlier or failed configure decides them, then builds the
+# ninja targets given (all when none). Prints what it builds and, when that fails, CMake's errors
+# or the failing compiler commands with their diagnostics, and exits 1.
 # Usage: tools/build.sh [-DVAR=VALUE ...] [NINJA_TARGET ...]
 # Environment: BUILD_DIR, UCP_BUILD_JOBS (ninja -j), CC and CXX (the compilers, at the first
 # configure of a folder).
@@ -15,7 +15,12 @@ log=$(mktemp "${TMPDIR:-/tmp}/ucp-build.XXXXXX")
 trap 'rm -f "$log"' EXIT
 start=$SECONDS
 
-cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DUCP_WERROR=ON)
+# -g1: line tables and function names (what backtraces, perf and gdb's `bt` use) without the
+# local-variable information of -g, which made 3/4 of libucp.so's 115 MB and a fifth of the
+# build's time. A later -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=... overrides it.
+cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DUCP_WERROR=ON
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 while [[ ${1:-} == -D* ]]; do
   cmake_args+=("$1")
   shift
