@@ -19,7 +19,6 @@ DP = NPROC / P, and E must divide it. Rank 0 prints `STEP n loss x` and writes
 {"losses": {step: loss}} to --out.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -35,6 +34,7 @@ import deepspeed.comm as dist  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
 from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
+import pipeline_training  # noqa: E402  (this folder's, the loop)
 
 
 class ExpertMLP(nn.Sequential):
@@ -139,26 +139,7 @@ def main():
         "steps_per_print": 1000000,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
-    dp_rank = engine.grid.get_data_parallel_rank()
-    rank = dist.get_rank()
-
-    start = 0
-    if args.load_dir:
-        engine.load_checkpoint(args.load_dir)
-        start = engine.global_steps
-    losses = {}
-    for step in range(start + 1, args.steps + 1):
-        x, y = T.global_batch(step, args.vocab, args.seq)
-        xs, ys = x[dp_rank * micro:(dp_rank + 1) * micro], y[dp_rank * micro:(dp_rank + 1) * micro]
-        losses[step] = float(engine.train_batch(data_iter=iter([(xs, ys)])))
-        if rank == 0:
-            print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
-        if args.save_dir and step in args.save_at:
-            engine.save_checkpoint(args.save_dir, tag=f'global_step{step}')
-    if rank == 0 and args.out:
-        with open(args.out, 'w') as f:
-            json.dump({'args': vars(args), 'world': world, 'losses': losses}, f, indent=1)
-    dist.barrier()
+    pipeline_training.train(engine, args, micro, 1, world)
 
 
 if __name__ == '__main__':

@@ -17,7 +17,6 @@ DP = NPROC / P. --stage 0 with --dtype bf16 makes DeepSpeed pick its BF16 optimi
 configuration). Rank 0 prints `STEP n loss x` and writes {"losses": {step: loss}} to --out.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -31,6 +30,7 @@ import train as T  # noqa: E402  (the shared trainer: blocks, data, gloo shims)
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: E402
+import pipeline_training  # noqa: E402  (this folder's, the loop)
 
 
 class WordEmbedding(nn.Embedding):
@@ -109,29 +109,7 @@ def main():
         cfg["bf16"] = {"enabled": True}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
                                            config=cfg)
-    dp_rank = engine.grid.get_data_parallel_rank()
-    rank = dist.get_rank()
-
-    start = 0
-    if args.load_dir:
-        engine.load_checkpoint(args.load_dir)
-        start = engine.global_steps
-    losses = {}
-    for step in range(start + 1, args.steps + 1):
-        x, y = T.global_batch(step, args.vocab, args.seq)
-        per = micro * gas
-        xs, ys = x[dp_rank * per:(dp_rank + 1) * per], y[dp_rank * per:(dp_rank + 1) * per]
-        batches = iter([(xs[i * micro:(i + 1) * micro], ys[i * micro:(i + 1) * micro])
-                        for i in range(gas)])
-        losses[step] = float(engine.train_batch(data_iter=batches))
-        if rank == 0:
-            print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
-        if args.save_dir and step in args.save_at:
-            engine.save_checkpoint(args.save_dir, tag=f'global_step{step}')
-    if rank == 0 and args.out:
-        with open(args.out, 'w') as f:
-            json.dump({'args': vars(args), 'world': world, 'losses': losses}, f, indent=1)
-    dist.barrier()
+    pipeline_training.train(engine, args, micro, gas, world)
 
 
 if __name__ == '__main__':
