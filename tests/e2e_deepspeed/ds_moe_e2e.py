@@ -27,6 +27,10 @@ One CTest test per step, sharing WORK/<model>:
            holds all 4 experts), stated only on its command line as Megatron-LM's
            --expert-model-parallel-size 1 (megatron_args.py): ucp's log must name it as the
            evidence; served files `ucp reshard --to dp=2,ep=1`'s.
+  preload_pp1  (pipe) the same at PP=1 x DP=2 (every layer on one stage, E=2), told by
+           UCP_TOPOLOGY=pp=1: served files `ucp reshard --to pp=1,dp=2`'s, and those alike
+           DeepSpeed's own PP=1 x DP=2 save in every object, key, shape and storage (a run of
+           its own: tensor values differ).
 
 Usage: ds_moe_e2e.py STEP [--model moe|pipe] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                       --deepspeed VERSION [--required]
@@ -136,18 +140,48 @@ def check_round_trip(args, resharded):
           f'{len(names)} files, every object and tensor the saved ones')
 
 
-def step_preload(args, env, ep=None):
+def check_like_deepspeed(args, env, resharded, topology):
+    """ucp's files at `topology` alike DeepSpeed's own save there (its own run) in every object,
+    key, shape and storage: all but tensor values and the run-config fields."""
+    own = os.path.join(args.work, 'deepspeed_{}x{}'.format(*topology[:2]))
+    shutil.rmtree(own, ignore_errors=True)
+    status, _, output = launch(args, env, topology, 'deepspeed_own',
+                               ['--save_dir', own, '--save_at', str(SAVE_AT)])
+    if status != 0:
+        fail(f'DeepSpeed at {where(topology)} exited {status}:\n{output[-3000:]}')
+    own = os.path.join(own, TAG)
+    names = sorted(n for n in os.listdir(own) if n.endswith('.pt'))
+    if sorted(n for n in os.listdir(resharded) if n.endswith('.pt')) != names:
+        fail(f'ucp wrote {sorted(os.listdir(resharded))}, DeepSpeed {names}')
+    report = harness.Report('like DeepSpeed')
+    for name in names:
+        report.diffs([d for d in harness.compare_files(os.path.join(own, name),
+                                                       os.path.join(resharded, name),
+                                                       harness.RUN_CONFIG_FIELDS)
+                      if not d.endswith(' elements differ')], name)
+    if report.failures:
+        fail(f'ucp\'s files differ from DeepSpeed\'s own at {where(topology)} in '
+             f'{len(report.failures)} places')
+    print(f'{len(names)} files alike DeepSpeed\'s own save at {where(topology)} in every object, '
+          f'key, shape and storage')
+
+
+def step_preload(args, env, ep=None, pp=None):
     """The resume at the model's resume topology under the preload; with `ep`, at that
-    expert-parallel size, told only by the trainer's Megatron flag."""
+    expert-parallel size, told only by the trainer's Megatron flag; with `pp`, at that pipeline
+    degree and the save's DP and E, told by UCP_TOPOLOGY."""
     work = args.work
     model = MODELS[args.model]
     resume = model.resume if ep is None else model.resume[:2] + (ep,)
-    name = 'preload' if ep is None else f'preload_ep{ep}'
+    topology = model.topology
+    if pp is not None:
+        resume, topology = (pp, model.save[1], None), f'pp={pp}'
+    name = 'preload' + ('' if ep is None else f'_ep{ep}') + ('' if pp is None else f'_pp{pp}')
     logs = os.path.join(work, 'logs_' + name)
     shutil.rmtree(logs, ignore_errors=True)
     run_env = preload_env(env, args.lib, logs)
-    if model.topology:
-        run_env['UCP_TOPOLOGY'] = model.topology
+    if topology:
+        run_env['UCP_TOPOLOGY'] = topology
     status, seconds, output = launch(args, run_env, resume, name,
                                      ['--load_dir', os.path.join(work, 'ckpt')], ep is not None)
     if status != 0:
@@ -175,11 +209,14 @@ def step_preload(args, env, ep=None):
     pp, dp, told_ep = resume
     view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views',
                         f'tp1-pp{pp}-dp{dp}' + ('' if told_ep is None else f'-ep{told_ep}'))
-    to = f'dp={dp}' + ('' if told_ep is None else f',ep={told_ep}')
+    to = ('' if args.model == 'moe' else f'pp={pp},') + f'dp={dp}' + \
+        ('' if told_ep is None else f',ep={told_ep}')
     resharded = reshard(args, os.path.join(work, 'ckpt', TAG), to, 'reshard_' + name)
-    # The expert files are the saved ones, passed through; the others are made for the target.
-    served = sorted(n for n in os.listdir(resharded)
-                    if n.endswith('.pt') and not n.startswith(('layer_', 'expp_')))
+    # Expert files the save has under the same name pass through; the others are made (or, where
+    # pipeline stages merge, renamed) for the target.
+    saved = os.path.join(work, 'ckpt', TAG)
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
+        n.startswith(('layer_', 'expp_')) and os.path.isfile(os.path.join(saved, n))))
     for name in served:
         stored = os.path.join(view, 'served.' + name)
         if not os.path.isfile(stored):
@@ -188,27 +225,30 @@ def step_preload(args, env, ep=None):
         if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
             fail(f'{stored} differs from `ucp reshard`\'s {name}')
     print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
-    if args.model == 'pipe':
+    if args.model == 'pipe' and pp is None:
         check_round_trip(args, resharded)
+    elif args.model == 'pipe':
+        check_like_deepspeed(args, env, resharded, resume)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'preload', 'preload_ep1'])
+    parser.add_argument('step', choices=['save', 'preload', 'preload_ep1', 'preload_pp1'])
     parser.add_argument('--model', choices=sorted(MODELS), default='moe')
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     trainer = MODELS[args.model].trainer[0]
     if not os.path.isfile(os.path.join(args.tools, trainer)):
         ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')
-    if args.model == 'pipe' and args.step == 'preload_ep1':
-        fail('preload_ep1 is a step of --model moe')
+    if {'pipe': 'preload_ep1', 'moe': 'preload_pp1'}[args.model] == args.step:
+        fail(f'{args.step} is not a step of --model {args.model}')
     env = ds_e2e.trainer_environment(args)
     args.work = os.path.join(args.work, 'moe' if args.model == 'moe' else 'moe_' + args.model)
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
         fail(f'no saved checkpoint in {args.work} (run the save step first)')
     {'save': step_save, 'preload': step_preload,
-     'preload_ep1': lambda *a: step_preload(*a, ep=1)}[args.step](args, env)
+     'preload_ep1': lambda *a: step_preload(*a, ep=1),
+     'preload_pp1': lambda *a: step_preload(*a, pp=1)}[args.step](args, env)
 
 
 if __name__ == '__main__':

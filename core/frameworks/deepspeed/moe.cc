@@ -32,6 +32,7 @@ using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
 using deepspeed::ExpertRankOrder;
+using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
@@ -62,6 +63,7 @@ using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
+using deepspeed::PidTuple;
 using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
@@ -361,8 +363,12 @@ struct IndexFacts {
   std::vector<uint32_t> num_experts;  // per MoE layer of the stage
   uint32_t model_file = 0;
   uint32_t optim_file = 0;
-  std::vector<uint32_t> expert_files;  // layer_<L>_expert_<G> files, the same at any E
-  std::vector<uint32_t> expp_files;    // expp_rank_<e> files, in e order
+  // Per group, the elements of the template optimizer file's flat group (the expert group: one
+  // EP rank's).
+  std::vector<uint64_t> template_totals;
+  std::vector<uint32_t> expert_files;     // layer_<L>_expert_<G> files, the same at any E
+  std::vector<std::string> expert_names;  // each one's name at the target
+  std::vector<uint32_t> expp_files;       // expp_rank_<e> files, in e order
 };
 
 // A stage's entry of adapter_state (at pp = 1 the state itself): its expert group and experts
@@ -471,10 +477,17 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
         MakeLayout(
             std::vector<std::string>(experts.names.begin(), experts.names.begin() + per_rank),
             std::vector<Shape>(experts.shapes.begin(), experts.shapes.begin() + per_rank)));
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      facts.template_totals.push_back(g == facts.expert_group ? facts.local.total
+                                                              : facts.groups[g].total);
+    }
     for (uint32_t f = 0; f < c.files.size(); ++f) {
       const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
       if (!parsed || parsed->mp != mp) continue;
-      if (c.files[f].role == kExpertStatesRole) facts.expert_files.push_back(f);
+      if (c.files[f].role == kExpertStatesRole) {
+        facts.expert_files.push_back(f);
+        facts.expert_names.push_back(c.files[f].path);
+      }
       if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);
     }
     stages.push_back(std::move(facts));
@@ -1401,20 +1414,26 @@ Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
                                ": MoE with tensor parallelism is not supported");
   }
   const uint32_t pp = index.contents().topology.pp;
-  if (target.pp != pp) {
-    return Status::Unsupported("deepspeed: pp=" + std::to_string(target.pp) +
-                               ": moving the tag's MoE layers to another number of pipeline "
-                               "stages than its " +
-                               std::to_string(pp) +
-                               " is not supported; resume it at pp=" + std::to_string(pp));
+  if (target.pp != pp && target.pp != 1) {
+    const std::string what = "deepspeed: pp=" + std::to_string(target.pp) + ": ";
+    if (pp == 1) {
+      return Status::Unsupported(what +
+                                 "the tag's MoE layers are on one stage, and which of them each "
+                                 "stage of a pipeline would hold is in no file of it; resume it "
+                                 "at pp=1");
+    }
+    return Status::Unsupported(what + "the tag's MoE layers are on " + std::to_string(pp) +
+                               " pipeline stages, and ucp moves them only onto one; resume it "
+                               "at pp=" +
+                               std::to_string(pp) + " or pp=1");
   }
-  if (target.world % pp != 0) {
+  if (target.pp == 0 || target.world % target.pp != 0) {
     return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
-                                   " is not a multiple of pp=" + std::to_string(pp));
+                                   " is not a multiple of pp=" + std::to_string(target.pp));
   }
   // Each stage is resharded as a tag of its own, over the stage's ranks.
-  UCP_RETURN_IF_ERROR(
-      CheckTarget({target.dp, target.tp, 1, target.world / pp, target.zero_stage, target.ep}));
+  UCP_RETURN_IF_ERROR(CheckTarget(
+      {target.dp, target.tp, 1, target.world / target.pp, target.zero_stage, target.ep}));
   const uint32_t ep = target.ep != 0 ? target.ep : facts.ep;
   if (target.dp % ep != 0) {
     return Status::InvalidArgument("deepspeed: dp=" + std::to_string(target.dp) +
@@ -1450,11 +1469,164 @@ Result<MoeLayout> LayoutAtTarget(const IndexFacts& facts, uint32_t dp, uint32_t 
   return at;
 }
 
+// A pipeline's stages as the one stage of a PipelineModule at pp = 1, as DeepSpeed lays that out:
+// a stage holds a consecutive run of layers, and each of its groups holds them in module order,
+// so every group is the stages' groups one after another, and so are the MoE layers (each
+// stage's expert files renumbered after the earlier stages' layers). The templates are stage 0's.
+// kUnsupported where the stages' groups differ in number, expert group or hyperparameters (one
+// optimizer file cannot hold both) and for expp_rank files.
+Result<IndexFacts> MergeStages(const AtomIndex& index, const std::vector<IndexFacts>& stages) {
+  const std::vector<ParamGroup>& indexed = index.contents().groups;
+  IndexFacts merged = stages.front();
+  std::vector<std::vector<std::string>> names(merged.groups.size());
+  std::vector<std::vector<Shape>> shapes(merged.groups.size());
+  std::vector<std::string> local_names;
+  std::vector<Shape> local_shapes;
+  merged.num_experts.clear();
+  merged.expert_files.clear();
+  merged.expert_names.clear();
+  size_t first_group = 0;  // the stage's first group in the index
+  for (const IndexFacts& stage : stages) {
+    const std::string what = "deepspeed: pp=1: stage " + std::to_string(stage.mp) + " ";
+    if (stage.groups.size() != merged.groups.size() || stage.expert_group != merged.expert_group) {
+      return Status::Unsupported(what + "has other parameter groups than stage 0");
+    }
+    if (!stage.expp_files.empty()) {
+      return Status::Unsupported(what + "has expp_rank files, which are not merged");
+    }
+    for (size_t g = 0; g < stage.groups.size(); ++g) {
+      if (indexed[first_group + g].hyperparameters != indexed[g].hyperparameters) {
+        return Status::Unsupported(what + "group " + std::to_string(g) +
+                                   ": other hyperparameters than stage 0's (one optimizer file "
+                                   "cannot hold both)");
+      }
+      names[g].insert(names[g].end(), stage.groups[g].names.begin(), stage.groups[g].names.end());
+      shapes[g].insert(shapes[g].end(), stage.groups[g].shapes.begin(),
+                       stage.groups[g].shapes.end());
+    }
+    first_group += stage.groups.size();
+    local_names.insert(local_names.end(), stage.local.names.begin(), stage.local.names.end());
+    local_shapes.insert(local_shapes.end(), stage.local.shapes.begin(), stage.local.shapes.end());
+    const uint32_t layers_before = static_cast<uint32_t>(merged.num_experts.size());
+    merged.num_experts.insert(merged.num_experts.end(), stage.num_experts.begin(),
+                              stage.num_experts.end());
+    for (const uint32_t file : stage.expert_files) {
+      const std::string& path = index.contents().files[file].path;
+      const std::optional<deepspeed::FileName> parsed = ParseFileName(path);
+      if (!parsed || parsed->kind != FileKind::kExpertModelStates) {
+        return Status::Corrupt("deepspeed: index: " + path + ": not an expert file's name");
+      }
+      merged.expert_files.push_back(file);
+      merged.expert_names.push_back(
+          ExpertModelStatesName(layers_before + parsed->layer, parsed->expert, 0));
+    }
+  }
+  merged.mp = 0;
+  for (size_t g = 0; g < merged.groups.size(); ++g) {
+    UCP_ASSIGN_OR_RETURN(merged.groups[g], MakeLayout(std::move(names[g]), std::move(shapes[g])));
+  }
+  UCP_ASSIGN_OR_RETURN(merged.local, MakeLayout(std::move(local_names), std::move(local_shapes)));
+  return merged;
+}
+
+// The largest decimal storage key `root` references, plus one: a key no storage of it has.
+uint64_t NextStorageKey(Value* root) {
+  uint64_t next = 0;
+  const Status walked = pickle::ForEachReachable(root, [&](Value* node) -> Status {
+    const Value* pid = PidTuple(node);
+    if (pid == nullptr) return Status::Ok();
+    const std::optional<uint32_t> key = deepspeed::Decimal(pid->Item(2)->data());
+    if (key) next = std::max<uint64_t>(next, uint64_t{*key} + 1);
+    return Status::Ok();
+  });
+  (void)walked;  // the visitor never fails
+  return next;
+}
+
+// Stage 0's model states (`root`, read by `reader`) made those of the whole pipeline at pp = 1,
+// as DeepSpeed writes a PipelineModule of one stage: every later stage's module tensors after
+// stage 0's, each in a storage of its own (its bit16 atom; keys after the template's, in
+// `storages`), its param_shapes and buffer_names entries after stage 0's; num_experts every
+// stage's layers; mp_world_size and checkpoint_parallel_dimensions' pp_degree 1. kUnsupported
+// for a later stage's shared or frozen parameters (they name stage-local objects).
+Status MergeModelStates(const AtomIndex& index, const std::string& tag_dir,
+                        const std::vector<IndexFacts>& stages, const IndexFacts& merged,
+                        pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                        std::map<std::string, std::vector<Segment>>& storages) {
+  Value* module = root->Get("module");
+  Value* shapes = root->Get("param_shapes");
+  Value* buffers = root->Get("buffer_names");
+  if (module == nullptr || module->kind() != Kind::kObject || shapes == nullptr ||
+      shapes->kind() != Kind::kList || buffers == nullptr || buffers->kind() != Kind::kList) {
+    return FieldError(reader, "module", "not an OrderedDict beside param_shapes and buffer_names");
+  }
+  uint64_t next_key = NextStorageKey(root);
+  for (size_t s = 1; s < stages.size(); ++s) {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader stage,
+                         OpenSource(index, tag_dir, stages[s].model_file));
+    for (const char* field : {"shared_params", "frozen_param_shapes"}) {
+      const Value* value = OptionalField(stage, field);
+      if (value != nullptr && value->kind() != Kind::kNone &&
+          !(value->kind() == Kind::kDict && value->entries().empty())) {
+        return Status::Unsupported(Prefix(stage.path()) + field +
+                                   ": not empty; a later stage's shared or frozen parameters are "
+                                   "not merged into one stage");
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* stage_module, Field(stage, "module"));
+    for (const auto& [name, value] : NamedChildren(stage_module)) {
+      const Atom* atom = index.Find(name, "bit16");
+      if (atom == nullptr) {
+        return Status::Corrupt("deepspeed: index: " + name +
+                               " bit16: missing (a module tensor of " + stage.path() + ")");
+      }
+      TensorNodeSpec spec;
+      spec.storage_key = std::to_string(next_key++);
+      spec.dtype = atom->dtype;
+      UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(atom->shape));
+      spec.shape = atom->shape;
+      UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(graph, spec));
+      UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
+      UCP_ASSIGN_OR_RETURN(storages[spec.storage_key], PlanRegion(index, *atom, whole));
+      module->mutable_mutations().push_back(
+          {pickle::Mutation::Op::kSetItem, graph.Str(name), tensor});
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* stage_shapes, Field(stage, "param_shapes"));
+    for (size_t g = 0; g < shapes->items().size(); ++g) {
+      Value* group = shapes->Item(g);
+      const Value* stage_group = stage_shapes->Item(g);
+      if (group == nullptr || group->kind() != Kind::kObject || stage_group == nullptr ||
+          stage_group->kind() != Kind::kObject) {
+        return FieldError(stage, "param_shapes/" + std::to_string(g),
+                          "not an OrderedDict as stage 0's is");
+      }
+      for (const pickle::Mutation& item : stage_group->mutations()) {
+        if (item.op != pickle::Mutation::Op::kSetItem) continue;
+        group->mutable_mutations().push_back(
+            {item.op, graph.Import(item.first), graph.Import(item.second)});
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(const Value* stage_buffers, Field(stage, "buffer_names"));
+    for (const Value* buffer : stage_buffers->items()) {
+      buffers->mutable_items().push_back(graph.Import(buffer));
+    }
+  }
+  std::vector<Value*> experts;
+  for (const uint32_t count : merged.num_experts) experts.push_back(graph.Int(count));
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(root, "num_experts", graph.List(std::move(experts)), reader.path()));
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(1), reader.path()));
+  return SetDictItem(root->Get("checkpoint_parallel_dimensions"), "pp_degree", graph.Int(1),
+                     reader.path());
+}
+
 // The model states: dp_world_size, the dense groups' module buffers, and at another
 // expert-parallel size the local experts' shapes (AutoEP's: its layers' coordinates and
-// autoep_size).
+// autoep_size). `merged_from`: the pipeline's stages that `facts` merges (MergeStages), whose
+// model states stage 0's become (MergeModelStates); empty otherwise.
 Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
-                       const MoeLayout& at, OutputPlan& plan) {
+                       const std::vector<IndexFacts>& merged_from, const MoeLayout& at,
+                       OutputPlan& plan) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.model_file));
   ArchiveOutput out;
@@ -1468,6 +1640,10 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
     if (g != facts.expert_group) dense.push_back(facts.groups[g]);
   }
   std::map<std::string, std::vector<Segment>> resized;
+  if (!merged_from.empty()) {
+    UCP_RETURN_IF_ERROR(
+        MergeModelStates(index, tag_dir, merged_from, facts, out.graph, root, reader, resized));
+  }
   UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
                                           at.order.dp, resized));
   if (at.order.ep != facts.ep) {
@@ -1489,8 +1665,8 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
 // files ({'optimizer': None} under ZeRO, alike on every rank), one per target expert rank.
 Status PlanExpertFiles(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const MoeLayout& at, OutputPlan& plan) {
-  for (const uint32_t file : facts.expert_files) {
-    plan.copies.push_back({index.contents().files[file].path, file});
+  for (size_t i = 0; i < facts.expert_files.size(); ++i) {
+    plan.copies.push_back({facts.expert_names[i], facts.expert_files[i]});
   }
   if (facts.expp_files.empty()) return Status::Ok();
   if (at.order.ep != facts.ep) UCP_RETURN_IF_ERROR(CheckNoExpertOptimizer(index, tag_dir, facts));
@@ -1539,9 +1715,9 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
       RankGroupPart group;
       group.part =
           PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
-      UCP_ASSIGN_OR_RETURN(const Partitioning source_p,
-                           Partition(experts ? facts.local.total : layout.total,
-                                     experts ? facts.dp / facts.ep : facts.dp));
+      UCP_ASSIGN_OR_RETURN(
+          const Partitioning source_p,
+          Partition(facts.template_totals[g], experts ? facts.dp / facts.ep : facts.dp));
       group.part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
       group.padding = p.padding_of(index_in_group);
       // DeepSpeed's mappings name an expert by its local id.
@@ -1642,10 +1818,18 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, stages.front(), target));
   OutputPlan plan;
+  if (target.pp == 1 && stages.size() > 1) {
+    UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages));
+    UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(merged, target.dp, ep));
+    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, merged, stages, at, plan));
+    UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, merged, at, plan));
+    UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, merged, at, plan));
+    return plan;
+  }
   // At a fixed pp each stage's files are a pp = 1 tag's, resharded alike.
   for (const IndexFacts& facts : stages) {
     UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
-    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, at, plan));
+    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, {}, at, plan));
     UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, facts, at, plan));
     UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
   }

@@ -1,7 +1,7 @@
 // The DeepSpeed-MoE adapter ("deepspeed-moe", schema 1): DeepSpeed v0.14 checkpoints of models
 // with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms, resharded to any DP size that the
-// expert-parallel size divides; at a fixed pipeline degree also those of MoE layers in a
-// PipelineModule (DeepSpeed 0.19, below).
+// expert-parallel size divides; also those of MoE layers in a PipelineModule (DeepSpeed 0.19,
+// below), at their pipeline degree or merged onto one stage.
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -48,9 +48,15 @@
 // own groups. Each stage is read as a tag of its own, every stage at the same DP and
 // expert-parallel size; the index lists the stages' files and groups one stage after another
 // (adapter_state "stages": per stage its groups, expert group, num_experts and template files).
-// A reshard keeps pp and reshards each stage alike; another pp (moving MoE layers between
-// stages), tensor parallelism, a tag of several mp ranks that does not record which axis they
-// are (0.14) and AutoEP in a pipeline are refused.
+// A reshard at the tag's pp reshards each stage alike. To pp = 1 the stages merge as DeepSpeed
+// lays out a PipelineModule of one stage: a stage holds a consecutive run of layers, so every
+// group is the stages' groups one after another, the MoE layers too (stage s's expert files
+// renumbered after the earlier stages' layers), and the model states are stage 0's with every
+// stage's module tensors, param_shapes and buffer_names, all num_experts, mp_world_size and
+// pp_degree 1 (stages of other groups or hyperparameters, later stages' shared or frozen
+// parameters: refused). Another pp > 1 (which layers each stage would hold is in no file),
+// tensor parallelism, a tag of several mp ranks that does not record which axis they are (0.14)
+// and AutoEP in a pipeline are refused.
 //
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
@@ -111,8 +117,8 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
 
   // The files DeepSpeed writes at DP size target.dp and expert-parallel size target.ep (0: the
   // source's): kInvalidArgument when that E does not divide target.dp or a layer's experts
-  // (DeepSpeed cannot run there), kUnsupported for tp > 1, another pp than the tag's and a change
-  // of E on a tag of DeepSpeed before 0.15.4.
+  // (DeepSpeed cannot run there), kUnsupported for tp > 1, a pp other than the tag's and 1, and a
+  // change of E on a tag of DeepSpeed before 0.15.4.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
