@@ -1117,13 +1117,107 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
   return Status::Ok();
 }
 
-// Phase 5: the index: files, groups (stage after stage), atoms (experts under global names),
-// carried objects (each stage's model states and rank 0's optimizer file).
+// Phase 5, per stage: its files' entries (model states, optimizer files, expert files, expp_rank
+// files, in MoeTag::paths order) with their roles and ranks.
+void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<FileDigest>& digests,
+                   AtomIndexContents& c) {
+  const size_t end =
+      stage.mp + 1 < tag.stages.size() ? tag.stages[stage.mp + 1].model_file : tag.paths.size();
+  for (size_t i = stage.model_file; i < end; ++i) {
+    std::string role(kModelRole);
+    std::optional<RankCoordinates> rank;
+    const size_t r = i - stage.model_file - 1;  // the DP rank of an optimizer file
+    if (i > stage.model_file && r < tag.dp) {
+      role = kOptimRole;
+      rank = RankCoordinates{static_cast<uint32_t>(r), 0, stage.mp};
+    } else if (i > stage.model_file) {
+      role = i + stage.experts.optim.size() >= end ? kExpertOptimRole : kExpertStatesRole;
+    }
+    c.files.push_back({tag.paths[i], digests[i].size, digests[i].xxh3, role, rank});
+    c.files.back().chunks = digests[i].chunks;
+  }
+}
+
+// Phase 5, per stage: its groups after the earlier stages' (experts under global names), each
+// parameter's atoms and bit16 atom; `seen`: every parameter so far.
+Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::string>& seen,
+                      AtomIndexContents& c) {
+  const OptimStates& first = stage.ranks.front();
+  for (size_t g = 0; g < stage.groups; ++g) {
+    ParamGroup group =
+        GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
+    const bool experts_group = g == stage.expert_group;
+    for (uint32_t e = 0; e < (experts_group ? tag.ep : 1); ++e) {
+      const GroupLayout& layout = experts_group ? stage.global[e] : stage.dense[g];
+      const Partitioning& p = experts_group ? stage.expert_p : stage.dense_p[g];
+      std::vector<RankPartition> partitions;
+      for (uint32_t i = 0; i < p.ranks; ++i) {
+        const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
+        const OptimStates& os = stage.ranks[r];
+        partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.model_file + 1 + r});
+      }
+      for (size_t k = 0; k < layout.names.size(); ++k) {
+        const std::string& name = layout.names[k];
+        if (!seen.insert(name).second) {
+          return FieldError(
+              first.reader,
+              std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name,
+              "a parameter of two groups");
+        }
+        group.params.push_back(name);
+        UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
+        const TorchTensor* bit16 = nullptr;
+        uint32_t file = stage.model_file;
+        if (experts_group) {
+          bit16 = stage.expert_tensors.at(name).tensor;
+          file = stage.expert_tensors.at(name).file;
+        } else {
+          bit16 = stage.module.at(name);
+        }
+        if (!bit16->contiguous()) {
+          return Status::Corrupt(Prefix(tag.dir + "/" + tag.paths[file]) + name +
+                                 ": not contiguous");
+        }
+        UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
+        c.atoms.push_back({name,
+                           "bit16",
+                           bit16->dtype,
+                           bit16->shape,
+                           {{file, bit16->file_offset(), bit16->dtype, whole}}});
+      }
+    }
+    c.groups.push_back(std::move(group));
+  }
+  return Status::Ok();
+}
+
+// Phase 5, per stage: the templates a target's files are made from (its model states, its rank
+// 0's optimizer file) and the objects rewritten in them.
+void AddStageCarried(const MoeTag& tag, const MoeStage& stage, AtomIndexContents& c) {
+  const OptimStates& first = stage.ranks.front();
+  std::vector<std::string> rewritten_optim;
+  for (size_t g = 0; g < stage.groups; ++g) {
+    for (const StateTensor& st : first.groups[g].states) {
+      if (!st.tensor->shape.empty()) {
+        rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
+      }
+    }
+  }
+  for (std::string& field : RewrittenPartitionFields(first.reader)) {
+    rewritten_optim.push_back(std::move(field));
+  }
+  std::vector<std::string> rewritten_model = {"dp_world_size"};
+  if (tag.fused) {
+    rewritten_model.insert(rewritten_model.end(),
+                           {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
+  }
+  c.carried.push_back({std::string(kModelRole), stage.model_file, std::move(rewritten_model)});
+  c.carried.push_back({std::string(kOptimRole), stage.model_file + 1, std::move(rewritten_optim)});
+}
+
+// Phase 5: the index: files, groups and atoms, carried objects, stage after stage.
 Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   const OptimStates& first = tag.stages.front().ranks.front();
-  const std::vector<std::string>& paths = tag.paths;
-  const uint32_t dp = tag.dp;
-  const uint32_t ep = tag.ep;
   const uint32_t pp = static_cast<uint32_t>(tag.stages.size());
   AtomIndexContents c;
   c.framework = "deepspeed";
@@ -1132,104 +1226,26 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   c.adapter_schema = DeepSpeedMoeAdapter::kSchema;
   c.tag = TagName(tag.dir);
   const int64_t zero_stage = first.zero_stage.value_or(1);
-  c.topology = {dp, 1, pp, dp * pp, static_cast<uint32_t>(zero_stage)};
+  c.topology = {tag.dp, 1, pp, tag.dp * pp, static_cast<uint32_t>(zero_stage)};
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
-                       HashTagFiles(tag.dir, paths, {options.threads, options.trust_journal}));
-  for (const MoeStage& stage : tag.stages) {
-    const size_t end = stage.mp + 1 < pp ? tag.stages[stage.mp + 1].model_file : paths.size();
-    for (size_t i = stage.model_file; i < end; ++i) {
-      std::string role(kModelRole);
-      std::optional<RankCoordinates> rank;
-      const size_t r = i - stage.model_file - 1;  // the DP rank of an optimizer file
-      if (i > stage.model_file && r < dp) {
-        role = kOptimRole;
-        rank = RankCoordinates{static_cast<uint32_t>(r), 0, stage.mp};
-      } else if (i > stage.model_file) {
-        role = i + stage.experts.optim.size() >= end ? kExpertOptimRole : kExpertStatesRole;
-      }
-      c.files.push_back({paths[i], digests[i].size, digests[i].xxh3, role, rank});
-      c.files.back().chunks = digests[i].chunks;
-    }
-  }
-
+                       HashTagFiles(tag.dir, tag.paths, {options.threads, options.trust_journal}));
   std::set<std::string> seen;
   nlohmann::json stages = nlohmann::json::array();
   for (const MoeStage& stage : tag.stages) {
-    const OptimStates& stage_first = stage.ranks.front();
+    AddStageFiles(tag, stage, digests, c);
+    UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c));
+    AddStageCarried(tag, stage, c);
     stages.push_back({{"model_file", stage.model_file},
                       {"optim_file", stage.model_file + 1},
                       {"groups", stage.groups},
                       {"expert_group", stage.expert_group},
                       {"num_experts", stage.experts.num_experts}});
-    for (size_t g = 0; g < stage.groups; ++g) {
-      ParamGroup group = GroupSettings(stage_first.groups[g].param_group, stage_first.reader,
-                                       stage_first.groups[g].states);
-      const bool experts_group = g == stage.expert_group;
-      for (uint32_t e = 0; e < (experts_group ? ep : 1); ++e) {
-        const GroupLayout& layout = experts_group ? stage.global[e] : stage.dense[g];
-        const Partitioning& p = experts_group ? stage.expert_p : stage.dense_p[g];
-        std::vector<RankPartition> partitions;
-        for (uint32_t i = 0; i < p.ranks; ++i) {
-          const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
-          const OptimStates& os = stage.ranks[r];
-          partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.model_file + 1 + r});
-        }
-        for (size_t k = 0; k < layout.names.size(); ++k) {
-          const std::string& name = layout.names[k];
-          if (!seen.insert(name).second) {
-            return FieldError(
-                stage_first.reader,
-                std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name,
-                "a parameter of two groups");
-          }
-          group.params.push_back(name);
-          UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
-          const TorchTensor* bit16 = nullptr;
-          uint32_t file = stage.model_file;
-          if (experts_group) {
-            bit16 = stage.expert_tensors.at(name).tensor;
-            file = stage.expert_tensors.at(name).file;
-          } else {
-            bit16 = stage.module.at(name);
-          }
-          if (!bit16->contiguous()) {
-            return Status::Corrupt(Prefix(tag.dir + "/" + paths[file]) + name + ": not contiguous");
-          }
-          UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(bit16->shape));
-          c.atoms.push_back({name,
-                             "bit16",
-                             bit16->dtype,
-                             bit16->shape,
-                             {{file, bit16->file_offset(), bit16->dtype, whole}}});
-        }
-      }
-      c.groups.push_back(std::move(group));
-    }
-
-    std::vector<std::string> rewritten_optim;
-    for (size_t g = 0; g < stage.groups; ++g) {
-      for (const StateTensor& st : stage_first.groups[g].states) {
-        if (!st.tensor->shape.empty()) {
-          rewritten_optim.push_back(deepspeed::GroupStatesField(false, g) + "/" + st.key);
-        }
-      }
-    }
-    for (std::string& field : RewrittenPartitionFields(stage_first.reader)) {
-      rewritten_optim.push_back(std::move(field));
-    }
-    std::vector<std::string> rewritten_model = {"dp_world_size"};
-    if (tag.fused) {
-      rewritten_model.insert(rewritten_model.end(),
-                             {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
-    }
-    c.carried.push_back({std::string(kModelRole), stage.model_file, std::move(rewritten_model)});
-    c.carried.push_back({std::string(kOptimRole), stage.model_file + 1, rewritten_optim});
   }
   c.adapter_state = {
       {"optimizer", first.bf16_optimizer ? "BF16_Optimizer" : "DeepSpeedZeroOptimizer"},
       {"file_prefix", tag.prefix},
       {"zero_stage", zero_stage},
-      {"expert_parallel", ep},
+      {"expert_parallel", tag.ep},
   };
   // A pipeline's stages each list their groups (consecutive in the index) and files; at pp = 1
   // the tag's one stage is the state itself, as before pipelines were read.
