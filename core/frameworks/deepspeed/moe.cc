@@ -86,6 +86,7 @@ using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::VersionAtLeast;
@@ -442,6 +443,19 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
       (pipeline && (!state["stages"].is_array() || state["stages"].size() != pp || common.fused))) {
     return Status::Corrupt(what + "stages: not one entry per stage of pp " + std::to_string(pp));
   }
+  // Each stage's expert and expp_rank files, in one pass over the files.
+  std::vector<std::vector<uint32_t>> expert_files(pp);
+  std::vector<std::vector<uint32_t>> expp_files(pp);
+  for (uint32_t f = 0; f < c.files.size(); ++f) {
+    const bool expert = c.files[f].role == kExpertStatesRole;
+    if (!expert && c.files[f].role != kExpertOptimRole) continue;
+    const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
+    if (!parsed || parsed->mp >= pp) {
+      return Status::Corrupt("deepspeed: index: " + c.files[f].path +
+                             ": not an expert file of a stage below pp " + std::to_string(pp));
+    }
+    (expert ? expert_files : expp_files)[parsed->mp].push_back(f);
+  }
   std::vector<IndexFacts> stages;
   size_t next_group = 0;
   for (uint32_t mp = 0; mp < pp; ++mp) {
@@ -481,15 +495,9 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
       facts.template_totals.push_back(g == facts.expert_group ? facts.local.total
                                                               : facts.groups[g].total);
     }
-    for (uint32_t f = 0; f < c.files.size(); ++f) {
-      const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
-      if (!parsed || parsed->mp != mp) continue;
-      if (c.files[f].role == kExpertStatesRole) {
-        facts.expert_files.push_back(f);
-        facts.expert_names.push_back(c.files[f].path);
-      }
-      if (c.files[f].role == kExpertOptimRole) facts.expp_files.push_back(f);
-    }
+    facts.expert_files = std::move(expert_files[mp]);
+    for (const uint32_t f : facts.expert_files) facts.expert_names.push_back(c.files[f].path);
+    facts.expp_files = std::move(expp_files[mp]);
     stages.push_back(std::move(facts));
   }
   if (next_group != layouts.size()) {
@@ -1592,18 +1600,16 @@ Status MergeModelStates(const AtomIndex& index, const std::string& tag_dir,
     UCP_ASSIGN_OR_RETURN(const Value* stage_module, Field(stage, "module"));
     for (const auto& [name, value] : NamedChildren(stage_module)) {
       const Atom* atom = index.Find(name, "bit16");
-      if (atom == nullptr) {
+      const TorchTensor* saved = stage.TensorAt(value);
+      if (atom == nullptr || saved == nullptr) {
         return Status::Corrupt("deepspeed: index: " + name +
                                " bit16: missing (a module tensor of " + stage.path() + ")");
       }
-      TensorNodeSpec spec;
-      spec.storage_key = std::to_string(next_key++);
-      spec.dtype = atom->dtype;
-      UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(atom->shape));
-      spec.shape = atom->shape;
-      UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(graph, spec));
+      const std::string key = std::to_string(next_key++);
+      UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom->shape));
+      UCP_ASSIGN_OR_RETURN(Value * tensor, TensorLike(graph, *saved, key, atom->shape, numel));
       UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
-      UCP_ASSIGN_OR_RETURN(storages[spec.storage_key], PlanRegion(index, *atom, whole));
+      UCP_ASSIGN_OR_RETURN(storages[key], PlanRegion(index, *atom, whole));
       module->mutable_mutations().push_back(
           {pickle::Mutation::Op::kSetItem, graph.Str(name), tensor});
     }
