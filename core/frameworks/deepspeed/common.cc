@@ -1276,6 +1276,71 @@ std::string BoundsText(const std::vector<uint64_t>& bounds) {
   return ListText(values);
 }
 
+uint32_t StageOfLayer(const std::vector<uint64_t>& bounds, uint64_t layer) {
+  uint32_t s = 0;
+  while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
+  return s;
+}
+
+std::vector<PartitionMethod> TypeMethods(const std::map<uint64_t, std::string>& signature,
+                                         uint64_t count) {
+  std::map<std::string, std::vector<uint64_t>> kinds;
+  for (const auto& [layer, text] : signature) {
+    std::vector<uint64_t>& weights = kinds[text];
+    weights.resize(count, 0);
+    weights[layer] = 1;
+  }
+  std::vector<PartitionMethod> methods;
+  for (auto& [text, weights] : kinds) {
+    if (std::count(weights.begin(), weights.end(), uint64_t{1}) < 2) continue;
+    uint64_t first = 0;
+    while (weights[first] == 0) ++first;
+    methods.push_back(
+        {"'type:' (the kind of layer " + std::to_string(first) + ")", weights, weights});
+  }
+  return methods;
+}
+
+Result<ChosenPartition> ChoosePartition(uint64_t count,
+                                        const std::map<uint64_t, uint32_t>& source_stage,
+                                        const std::vector<PartitionMethod>& methods,
+                                        uint32_t source_pp, uint32_t pp) {
+  const auto bounds_of = [count](const std::vector<uint64_t>& weights, uint64_t parts) {
+    return weights.empty() ? PartitionUniform(count, parts) : PartitionBalanced(weights, parts);
+  };
+  const auto stages_by = [&source_stage](const std::vector<uint64_t>& bounds) {
+    std::vector<uint32_t> stages;
+    for (const auto& [layer, source] : source_stage) stages.push_back(StageOfLayer(bounds, layer));
+    return stages;
+  };
+  std::vector<uint32_t> source;
+  for (const auto& [layer, s] : source_stage) source.push_back(s);
+  std::optional<ChosenPartition> chosen;
+  std::string tried;
+  for (const PartitionMethod& method : methods) {
+    const std::vector<uint64_t> at_source = bounds_of(method.source_weights, source_pp);
+    tried += (tried.empty() ? "" : ", ") + method.name + " " + BoundsText(at_source);
+    if (stages_by(at_source) != source) continue;
+    std::vector<uint64_t> at_target = bounds_of(method.target_weights, pp);
+    if (chosen && stages_by(chosen->bounds) != stages_by(at_target)) {
+      return Status::Unsupported(
+          "deepspeed: pp=" + std::to_string(pp) + ": ambiguous layer placement: " + chosen->method +
+          " " + BoundsText(chosen->bounds) + " and " + method.name + " " + BoundsText(at_target) +
+          " both give the saved stages at pp=" + std::to_string(source_pp) + " but differ here");
+    }
+    if (!chosen) chosen = ChosenPartition{std::move(at_target), method.name};
+  }
+  if (!chosen) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
+                               ": no partition method DeepSpeed has gives the saved stages at pp=" +
+                               std::to_string(source_pp) + " over " + std::to_string(count) +
+                               " layers (" + tried +
+                               "); a custom partition is in no file, so its placement at another "
+                               "pp is unknown");
+  }
+  return *std::move(chosen);
+}
+
 Value* GroupStatesNode(Value* optimizer_state_dict, bool elastic, size_t g) {
   Value* base =
       optimizer_state_dict == nullptr ? nullptr : optimizer_state_dict->Get("base_optimizer_state");

@@ -486,5 +486,34 @@ std::vector<uint64_t> PartitionUniform(uint64_t items, uint64_t parts);
 std::vector<uint64_t> PartitionBalanced(const std::vector<uint64_t>& weights, uint64_t parts);
 // "[0, 4, 7]", for messages.
 std::string BoundsText(const std::vector<uint64_t>& bounds);
+// The stage holding `layer` when stage s holds [bounds[s], bounds[s+1]) (the last one the rest).
+uint32_t StageOfLayer(const std::vector<uint64_t>& bounds, uint64_t layer);
+
+// A partition method of PipelineModule as the checkpoint can replay it: the weights it balances
+// per layer at the source and at the target (both empty: 'uniform'). They differ where a layer's
+// trainable elements depend on the layout (an MoE layer's local experts).
+struct PartitionMethod {
+  std::string name;  // for messages: "'uniform'", "'parameters'", "'type:' (...)"
+  std::vector<uint64_t> source_weights;
+  std::vector<uint64_t> target_weights;
+};
+// The 'type:' methods a pipeline's layers allow: one per kind of layer (`signature`: each
+// numbered layer's parameter names and shapes) that at least two layers share, weighting its
+// layers 1 of `count`. A kind of one layer is no block to balance: weighting it alone leaves every
+// other layer's stage to the partitioner's ties, and would make any placement ambiguous.
+std::vector<PartitionMethod> TypeMethods(const std::map<uint64_t, std::string>& signature,
+                                         uint64_t count);
+struct ChosenPartition {
+  std::vector<uint64_t> bounds;  // at the target pp
+  std::string method;
+};
+// The target's stage boundaries over `count` layers: those of the methods that reproduce the
+// saved stages (`source_stage`: every placed layer's stage at `source_pp`) at `pp`. kUnsupported
+// when those that reproduce them disagree at the target, or none does: a custom partition is in
+// no file.
+Result<ChosenPartition> ChoosePartition(uint64_t count,
+                                        const std::map<uint64_t, uint32_t>& source_stage,
+                                        const std::vector<PartitionMethod>& methods,
+                                        uint32_t source_pp, uint32_t pp);
 
 }  // namespace ucp::deepspeed

@@ -36,6 +36,8 @@ using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
 using deepspeed::CheckZeroOptimizerStage;
+using deepspeed::ChoosePartition;
+using deepspeed::ChosenPartition;
 using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
@@ -76,9 +78,8 @@ using deepspeed::OrderStatesAs;
 using deepspeed::PaddedVocab;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
-using deepspeed::PartitionBalanced;
 using deepspeed::Partitioning;
-using deepspeed::PartitionUniform;
+using deepspeed::PartitionMethod;
 using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
@@ -101,12 +102,14 @@ using deepspeed::ShapeText;
 using deepspeed::ShardMap;
 using deepspeed::SizeNode;
 using deepspeed::SplitBlocks;
+using deepspeed::StageOfLayer;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TpLayerStatesName;
+using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalForm;
 using deepspeed::UniversalModuleAtomArchive;
@@ -1615,23 +1618,6 @@ Result<PipelineLayers> ReadPipelineLayers(const AtomIndex& index, const IndexFac
   return out;
 }
 
-// The stage holding `layer` when stage s holds [bounds[s], bounds[s+1]) (the last one the rest).
-uint32_t StageOfLayer(const std::vector<uint64_t>& bounds, uint64_t layer) {
-  uint32_t s = 0;
-  while (s + 2 < bounds.size() && layer >= bounds[s + 1]) ++s;
-  return s;
-}
-
-// The stage `bounds` give every placed layer, in `layers.source_stage`'s order.
-std::vector<uint32_t> StageOfLayers(const PipelineLayers& layers,
-                                    const std::vector<uint64_t>& bounds) {
-  std::vector<uint32_t> stages;
-  for (const auto& [layer, source] : layers.source_stage) {
-    stages.push_back(StageOfLayer(bounds, layer));
-  }
-  return stages;
-}
-
 // A tag saved at pp = 1 with a tied module, to another pp: refused. The module's later uses (a
 // TiedLayerSpec with a forward_fn: the LM head tied to the embedding) have no layer file, and on
 // one stage no copy either: nothing shows which stages hold its copies at pp > 1.
@@ -1682,65 +1668,18 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
   }
   UCP_RETURN_IF_ERROR(RefuseTiedFromOneStage(facts, pp));
   UCP_ASSIGN_OR_RETURN(const PipelineLayers layers, ReadPipelineLayers(index, facts));
-  const uint32_t source_pp = static_cast<uint32_t>(facts.stages.size());
-  std::vector<uint32_t> source;
-  for (const auto& [layer, s] : layers.source_stage) source.push_back(s);
-
-  struct Method {
-    std::string name;
-    std::vector<uint64_t> weights;  // empty: uniform
-  };
-  std::vector<Method> methods = {{"'uniform'", {}}};
+  std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}}};
   std::vector<uint64_t> by_params(layers.count, 0);
   for (const auto& [layer, numel] : layers.params) by_params[layer] = numel;
-  methods.push_back({"'parameters'", by_params});
-  std::map<std::string, std::vector<uint64_t>> kinds;
-  for (const auto& [layer, signature] : layers.signature) {
-    std::vector<uint64_t>& weights = kinds[signature];
-    weights.resize(layers.count, 0);
-    weights[layer] = 1;
+  methods.push_back({"'parameters'", by_params, by_params});
+  for (PartitionMethod& method : TypeMethods(layers.signature, layers.count)) {
+    methods.push_back(std::move(method));
   }
-  for (auto& [signature, weights] : kinds) {
-    // A kind of one layer is no block to balance: weighting it alone leaves every other layer's
-    // stage to the partitioner's ties, and would make any placement of a model ambiguous.
-    if (std::count(weights.begin(), weights.end(), uint64_t{1}) < 2) continue;
-    uint64_t first = 0;
-    while (weights[first] == 0) ++first;
-    methods.push_back(
-        {"'type:' (the kind of layer " + std::to_string(first) + ")", std::move(weights)});
-  }
-  const auto bounds_of = [&](const Method& method, uint64_t parts) {
-    return method.weights.empty() ? PartitionUniform(layers.count, parts)
-                                  : PartitionBalanced(method.weights, parts);
-  };
-  std::optional<std::vector<uint64_t>> chosen;
-  std::string chosen_by;
-  std::string tried;
-  for (const Method& method : methods) {
-    const std::vector<uint64_t> at_source = bounds_of(method, source_pp);
-    tried += (tried.empty() ? "" : ", ") + method.name + " " + BoundsText(at_source);
-    if (StageOfLayers(layers, at_source) != source) continue;
-    std::vector<uint64_t> at_target = bounds_of(method, pp);
-    if (chosen && StageOfLayers(layers, *chosen) != StageOfLayers(layers, at_target)) {
-      return Status::Unsupported(
-          "deepspeed: pp=" + std::to_string(pp) + ": ambiguous layer placement: " + chosen_by +
-          " " + BoundsText(*chosen) + " and " + method.name + " " + BoundsText(at_target) +
-          " both give the saved stages at pp=" + std::to_string(source_pp) + " but differ here");
-    }
-    if (!chosen) {
-      chosen = std::move(at_target);
-      chosen_by = method.name;
-    }
-  }
-  if (!chosen) {
-    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
-                               ": no partition method DeepSpeed has gives the saved stages at pp=" +
-                               std::to_string(source_pp) + " over " + std::to_string(layers.count) +
-                               " layers (" + tried +
-                               "); a custom partition is in no file, so its placement at another "
-                               "pp is unknown");
-  }
-  const std::vector<uint64_t>& bounds = *chosen;
+  UCP_ASSIGN_OR_RETURN(const ChosenPartition chosen,
+                       ChoosePartition(layers.count, layers.source_stage, methods,
+                                       static_cast<uint32_t>(facts.stages.size()), pp));
+  const std::vector<uint64_t>& bounds = chosen.bounds;
+  const std::string& chosen_by = chosen.method;
   const auto stage_of = [&](uint64_t layer) { return StageOfLayer(bounds, layer); };
   std::vector<StageNames> stages(pp, StageNames(facts.groups.size()));
   for (size_t g = 0; g < facts.groups.size(); ++g) {
