@@ -206,10 +206,10 @@ def step_preload(args, env, ep=None, pp=None):
     if worst > TOLERANCE:
         fail(f'max |Δloss| {worst:.3g} against the uninterrupted run exceeds {TOLERANCE}')
     print(f'max |Δloss| against the uninterrupted {where(model.save)} run: {worst:.3g}')
-    pp, dp, told_ep = resume
+    at_pp, dp, told_ep = resume
     view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views',
-                        f'tp1-pp{pp}-dp{dp}' + ('' if told_ep is None else f'-ep{told_ep}'))
-    to = ('' if args.model == 'moe' else f'pp={pp},') + f'dp={dp}' + \
+                        f'tp1-pp{at_pp}-dp{dp}' + ('' if told_ep is None else f'-ep{told_ep}'))
+    to = ('' if args.model == 'moe' else f'pp={at_pp},') + f'dp={dp}' + \
         ('' if told_ep is None else f',ep={told_ep}')
     resharded = reshard(args, os.path.join(work, 'ckpt', TAG), to, 'reshard_' + name)
     # Expert files the save has under the same name pass through; the others are made (or, where
