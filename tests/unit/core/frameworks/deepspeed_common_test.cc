@@ -1,10 +1,13 @@
 // Tests core/frameworks/deepspeed/common.cc: OrderStatesAs, which lets the optimizer files of a
 // save made after DeepSpeed's universal load (its per-parameter states in no fixed key order) be
-// read as one save.
+// read as one save; ChoosePartition, which places a pipeline's layers at another pp by the
+// partition methods that reproduce the saved stages (expected bounds: DeepSpeed 0.19's
+// partition_uniform and partition_balanced on the same weights).
 #include "core/frameworks/deepspeed/common.h"
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,70 @@ TEST(DeepSpeedCommonTest, OrderStatesAsLeavesOtherKeysForTheCheckToName) {
   std::vector<StateTensor> fewer = {{"exp_avg_sq", &b}};
   OrderStatesAs(fewer, reference);
   EXPECT_EQ(Keys(fewer), (std::vector<std::string>{"exp_avg_sq"}));
+}
+
+// Six layers saved on two stages, three each.
+const std::map<uint64_t, uint32_t> kThreeAndThree = {{0, 0}, {1, 0}, {2, 0},
+                                                     {3, 1}, {4, 1}, {5, 1}};
+
+TEST(DeepSpeedCommonTest, ChoosePartitionPlacesByTheMethodThatGivesTheSavedStages) {
+  // 'uniform' gives [0, 3, 6]; weights heavy at the front give [0, 1, 6] and are no candidate.
+  const std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}},
+                                                {"'parameters'", {9, 9, 1, 1, 1, 1}, {}}};
+  const Result<ChosenPartition> chosen = ChoosePartition(6, kThreeAndThree, methods, 2, 3);
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(chosen->bounds, (std::vector<uint64_t>{0, 2, 4, 6}));
+  EXPECT_EQ(chosen->method, "'uniform'");
+}
+
+TEST(DeepSpeedCommonTest, ChoosePartitionRefusesMethodsThatAgreeAtTheSourceButNotAtTheTarget) {
+  // Both give [0, 3, 6] at pp=2; at pp=4 'uniform' gives [0, 2, 4, 5, 6], the weights
+  // [0, 2, 3, 4, 6].
+  const std::vector<uint64_t> weights = {1, 4, 4, 4, 4, 1};
+  const std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}},
+                                                {"'parameters'", weights, weights}};
+  const Result<ChosenPartition> chosen = ChoosePartition(6, kThreeAndThree, methods, 2, 4);
+  ASSERT_FALSE(chosen.ok());
+  EXPECT_EQ(chosen.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(chosen.status().message().find("ambiguous layer placement: 'uniform' [0, 2, 4, 5, 6] "
+                                           "and 'parameters' [0, 2, 3, 4, 6]"),
+            std::string::npos)
+      << chosen.status().ToString();
+  // At pp=3 they agree ([0, 2, 4, 6]): no ambiguity.
+  const Result<ChosenPartition> three = ChoosePartition(6, kThreeAndThree, methods, 2, 3);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->bounds, (std::vector<uint64_t>{0, 2, 4, 6}));
+}
+
+TEST(DeepSpeedCommonTest, ChoosePartitionWeighsTheSourceAndTheTargetEachByItsOwnWeights) {
+  // An MoE layer's local experts differ with E: at the source [1, 1, 1, 1] gives the saved
+  // [0, 2, 4]; the target's [3, 1, 1, 1] places [0, 1, 4].
+  const std::map<uint64_t, uint32_t> saved = {{0, 0}, {1, 0}, {2, 1}, {3, 1}};
+  const std::vector<PartitionMethod> methods = {{"'parameters'", {1, 1, 1, 1}, {3, 1, 1, 1}}};
+  const Result<ChosenPartition> chosen = ChoosePartition(4, saved, methods, 2, 2);
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(chosen->bounds, (std::vector<uint64_t>{0, 1, 4}));
+}
+
+TEST(DeepSpeedCommonTest, ChoosePartitionRefusesWhenNoMethodGivesTheSavedStages) {
+  const std::map<uint64_t, uint32_t> saved = {{0, 0}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}};
+  const Result<ChosenPartition> chosen = ChoosePartition(6, saved, {{"'uniform'", {}, {}}}, 2, 3);
+  ASSERT_FALSE(chosen.ok());
+  EXPECT_EQ(chosen.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(chosen.status().message().find("no partition method DeepSpeed has gives the saved "
+                                           "stages at pp=2 over 6 layers ('uniform' [0, 3, 6])"),
+            std::string::npos)
+      << chosen.status().ToString();
+}
+
+TEST(DeepSpeedCommonTest, TypeMethodsWeighEachKindOfAtLeastTwoLayers) {
+  const std::map<uint64_t, std::string> signature = {
+      {0, "embed"}, {1, "block"}, {2, "block"}, {3, "block"}, {4, "head"}};
+  const std::vector<PartitionMethod> methods = TypeMethods(signature, 5);
+  ASSERT_EQ(methods.size(), 1u);  // the embedding and the head are kinds of one layer
+  EXPECT_EQ(methods[0].name, "'type:' (the kind of layer 1)");
+  EXPECT_EQ(methods[0].source_weights, (std::vector<uint64_t>{0, 1, 1, 1, 0}));
+  EXPECT_EQ(methods[0].target_weights, methods[0].source_weights);
 }
 
 }  // namespace
