@@ -126,8 +126,8 @@ for config in ("moe_z1_fp32", "moe_z2_fp32"):
 for to, words in (("dp=3", "not a multiple of the expert-parallel size 2 (the tag's)"),
                   ("dp=2,ep=1", "scales expert gradients (and Adam's moments) by that size"),
                   ("tp=2,dp=2", "tp=2: MoE with tensor parallelism is not supported"),
-                  ("pp=2,dp=2", "pp=2: the tag's MoE layers are on one stage, and which of them "
-                                "each stage of a pipeline would hold is in no file of it")):
+                  ("pp=2,dp=2", "pp=2: wte.weight names no numbered layer: the tag's model is "
+                                "no PipelineModule")):
     save_dir = harness.fresh_dir(f"{work}/refused")
     status, _, err = harness.run_ucp(ucp, "reshard", f"{fixtures}/moe_z2_fp32/dp4/{TAG}", "--to",
                                      to, "--out", save_dir)

@@ -30,7 +30,12 @@ One CTest test per step, sharing WORK/<model>:
   preload_pp1  (pipe) the same at PP=1 x DP=2 (every layer on one stage, E=2), told by
            UCP_TOPOLOGY=pp=1: served files `ucp reshard --to pp=1,dp=2`'s, and those alike
            DeepSpeed's own PP=1 x DP=2 save in every object, key, shape and storage (a run of
-           its own: tensor values differ).
+           its own: tensor values differ). Then the other way, from one stage onto two: `ucp
+           reshard` of ucp's PP=1 files to PP=2 x DP=2 gives the saved files, every object and
+           tensor; DeepSpeed's own PP=1 save resumed at PP=2 x DP=1, E=1 under the preload
+           (told by UCP_TOPOLOGY=pp=2,ep=1) continues that run's losses within TOLERANCE, its
+           served files `ucp reshard`'s; and PP=4, where 'uniform' and 'parameters' place the
+           layers differently, is refused as ambiguous.
 
 Usage: ds_moe_e2e.py STEP [--model moe|pipe] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                       --deepspeed VERSION [--required]
@@ -122,10 +127,12 @@ def reshard(args, tag_dir, to, name):
     return os.path.join(out, TAG)
 
 
-def check_round_trip(args, resharded):
-    """`ucp reshard` of the served topology's files back to the save's gives the saved files."""
+def check_round_trip(args, resharded, served):
+    """`ucp reshard` of the files served at `served` (pp, dp, ep) back to the save's topology gives
+    the saved files."""
     pp, dp, ep = MODELS[args.model].save
-    back = reshard(args, resharded, f'dp={dp},ep={ep}', 'round_trip')
+    to = ('' if pp == served[0] else f'pp={pp},') + f'dp={dp},ep={ep}'
+    back = reshard(args, resharded, to, 'round_trip')
     saved = os.path.join(args.work, 'ckpt', TAG)
     names = sorted(n for n in os.listdir(saved) if n.endswith('.pt'))
     if sorted(n for n in os.listdir(back) if n.endswith('.pt')) != names:
@@ -136,13 +143,14 @@ def check_round_trip(args, resharded):
                      name)
     if report.failures:
         fail(f'the round trip differs from the save in {len(report.failures)} places')
-    print(f'round trip {where(MODELS[args.model].resume)} -> {where((pp, dp, ep))}: '
+    print(f'round trip {where(served)} -> {where((pp, dp, ep))}: '
           f'{len(names)} files, every object and tensor the saved ones')
 
 
 def check_like_deepspeed(args, env, resharded, topology):
     """ucp's files at `topology` alike DeepSpeed's own save there (its own run) in every object,
-    key, shape and storage: all but tensor values and the run-config fields."""
+    key, shape and storage: all but tensor values and the run-config fields. DeepSpeed's tag
+    directory."""
     own = os.path.join(args.work, 'deepspeed_{}x{}'.format(*topology[:2]))
     shutil.rmtree(own, ignore_errors=True)
     status, _, output = launch(args, env, topology, 'deepspeed_own',
@@ -164,6 +172,59 @@ def check_like_deepspeed(args, env, resharded, topology):
              f'{len(report.failures)} places')
     print(f'{len(names)} files alike DeepSpeed\'s own save at {where(topology)} in every object, '
           f'key, shape and storage')
+    return own
+
+
+def check_onto_stages(args, env, own, topology):
+    """DeepSpeed's own one-stage tag `own` (saved at `topology` by a run of its own) resumed on
+    two stages at E=1 under the preload: the losses continue that run's, the served files are
+    `ucp reshard`'s; and four stages refused, since the partition methods disagree there."""
+    resume, to = (2, topology[1] // 2, 1), f'pp=2,dp={topology[1] // 2},ep=1'
+    subprocess.run([args.ucp, 'index', own], check=True, stdout=subprocess.DEVNULL)
+    logs = os.path.join(args.work, 'logs_onto_stages')
+    shutil.rmtree(logs, ignore_errors=True)
+    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY='pp=2,ep=1')
+    status, seconds, output = launch(args, run_env, resume, 'onto_stages',
+                                     ['--load_dir', os.path.dirname(own)])
+    if status != 0:
+        fail(f'the PP=1 save resumed at {where(resume)} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    got = losses(os.path.join(args.work, 'onto_stages.json'))
+    full = losses(os.path.join(args.work, 'deepspeed_own.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    if sorted(got) != steps:
+        fail(f'resumed steps {sorted(got)}, expected {steps}')
+    print_losses(f'losses {where(resume)} from the PP=1 save', got)
+    print_losses(f'losses {where(topology)} uninterrupted', {s: full[s] for s in steps})
+    worst = max(abs(got[s] - full[s]) for s in steps)
+    if worst > TOLERANCE:
+        fail(f'max |Δloss| {worst:.3g} against the uninterrupted PP=1 run exceeds {TOLERANCE}')
+    print(f'{where(resume)} from DeepSpeed\'s PP=1 save under the preload: {seconds:.1f} s, max '
+          f'|Δloss| against its uninterrupted run {worst:.3g}')
+    check_served(args, own, reshard(args, own, to, 'reshard_onto_stages'),
+                 os.path.join(own, '.ucp', 'views', 'tp1-pp2-dp{}-ep1'.format(resume[1])), to, logs)
+    refused = subprocess.run([args.ucp, 'reshard', own, '--to', 'pp=4,dp=1,ep=1', '--out',
+                              os.path.join(args.work, 'pp4')], capture_output=True, text=True)
+    if refused.returncode == 0 or 'ambiguous layer placement' not in refused.stderr:
+        fail(f'pp=4 was not refused as ambiguous (exit {refused.returncode}): {refused.stderr}')
+    print(f'pp=4 refused: {refused.stderr.strip()}')
+
+
+def check_served(args, saved, resharded, view, to, logs):
+    """The files the preload served from `view` are the bytes `ucp reshard` wrote into
+    `resharded`: all but the expert files the tag `saved` has under the same name, which pass
+    through (the others are made, or where pipeline stages are restaged renamed, for the
+    target)."""
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
+        n.startswith(('layer_', 'expp_')) and os.path.isfile(os.path.join(saved, n))))
+    for name in served:
+        stored = os.path.join(view, 'served.' + name)
+        if not os.path.isfile(stored):
+            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
+                 f'{log_tail(logs)}')
+        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{stored} differs from `ucp reshard`\'s {name}')
+    print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
 
 
 def step_preload(args, env, ep=None, pp=None):
@@ -211,24 +272,13 @@ def step_preload(args, env, ep=None, pp=None):
                         f'tp1-pp{at_pp}-dp{dp}' + ('' if told_ep is None else f'-ep{told_ep}'))
     to = ('' if args.model == 'moe' else f'pp={at_pp},') + f'dp={dp}' + \
         ('' if told_ep is None else f',ep={told_ep}')
-    resharded = reshard(args, os.path.join(work, 'ckpt', TAG), to, 'reshard_' + name)
-    # Expert files the save has under the same name pass through; the others are made (or, where
-    # pipeline stages merge, renamed) for the target.
     saved = os.path.join(work, 'ckpt', TAG)
-    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
-        n.startswith(('layer_', 'expp_')) and os.path.isfile(os.path.join(saved, n))))
-    for name in served:
-        stored = os.path.join(view, 'served.' + name)
-        if not os.path.isfile(stored):
-            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
-                 f'{log_tail(logs)}')
-        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
-            fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
-    if args.model == 'pipe' and pp is None:
-        check_round_trip(args, resharded)
-    elif args.model == 'pipe':
-        check_like_deepspeed(args, env, resharded, resume)
+    resharded = reshard(args, saved, to, 'reshard_' + name)
+    check_served(args, saved, resharded, view, to, logs)
+    if args.model == 'pipe':
+        check_round_trip(args, resharded, resume)
+    if args.model == 'pipe' and pp is not None:
+        check_onto_stages(args, env, check_like_deepspeed(args, env, resharded, resume), resume)
 
 
 def main():

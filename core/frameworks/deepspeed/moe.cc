@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -22,9 +23,12 @@ namespace {
 
 using deepspeed::AddParameterAtoms;
 using deepspeed::AddUniversalModuleTensors;
+using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
+using deepspeed::ChoosePartition;
+using deepspeed::ChosenPartition;
 using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
@@ -53,6 +57,7 @@ using deepspeed::ListTag;
 using deepspeed::ListText;
 using deepspeed::MakeLayout;
 using deepspeed::ModelStatesName;
+using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimFilesByRank;
@@ -63,6 +68,7 @@ using deepspeed::OrderStatesAs;
 using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
+using deepspeed::PartitionMethod;
 using deepspeed::PidTuple;
 using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
@@ -87,6 +93,7 @@ using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TensorLike;
+using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::VersionAtLeast;
@@ -370,6 +377,11 @@ struct IndexFacts {
   std::vector<uint32_t> expert_files;     // layer_<L>_expert_<G> files, the same at any E
   std::vector<std::string> expert_names;  // each one's name at the target
   std::vector<uint32_t> expp_files;       // expp_rank_<e> files, in e order
+  // A stage restaged at another pp (RestageStages): the target's stages, and the layers
+  // [first_layer, end_layer) this one holds; 0 otherwise.
+  uint32_t target_stages = 0;
+  uint64_t first_layer = 0;
+  uint64_t end_layer = 0;
 };
 
 // A stage's entry of adapter_state (at pp = 1 the state itself): its expert group and experts
@@ -1437,20 +1449,6 @@ Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
     return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
                                ": MoE with tensor parallelism is not supported");
   }
-  const uint32_t pp = index.contents().topology.pp;
-  if (target.pp != pp && target.pp != 1) {
-    const std::string what = "deepspeed: pp=" + std::to_string(target.pp) + ": ";
-    if (pp == 1) {
-      return Status::Unsupported(what +
-                                 "the tag's MoE layers are on one stage, and which of them each "
-                                 "stage of a pipeline would hold is in no file of it; resume it "
-                                 "at pp=1");
-    }
-    return Status::Unsupported(what + "the tag's MoE layers are on " + std::to_string(pp) +
-                               " pipeline stages, and ucp moves them only onto one; resume it "
-                               "at pp=" +
-                               std::to_string(pp) + " or pp=1");
-  }
   if (target.pp == 0 || target.world % target.pp != 0) {
     return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
                                    " is not a multiple of pp=" + std::to_string(target.pp));
@@ -1493,13 +1491,14 @@ Result<MoeLayout> LayoutAtTarget(const IndexFacts& facts, uint32_t dp, uint32_t 
   return at;
 }
 
-// A pipeline's stages as the one stage of a PipelineModule at pp = 1, as DeepSpeed lays that out:
-// a stage holds a consecutive run of layers, and each of its groups holds them in module order,
-// so every group is the stages' groups one after another, and so are the MoE layers (each
+// A pipeline's stages as one stage of all its layers (at pp = 1 the target's), as DeepSpeed lays
+// that out: a stage holds a consecutive run of layers, and each of its groups holds them in module
+// order, so every group is the stages' groups one after another, and so are the MoE layers (each
 // stage's expert files renumbered after the earlier stages' layers). The templates are stage 0's.
 // kUnsupported where the stages' groups differ in number, expert group or hyperparameters (one
-// optimizer file cannot hold both) and for expp_rank files.
-Result<IndexFacts> MergeStages(const AtomIndex& index, const std::vector<IndexFacts>& stages) {
+// optimizer file cannot hold both) and for expp_rank files; `pp`, the target's, names it.
+Result<IndexFacts> MergeStages(const AtomIndex& index, const std::vector<IndexFacts>& stages,
+                               uint32_t pp) {
   const std::vector<ParamGroup>& indexed = index.contents().groups;
   IndexFacts merged = stages.front();
   std::vector<std::vector<std::string>> names(merged.groups.size());
@@ -1511,7 +1510,8 @@ Result<IndexFacts> MergeStages(const AtomIndex& index, const std::vector<IndexFa
   merged.expert_names.clear();
   size_t first_group = 0;  // the stage's first group in the index
   for (const IndexFacts& stage : stages) {
-    const std::string what = "deepspeed: pp=1: stage " + std::to_string(stage.mp) + " ";
+    const std::string what =
+        "deepspeed: pp=" + std::to_string(pp) + ": stage " + std::to_string(stage.mp) + " ";
     if (stage.groups.size() != merged.groups.size() || stage.expert_group != merged.expert_group) {
       return Status::Unsupported(what + "has other parameter groups than stage 0");
     }
@@ -1553,6 +1553,173 @@ Result<IndexFacts> MergeStages(const AtomIndex& index, const std::vector<IndexFa
   return merged;
 }
 
+// A pipeline's layers as PipelineModule's partition methods weigh them, from the saved stages:
+// each layer with trainable parameters, numbered by its parameters' names.
+struct MoePipelineLayers {
+  uint64_t count = 0;                         // the last such layer's number plus one
+  std::map<uint64_t, uint32_t> source_stage;  // each layer's stage at the source
+  std::map<uint64_t, uint64_t> dense;         // its elements outside experts
+  std::map<uint64_t, uint64_t> per_expert;    // an MoE layer's: one expert's elements
+  std::vector<uint64_t> moe_layers;           // each MoE layer's (num_experts' order) number
+  std::map<uint64_t, std::string> signature;  // its parameter names and shapes (one EP rank's)
+};
+
+// The layer a pipeline parameter's name numbers; kUnsupported for any other name (at pp > 1 a
+// PipelineModule's stages hold numbered layers; the target's placement of others is unknown).
+Result<uint64_t> LayerOf(const std::string& name, uint32_t pp) {
+  const std::optional<uint32_t> layer = NumberedLayer(name);
+  if (!layer) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": " + name +
+                               " names no numbered layer: the tag's model is no PipelineModule, "
+                               "so the layers each stage would hold at pp=" +
+                               std::to_string(pp) + " are unknown");
+  }
+  return *layer;
+}
+
+Result<MoePipelineLayers> ReadPipelineLayers(const std::vector<IndexFacts>& stages, uint32_t pp) {
+  MoePipelineLayers out;
+  for (const IndexFacts& stage : stages) {
+    std::vector<uint64_t> moe_layers;  // the stage's
+    for (size_t g = 0; g < stage.groups.size(); ++g) {
+      const GroupLayout& layout = g == stage.expert_group ? stage.local : stage.groups[g];
+      for (size_t i = 0; i < layout.names.size(); ++i) {
+        UCP_ASSIGN_OR_RETURN(const uint64_t layer, LayerOf(layout.names[i], pp));
+        UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(layout.shapes[i]));
+        out.source_stage[layer] = stage.mp;
+        out.count = std::max(out.count, layer + 1);
+        const std::string& name = layout.names[i];
+        out.signature[layer] += name.substr(name.find('.')) + ShapeText(layout.shapes[i]) + ";";
+        if (g != stage.expert_group) {
+          out.dense[layer] += numel;
+          continue;
+        }
+        if (moe_layers.empty() || moe_layers.back() != layer) moe_layers.push_back(layer);
+        out.per_expert[layer] += numel;
+      }
+    }
+    if (moe_layers.size() != stage.num_experts.size()) {
+      return Status::Corrupt("deepspeed: index: stage " + std::to_string(stage.mp) +
+                             ": the expert group holds " + std::to_string(moe_layers.size()) +
+                             " MoE layers, num_experts " +
+                             std::to_string(stage.num_experts.size()));
+    }
+    // The expert group holds one EP rank's num_experts / E experts per layer.
+    for (size_t k = 0; k < moe_layers.size(); ++k) {
+      out.per_expert[moe_layers[k]] /= stage.num_experts[k] / stage.ep;
+    }
+    out.moe_layers.insert(out.moe_layers.end(), moe_layers.begin(), moe_layers.end());
+  }
+  return out;
+}
+
+// Each layer's trainable elements as PipelineModule's 'parameters' method counts them at
+// expert-parallel size `ep`: it builds every layer, an MoE layer with num_experts / ep local
+// experts.
+std::vector<uint64_t> LayerWeights(const MoePipelineLayers& layers,
+                                   const std::vector<uint32_t>& num_experts, uint32_t ep) {
+  std::vector<uint64_t> weights(layers.count, 0);
+  for (const auto& [layer, numel] : layers.dense) weights[layer] = numel;
+  for (size_t k = 0; k < layers.moe_layers.size(); ++k) {
+    const uint64_t layer = layers.moe_layers[k];
+    weights[layer] += num_experts[k] / ep * layers.per_expert.at(layer);
+  }
+  return weights;
+}
+
+// The merged stage's names and shapes in `layout` whose layer is in [first, end).
+Result<GroupLayout> LayoutOfLayers(const GroupLayout& layout, uint64_t first, uint64_t end) {
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    const std::optional<uint32_t> layer = NumberedLayer(layout.names[i]);
+    if (layer && *layer >= first && *layer < end) {
+      names.push_back(layout.names[i]);
+      shapes.push_back(layout.shapes[i]);
+    }
+  }
+  return MakeLayout(std::move(names), std::move(shapes));
+}
+
+// A pipeline's stages at another pp (the tag's own pp keeps them): merged (MergeStages), then,
+// at pp > 1, split at the boundaries of the partition method that reproduces the saved stages
+// (ChoosePartition: 'uniform', 'parameters' with every MoE layer's local experts at the source's
+// and the target's E, 'type:'). Each target stage keeps its layers' parameters in the merged
+// order, and its MoE layers' expert files renumbered from 0 (its model states:
+// RestageModelStates). kUnsupported for AutoEP, a model that is no PipelineModule of numbered
+// layers, an ambiguous or unknown placement and a stage left without parameters.
+Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
+                                              const std::vector<IndexFacts>& stages, uint32_t pp,
+                                              uint32_t ep) {
+  if (stages.front().fused) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
+                               ": AutoEP layers in a pipeline are not supported");
+  }
+  if (pp == 1) {
+    UCP_ASSIGN_OR_RETURN(IndexFacts merged, MergeStages(index, stages, pp));
+    merged.target_stages = 1;
+    merged.end_layer = std::numeric_limits<uint64_t>::max();
+    return std::vector<IndexFacts>{std::move(merged)};
+  }
+  UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp));
+  UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages, pp));
+  std::vector<PartitionMethod> methods = {
+      {"'uniform'", {}, {}},
+      {"'parameters'", LayerWeights(layers, merged.num_experts, merged.ep),
+       LayerWeights(layers, merged.num_experts, ep)}};
+  for (PartitionMethod& method : TypeMethods(layers.signature, layers.count)) {
+    methods.push_back(std::move(method));
+  }
+  UCP_ASSIGN_OR_RETURN(const ChosenPartition chosen,
+                       ChoosePartition(layers.count, layers.source_stage, methods,
+                                       static_cast<uint32_t>(stages.size()), pp));
+  std::vector<IndexFacts> out;
+  for (uint32_t t = 0; t < pp; ++t) {
+    IndexFacts facts = merged;
+    facts.mp = t;
+    facts.target_stages = pp;
+    facts.first_layer = chosen.bounds[t];
+    facts.end_layer = t + 1 == pp ? std::numeric_limits<uint64_t>::max() : chosen.bounds[t + 1];
+    bool any = false;
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      UCP_ASSIGN_OR_RETURN(facts.groups[g],
+                           LayoutOfLayers(merged.groups[g], facts.first_layer, facts.end_layer));
+      any = any || !facts.groups[g].names.empty();
+    }
+    if (!any) {
+      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                                 std::to_string(t) + " holds no parameter by the " + chosen.method +
+                                 " placement " + BoundsText(chosen.bounds) +
+                                 " (DeepSpeed's optimizer cannot save it)");
+    }
+    UCP_ASSIGN_OR_RETURN(facts.local,
+                         LayoutOfLayers(merged.local, facts.first_layer, facts.end_layer));
+    facts.num_experts.clear();
+    facts.expert_files.clear();
+    facts.expert_names.clear();
+    std::optional<uint32_t> first_moe;  // the stage's first MoE layer in the merged numbering
+    for (uint32_t k = 0; k < layers.moe_layers.size(); ++k) {
+      if (layers.moe_layers[k] < facts.first_layer || layers.moe_layers[k] >= facts.end_layer) {
+        continue;
+      }
+      if (!first_moe) first_moe = k;
+      facts.num_experts.push_back(merged.num_experts[k]);
+    }
+    for (size_t i = 0; i < merged.expert_files.size(); ++i) {
+      const std::optional<deepspeed::FileName> parsed = ParseFileName(merged.expert_names[i]);
+      if (!parsed || !first_moe || parsed->layer < *first_moe ||
+          parsed->layer >= *first_moe + facts.num_experts.size()) {
+        continue;
+      }
+      facts.expert_files.push_back(merged.expert_files[i]);
+      facts.expert_names.push_back(
+          ExpertModelStatesName(parsed->layer - *first_moe, parsed->expert, t));
+    }
+    out.push_back(std::move(facts));
+  }
+  return out;
+}
+
 // The largest decimal storage key `root` references, plus one: a key no storage of it has.
 uint64_t NextStorageKey(Value* root) {
   uint64_t next = 0;
@@ -1567,16 +1734,57 @@ uint64_t NextStorageKey(Value* root) {
   return next;
 }
 
-// Stage 0's model states (`root`, read by `reader`) made those of the whole pipeline at pp = 1,
-// as DeepSpeed writes a PipelineModule of one stage: every later stage's module tensors after
-// stage 0's, each in a storage of its own (its bit16 atom; keys after the template's, in
-// `storages`), its param_shapes and buffer_names entries after stage 0's; num_experts every
-// stage's layers; mp_world_size and checkpoint_parallel_dimensions' pp_degree 1. kUnsupported
-// for a later stage's shared or frozen parameters (they name stage-local objects).
-Status MergeModelStates(const AtomIndex& index, const std::string& tag_dir,
-                        const std::vector<IndexFacts>& stages, const IndexFacts& merged,
-                        pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
-                        std::map<std::string, std::vector<Segment>>& storages) {
+// Whether a restaged stage (`target`) holds the model states' entry `name`: at pp = 1 every
+// one; at pp > 1 those of its layers, and kUnsupported for a name of no numbered layer.
+Result<bool> HoldsEntry(const IndexFacts& target, const std::string& name) {
+  if (target.target_stages == 1) return true;
+  UCP_ASSIGN_OR_RETURN(const uint64_t layer, LayerOf(name, target.target_stages));
+  return layer >= target.first_layer && layer < target.end_layer;
+}
+
+// The OrderedDict `dict`'s items those of `target`'s layers (HoldsEntry).
+Status KeepEntriesOf(const IndexFacts& target, Value* dict) {
+  std::vector<pickle::Mutation>& items = dict->mutable_mutations();
+  std::vector<pickle::Mutation> kept;
+  for (pickle::Mutation& item : items) {
+    if (item.op == pickle::Mutation::Op::kSetItem) {
+      UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, KeyText(item.first)));
+      if (!held) continue;
+    }
+    kept.push_back(std::move(item));
+  }
+  items = std::move(kept);
+  return Status::Ok();
+}
+
+// kUnsupported where `stage`'s model states hold shared or frozen parameters: they name
+// stage-local objects, which are not restaged.
+Status RefuseSharedOrFrozen(const TorchArchiveReader& stage) {
+  for (const char* field : {"shared_params", "frozen_param_shapes"}) {
+    const Value* value = OptionalField(stage, field);
+    if (value != nullptr && value->kind() != Kind::kNone &&
+        !(value->kind() == Kind::kDict && value->entries().empty())) {
+      return Status::Unsupported(Prefix(stage.path()) + field +
+                                 ": not empty; a pipeline stage's shared or frozen parameters "
+                                 "are not moved to other stages");
+    }
+  }
+  return Status::Ok();
+}
+
+// Stage 0's model states (`root`, read by `reader`) made those of a restaged stage (`target`,
+// RestageStages), as DeepSpeed writes a PipelineModule's stage: of stage 0's module tensors,
+// param_shapes and buffer_names entries those of its layers, then those of the later stages'
+// (the module tensors each in a storage of its own, from its bit16 atom, keys after the
+// template's, in `storages`); num_experts its MoE layers'; mp_world_size and
+// checkpoint_parallel_dimensions' pp_degree the target's stages. kUnsupported for shared or
+// frozen parameters of a stage that is not kept whole (at pp = 1 every later stage's), and at
+// pp > 1 for a tag that does not record its axes (DeepSpeed 0.14: the stages written could not
+// be told from tensor-parallel ranks).
+Status RestageModelStates(const AtomIndex& index, const std::string& tag_dir,
+                          const std::vector<IndexFacts>& stages, const IndexFacts& target,
+                          pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                          std::map<std::string, std::vector<Segment>>& storages) {
   Value* module = root->Get("module");
   Value* shapes = root->Get("param_shapes");
   Value* buffers = root->Get("buffer_names");
@@ -1584,21 +1792,39 @@ Status MergeModelStates(const AtomIndex& index, const std::string& tag_dir,
       shapes->kind() != Kind::kList || buffers == nullptr || buffers->kind() != Kind::kList) {
     return FieldError(reader, "module", "not an OrderedDict beside param_shapes and buffer_names");
   }
+  Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+  if (target.target_stages > 1 && dimensions == nullptr) {
+    return Status::Unsupported(
+        Prefix(reader.path()) +
+        "checkpoint_parallel_dimensions: missing (DeepSpeed before 0.15); an MoE pipeline's "
+        "stages are told from tensor parallelism only by it, so ucp writes them only for tags "
+        "that record it");
+  }
+  if (target.target_stages > 1) UCP_RETURN_IF_ERROR(RefuseSharedOrFrozen(reader));
   uint64_t next_key = NextStorageKey(root);
+  UCP_RETURN_IF_ERROR(KeepEntriesOf(target, module));
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    Value* group = shapes->Item(g);
+    if (group == nullptr || group->kind() != Kind::kObject) {
+      return FieldError(reader, "param_shapes/" + std::to_string(g), "not an OrderedDict");
+    }
+    UCP_RETURN_IF_ERROR(KeepEntriesOf(target, group));
+  }
+  std::vector<Value*> kept_buffers;
+  for (Value* buffer : buffers->items()) {
+    if (buffer->kind() != Kind::kStr) return FieldError(reader, "buffer_names", "not names");
+    UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, buffer->data()));
+    if (held) kept_buffers.push_back(buffer);
+  }
+  buffers->mutable_items() = std::move(kept_buffers);
   for (size_t s = 1; s < stages.size(); ++s) {
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader stage,
                          OpenSource(index, tag_dir, stages[s].model_file));
-    for (const char* field : {"shared_params", "frozen_param_shapes"}) {
-      const Value* value = OptionalField(stage, field);
-      if (value != nullptr && value->kind() != Kind::kNone &&
-          !(value->kind() == Kind::kDict && value->entries().empty())) {
-        return Status::Unsupported(Prefix(stage.path()) + field +
-                                   ": not empty; a later stage's shared or frozen parameters are "
-                                   "not merged into one stage");
-      }
-    }
+    UCP_RETURN_IF_ERROR(RefuseSharedOrFrozen(stage));
     UCP_ASSIGN_OR_RETURN(const Value* stage_module, Field(stage, "module"));
     for (const auto& [name, value] : NamedChildren(stage_module)) {
+      UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, name));
+      if (!held) continue;
       const Atom* atom = index.Find(name, "bit16");
       const TorchTensor* saved = stage.TensorAt(value);
       if (atom == nullptr || saved == nullptr) {
@@ -1617,37 +1843,41 @@ Status MergeModelStates(const AtomIndex& index, const std::string& tag_dir,
     for (size_t g = 0; g < shapes->items().size(); ++g) {
       Value* group = shapes->Item(g);
       const Value* stage_group = stage_shapes->Item(g);
-      if (group == nullptr || group->kind() != Kind::kObject || stage_group == nullptr ||
-          stage_group->kind() != Kind::kObject) {
+      if (stage_group == nullptr || stage_group->kind() != Kind::kObject) {
         return FieldError(stage, "param_shapes/" + std::to_string(g),
                           "not an OrderedDict as stage 0's is");
       }
       for (const pickle::Mutation& item : stage_group->mutations()) {
         if (item.op != pickle::Mutation::Op::kSetItem) continue;
+        UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, KeyText(item.first)));
+        if (!held) continue;
         group->mutable_mutations().push_back(
             {item.op, graph.Import(item.first), graph.Import(item.second)});
       }
     }
     UCP_ASSIGN_OR_RETURN(const Value* stage_buffers, Field(stage, "buffer_names"));
     for (const Value* buffer : stage_buffers->items()) {
-      buffers->mutable_items().push_back(graph.Import(buffer));
+      if (buffer->kind() != Kind::kStr) return FieldError(stage, "buffer_names", "not names");
+      UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, buffer->data()));
+      if (held) buffers->mutable_items().push_back(graph.Import(buffer));
     }
   }
   std::vector<Value*> experts;
-  for (const uint32_t count : merged.num_experts) experts.push_back(graph.Int(count));
+  for (const uint32_t count : target.num_experts) experts.push_back(graph.Int(count));
   UCP_RETURN_IF_ERROR(
       SetDictItem(root, "num_experts", graph.List(std::move(experts)), reader.path()));
-  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(1), reader.path()));
-  return SetDictItem(root->Get("checkpoint_parallel_dimensions"), "pp_degree", graph.Int(1),
-                     reader.path());
+  const int64_t pp = target.target_stages;
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(pp), reader.path()));
+  if (dimensions == nullptr) return Status::Ok();  // a pp = 1 target of a 0.14 tag
+  return SetDictItem(dimensions, "pp_degree", graph.Int(pp), reader.path());
 }
 
 // The model states: dp_world_size, the dense groups' module buffers, and at another
 // expert-parallel size the local experts' shapes (AutoEP's: its layers' coordinates and
-// autoep_size). `merged_from`: the pipeline's stages that `facts` merges (MergeStages), whose
-// model states stage 0's become (MergeModelStates); empty otherwise.
+// autoep_size). `restaged_from`: the pipeline's stages that `facts`, one of RestageStages', is
+// made from (its model states from stage 0's, RestageModelStates); empty otherwise.
 Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
-                       const std::vector<IndexFacts>& merged_from, const MoeLayout& at,
+                       const std::vector<IndexFacts>& restaged_from, const MoeLayout& at,
                        OutputPlan& plan) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.model_file));
@@ -1662,9 +1892,9 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
     if (g != facts.expert_group) dense.push_back(facts.groups[g]);
   }
   std::map<std::string, std::vector<Segment>> resized;
-  if (!merged_from.empty()) {
+  if (!restaged_from.empty()) {
     UCP_RETURN_IF_ERROR(
-        MergeModelStates(index, tag_dir, merged_from, facts, out.graph, root, reader, resized));
+        RestageModelStates(index, tag_dir, restaged_from, facts, out.graph, root, reader, resized));
   }
   UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
                                           at.order.dp, resized));
@@ -1840,12 +2070,15 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, stages.front(), target));
   OutputPlan plan;
-  if (target.pp == 1 && stages.size() > 1) {
-    UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages));
-    UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(merged, target.dp, ep));
-    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, merged, stages, at, plan));
-    UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, merged, at, plan));
-    UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, merged, at, plan));
+  if (target.pp != stages.size()) {
+    UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> restaged,
+                         RestageStages(index, stages, target.pp, ep));
+    for (const IndexFacts& facts : restaged) {
+      UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
+      UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, stages, at, plan));
+      UCP_RETURN_IF_ERROR(PlanExpertFiles(index, tag_dir, facts, at, plan));
+      UCP_RETURN_IF_ERROR(PlanOptimStates(index, tag_dir, facts, at, plan));
+    }
     return plan;
   }
   // At a fixed pp each stage's files are a pp = 1 tag's, resharded alike.

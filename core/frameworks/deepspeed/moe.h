@@ -1,7 +1,7 @@
 // The DeepSpeed-MoE adapter ("deepspeed-moe", schema 1): DeepSpeed v0.14 checkpoints of models
 // with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms, resharded to any DP size that the
 // expert-parallel size divides; also those of MoE layers in a PipelineModule (DeepSpeed 0.19,
-// below), at their pipeline degree or merged onto one stage.
+// below), at their pipeline degree, merged onto one stage or placed on another.
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -54,9 +54,14 @@
 // renumbered after the earlier stages' layers), and the model states are stage 0's with every
 // stage's module tensors, param_shapes and buffer_names, all num_experts, mp_world_size and
 // pp_degree 1 (stages of other groups or hyperparameters, later stages' shared or frozen
-// parameters: refused). Another pp > 1 (which layers each stage would hold is in no file),
-// tensor parallelism, a tag of several mp ranks that does not record which axis they are (0.14)
-// and AutoEP in a pipeline are refused.
+// parameters: refused). To another pp > 1 (from a pipeline, or from pp = 1 where the parameters
+// are numbered layers) the merged stage is split where DeepSpeed would place the layers: which
+// layers each stage holds is in no file, so DeepSpeed's partition methods ('uniform',
+// 'parameters' with an MoE layer's num_experts / E local experts at each side's E, 'type:') are
+// replayed, and those that give the saved stages must agree at the target (else refused as
+// ambiguous). Each target stage's model states keep only its layers' entries. Tensor
+// parallelism, a tag of several mp ranks that does not record which axis they are (0.14) and
+// AutoEP in a pipeline are refused.
 //
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
