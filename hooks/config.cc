@@ -78,7 +78,8 @@ Status ParseRoots(const EnvLookup& lookup, std::vector<std::string>* out) {
 Status ParseTopology(const EnvLookup& lookup, TopologyOverride* out) {
   constexpr const char* kName = "UCP_TOPOLOGY";
   constexpr std::string_view kExpected =
-      "comma-separated tp=N, pp=N, dp=N, ep=N with N a positive integer, each key at most once";
+      "comma-separated tp=N, pp=N, dp=N, ep=N with N a positive integer and "
+      "partition=uniform|parameters|type, each key at most once";
   const std::string_view value = Lookup(lookup, kName);
   if (value.empty()) return Status::Ok();
   TopologyOverride topology;
@@ -91,6 +92,13 @@ Status ParseTopology(const EnvLookup& lookup, TopologyOverride* out) {
     if (equals == std::string_view::npos) return Invalid(kName, value, kExpected);
     const std::string_view key = item.substr(0, equals);
     const std::string_view number = item.substr(equals + 1);
+    if (key == "partition") {
+      const std::optional<LayerPartition> partition = ParseLayerPartition(number);
+      if (!partition || topology.partition) return Invalid(kName, value, kExpected);
+      topology.partition = partition;
+      pos = end + 1;
+      continue;
+    }
     std::optional<int>* slot = key == "tp"   ? &topology.tp
                                : key == "pp" ? &topology.pp
                                : key == "dp" ? &topology.dp

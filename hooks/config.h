@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/format/atom_index.h"
 #include "core/util/launcher.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -41,8 +42,11 @@ struct TopologyOverride {
   std::optional<int> pp;
   std::optional<int> dp;
   std::optional<int> ep;  // an MoE tag's expert-parallel size at the resume
+  // How a pipeline's layers are placed at another pp (the trainer's partition_method), where the
+  // saved stages leave it ambiguous.
+  std::optional<LayerPartition> partition;
 
-  bool empty() const { return !tp && !pp && !dp && !ep; }
+  bool empty() const { return !tp && !pp && !dp && !ep && !partition; }
   friend bool operator==(const TopologyOverride&, const TopologyOverride&) = default;
 };
 

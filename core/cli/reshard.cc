@@ -85,7 +85,9 @@ void AddReshardCommand(CLI::App& app, Run* run) {
   command
       ->add_option(
           "--to", options->to,
-          "target topology: dp=N[,tp=N,pp=N,ep=N,world=N] (ep: an MoE tag's expert-parallel size)")
+          "target topology: dp=N[,tp=N,pp=N,ep=N,world=N,partition=M] (ep: an MoE tag's "
+          "expert-parallel size; M: uniform, parameters or type, the trainer's partition_method "
+          "where a pipeline's placement at another pp is ambiguous)")
       ->required();
   command->add_option("--out", options->out, "save directory: gets <tag>/ and latest")->required();
   command->add_option("--threads", options->threads, "I/O threads (0: up to 8)");

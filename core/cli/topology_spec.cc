@@ -38,9 +38,22 @@ Result<TopologySpec> ParseTopologySpec(std::string_view text) {
     if (equals == std::string_view::npos) {
       return Status::InvalidArgument(
           "--to: \"" + std::string(pair) +
-          "\": expected KEY=VALUE with KEY one of dp, tp, pp, ep, world");
+          "\": expected KEY=VALUE with KEY one of dp, tp, pp, ep, world, partition");
     }
     const std::string_view key = pair.substr(0, equals);
+    if (key == "partition") {
+      const std::string_view name = pair.substr(equals + 1);
+      const std::optional<LayerPartition> partition = ParseLayerPartition(name);
+      if (!partition) {
+        return Status::InvalidArgument("--to: partition=" + std::string(name) +
+                                       ": expected uniform, parameters or type");
+      }
+      if (spec.partition) return Status::InvalidArgument("--to: partition given twice");
+      spec.partition = partition;
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+      continue;
+    }
     UCP_ASSIGN_OR_RETURN(const uint32_t value, ParseCount(key, pair.substr(equals + 1)));
     std::optional<uint32_t>* slot = nullptr;
     if (key == "dp") {
@@ -57,7 +70,7 @@ Result<TopologySpec> ParseTopologySpec(std::string_view text) {
       slot = &spec.ep;
     } else {
       return Status::InvalidArgument("--to: unknown key \"" + std::string(key) +
-                                     "\" (known: dp, tp, pp, ep, world)");
+                                     "\" (known: dp, tp, pp, ep, world, partition)");
     }
     if (slot != nullptr) {
       if (slot->has_value()) {
@@ -78,6 +91,7 @@ Result<Topology> ResolveTopology(const TopologySpec& spec, const Topology& sourc
   target.tp = spec.tp.value_or(source.tp);
   target.pp = spec.pp.value_or(source.pp);
   target.ep = spec.ep.value_or(0);
+  target.partition = spec.partition.value_or(LayerPartition::kInferred);
   const auto dp_tp = CheckedMul<uint64_t>(target.dp, target.tp);
   const auto ranks = dp_tp ? CheckedMul<uint64_t>(*dp_tp, target.pp) : std::nullopt;
   if (!ranks || *ranks > UINT32_MAX) {
@@ -100,7 +114,10 @@ std::string TopologyText(const Topology& topology) {
          " pp=" + std::to_string(topology.pp) +
          (topology.ep != 0 ? " ep=" + std::to_string(topology.ep) : std::string()) +
          " world=" + std::to_string(topology.world) +
-         " zero_stage=" + std::to_string(topology.zero_stage);
+         " zero_stage=" + std::to_string(topology.zero_stage) +
+         (topology.partition != LayerPartition::kInferred
+              ? " partition=" + std::string(LayerPartitionName(topology.partition))
+              : std::string());
 }
 
 }  // namespace ucp::cli

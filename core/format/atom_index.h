@@ -99,6 +99,35 @@ inline std::string AtomIndexPath(std::string_view tag_dir) {
   return std::string(tag_dir) + "/" + std::string(kAtomIndexRelativePath);
 }
 
+// How a pipeline's layers are placed on the stages of another pp: inferred from the saved
+// stages, or PipelineModule's partition_method as the user names it ("uniform", "parameters",
+// "type": the 'type:' of the one kind of layer that repeats). A target's only, never indexed.
+enum class LayerPartition : uint8_t { kInferred, kUniform, kParameters, kType };
+
+// "uniform", "parameters", "type"; "" for kInferred.
+inline std::string_view LayerPartitionName(LayerPartition partition) {
+  switch (partition) {
+    case LayerPartition::kUniform:
+      return "uniform";
+    case LayerPartition::kParameters:
+      return "parameters";
+    case LayerPartition::kType:
+      return "type";
+    case LayerPartition::kInferred:
+      break;
+  }
+  return "";
+}
+
+// The partition a name gives (LayerPartitionName's), or nullopt.
+inline std::optional<LayerPartition> ParseLayerPartition(std::string_view name) {
+  for (const LayerPartition partition :
+       {LayerPartition::kUniform, LayerPartition::kParameters, LayerPartition::kType}) {
+    if (name == LayerPartitionName(partition)) return partition;
+  }
+  return std::nullopt;
+}
+
 // The parallel layout a checkpoint was written with (or is wanted in).
 struct Topology {
   uint32_t dp = 1;
@@ -109,6 +138,8 @@ struct Topology {
   // A target's expert-parallel size; 0: the tag's own. Only MoE tags have one (their adapter
   // keeps the source's in adapter_state); an index never stores this field.
   uint32_t ep = 0;
+  // A target's layer placement at another pp (kInferred: from the saved stages).
+  LayerPartition partition = LayerPartition::kInferred;
   bool operator==(const Topology&) const = default;
 };
 

@@ -244,10 +244,13 @@ std::string StoredName(std::string_view name) {
 }
 
 std::string ViewName(const Topology& topology) {
-  // ep only when given, so that the views of tags without experts keep their names.
+  // ep and the partition only when given, so that the views of other tags keep their names.
   return "tp" + std::to_string(topology.tp) + "-pp" + std::to_string(topology.pp) + "-dp" +
          std::to_string(topology.dp) +
-         (topology.ep != 0 ? "-ep" + std::to_string(topology.ep) : std::string());
+         (topology.ep != 0 ? "-ep" + std::to_string(topology.ep) : std::string()) +
+         (topology.partition != LayerPartition::kInferred
+              ? "-" + std::string(LayerPartitionName(topology.partition))
+              : std::string());
 }
 
 std::string ViewDirectory(const std::string& tag_dir, const std::string& cache_dir,

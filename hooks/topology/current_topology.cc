@@ -131,6 +131,11 @@ Result<CurrentTopology> ResolveCurrentTopology(const TopologyOverride& override_
     evidence.push_back(
         Degree("ep", *ep, ep_given ? std::string("UCP_TOPOLOGY") : trainer.ep_evidence));
   }
+  if (override_spec.partition) {
+    current.topology.partition = *override_spec.partition;
+    evidence.push_back("partition=" + std::string(LayerPartitionName(*override_spec.partition)) +
+                       " (UCP_TOPOLOGY)");
+  }
   if (world && world->rank && static_cast<uint64_t>(*world->rank) < world_size) {
     current.global_rank = world->rank;
   }

@@ -104,8 +104,25 @@ for config in ("3d_z1_fp32", "3d_bf16"):
     save_dir = harness.fresh_dir(f"{work}/{config}_pp4")
     status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to", "tp=1,pp=4,dp=2",
                                      "--out", save_dir)
-    report.check(status != 0 and "ambiguous layer placement" in err,
+    report.check(status != 0 and "ambiguous layer placement" in err and
+                 "partition=uniform, parameters or type" in err,
                  f"{config}: pp=4 not refused as ambiguous: exit {status}: {err}")
+    # Told the trainer's method (its 'type:transformer', or 'parameters', which agree there): the
+    # files of DeepSpeed's own pp=4 resave ([0, 3, 4, 5, 8]), where the fixture has one.
+    pp4_resave = f"{fixtures}/{config}/resaved/tp1pp4dp2_from_tp2pp2dp2/{TAG}"
+    for partition in ("type", "parameters") if os.path.isdir(pp4_resave) else ():
+        save_dir = harness.fresh_dir(f"{work}/{config}_pp4_{partition}")
+        status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to",
+                                         f"tp=1,pp=4,dp=2,partition={partition}", "--out",
+                                         save_dir)
+        if report.check(status == 0, f"{config} pp=4 partition={partition}: exit {status}: {err}"):
+            compare_tags(f"{config} tp1pp4dp2 partition={partition}", save_dir,
+                         pp4_resave)
+    status, _, err = harness.run_ucp(ucp, "reshard", f"{source}/{TAG}", "--to",
+                                     "tp=1,pp=4,dp=2,partition=bogus", "--out",
+                                     harness.fresh_dir(f"{work}/{config}_pp4_bogus"))
+    report.check(status != 0 and "partition=bogus: expected uniform, parameters or type" in err,
+                 f"{config}: partition=bogus not refused as expected: exit {status}: {err}")
     # pp=2 from a pp=1 tag (ucp's tp1pp1dp2 files): the tied embedding's use by the LM head has
     # no layer file and no copy there, so nothing shows that the last stage holds one at pp 2:
     # refused, naming the tied module, rather than written without the last stage's copy.

@@ -1295,8 +1295,9 @@ std::vector<PartitionMethod> TypeMethods(const std::map<uint64_t, std::string>& 
     if (std::count(weights.begin(), weights.end(), uint64_t{1}) < 2) continue;
     uint64_t first = 0;
     while (weights[first] == 0) ++first;
-    methods.push_back(
-        {"'type:' (the kind of layer " + std::to_string(first) + ")", weights, weights});
+    methods.push_back({LayerPartition::kType,
+                       "'type:' (the kind of layer " + std::to_string(first) + ")", weights,
+                       weights});
   }
   return methods;
 }
@@ -1304,7 +1305,7 @@ std::vector<PartitionMethod> TypeMethods(const std::map<uint64_t, std::string>& 
 Result<ChosenPartition> ChoosePartition(uint64_t count,
                                         const std::map<uint64_t, uint32_t>& source_stage,
                                         const std::vector<PartitionMethod>& methods,
-                                        uint32_t source_pp, uint32_t pp) {
+                                        uint32_t source_pp, uint32_t pp, LayerPartition told) {
   const auto bounds_of = [count](const std::vector<uint64_t>& weights, uint64_t parts) {
     return weights.empty() ? PartitionUniform(count, parts) : PartitionBalanced(weights, parts);
   };
@@ -1315,24 +1316,39 @@ Result<ChosenPartition> ChoosePartition(uint64_t count,
   };
   std::vector<uint32_t> source;
   for (const auto& [layer, s] : source_stage) source.push_back(s);
+  const std::string what = "deepspeed: pp=" + std::to_string(pp) + ": ";
+  const std::string told_text = told == LayerPartition::kInferred
+                                    ? std::string()
+                                    : "partition=" + std::string(LayerPartitionName(told));
   std::optional<ChosenPartition> chosen;
   std::string tried;
   for (const PartitionMethod& method : methods) {
+    if (told != LayerPartition::kInferred && method.kind != told) continue;
     const std::vector<uint64_t> at_source = bounds_of(method.source_weights, source_pp);
     tried += (tried.empty() ? "" : ", ") + method.name + " " + BoundsText(at_source);
     if (stages_by(at_source) != source) continue;
     std::vector<uint64_t> at_target = bounds_of(method.target_weights, pp);
     if (chosen && stages_by(chosen->bounds) != stages_by(at_target)) {
       return Status::Unsupported(
-          "deepspeed: pp=" + std::to_string(pp) + ": ambiguous layer placement: " + chosen->method +
-          " " + BoundsText(chosen->bounds) + " and " + method.name + " " + BoundsText(at_target) +
-          " both give the saved stages at pp=" + std::to_string(source_pp) + " but differ here");
+          what + "ambiguous layer placement: " + chosen->method + " " + BoundsText(chosen->bounds) +
+          " and " + method.name + " " + BoundsText(at_target) +
+          " both give the saved stages at pp=" + std::to_string(source_pp) + " but differ here" +
+          (told_text.empty() ? "; name the trainer's partition_method in the target with "
+                               "partition=uniform, parameters or type"
+                             : " (" + told_text + ": kinds of layer that repeat disagree)"));
     }
     if (!chosen) chosen = ChosenPartition{std::move(at_target), method.name};
   }
+  if (!chosen && !told_text.empty()) {
+    return Status::Unsupported(
+        what + told_text + " does not give the saved stages at pp=" + std::to_string(source_pp) +
+        " over " + std::to_string(count) + " layers (" +
+        (tried.empty() ? "no kind of layer repeats" : tried) + ")");
+  }
   if (!chosen) {
-    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
-                               ": no partition method DeepSpeed has gives the saved stages at pp=" +
+    return Status::Unsupported(what +
+                               "no partition method DeepSpeed has gives the saved stages "
+                               "at pp=" +
                                std::to_string(source_pp) + " over " + std::to_string(count) +
                                " layers (" + tried +
                                "); a custom partition is in no file, so its placement at another "

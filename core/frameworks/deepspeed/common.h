@@ -493,6 +493,7 @@ uint32_t StageOfLayer(const std::vector<uint64_t>& bounds, uint64_t layer);
 // per layer at the source and at the target (both empty: 'uniform'). They differ where a layer's
 // trainable elements depend on the layout (an MoE layer's local experts).
 struct PartitionMethod {
+  LayerPartition kind = LayerPartition::kUniform;
   std::string name;  // for messages: "'uniform'", "'parameters'", "'type:' (...)"
   std::vector<uint64_t> source_weights;
   std::vector<uint64_t> target_weights;
@@ -508,12 +509,12 @@ struct ChosenPartition {
   std::string method;
 };
 // The target's stage boundaries over `count` layers: those of the methods that reproduce the
-// saved stages (`source_stage`: every placed layer's stage at `source_pp`) at `pp`. kUnsupported
-// when those that reproduce them disagree at the target, or none does: a custom partition is in
-// no file.
+// saved stages (`source_stage`: every placed layer's stage at `source_pp`) at `pp`, of `told`'s
+// kind only where the user names one. kUnsupported when those that reproduce them disagree at the
+// target (naming how to tell the trainer's), or none does: a custom partition is in no file.
 Result<ChosenPartition> ChoosePartition(uint64_t count,
                                         const std::map<uint64_t, uint32_t>& source_stage,
                                         const std::vector<PartitionMethod>& methods,
-                                        uint32_t source_pp, uint32_t pp);
+                                        uint32_t source_pp, uint32_t pp, LayerPartition told);
 
 }  // namespace ucp::deepspeed

@@ -1644,13 +1644,14 @@ Result<GroupLayout> LayoutOfLayers(const GroupLayout& layout, uint64_t first, ui
 // A pipeline's stages at another pp (the tag's own pp keeps them): merged (MergeStages), then,
 // at pp > 1, split at the boundaries of the partition method that reproduces the saved stages
 // (ChoosePartition: 'uniform', 'parameters' with every MoE layer's local experts at the source's
-// and the target's E, 'type:'). Each target stage keeps its layers' parameters in the merged
-// order, and its MoE layers' expert files renumbered from 0 (its model states:
-// RestageModelStates). kUnsupported for AutoEP, a model that is no PipelineModule of numbered
-// layers, an ambiguous or unknown placement and a stage left without parameters.
+// and the target's E, 'type:'; only `partition`'s where the user names one). Each target stage
+// keeps its layers' parameters in the merged order, and its MoE layers' expert files renumbered
+// from 0 (its model states: RestageModelStates). kUnsupported for AutoEP, a model that is no
+// PipelineModule of numbered layers, an ambiguous or unknown placement and a stage left without
+// parameters.
 Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
                                               const std::vector<IndexFacts>& stages, uint32_t pp,
-                                              uint32_t ep) {
+                                              uint32_t ep, LayerPartition partition) {
   if (stages.front().fused) {
     return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
                                ": AutoEP layers in a pipeline are not supported");
@@ -1663,16 +1664,16 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
   }
   UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp));
   UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages, pp));
-  std::vector<PartitionMethod> methods = {
-      {"'uniform'", {}, {}},
-      {"'parameters'", LayerWeights(layers, merged.num_experts, merged.ep),
-       LayerWeights(layers, merged.num_experts, ep)}};
+  std::vector<PartitionMethod> methods = {{LayerPartition::kUniform, "'uniform'", {}, {}},
+                                          {LayerPartition::kParameters, "'parameters'",
+                                           LayerWeights(layers, merged.num_experts, merged.ep),
+                                           LayerWeights(layers, merged.num_experts, ep)}};
   for (PartitionMethod& method : TypeMethods(layers.signature, layers.count)) {
     methods.push_back(std::move(method));
   }
   UCP_ASSIGN_OR_RETURN(const ChosenPartition chosen,
                        ChoosePartition(layers.count, layers.source_stage, methods,
-                                       static_cast<uint32_t>(stages.size()), pp));
+                                       static_cast<uint32_t>(stages.size()), pp, partition));
   std::vector<IndexFacts> out;
   for (uint32_t t = 0; t < pp; ++t) {
     IndexFacts facts = merged;
@@ -2072,7 +2073,7 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   OutputPlan plan;
   if (target.pp != stages.size()) {
     UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> restaged,
-                         RestageStages(index, stages, target.pp, ep));
+                         RestageStages(index, stages, target.pp, ep, target.partition));
     for (const IndexFacts& facts : restaged) {
       UCP_ASSIGN_OR_RETURN(const MoeLayout at, LayoutAtTarget(facts, target.dp, ep));
       UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, stages, at, plan));

@@ -1642,11 +1642,11 @@ Status RefuseTiedFromOneStage(const IndexFacts& facts, uint32_t pp) {
 // the partition methods of DeepSpeed that reproduce the source's stages from what the checkpoint
 // shows: "uniform" over the layer count, "parameters" (partition_balanced over trainable elements)
 // and "type:" (partition_balanced weighting the layers of one kind, told by their parameters'
-// names and shapes); when those that reproduce it disagree at the target, or none does, the
-// reshard is refused. A stage lists its tied modules' parameters first (each once), then its
-// numbered layers', as PipelineModule orders them.
+// names and shapes), only `partition`'s where the user names one; when those that reproduce it
+// disagree at the target, or none does, the reshard is refused. A stage lists its tied modules'
+// parameters first (each once), then its numbered layers', as PipelineModule orders them.
 Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const IndexFacts& facts,
-                                             uint32_t pp) {
+                                             uint32_t pp, LayerPartition partition) {
   if (!facts.pipeline) {
     if (pp != 1) {
       return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
@@ -1668,16 +1668,16 @@ Result<std::vector<StageNames>> TargetStages(const AtomIndex& index, const Index
   }
   UCP_RETURN_IF_ERROR(RefuseTiedFromOneStage(facts, pp));
   UCP_ASSIGN_OR_RETURN(const PipelineLayers layers, ReadPipelineLayers(index, facts));
-  std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}}};
+  std::vector<PartitionMethod> methods = {{LayerPartition::kUniform, "'uniform'", {}, {}}};
   std::vector<uint64_t> by_params(layers.count, 0);
   for (const auto& [layer, numel] : layers.params) by_params[layer] = numel;
-  methods.push_back({"'parameters'", by_params, by_params});
+  methods.push_back({LayerPartition::kParameters, "'parameters'", by_params, by_params});
   for (PartitionMethod& method : TypeMethods(layers.signature, layers.count)) {
     methods.push_back(std::move(method));
   }
   UCP_ASSIGN_OR_RETURN(const ChosenPartition chosen,
                        ChoosePartition(layers.count, layers.source_stage, methods,
-                                       static_cast<uint32_t>(facts.stages.size()), pp));
+                                       static_cast<uint32_t>(facts.stages.size()), pp, partition));
   const std::vector<uint64_t>& bounds = chosen.bounds;
   const std::string& chosen_by = chosen.method;
   const auto stage_of = [&](uint64_t layer) { return StageOfLayer(bounds, layer); };
@@ -2406,7 +2406,7 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanReshard(const AtomIndex& index,
         ": the tag's pipeline grid has no model axis (layer files without a TP rank, "
         "layer_LL-model_states.pt), so its trainer runs at tp = 1 only");
   }
-  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp));
+  UCP_ASSIGN_OR_RETURN(const auto stages, TargetStages(index, facts, target.pp, target.partition));
   // [stage][TP rank]: the groups laid out at (tp, dp).
   std::vector<std::vector<std::vector<TargetGroup>>> stage_groups;
   for (const std::vector<std::vector<std::string>>& stage : stages) {

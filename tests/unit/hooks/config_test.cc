@@ -85,23 +85,55 @@ TEST(ConfigTest, RootsAreAbsoluteAndNormalised) {
 TEST(ConfigTest, Topology) {
   const Result<Config> full = Parse({{"UCP_TOPOLOGY", "tp=2,pp=2,dp=4"}});
   ASSERT_TRUE(full.ok());
-  EXPECT_EQ(full->topology, (TopologyOverride{2, 2, 4, std::nullopt}));
+  EXPECT_EQ(full->topology, (TopologyOverride{2, 2, 4, std::nullopt, std::nullopt}));
   const Result<Config> partial = Parse({{"UCP_TOPOLOGY", "dp=8"}});
   ASSERT_TRUE(partial.ok());
-  EXPECT_EQ(partial->topology, (TopologyOverride{std::nullopt, std::nullopt, 8, std::nullopt}));
+  EXPECT_EQ(partial->topology,
+            (TopologyOverride{std::nullopt, std::nullopt, 8, std::nullopt, std::nullopt}));
   const Result<Config> reordered = Parse({{"UCP_TOPOLOGY", "dp=3,tp=1"}});
   ASSERT_TRUE(reordered.ok());
-  EXPECT_EQ(reordered->topology, (TopologyOverride{1, std::nullopt, 3, std::nullopt}));
+  EXPECT_EQ(reordered->topology,
+            (TopologyOverride{1, std::nullopt, 3, std::nullopt, std::nullopt}));
   const Result<Config> experts = Parse({{"UCP_TOPOLOGY", "ep=1"}});
   ASSERT_TRUE(experts.ok());
-  EXPECT_EQ(experts->topology, (TopologyOverride{std::nullopt, std::nullopt, std::nullopt, 1}));
+  EXPECT_EQ(experts->topology,
+            (TopologyOverride{std::nullopt, std::nullopt, std::nullopt, 1, std::nullopt}));
+  const Result<Config> placed = Parse({{"UCP_TOPOLOGY", "pp=4,partition=uniform"}});
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ(placed->topology, (TopologyOverride{std::nullopt, 4, std::nullopt, std::nullopt,
+                                                LayerPartition::kUniform}));
+  for (const auto& [text, partition] :
+       {std::pair{"partition=parameters", LayerPartition::kParameters},
+        std::pair{"partition=type", LayerPartition::kType}}) {
+    const Result<Config> told = Parse({{"UCP_TOPOLOGY", text}});
+    ASSERT_TRUE(told.ok()) << text;
+    EXPECT_EQ(told->topology.partition, partition) << text;
+  }
 
   const std::string expected =
-      " is invalid (expected comma-separated tp=N, pp=N, dp=N, ep=N with N a positive integer, "
-      "each key at most once)";
-  for (const char* bad :
-       {"tp=0", "tp=-1", "tp=2,tp=2", "ep=0", "ep=1,ep=1", "sp=2", "tp", "tp=", "tp=2,", ",tp=2",
-        "tp=2;pp=2", "tp=x", "tp=2x", "tp= 2", "TP=2", "dp=99999999999", "dp=2097152"}) {
+      " is invalid (expected comma-separated tp=N, pp=N, dp=N, ep=N with N a positive integer and "
+      "partition=uniform|parameters|type, each key at most once)";
+  for (const char* bad : {"tp=0",
+                          "tp=-1",
+                          "tp=2,tp=2",
+                          "ep=0",
+                          "ep=1,ep=1",
+                          "sp=2",
+                          "tp",
+                          "tp=",
+                          "tp=2,",
+                          ",tp=2",
+                          "tp=2;pp=2",
+                          "tp=x",
+                          "tp=2x",
+                          "tp= 2",
+                          "TP=2",
+                          "dp=99999999999",
+                          "dp=2097152",
+                          "partition=",
+                          "partition=type:transformer",
+                          "partition=Uniform",
+                          "partition=uniform,partition=uniform"}) {
     EXPECT_EQ(ErrorOf({{"UCP_TOPOLOGY", bad}}), std::string("UCP_TOPOLOGY=") + bad + expected)
         << bad;
   }

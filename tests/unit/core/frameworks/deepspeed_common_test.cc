@@ -49,9 +49,11 @@ const std::map<uint64_t, uint32_t> kThreeAndThree = {{0, 0}, {1, 0}, {2, 0},
 
 TEST(DeepSpeedCommonTest, ChoosePartitionPlacesByTheMethodThatGivesTheSavedStages) {
   // 'uniform' gives [0, 3, 6]; weights heavy at the front give [0, 1, 6] and are no candidate.
-  const std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}},
-                                                {"'parameters'", {9, 9, 1, 1, 1, 1}, {}}};
-  const Result<ChosenPartition> chosen = ChoosePartition(6, kThreeAndThree, methods, 2, 3);
+  const std::vector<PartitionMethod> methods = {
+      {LayerPartition::kUniform, "'uniform'", {}, {}},
+      {LayerPartition::kParameters, "'parameters'", {9, 9, 1, 1, 1, 1}, {}}};
+  const Result<ChosenPartition> chosen =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 3, LayerPartition::kInferred);
   ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
   EXPECT_EQ(chosen->bounds, (std::vector<uint64_t>{0, 2, 4, 6}));
   EXPECT_EQ(chosen->method, "'uniform'");
@@ -61,9 +63,11 @@ TEST(DeepSpeedCommonTest, ChoosePartitionRefusesMethodsThatAgreeAtTheSourceButNo
   // Both give [0, 3, 6] at pp=2; at pp=4 'uniform' gives [0, 2, 4, 5, 6], the weights
   // [0, 2, 3, 4, 6].
   const std::vector<uint64_t> weights = {1, 4, 4, 4, 4, 1};
-  const std::vector<PartitionMethod> methods = {{"'uniform'", {}, {}},
-                                                {"'parameters'", weights, weights}};
-  const Result<ChosenPartition> chosen = ChoosePartition(6, kThreeAndThree, methods, 2, 4);
+  const std::vector<PartitionMethod> methods = {
+      {LayerPartition::kUniform, "'uniform'", {}, {}},
+      {LayerPartition::kParameters, "'parameters'", weights, weights}};
+  const Result<ChosenPartition> chosen =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 4, LayerPartition::kInferred);
   ASSERT_FALSE(chosen.ok());
   EXPECT_EQ(chosen.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(chosen.status().message().find("ambiguous layer placement: 'uniform' [0, 2, 4, 5, 6] "
@@ -71,7 +75,8 @@ TEST(DeepSpeedCommonTest, ChoosePartitionRefusesMethodsThatAgreeAtTheSourceButNo
             std::string::npos)
       << chosen.status().ToString();
   // At pp=3 they agree ([0, 2, 4, 6]): no ambiguity.
-  const Result<ChosenPartition> three = ChoosePartition(6, kThreeAndThree, methods, 2, 3);
+  const Result<ChosenPartition> three =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 3, LayerPartition::kInferred);
   ASSERT_TRUE(three.ok()) << three.status().ToString();
   EXPECT_EQ(three->bounds, (std::vector<uint64_t>{0, 2, 4, 6}));
 }
@@ -80,21 +85,56 @@ TEST(DeepSpeedCommonTest, ChoosePartitionWeighsTheSourceAndTheTargetEachByItsOwn
   // An MoE layer's local experts differ with E: at the source [1, 1, 1, 1] gives the saved
   // [0, 2, 4]; the target's [3, 1, 1, 1] places [0, 1, 4].
   const std::map<uint64_t, uint32_t> saved = {{0, 0}, {1, 0}, {2, 1}, {3, 1}};
-  const std::vector<PartitionMethod> methods = {{"'parameters'", {1, 1, 1, 1}, {3, 1, 1, 1}}};
-  const Result<ChosenPartition> chosen = ChoosePartition(4, saved, methods, 2, 2);
+  const std::vector<PartitionMethod> methods = {
+      {LayerPartition::kParameters, "'parameters'", {1, 1, 1, 1}, {3, 1, 1, 1}}};
+  const Result<ChosenPartition> chosen =
+      ChoosePartition(4, saved, methods, 2, 2, LayerPartition::kInferred);
   ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
   EXPECT_EQ(chosen->bounds, (std::vector<uint64_t>{0, 1, 4}));
 }
 
 TEST(DeepSpeedCommonTest, ChoosePartitionRefusesWhenNoMethodGivesTheSavedStages) {
   const std::map<uint64_t, uint32_t> saved = {{0, 0}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}};
-  const Result<ChosenPartition> chosen = ChoosePartition(6, saved, {{"'uniform'", {}, {}}}, 2, 3);
+  const Result<ChosenPartition> chosen = ChoosePartition(
+      6, saved, {{LayerPartition::kUniform, "'uniform'", {}, {}}}, 2, 3, LayerPartition::kInferred);
   ASSERT_FALSE(chosen.ok());
   EXPECT_EQ(chosen.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(chosen.status().message().find("no partition method DeepSpeed has gives the saved "
                                            "stages at pp=2 over 6 layers ('uniform' [0, 3, 6])"),
             std::string::npos)
       << chosen.status().ToString();
+}
+
+TEST(DeepSpeedCommonTest, ChoosePartitionTakesTheMethodTheUserNames) {
+  // The ambiguous case above, told: each named method places the layers its own way.
+  const std::vector<uint64_t> weights = {1, 4, 4, 4, 4, 1};
+  const std::vector<PartitionMethod> methods = {
+      {LayerPartition::kUniform, "'uniform'", {}, {}},
+      {LayerPartition::kParameters, "'parameters'", weights, weights}};
+  const Result<ChosenPartition> uniform =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 4, LayerPartition::kUniform);
+  ASSERT_TRUE(uniform.ok()) << uniform.status().ToString();
+  EXPECT_EQ(uniform->bounds, (std::vector<uint64_t>{0, 2, 4, 5, 6}));
+  const Result<ChosenPartition> parameters =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 4, LayerPartition::kParameters);
+  ASSERT_TRUE(parameters.ok()) << parameters.status().ToString();
+  EXPECT_EQ(parameters->bounds, (std::vector<uint64_t>{0, 2, 3, 4, 6}));
+  // A named method that does not give the saved stages is refused, naming its placement.
+  const std::vector<PartitionMethod> heavy = {
+      {LayerPartition::kParameters, "'parameters'", {9, 9, 1, 1, 1, 1}, {}}};
+  const Result<ChosenPartition> refused =
+      ChoosePartition(6, kThreeAndThree, heavy, 2, 4, LayerPartition::kParameters);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("partition=parameters does not give the saved stages "
+                                            "at pp=2 over 6 layers ('parameters' [0, 1, 6])"),
+            std::string::npos)
+      << refused.status().ToString();
+  // No kind of layer repeats: nothing for partition=type.
+  const Result<ChosenPartition> no_type =
+      ChoosePartition(6, kThreeAndThree, methods, 2, 4, LayerPartition::kType);
+  ASSERT_FALSE(no_type.ok());
+  EXPECT_NE(no_type.status().message().find("(no kind of layer repeats)"), std::string::npos)
+      << no_type.status().ToString();
 }
 
 TEST(DeepSpeedCommonTest, TypeMethodsWeighEachKindOfAtLeastTwoLayers) {

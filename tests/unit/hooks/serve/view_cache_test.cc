@@ -83,6 +83,15 @@ TEST(ViewDirectoryTest, CacheDirectoryNamesTheTagAndItsPathHash) {
             "/ckpt/a/global_step5/.ucp/views/tp1-pp1-dp8");
 }
 
+TEST(ViewDirectoryTest, AnExpertSizeAndAPartitionGivenNameTheirOwnViews) {
+  Topology target = Dp(2);
+  target.pp = 4;
+  target.ep = 1;
+  EXPECT_EQ(ViewDirectory("/t", "", target), "/t/.ucp/views/tp1-pp4-dp2-ep1");
+  target.partition = LayerPartition::kUniform;
+  EXPECT_EQ(ViewDirectory("/t", "", target), "/t/.ucp/views/tp1-pp4-dp2-ep1-uniform");
+}
+
 TEST(BuildOrderTest, EachProcessStartsItsBuildsAtItsPlaceInTheJob) {
   EXPECT_THAT(BuildOrder(5, JobPlace{0, 4}), ::testing::ElementsAre(0, 1, 2, 3, 4));
   EXPECT_THAT(BuildOrder(5, JobPlace{2, 4}), ::testing::ElementsAre(2, 3, 4, 0, 1));

@@ -66,6 +66,21 @@ TEST(CurrentTopologyTest, ExpertParallelSizeOnlyFromUcpTopology) {
   EXPECT_THAT(current->evidence, HasSubstr("ep=1 (UCP_TOPOLOGY)"));
 }
 
+TEST(CurrentTopologyTest, PartitionOnlyFromUcpTopology) {
+  const FakeEnv env(Vars{{"WORLD_SIZE", "4"}});
+  Result<CurrentTopology> plain = ResolveCurrentTopology({}, {}, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->topology.partition, LayerPartition::kInferred);
+  TopologyOverride given;
+  given.pp = 4;
+  given.partition = LayerPartition::kParameters;
+  Result<CurrentTopology> current = ResolveCurrentTopology(given, {}, {}, env.Lookup(), Source(4));
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ(current->topology.partition, LayerPartition::kParameters);
+  EXPECT_EQ(current->topology.pp, 4u);
+  EXPECT_THAT(current->evidence, HasSubstr("partition=parameters (UCP_TOPOLOGY)"));
+}
+
 TEST(CurrentTopologyTest, ExpertParallelSizeFromTheTrainerUnlessUcpTopologySaysOtherwise) {
   const FakeEnv env(Vars{{"WORLD_SIZE", "2"}});
   TrainerDegrees trainer;
