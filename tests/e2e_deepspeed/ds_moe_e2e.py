@@ -35,7 +35,10 @@ One CTest test per step, sharing WORK/<model>:
            tensor; DeepSpeed's own PP=1 save resumed at PP=2 x DP=1, E=1 under the preload
            (told by UCP_TOPOLOGY=pp=2,ep=1) continues that run's losses within TOLERANCE, its
            served files `ucp reshard`'s; and PP=4, where 'uniform' and 'parameters' place the
-           layers differently, is refused as ambiguous.
+           layers differently, is refused as ambiguous; told partition=uniform it is refused
+           too (its last stage would hold no MoE layer), told partition=parameters it is
+           written, and `ucp reshard` of those four stages back to PP=1 gives DeepSpeed's own
+           PP=1 files, every object and tensor.
 
 Usage: ds_moe_e2e.py STEP [--model moe|pipe] --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                       --deepspeed VERSION [--required]
@@ -178,7 +181,8 @@ def check_like_deepspeed(args, env, resharded, topology):
 def check_onto_stages(args, env, own, topology):
     """DeepSpeed's own one-stage tag `own` (saved at `topology` by a run of its own) resumed on
     two stages at E=1 under the preload: the losses continue that run's, the served files are
-    `ucp reshard`'s; and four stages refused, since the partition methods disagree there."""
+    `ucp reshard`'s; four stages refused, since the partition methods disagree there, and
+    written when told the trainer's, giving the save back at one stage."""
     resume, to = (2, topology[1] // 2, 1), f'pp=2,dp={topology[1] // 2},ep=1'
     subprocess.run([args.ucp, 'index', own], check=True, stdout=subprocess.DEVNULL)
     logs = os.path.join(args.work, 'logs_onto_stages')
@@ -208,6 +212,33 @@ def check_onto_stages(args, env, own, topology):
     if refused.returncode == 0 or 'ambiguous layer placement' not in refused.stderr:
         fail(f'pp=4 was not refused as ambiguous (exit {refused.returncode}): {refused.stderr}')
     print(f'pp=4 refused: {refused.stderr.strip()}')
+    # Told 'uniform': its last stage would hold the head alone, and DeepSpeed sets up no MoE
+    # pipeline with a stage without MoE layers (train_moe_pipe.py hangs there): refused. Told
+    # 'parameters' ([0, 2, 3, 4, 6]): the four stages, and back onto one stage the saved files.
+    refused = subprocess.run([args.ucp, 'reshard', own, '--to', 'pp=4,dp=1,ep=1,partition=uniform',
+                              '--out', os.path.join(args.work, 'pp4')], capture_output=True,
+                             text=True)
+    if refused.returncode == 0 or 'stage 3 holds no MoE layer' not in refused.stderr:
+        fail(f'pp=4,partition=uniform was not refused for its stage without MoE layers (exit '
+             f'{refused.returncode}): {refused.stderr}')
+    pp4 = reshard(args, own, 'pp=4,dp=1,ep=1,partition=parameters', 'pp4_parameters')
+    models = sorted(n for n in os.listdir(pp4) if n.startswith('mp_rank_'))
+    if len(models) != 4:
+        fail(f'pp=4,partition=parameters wrote model states {models}')
+    own_ep = MODELS[args.model].save[2] if topology[2] is None else topology[2]
+    back = reshard(args, pp4, f'pp=1,dp={topology[1]},ep={own_ep}', 'pp4_back')
+    report = harness.Report('pp4 round trip')
+    names = sorted(n for n in os.listdir(own) if n.endswith('.pt'))
+    if sorted(n for n in os.listdir(back) if n.endswith('.pt')) != names:
+        fail(f'pp4 and back wrote {sorted(os.listdir(back))}, the save {names}')
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(own, name), os.path.join(back, name)),
+                     name)
+    if report.failures:
+        fail(f'pp4 and back differs from the PP=1 save in {len(report.failures)} places')
+    print(f'pp=4 told partition=parameters: {len(models)} stages; back at {where(topology)}: '
+          f'{len(names)} files, every object and tensor the saved ones; partition=uniform '
+          f'refused: {refused.stderr.strip()}')
 
 
 def check_served(args, saved, resharded, view, to, logs):

@@ -7,13 +7,13 @@ deepspeed.moe.layer.MoE of --experts experts at expert-parallel size --ep, top-1
 MLP; the block adds its output to its input), and the head (LayerNorm, Linear). The gating is
 RNG-free and drops no token (train_moe.py's settings), and every GLOBAL expert gets weights of its
 own from a generator seeded by its layer and id, so the function does not depend on the DP or EP
-layout. partition_method 'uniform': the stages hold equal runs of layers. The optimizer's groups
+layout. partition_method --partition ('uniform': the stages hold equal runs of layers). The optimizer's groups
 are DeepSpeed's split_params_into_different_moe_groups_for_optimizer (the dense group, then one
 'ep_size_<E>' group of experts). The global batch of every step is fixed (train.py's), so losses
 compare across topologies; the MoE auxiliary loss is not added (it depends on the local batch).
 
 Run from ../shared/tools/deepspeed-cpu (its train.py is imported) with its launch.py:
-  launch.py NPROC PORT train_moe_pipe.py --pp P --ep E --steps N
+  launch.py NPROC PORT train_moe_pipe.py --pp P --ep E [--partition METHOD] --steps N
             [--save_dir DIR --save_at STEP ...] [--load_dir DIR] --out JSON
 DP = NPROC / P, and E must divide it. Rank 0 prints `STEP n loss x` and writes
 {"losses": {step: loss}} to --out.
@@ -83,6 +83,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument('--pp', type=int, default=2)
     p.add_argument('--ep', type=int, default=2)
+    p.add_argument('--partition', default='uniform', help="PipelineModule's partition_method")
     p.add_argument('--experts', type=int, default=4)
     p.add_argument('--steps', type=int, default=6)
     p.add_argument('--save_dir', default=None)
@@ -117,14 +118,14 @@ def main():
         return F.cross_entropy(out.float().reshape(-1, args.vocab), y.reshape(-1))
 
     model = PipelineModule(layers=layers, num_stages=args.pp, loss_fn=loss_fn,
-                           partition_method='uniform', base_seed=args.seed)
+                           partition_method=args.partition, base_seed=args.seed)
     # DeepSpeed's pipeline grid: rank = stage * dp + data rank; the expert-parallel groups are
     # runs of E data ranks, so this rank holds global experts [e * n, (e + 1) * n), e its data
     # rank mod E.
     ep_rank = (dist.get_rank() % dp) % args.ep
     for index, module in enumerate(model.forward_funcs):
         for moe in (m for m in module.modules() if isinstance(m, MoE)):
-            init_experts(moe, model._local_start + index, ep_rank, args.seed)
+            init_experts(moe, int(model._local_start) + index, ep_rank, args.seed)
     groups = split_params_into_different_moe_groups_for_optimizer(
         {'params': list(model.parameters()), 'name': 'p'})
     cfg = {

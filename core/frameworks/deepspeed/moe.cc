@@ -1648,7 +1648,7 @@ Result<GroupLayout> LayoutOfLayers(const GroupLayout& layout, uint64_t first, ui
 // keeps its layers' parameters in the merged order, and its MoE layers' expert files renumbered
 // from 0 (its model states: RestageModelStates). kUnsupported for AutoEP, a model that is no
 // PipelineModule of numbered layers, an ambiguous or unknown placement and a stage left without
-// parameters.
+// parameters or without an MoE layer.
 Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
                                               const std::vector<IndexFacts>& stages, uint32_t pp,
                                               uint32_t ep, LayerPartition partition) {
@@ -1705,6 +1705,15 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
       }
       if (!first_moe) first_moe = k;
       facts.num_experts.push_back(merged.num_experts[k]);
+    }
+    // DeepSpeed 0.19.8 sets up an MoE pipeline only where every stage holds an MoE layer: with
+    // train_moe_pipe.py at pp=4 'uniform' (the head alone on the last stage) every rank waited
+    // at engine set-up until killed.
+    if (facts.num_experts.empty()) {
+      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                                 std::to_string(t) + " holds no MoE layer by the " + chosen.method +
+                                 " placement " + BoundsText(chosen.bounds) +
+                                 " (DeepSpeed does not set up an MoE pipeline with such a stage)");
     }
     for (size_t i = 0; i < merged.expert_files.size(); ++i) {
       const std::optional<deepspeed::FileName> parsed = ParseFileName(merged.expert_names[i]);

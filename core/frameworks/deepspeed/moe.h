@@ -59,8 +59,9 @@
 // layers each stage holds is in no file, so DeepSpeed's partition methods ('uniform',
 // 'parameters' with an MoE layer's num_experts / E local experts at each side's E, 'type:') are
 // replayed, and those that give the saved stages must agree at the target (else refused as
-// ambiguous, unless the target names the trainer's: Topology::partition). Each target stage's
-// model states keep only its layers' entries. Tensor
+// ambiguous, unless the target names the trainer's: Topology::partition). A target stage without
+// an MoE layer is refused (DeepSpeed sets up no such MoE pipeline). Each target stage's model
+// states keep only its layers' entries. Tensor
 // parallelism, a tag of several mp ranks that does not record which axis they are (0.14) and
 // AutoEP in a pipeline are refused.
 //
