@@ -214,6 +214,19 @@ def preload_env(env, lib, log_dir):
     return dict(env, LD_PRELOAD=f'{first} {lib}'.strip(), UCP_LOG_DIR=log_dir, UCP_LOG_LEVEL='info')
 
 
+def check_served(view, resharded, names, to, log_dir=None):
+    """Each of `names` was served from the view cache `view`, the bytes `ucp reshard --to <to>`
+    wrote into `resharded`; a failure shows the tail of ucp's logs in log_dir when given."""
+    for name in names:
+        stored = os.path.join(view, 'served.' + name)
+        if not os.path.isfile(stored):
+            fail(f'{name} was not served from the view cache ({stored})' +
+                 (f'; ucp logs:\n{log_tail(log_dir)}' if log_dir else ''))
+        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
+            fail(f'{stored} differs from `ucp reshard`\'s {name}')
+    print(f'served files equal `ucp reshard --to {to}`: {" ".join(names)}')
+
+
 def log_tail(log_dir, lines=40):
     """The last lines of ucp's logs in log_dir, less each process's start and stop lines."""
     out = []
@@ -492,13 +505,7 @@ def step_preload(args, env, work):
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
     if len(served) != len(model_states_names(args.config, RESUME_DP)) + RESUME_DP:
         fail(f'`ucp reshard --to dp={RESUME_DP}` wrote {served}')
-    for name in served:
-        stored = os.path.join(view, 'served.' + name)
-        if not os.path.isfile(stored):
-            fail(f'{name} was not served from the view cache ({stored})')
-        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
-            fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to dp={RESUME_DP}`: {" ".join(served)}')
+    check_served(view, resharded, served, f'dp={RESUME_DP}')
     saved = os.path.join(work, 'ckpt', TAG)
     check_weights_only(env, [os.path.join(saved, n) for n in sorted(os.listdir(saved))
                              if n.endswith('.pt')],

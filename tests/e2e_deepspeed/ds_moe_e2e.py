@@ -136,16 +136,7 @@ def check_round_trip(args, resharded, served):
     pp, dp, ep = MODELS[args.model].save
     to = ('' if pp == served[0] else f'pp={pp},') + f'dp={dp},ep={ep}'
     back = reshard(args, resharded, to, 'round_trip')
-    saved = os.path.join(args.work, 'ckpt', TAG)
-    names = sorted(n for n in os.listdir(saved) if n.endswith('.pt'))
-    if sorted(n for n in os.listdir(back) if n.endswith('.pt')) != names:
-        fail(f'the round trip wrote {sorted(os.listdir(back))}, the save {names}')
-    report = harness.Report('round trip')
-    for name in names:
-        report.diffs(harness.compare_files(os.path.join(saved, name), os.path.join(back, name)),
-                     name)
-    if report.failures:
-        fail(f'the round trip differs from the save in {len(report.failures)} places')
+    names = check_same_files(os.path.join(args.work, 'ckpt', TAG), back, 'the round trip')
     print(f'round trip {where(served)} -> {where((pp, dp, ep))}: '
           f'{len(names)} files, every object and tensor the saved ones')
 
@@ -205,7 +196,7 @@ def check_onto_stages(args, env, own, topology):
         fail(f'max |Δloss| {worst:.3g} against the uninterrupted PP=1 run exceeds {TOLERANCE}')
     print(f'{where(resume)} from DeepSpeed\'s PP=1 save under the preload: {seconds:.1f} s, max '
           f'|Δloss| against its uninterrupted run {worst:.3g}')
-    check_served(args, own, reshard(args, own, to, 'reshard_onto_stages'),
+    check_served(own, reshard(args, own, to, 'reshard_onto_stages'),
                  os.path.join(own, '.ucp', 'views', 'tp1-pp2-dp{}-ep1'.format(resume[1])), to, logs)
     refused = subprocess.run([args.ucp, 'reshard', own, '--to', 'pp=4,dp=1,ep=1', '--out',
                               os.path.join(args.work, 'pp4')], capture_output=True, text=True)
@@ -227,35 +218,34 @@ def check_onto_stages(args, env, own, topology):
         fail(f'pp=4,partition=parameters wrote model states {models}')
     own_ep = MODELS[args.model].save[2] if topology[2] is None else topology[2]
     back = reshard(args, pp4, f'pp=1,dp={topology[1]},ep={own_ep}', 'pp4_back')
-    report = harness.Report('pp4 round trip')
-    names = sorted(n for n in os.listdir(own) if n.endswith('.pt'))
-    if sorted(n for n in os.listdir(back) if n.endswith('.pt')) != names:
-        fail(f'pp4 and back wrote {sorted(os.listdir(back))}, the save {names}')
-    for name in names:
-        report.diffs(harness.compare_files(os.path.join(own, name), os.path.join(back, name)),
-                     name)
-    if report.failures:
-        fail(f'pp4 and back differs from the PP=1 save in {len(report.failures)} places')
+    names = check_same_files(own, back, 'pp=4 and back')
     print(f'pp=4 told partition=parameters: {len(models)} stages; back at {where(topology)}: '
           f'{len(names)} files, every object and tensor the saved ones; partition=uniform '
           f'refused: {refused.stderr.strip()}')
 
 
-def check_served(args, saved, resharded, view, to, logs):
+def check_served(saved, resharded, view, to, logs):
     """The files the preload served from `view` are the bytes `ucp reshard` wrote into
     `resharded`: all but the expert files the tag `saved` has under the same name, which pass
     through (the others are made, or where pipeline stages are restaged renamed, for the
     target)."""
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
         n.startswith(('layer_', 'expp_')) and os.path.isfile(os.path.join(saved, n))))
-    for name in served:
-        stored = os.path.join(view, 'served.' + name)
-        if not os.path.isfile(stored):
-            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
-                 f'{log_tail(logs)}')
-        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
-            fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to {to}`: {" ".join(served)}')
+    ds_e2e.check_served(view, resharded, served, to, logs)
+
+
+def check_same_files(expected, got, what):
+    """The .pt files of the tag `got` are those of `expected`, every object and tensor."""
+    names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
+    if sorted(n for n in os.listdir(got) if n.endswith('.pt')) != names:
+        fail(f'{what} wrote {sorted(os.listdir(got))}, expected {names}')
+    report = harness.Report(what)
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(expected, name), os.path.join(got, name)),
+                     name)
+    if report.failures:
+        fail(f'{what} differs from the expected files in {len(report.failures)} places')
+    return names
 
 
 def step_preload(args, env, ep=None, pp=None):
@@ -305,7 +295,7 @@ def step_preload(args, env, ep=None, pp=None):
         ('' if told_ep is None else f',ep={told_ep}')
     saved = os.path.join(work, 'ckpt', TAG)
     resharded = reshard(args, saved, to, 'reshard_' + name)
-    check_served(args, saved, resharded, view, to, logs)
+    check_served(saved, resharded, view, to, logs)
     if args.model == 'pipe':
         check_round_trip(args, resharded, resume)
     if args.model == 'pipe' and pp is not None:

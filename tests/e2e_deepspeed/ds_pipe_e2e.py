@@ -211,14 +211,7 @@ def step_preload(args, env, work, megatron_args=False):
     # the target's TP slices.
     served = sorted(n for n in os.listdir(resharded)
                     if n.endswith('.pt') and (args.model == '3d' or not n.startswith('layer_')))
-    for name in served:
-        stored = os.path.join(view, 'served.' + name)
-        if not os.path.isfile(stored):
-            fail(f'{name} was not served from the view cache ({stored}); ucp logs:\n'
-                 f'{log_tail(logs)}')
-        if open(stored, 'rb').read() != open(os.path.join(resharded, name), 'rb').read():
-            fail(f'{stored} differs from `ucp reshard`\'s {name}')
-    print(f'served files equal `ucp reshard --to tp={tp},pp={pp},dp={dp}`: {" ".join(served)}')
+    ds_e2e.check_served(view, resharded, served, f'tp={tp},pp={pp},dp={dp}', logs)
 
 
 def main():
