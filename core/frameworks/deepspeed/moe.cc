@@ -1641,6 +1641,63 @@ Result<GroupLayout> LayoutOfLayers(const GroupLayout& layout, uint64_t first, ui
   return MakeLayout(std::move(names), std::move(shapes));
 }
 
+// Target stage t of `pp` (its layers [bounds[t], bounds[t+1]) of `chosen`) cut from the merged
+// stage: its groups' and local experts' parameters, its MoE layers' num_experts and expert files
+// renumbered from 0. kUnsupported for a stage without parameters or without an MoE layer.
+Result<IndexFacts> SplitStage(const IndexFacts& merged, const MoePipelineLayers& layers,
+                              const ChosenPartition& chosen, uint32_t t, uint32_t pp) {
+  IndexFacts facts = merged;
+  facts.mp = t;
+  facts.target_stages = pp;
+  facts.first_layer = chosen.bounds[t];
+  facts.end_layer = t + 1 == pp ? std::numeric_limits<uint64_t>::max() : chosen.bounds[t + 1];
+  bool any = false;
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    UCP_ASSIGN_OR_RETURN(facts.groups[g],
+                         LayoutOfLayers(merged.groups[g], facts.first_layer, facts.end_layer));
+    any = any || !facts.groups[g].names.empty();
+  }
+  if (!any) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                               std::to_string(t) + " holds no parameter by the " + chosen.method +
+                               " placement " + BoundsText(chosen.bounds) +
+                               " (DeepSpeed's optimizer cannot save it)");
+  }
+  UCP_ASSIGN_OR_RETURN(facts.local,
+                       LayoutOfLayers(merged.local, facts.first_layer, facts.end_layer));
+  facts.num_experts.clear();
+  facts.expert_files.clear();
+  facts.expert_names.clear();
+  std::optional<uint32_t> first_moe;  // the stage's first MoE layer in the merged numbering
+  for (uint32_t k = 0; k < layers.moe_layers.size(); ++k) {
+    if (layers.moe_layers[k] < facts.first_layer || layers.moe_layers[k] >= facts.end_layer) {
+      continue;
+    }
+    if (!first_moe) first_moe = k;
+    facts.num_experts.push_back(merged.num_experts[k]);
+  }
+  // DeepSpeed 0.19.8 sets up an MoE pipeline only where every stage holds an MoE layer: with
+  // train_moe_pipe.py at pp=4 'uniform' (the head alone on the last stage) every rank waited
+  // at engine set-up until killed.
+  if (facts.num_experts.empty()) {
+    return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
+                               std::to_string(t) + " holds no MoE layer by the " + chosen.method +
+                               " placement " + BoundsText(chosen.bounds) +
+                               " (DeepSpeed does not set up an MoE pipeline with such a stage)");
+  }
+  for (size_t i = 0; i < merged.expert_files.size(); ++i) {
+    const std::optional<deepspeed::FileName> parsed = ParseFileName(merged.expert_names[i]);
+    if (!parsed || parsed->layer < *first_moe ||
+        parsed->layer >= *first_moe + facts.num_experts.size()) {
+      continue;
+    }
+    facts.expert_files.push_back(merged.expert_files[i]);
+    facts.expert_names.push_back(
+        ExpertModelStatesName(parsed->layer - *first_moe, parsed->expert, t));
+  }
+  return facts;
+}
+
 // A pipeline's stages at another pp (the tag's own pp keeps them): merged (MergeStages), then,
 // at pp > 1, split at the boundaries of the partition method that reproduces the saved stages
 // (ChoosePartition: 'uniform', 'parameters' with every MoE layer's local experts at the source's
@@ -1676,55 +1733,7 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
                                        static_cast<uint32_t>(stages.size()), pp, partition));
   std::vector<IndexFacts> out;
   for (uint32_t t = 0; t < pp; ++t) {
-    IndexFacts facts = merged;
-    facts.mp = t;
-    facts.target_stages = pp;
-    facts.first_layer = chosen.bounds[t];
-    facts.end_layer = t + 1 == pp ? std::numeric_limits<uint64_t>::max() : chosen.bounds[t + 1];
-    bool any = false;
-    for (size_t g = 0; g < facts.groups.size(); ++g) {
-      UCP_ASSIGN_OR_RETURN(facts.groups[g],
-                           LayoutOfLayers(merged.groups[g], facts.first_layer, facts.end_layer));
-      any = any || !facts.groups[g].names.empty();
-    }
-    if (!any) {
-      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
-                                 std::to_string(t) + " holds no parameter by the " + chosen.method +
-                                 " placement " + BoundsText(chosen.bounds) +
-                                 " (DeepSpeed's optimizer cannot save it)");
-    }
-    UCP_ASSIGN_OR_RETURN(facts.local,
-                         LayoutOfLayers(merged.local, facts.first_layer, facts.end_layer));
-    facts.num_experts.clear();
-    facts.expert_files.clear();
-    facts.expert_names.clear();
-    std::optional<uint32_t> first_moe;  // the stage's first MoE layer in the merged numbering
-    for (uint32_t k = 0; k < layers.moe_layers.size(); ++k) {
-      if (layers.moe_layers[k] < facts.first_layer || layers.moe_layers[k] >= facts.end_layer) {
-        continue;
-      }
-      if (!first_moe) first_moe = k;
-      facts.num_experts.push_back(merged.num_experts[k]);
-    }
-    // DeepSpeed 0.19.8 sets up an MoE pipeline only where every stage holds an MoE layer: with
-    // train_moe_pipe.py at pp=4 'uniform' (the head alone on the last stage) every rank waited
-    // at engine set-up until killed.
-    if (facts.num_experts.empty()) {
-      return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) + ": stage " +
-                                 std::to_string(t) + " holds no MoE layer by the " + chosen.method +
-                                 " placement " + BoundsText(chosen.bounds) +
-                                 " (DeepSpeed does not set up an MoE pipeline with such a stage)");
-    }
-    for (size_t i = 0; i < merged.expert_files.size(); ++i) {
-      const std::optional<deepspeed::FileName> parsed = ParseFileName(merged.expert_names[i]);
-      if (!parsed || !first_moe || parsed->layer < *first_moe ||
-          parsed->layer >= *first_moe + facts.num_experts.size()) {
-        continue;
-      }
-      facts.expert_files.push_back(merged.expert_files[i]);
-      facts.expert_names.push_back(
-          ExpertModelStatesName(parsed->layer - *first_moe, parsed->expert, t));
-    }
+    UCP_ASSIGN_OR_RETURN(IndexFacts facts, SplitStage(merged, layers, chosen, t, pp));
     out.push_back(std::move(facts));
   }
   return out;
@@ -1764,6 +1773,28 @@ Status KeepEntriesOf(const IndexFacts& target, Value* dict) {
     kept.push_back(std::move(item));
   }
   items = std::move(kept);
+  return Status::Ok();
+}
+
+// The template's module, param_shapes groups and buffer_names (read by `reader`) kept to the
+// entries of `target`'s layers (HoldsEntry).
+Status KeepLayersOf(const IndexFacts& target, Value* module, Value* shapes, Value* buffers,
+                    const TorchArchiveReader& reader) {
+  UCP_RETURN_IF_ERROR(KeepEntriesOf(target, module));
+  for (size_t g = 0; g < shapes->items().size(); ++g) {
+    Value* group = shapes->Item(g);
+    if (group == nullptr || group->kind() != Kind::kObject) {
+      return FieldError(reader, "param_shapes/" + std::to_string(g), "not an OrderedDict");
+    }
+    UCP_RETURN_IF_ERROR(KeepEntriesOf(target, group));
+  }
+  std::vector<Value*> kept;
+  for (Value* buffer : buffers->items()) {
+    if (buffer->kind() != Kind::kStr) return FieldError(reader, "buffer_names", "not names");
+    UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, buffer->data()));
+    if (held) kept.push_back(buffer);
+  }
+  buffers->mutable_items() = std::move(kept);
   return Status::Ok();
 }
 
@@ -1812,21 +1843,7 @@ Status RestageModelStates(const AtomIndex& index, const std::string& tag_dir,
   }
   if (target.target_stages > 1) UCP_RETURN_IF_ERROR(RefuseSharedOrFrozen(reader));
   uint64_t next_key = NextStorageKey(root);
-  UCP_RETURN_IF_ERROR(KeepEntriesOf(target, module));
-  for (size_t g = 0; g < shapes->items().size(); ++g) {
-    Value* group = shapes->Item(g);
-    if (group == nullptr || group->kind() != Kind::kObject) {
-      return FieldError(reader, "param_shapes/" + std::to_string(g), "not an OrderedDict");
-    }
-    UCP_RETURN_IF_ERROR(KeepEntriesOf(target, group));
-  }
-  std::vector<Value*> kept_buffers;
-  for (Value* buffer : buffers->items()) {
-    if (buffer->kind() != Kind::kStr) return FieldError(reader, "buffer_names", "not names");
-    UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, buffer->data()));
-    if (held) kept_buffers.push_back(buffer);
-  }
-  buffers->mutable_items() = std::move(kept_buffers);
+  UCP_RETURN_IF_ERROR(KeepLayersOf(target, module, shapes, buffers, reader));
   for (size_t s = 1; s < stages.size(); ++s) {
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader stage,
                          OpenSource(index, tag_dir, stages[s].model_file));
