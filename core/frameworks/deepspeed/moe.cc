@@ -377,8 +377,8 @@ struct IndexFacts {
   std::vector<uint32_t> expert_files;     // layer_<L>_expert_<G> files, the same at any E
   std::vector<std::string> expert_names;  // each one's name at the target
   std::vector<uint32_t> expp_files;       // expp_rank_<e> files, in e order
-  // A stage restaged at another pp (RestageStages): the target's stages, and the layers
-  // [first_layer, end_layer) this one holds; 0 otherwise.
+  // A stage restaged at another pp (RestageStages): the target's stages, and at pp > 1 the
+  // layers [first_layer, end_layer) this one holds (at pp = 1 all); 0 otherwise.
   uint32_t target_stages = 0;
   uint64_t first_layer = 0;
   uint64_t end_layer = 0;
@@ -1687,8 +1687,11 @@ Result<IndexFacts> SplitStage(const IndexFacts& merged, const MoePipelineLayers&
   }
   for (size_t i = 0; i < merged.expert_files.size(); ++i) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(merged.expert_names[i]);
-    if (!parsed || parsed->layer < *first_moe ||
-        parsed->layer >= *first_moe + facts.num_experts.size()) {
+    if (!parsed) {
+      return Status::Internal("deepspeed: merged expert file name " + merged.expert_names[i] +
+                              " does not parse");
+    }
+    if (parsed->layer < *first_moe || parsed->layer >= *first_moe + facts.num_experts.size()) {
       continue;
     }
     facts.expert_files.push_back(merged.expert_files[i]);
@@ -1715,8 +1718,7 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
   }
   if (pp == 1) {
     UCP_ASSIGN_OR_RETURN(IndexFacts merged, MergeStages(index, stages, pp));
-    merged.target_stages = 1;
-    merged.end_layer = std::numeric_limits<uint64_t>::max();
+    merged.target_stages = 1;  // holds every entry (HoldsEntry): no layer range
     return std::vector<IndexFacts>{std::move(merged)};
   }
   UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp));
