@@ -73,6 +73,7 @@ CONFIG_ENTRIES = {
 # The sub-grouped universal load still runs, its losses printed beside the oracle's.
 ORACLE_CONFIG = {'z3_fp32_subgroups': 'z3_fp32'}
 WITH_DS_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'with_ds_config.py')
+FORK_LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fork_launch.py')
 SAVE_DP, RESUME_DP = 4, 2
 SAVE_AT, STEPS = 3, 6
 TAG = f'global_step{SAVE_AT}'
@@ -175,11 +176,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_launcher(command, cwd, env, log):
+def run_launcher(command, cwd, env, log, forked=False):
     """Runs a launch.py command line whose port argument is PORT, with a free port, writing its
     output to `log`; when the port was taken before the rendezvous listened (PORT_TAKEN, nothing
     ran), runs it again with another, at most three times. Returns (exit status, seconds,
-    output)."""
+    output). With `forked` and without LD_PRELOAD in `env` the ranks are forked by fork_launch.py
+    from one process that imported the script's modules once: the same files and losses, and for
+    the trainers that import transformers (seconds of CPU a rank) half the time; a preloaded run
+    keeps launch.py, each rank a process of its own."""
+    if forked and not env.get('LD_PRELOAD') and os.path.basename(command[1]) == 'launch.py':
+        command = command[:1] + [FORK_LAUNCH] + command[2:]
     for attempt in range(3):
         start = time.monotonic()
         port = str(free_port())
