@@ -33,7 +33,8 @@ converter and its universal load.
   7. bf16 (ZeRO-1's bf16_ optimizer files): `ucp export` = ds_to_universal, the router's unused
      gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to.
   8. What ucp does not read is refused by name: another checkpoint_format, experts not placed
-     in consecutive runs.
+     in consecutive runs, AutoEP with AutoTP (DeepSpeed's folded layout, --tp 2: under the
+     preload the save is DeepSpeed's byte for byte, the losses the same, and no index).
   9. ZeRO-3 (checkpoint_format zero3_partitioned: no expert files; each expert-parallel rank's
      fused parameters partitioned over its expert-data-parallel ranks, ds_zero_partition_groups
      recording each flat group's ranks), saved at DP=4 E=2 under the preload: the index built at
@@ -366,6 +367,39 @@ def check_refusals(report, args, tag_dir, work):
                      f'index of {name}: exit {status}, not the refusal: {output[-500:]}')
 
 
+def check_folded(report, args, env, work):
+    """AutoEP with AutoTP (DeepSpeed's folded layout: dense tensors split over the tensor-parallel
+    ranks, each expert whole on its ranks' files) is refused: a T=2 E=2 save at 2 ranks under the
+    preload writes DeepSpeed's files byte for byte and trains bit-identically to the run without
+    it, leaves no index, and ucp's log and `ucp index` name the refusal. At 2 ranks each expert
+    file has one writer (at a dense DP above 1, two ranks write each one, racing)."""
+    folded = ['--tp', '2']
+    plain_dir, plain = run_trainer(args, env, work, 'folded_plain', 2, 2, folded)
+    logs = os.path.join(work, 'logs_folded')
+    tag_dir, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded', 2,
+                               2, folded)
+    report.check({s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
+                 {s: ds_e2e.float32_bits(v) for s, v in plain.items()},
+                 f'folded: losses under the preload {got} differ from {plain}')
+    names = sorted(n for n in os.listdir(plain_dir) if n.endswith('.pt'))
+    report.check(sorted(n for n in os.listdir(tag_dir) if n.endswith('.pt')) == names and
+                 any(n.startswith('layer_') for n in names) and
+                 all(harness.read_bytes(os.path.join(tag_dir, n)) ==
+                     harness.read_bytes(os.path.join(plain_dir, n)) for n in names),
+                 f'folded: the files saved under the preload are not the plain run\'s {names}')
+    report.check(not os.path.exists(os.path.join(tag_dir, '.ucp', 'index.json')),
+                 'folded: an index was committed for a layout ucp refuses')
+    refusal = ('mp_rank_00_model_states.pt: checkpoint_parallel_dimensions/tp_degree 2: AutoEP '
+               'with AutoTP (DeepSpeed\'s folded layout) is not supported')
+    report.check(refusal in ds_e2e.log_tail(logs, lines=1000),
+                 f'folded: no ucp log names the refusal:\n{ds_e2e.log_tail(logs)}')
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
+    report.check(status != 0 and refusal in output,
+                 f'folded: ucp index exited {status}, not the refusal: {output[-500:]}')
+    print(f'folded (T=2 E=2): refused by name; under the preload the same {len(names)} files and '
+          'losses')
+
+
 def main():
     parser = argparse.ArgumentParser()
     ds_e2e.add_run_arguments(parser)
@@ -398,6 +432,7 @@ def main():
     check_data_before_expert(report, args, env, work)
     check_bf16_export(report, args, env, work)
     check_refusals(report, args, tag_dir, work)
+    check_folded(report, args, env, work)
     check_zero3(report, args, env, work)
     report.exit()
 

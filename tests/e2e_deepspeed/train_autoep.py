@@ -10,8 +10,8 @@ tensors (experts.w1/w2/w3, one row per local expert): expert-parallel rank e hol
 layer_<L>_expert_<G>_mp_rank_00_model_states.pt and the fused tensors' optimizer state in an
 "ep_size_<E>" group partitioned over the expert-data-parallel ranks; a ZeRO-3 save
 (--zero_stage 3) writes no expert file: the fused tensors are a flat group of their own in the
-zero_pp_rank files, partitioned over those ranks. Every rank trains on its own micro batch of a
-fixed global batch.
+zero_pp_rank files, partitioned over those ranks. Every rank (every tensor-parallel group, with
+--tp) trains on its own micro batch of a fixed global batch.
 
 DeepSpeed 0.19.8's AutoEP retargets transformers' output recorders at engine set-up, which fails
 on transformers 5.x's registry ("_CanRecordRegistry.get() takes 2 positional arguments but 3 were
@@ -19,12 +19,14 @@ given"); the loss does not use the recorded router logits, so that step is skipp
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autoep.py [--ep E] [--zero_stage S] [--dtype fp32|bf16] [--deepspeed_config JSON]
-         --steps N
+Usage: train_autoep.py [--ep E] [--tp T] [--zero_stage S] [--dtype fp32|bf16]
+         [--deepspeed_config JSON] --steps N
          [--save_dir DIR] [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
   --save_dir: with --load_dir and N the loaded step, a resave of the loaded state. The config is
-  built from the arguments (expert-parallel size E, default 2), then the entries of the
+  built from the arguments (expert-parallel size E, default 2; AutoTP's tensor-parallel size T,
+  default 1, with "preset_model": "mixtral": DeepSpeed 0.19.8 then folds the experts, each
+  expert whole on its tensor-parallel ranks), then the entries of the
   --deepspeed_config file merged in (a nested object into the section of its name), as a trainer
   that takes its config from a file states it on its command line.
 """
@@ -65,6 +67,7 @@ def merged(config, entries):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--ep', type=int, default=2)
+    parser.add_argument('--tp', type=int, default=1)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--deepspeed_config')
     parser.add_argument('--zero_stage', type=int, choices=(1, 2, 3), default=1)
@@ -79,8 +82,10 @@ def main():
     deepspeed.init_distributed(dist_backend='gloo')
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(1234)
+    # AutoTP's ranks g·T .. g·T+T-1 are one tensor-parallel group, which sees one micro batch.
+    dp, dp_rank = world // args.tp, rank // args.tp
     config = {
-        'train_micro_batch_size_per_gpu': GLOBAL_BATCH // world,
+        'train_micro_batch_size_per_gpu': GLOBAL_BATCH // dp,
         'gradient_accumulation_steps': 1,
         'optimizer': {'type': 'Adam', 'params': {'lr': 1e-2, 'torch_adam': True,
                                                  'adam_w_mode': False}},
@@ -90,6 +95,8 @@ def main():
         'steps_per_print': 1000000,
         'checkpoint': {'load_universal': args.universal},
     }
+    if args.tp > 1:
+        config['tensor_parallel'] = {'autotp_size': args.tp, 'preset_model': 'mixtral'}
     if args.deepspeed_config:
         with open(args.deepspeed_config) as f:
             config = merged(config, json.load(f))
@@ -100,18 +107,18 @@ def main():
         path, _ = engine.load_checkpoint(args.load_dir, tag=args.load_tag)
         if path is None:
             sys.exit(f'no checkpoint loaded from {args.load_dir}/{args.load_tag}')
-    micro = GLOBAL_BATCH // world
+    micro = GLOBAL_BATCH // dp
     losses = {}
     for step in range(engine.global_steps + 1, args.steps + 1):
         generator = torch.Generator().manual_seed(1000 + step)
         tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=generator)
-        tokens = tokens[rank * micro:(rank + 1) * micro]
+        tokens = tokens[dp_rank * micro:(dp_rank + 1) * micro]
         loss = engine(input_ids=tokens, labels=tokens).loss
         engine.backward(loss)
         engine.step()
         total = loss.detach().float().clone()
         dist.all_reduce(total)
-        losses[step] = (total / world).item()
+        losses[step] = (total / world).item()  # tensor-parallel peers compute the same loss
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
     if args.save_dir:

@@ -324,6 +324,11 @@ Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
   };
   const int64_t pp = degree("pp_degree");
   const int64_t tp = degree("tp_degree");
+  if (tp > 1 && OptionalField(model, kAutoEpLayers) != nullptr) {
+    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
+                               std::to_string(tp) +
+                               ": AutoEP with AutoTP (DeepSpeed's folded layout) is not supported");
+  }
   if (tp > 1) {
     return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
                                std::to_string(tp) +
