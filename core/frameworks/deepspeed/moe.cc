@@ -324,15 +324,13 @@ Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
   };
   const int64_t pp = degree("pp_degree");
   const int64_t tp = degree("tp_degree");
-  if (tp > 1 && OptionalField(model, kAutoEpLayers) != nullptr) {
-    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
-                               std::to_string(tp) +
-                               ": AutoEP with AutoTP (DeepSpeed's folded layout) is not supported");
-  }
   if (tp > 1) {
+    const bool autoep = OptionalField(model, kAutoEpLayers) != nullptr;
     return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
                                std::to_string(tp) +
-                               ": MoE with tensor parallelism is not supported");
+                               (autoep ? ": AutoEP with AutoTP (DeepSpeed's folded layout)"
+                                       : ": MoE with tensor parallelism") +
+                               " is not supported");
   }
   if (pp > 1 && pp == mp && pp <= kMaxStages) return static_cast<uint32_t>(pp);
   if (pp > 1) {
