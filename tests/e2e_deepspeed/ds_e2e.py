@@ -182,8 +182,8 @@ def run_launcher(command, cwd, env, log, forked=False):
     ran), runs it again with another, at most three times. Returns (exit status, seconds,
     output). With `forked` and without LD_PRELOAD in `env` the ranks are forked by fork_launch.py
     from one process that imported the script's modules once: the same files and losses, and for
-    the trainers that import transformers (seconds of CPU a rank) half the time; a preloaded run
-    keeps launch.py, each rank a process of its own."""
+    the trainers that import transformers about half the CPU; a preloaded run keeps launch.py,
+    each rank a process of its own."""
     if forked and not env.get('LD_PRELOAD') and os.path.basename(command[1]) == 'launch.py':
         command = command[:1] + [FORK_LAUNCH] + command[2:]
     for attempt in range(3):
