@@ -672,6 +672,18 @@ Result<Partitioning> SavablePartition(uint64_t total, uint32_t dp, std::string_v
   return p;
 }
 
+std::vector<Piece> Pieces(const GroupLayout& layout, size_t k, const Partitioning& p) {
+  std::vector<Piece> out;
+  const uint64_t off = layout.offsets[k];
+  const uint64_t end = off + layout.numels[k];
+  for (uint32_t r = 0; r < p.ranks; ++r) {
+    const uint64_t lo = std::max(off, p.begin(r));
+    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
+    if (lo < hi) out.push_back({r, lo - off, hi - off, lo - p.begin(r)});
+  }
+  return out;
+}
+
 PlannedRankPart PlanRankPart(const Partitioning& p, uint32_t i, uint64_t total, bool elastic,
                              bool bf16_optimizer) {
   PlannedRankPart part;

@@ -253,6 +253,18 @@ Result<Partitioning> Partition(uint64_t total, uint32_t dp);
 // group) where the padding leaves whole ranks empty.
 Result<Partitioning> SavablePartition(uint64_t total, uint32_t dp, std::string_view what);
 
+// The elements of parameter k of a flat `layout` that DP rank r's partition (of `p`) holds: local
+// elements [begin, end) of the parameter at element `at` of the rank's partition tensor; one
+// piece per rank holding any, in rank order. Tensor-parallel tags partition each TP rank's flat
+// buffer so (they have no round-robin order).
+struct Piece {
+  uint32_t rank = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t at = 0;
+};
+std::vector<Piece> Pieces(const GroupLayout& layout, size_t k, const Partitioning& p);
+
 // DeepSpeed's _round_robin_reorder: positions 0 .. n-1 grouped by i % parts, groups in order.
 std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts);
 // The optimizer's own parameter order, from a flat order saved at `dp` ranks: original[i] is the

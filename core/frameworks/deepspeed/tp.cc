@@ -80,6 +80,8 @@ using deepspeed::ParseFileName;
 using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PartitionMethod;
+using deepspeed::Piece;
+using deepspeed::Pieces;
 using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
@@ -131,31 +133,6 @@ constexpr std::string_view kCopiedModelRole = "model_states_copy";
 constexpr uint64_t kMegatronVocabDivisibleBy = 128;
 // Bounds a corrupt mp_world_size before it sizes the per-rank file lists.
 constexpr int64_t kMaxTpWorldSize = int64_t{1} << 16;
-
-// ---------------------------------------------------------------------------------------------
-// DeepSpeed's ZeRO-1/2 partitions of one TP rank's flat buffer (deepspeed_common.h states the
-// rule; tensor-parallel runs have no round-robin order).
-
-// The elements of parameter k of `layout` that DP rank r's partition holds: local elements
-// [begin, end) of the parameter at element `at` of the rank's partition tensor.
-struct Piece {
-  uint32_t rank = 0;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-  uint64_t at = 0;
-};
-
-std::vector<Piece> Pieces(const GroupLayout& layout, size_t k, const Partitioning& p) {
-  std::vector<Piece> out;
-  const uint64_t off = layout.offsets[k];
-  const uint64_t end = off + layout.numels[k];
-  for (uint32_t r = 0; r < p.ranks; ++r) {
-    const uint64_t lo = std::max(off, p.begin(r));
-    const uint64_t hi = std::min(end, p.begin(r) + p.partition);
-    if (lo < hi) out.push_back({r, lo - off, hi - off, lo - p.begin(r)});
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The files of a tag, read.
