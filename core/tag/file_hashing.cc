@@ -13,13 +13,23 @@ namespace {
 
 // The journal's digest of each file whose close record describes its bytes on disk now (the same
 // size, inode and mtime): equality only, so the clocks of the node that wrote the record and of
-// the file system never meet.
+// the file system never meet. Not of a file that another process also closed at that inode: two
+// writers of one file (DeepSpeed's folded AutoEP saves write some expert files from two ranks at
+// once) can leave bytes that are neither's, while each record hashes what its writer wrote. Such
+// a file is hashed from disk.
 std::map<std::string, FileDigest> JournalDigests(const std::string& tag_dir) {
   std::map<std::string, FileDigest> digests;
   Result<JournalContents> journals = ReadTagJournals(tag_dir);
   if (!journals.ok()) return digests;  // no journal (or an unreadable one): hash everything
-  for (const auto& [path, record] : ClosesOnDisk(journals->records, TagFilesOnDisk(tag_dir))) {
-    digests[path] = FileDigest{record->size, record->xxh3, record->chunks};
+  for (const auto& close : ClosesOnDisk(journals->records, TagFilesOnDisk(tag_dir))) {
+    const std::string& path = close.first;
+    const JournalRecord* record = close.second;
+    const bool other_writer = std::any_of(
+        journals->records.begin(), journals->records.end(), [&](const JournalRecord& other) {
+          return other.path == path && other.stamp && other.stamp->ino == record->stamp->ino &&
+                 (other.pid != record->pid || other.host != record->host);
+        });
+    if (!other_writer) digests[path] = FileDigest{record->size, record->xxh3, record->chunks};
   }
   return digests;
 }

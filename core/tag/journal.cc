@@ -341,7 +341,8 @@ std::optional<FileOnDisk> StatFileOnDisk(const std::string& path) {
 }
 
 std::unordered_map<std::string, const JournalRecord*> ClosesOnDisk(
-    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk) {
+    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk,
+    bool keep_ambiguous) {
   std::unordered_map<std::string, std::optional<FileOnDisk>> disk;
   std::unordered_map<std::string, const JournalRecord*> closes;
   std::unordered_set<std::string_view> ambiguous;
@@ -353,6 +354,7 @@ std::unordered_map<std::string, const JournalRecord*> ClosesOnDisk(
     const auto [match, first] = closes.try_emplace(record.path, &record);
     if (!first && match->second->xxh3 != record.xxh3) ambiguous.insert(known->first);
   }
+  if (keep_ambiguous) return closes;
   for (const std::string_view path : ambiguous) closes.erase(std::string(path));
   return closes;
 }

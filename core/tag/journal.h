@@ -162,11 +162,14 @@ Result<FileDigest> HashFile(const std::string& path);
 // (not a durable repeat: those repeat a close) whose size and stamp equal what `on_disk(path)`
 // reports. No clock is compared, so records written by the clocks of other nodes match as well as
 // this one's. A path matched by closes of different bytes (rewritten at one size within one
-// timestamp tick) matches none: it cannot be told which of them the disk holds. Records without a
-// stamp match nothing. One pass: O(records), `on_disk` asked once per path.
+// timestamp tick, or written by two processes at once) matches none: it cannot be told which of
+// them the disk holds. With `keep_ambiguous` such a path keeps its first matching close: it is
+// closed, and what it holds must be read from disk (MatchSave, whose index build hashes files so).
+// Records without a stamp match nothing. One pass: O(records), `on_disk` asked once per path.
 using FileOnDiskLookup = std::function<std::optional<FileOnDisk>(const std::string& path)>;
 std::unordered_map<std::string, const JournalRecord*> ClosesOnDisk(
-    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk);
+    const std::vector<JournalRecord>& records, const FileOnDiskLookup& on_disk,
+    bool keep_ambiguous = false);
 // The lookup for the files of `tag_dir`: a stat of "<tag_dir>/<path>".
 FileOnDiskLookup TagFilesOnDisk(const std::string& tag_dir);
 

@@ -126,7 +126,9 @@ Status WriteSaveGeneration(const std::string& tag_dir, const SaveGeneration& gen
 SaveFiles MatchSave(const std::vector<JournalRecord>& records,
                     const std::vector<std::string>& expected, const SaveBounds& bounds,
                     const FileOnDiskLookup& on_disk) {
-  const auto on_disk_now = ClosesOnDisk(records, on_disk);
+  // A file whose closes disagree on its bytes is closed all the same: the index build hashes it
+  // from disk (JournalDigests trusts no such record).
+  const auto on_disk_now = ClosesOnDisk(records, on_disk, /*keep_ambiguous=*/true);
   const std::optional<SaveGeneration>& earlier = bounds.earlier;
   const bool exclude_earlier = earlier && earlier->commit != bounds.commit;
   SaveFiles save;

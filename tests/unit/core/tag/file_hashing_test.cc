@@ -101,6 +101,25 @@ TEST_F(FileHashingTest, ReusesAJournalRecordOnlyWhileItDescribesTheFile) {
   EXPECT_EQ(FormatXxh3((*fresh)[2].xxh3), Xxhsum(tag_ + "/small.pt"));
 }
 
+// Two processes writing one file at once (DeepSpeed's folded AutoEP expert files) can leave bytes
+// that neither wrote whole, while each close record hashes its own writer's bytes: such a file is
+// read, not taken from a record, even where one record matches it on disk.
+TEST_F(FileHashingTest, AFileTwoProcessesClosedAtItsInodeIsHashedFromDisk) {
+  const uint64_t recorded = 0x0123456789abcdefull;
+  JournalRecord last = Record("small.pt", recorded);
+  JournalRecord other = last;
+  other.pid = last.pid + 1;
+  other.stamp->mtime_ns -= 1;  // the other writer closed first
+  JournalRecord alone = Record("big.pt", recorded);
+  for (const JournalRecord& record : {other, last, alone}) {
+    ASSERT_TRUE(AppendJournalRecord(tag_, record).ok());
+  }
+  Result<std::vector<FileDigest>> trusted = HashTagFiles(tag_, names_, {2, true});
+  ASSERT_TRUE(trusted.ok()) << trusted.status().ToString();
+  EXPECT_EQ(FormatXxh3((*trusted)[2].xxh3), Xxhsum(tag_ + "/small.pt"));
+  EXPECT_EQ((*trusted)[1].xxh3, recorded);  // big.pt: one writer, its record trusted
+}
+
 TEST_F(FileHashingTest, MissingFileIsNamed) {
   names_.push_back("zero_pp_rank_7_mp_rank_00_optim_states.pt");
   Result<std::vector<FileDigest>> digests = HashTagFiles(tag_, names_, {2, true});

@@ -115,6 +115,19 @@ TEST_F(SaveGenerationTest, AFreshTagTakesTheClosesOnDisk) {
   EXPECT_EQ(generation.files, disk_);
 }
 
+// Two ranks writing one file at once (DeepSpeed's folded AutoEP expert files) can both close it
+// after its last write: two closes that match the disk and name different bytes. The file is
+// closed all the same (the index build hashes it from disk); waiting for it would never end.
+TEST_F(SaveGenerationTest, AFileTwoClosesDisagreeOnIsClosed) {
+  JournalRecord other = records_[1];
+  other.pid += 1;
+  other.xxh3 ^= 1;
+  records_.push_back(other);
+  const SaveFiles save = Match(std::nullopt, "c2");
+  EXPECT_TRUE(save.missing.empty());
+  EXPECT_EQ(save.closes.count("b.pt"), 1u);
+}
+
 TEST_F(SaveGenerationTest, BytesAnEarlierCommitConsistedOfAreNotThisSaves) {
   // The earlier save consisted of b.pt as it still is: its rank has not rewritten it yet.
   const SaveGeneration earlier{"c1", {{"a.pt", {10, {1, 50}}}, {"b.pt", {20, {2, 200}}}}};
