@@ -1,0 +1,84 @@
+#include "core/frameworks/deepspeed/folding.h"
+
+#include <string>
+
+#include "core/frameworks/deepspeed/autoep.h"
+#include "core/frameworks/deepspeed/common.h"
+
+namespace ucp::deepspeed {
+
+std::vector<uint32_t> FoldedGrid::ExpertWriters(uint32_t t, uint32_t e) const {
+  std::vector<uint32_t> writers;
+  for (uint32_t g = 0; g < world; ++g) {
+    if (TpRank(g) == t && ExpertRank(g) == e && WritesExperts(g)) writers.push_back(g);
+  }
+  return writers;
+}
+
+Result<std::optional<FoldedGrid>> ReadFoldedGrid(const TorchArchiveReader& model) {
+  const std::string dims = "checkpoint_parallel_dimensions";
+  const pickle::Value* tp_degree = OptionalField(model, dims + "/tp_degree");
+  if (tp_degree == nullptr || OptionalField(model, kAutoEpLayers) == nullptr)
+    return std::optional<FoldedGrid>();
+  UCP_ASSIGN_OR_RETURN(const int64_t tp, IntField(model, dims + "/tp_degree"));
+  if (tp <= 1) return std::optional<FoldedGrid>();
+  UCP_ASSIGN_OR_RETURN(const int64_t pp, IntField(model, dims + "/pp_degree"));
+  if (pp != 1) {
+    return Status::Unsupported(Prefix(model.path()) + dims + "/pp_degree " + std::to_string(pp) +
+                               ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)");
+  }
+  UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(model, "mp_world_size"));
+  if (mp != tp) {
+    return FieldError(model, "mp_world_size",
+                      std::to_string(mp) + ", but tp_degree is " + std::to_string(tp));
+  }
+  UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+  const std::string folding(kFolding);
+  UCP_ASSIGN_OR_RETURN(const int64_t folded_tp, IntField(model, folding + "/tp_size"));
+  UCP_ASSIGN_OR_RETURN(const int64_t ep, IntField(model, folding + "/ep_size"));
+  UCP_ASSIGN_OR_RETURN(const int64_t etp, IntField(model, folding + "/etp_size"));
+  if (folded_tp != tp) {
+    return FieldError(model, folding + "/tp_size",
+                      std::to_string(folded_tp) + ", but tp_degree is " + std::to_string(tp));
+  }
+  if (etp != 1) {
+    return Status::Unsupported(Prefix(model.path()) + folding + "/etp_size " + std::to_string(etp) +
+                               ": expert tensor parallelism is not supported");
+  }
+  const uint64_t world = static_cast<uint64_t>(dp) * static_cast<uint64_t>(tp);
+  if (ep <= 1 || world % static_cast<uint64_t>(ep) != 0 || world > (uint64_t{1} << 24)) {
+    return FieldError(model, folding + "/ep_size",
+                      std::to_string(ep) + ": not an expert-parallel size above 1 dividing the " +
+                          std::to_string(world) + " ranks of dp_world_size " + std::to_string(dp) +
+                          " x tp_degree " + std::to_string(tp));
+  }
+  return std::optional<FoldedGrid>(FoldedGrid{
+      static_cast<uint32_t>(world), static_cast<uint32_t>(tp), static_cast<uint32_t>(ep)});
+}
+
+Status CheckFolding(const TorchArchiveReader& reader, std::string_view family,
+                    const FoldedGrid& grid, uint32_t tp_rank, uint32_t ep_rank,
+                    std::optional<uint32_t> zero_rank) {
+  const std::string folding(kFolding);
+  const auto expect = [&](const char* key, int64_t expected) -> Status {
+    UCP_ASSIGN_OR_RETURN(const int64_t value, IntField(reader, folding + "/" + key));
+    if (value == expected) return Status::Ok();
+    return FieldError(reader, folding + "/" + key,
+                      std::to_string(value) + ", expected " + std::to_string(expected) +
+                          " (a file of another save, or of another rank)");
+  };
+  UCP_RETURN_IF_ERROR(expect("version", 1));
+  UCP_RETURN_IF_ERROR(expect("tp_size", grid.tp));
+  UCP_RETURN_IF_ERROR(expect("ep_size", grid.ep));
+  UCP_RETURN_IF_ERROR(expect("tp_rank", tp_rank));
+  UCP_RETURN_IF_ERROR(expect("ep_rank", ep_rank));
+  if (zero_rank) UCP_RETURN_IF_ERROR(expect("zero_partition_rank", *zero_rank));
+  UCP_ASSIGN_OR_RETURN(const std::string read, StrField(reader, folding + "/family"));
+  if (read != family) {
+    return FieldError(reader, folding + "/family",
+                      "\"" + read + "\", expected \"" + std::string(family) + "\"");
+  }
+  return Status::Ok();
+}
+
+}  // namespace ucp::deepspeed

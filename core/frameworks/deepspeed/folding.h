@@ -1,0 +1,73 @@
+// DeepSpeed 0.19's folded AutoEP + AutoTP layout (ZeRO-1/2): a run with
+// "tensor_parallel": {"autotp_size": T} and "expert_parallel": {"autoep_size": E} at world size
+// W = T · DP. Rank g is TP rank g mod T of TP group g div T (runs of T ranks), dense-data-parallel
+// rank g div T (the dense groups strided over the TP lanes), expert-parallel rank g mod E (runs of
+// E ranks, which may cross TP lanes) and expert-data-parallel rank g div E
+// (deepspeed/module_inject/auto_ep_folding.py, expected_folding_group_tables). Its files:
+//   mp_rank_<t>_model_states.pt        written by rank t: the dense parameters' TP slices
+//   zero_pp_rank_<d>_mp_rank_<t>_…     written by rank d·T + t: group 0 lane t's dense flat
+//                                      buffer, partition d of DP; group 1 ("ep_size_E") expert-
+//                                      parallel rank g mod E's fused experts, partition g div E
+//                                      of W / E
+//   layer_<L>_expert_<G>_mp_rank_<t>_… written by every rank g with g div T < E, for the experts
+//                                      of its expert-parallel rank, under its TP rank: one expert
+//                                      can lie under several lanes, and two ranks can write one
+//                                      file (engine.py's autoep_expert_writer)
+// each with a "folding" dict (checkpoint/autoep_universal.py, make_folding_metadata).
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "core/format/torch_archive_reader.h"
+#include "core/util/status.h"
+
+namespace ucp::deepspeed {
+
+// The key of the folding dict in each file of a folded save.
+inline constexpr std::string_view kFolding = "folding";
+
+struct FoldedGrid {
+  uint32_t world = 1;
+  uint32_t tp = 1;
+  uint32_t ep = 1;
+
+  uint32_t DenseDp() const { return world / tp; }
+  uint32_t ExpertDp() const { return world / ep; }
+  uint32_t TpRank(uint32_t g) const { return g % tp; }
+  uint32_t DenseRank(uint32_t g) const { return g / tp; }
+  uint32_t ExpertRank(uint32_t g) const { return g % ep; }
+  uint32_t ExpertDpRank(uint32_t g) const { return g / ep; }
+  uint32_t Rank(uint32_t dense_rank, uint32_t tp_rank) const { return dense_rank * tp + tp_rank; }
+  bool WritesExperts(uint32_t g) const { return DenseRank(g) < ep; }
+
+  // The ranks that write expert-parallel rank e's expert files under TP rank t, ascending (none
+  // where no rank is both).
+  std::vector<uint32_t> ExpertWriters(uint32_t t, uint32_t e) const;
+};
+
+// The folded grid of a save whose mp_rank_00 model states are `model`: nullopt where its
+// checkpoint_parallel_dimensions record tp_degree 1 or it holds no ds_autoep_layers. kUnsupported
+// for a pipeline, an expert-tensor-parallel size other than 1 and an E of 1 (DeepSpeed folds none
+// of those); kCorrupt where the sizes do not divide as DeepSpeed's grid needs or the folding dict
+// disagrees with them; both name the file and the field.
+Result<std::optional<FoldedGrid>> ReadFoldedGrid(const TorchArchiveReader& model);
+
+// The families of the folding dicts: the model states', the optimizer files', the expert files'.
+inline constexpr std::string_view kDenseFamily = "dense";
+inline constexpr std::string_view kZeroFamily = "zero_optimizer_state";
+inline constexpr std::string_view kExpertFamily = "routed_expert";
+
+// `reader`'s folding dict against the file it is, as DeepSpeed's load checks it: version 1, the
+// grid's tp_size and ep_size, `family`, the writer's tp_rank and ep_rank, and where given its
+// zero_partition_rank (two ranks race to write an expert file, so DeepSpeed leaves that one
+// unchecked there). kCorrupt naming the file and the field.
+Status CheckFolding(const TorchArchiveReader& reader, std::string_view family,
+                    const FoldedGrid& grid, uint32_t tp_rank, uint32_t ep_rank,
+                    std::optional<uint32_t> zero_rank);
+
+}  // namespace ucp::deepspeed
