@@ -33,8 +33,9 @@ converter and its universal load.
   7. bf16 (ZeRO-1's bf16_ optimizer files): `ucp export` = ds_to_universal, the router's unused
      gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to.
   8. What ucp does not read is refused by name: another checkpoint_format, experts not placed
-     in consecutive runs, AutoEP with AutoTP (DeepSpeed's folded layout, --tp 2: under the
-     preload the save is DeepSpeed's byte for byte, the losses the same, and no index).
+     in consecutive runs. AutoEP with AutoTP (DeepSpeed's folded layout, --tp 2; check_folded):
+     indexed at save, exported to the T=1 universal checkpoint that DeepSpeed resumes bit for
+     bit, resharded to T=1 as DeepSpeed's own files there.
   9. ZeRO-3 (checkpoint_format zero3_partitioned: no expert files; each expert-parallel rank's
      fused parameters partitioned over its expert-data-parallel ranks, ds_zero_partition_groups
      recording each flat group's ranks), saved at DP=4 E=2 under the preload: the index built at
@@ -55,6 +56,7 @@ Usage: ds_autoep_e2e.py --work DIR --tools DIR --lib LIB --ucp UCP --deepspeed V
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -367,12 +369,187 @@ def check_refusals(report, args, tag_dir, work):
                      f'index of {name}: exit {status}, not the refusal: {output[-500:]}')
 
 
+def folded_gather(tag_dir):
+    """Each parameter's universal tensors at tp 1, {(name, state): tensor}, gathered here from a
+    folded save's files without ucp: a dense parameter's slices from each TP lane's optimizer
+    files (lane t's dense-data-parallel ranks d·T + t, by their param_slice_mappings),
+    concatenated along the dimension where AutoTP's affine map says the lane's shape is not the
+    whole one (a replicated one: lane 0's, every lane's alike); a fused expert parameter from the
+    expert group of each expert-parallel rank e (ranks g = e mod E, by g div E), e after e."""
+    model0 = ds_objects.load(os.path.join(tag_dir, 'mp_rank_00_model_states.pt'))
+    folding = model0['folding']
+    tp, ep = folding['tp_size'], folding['ep_size']
+    world = model0['dp_world_size'] * tp
+    models = [model0] + [ds_objects.load(os.path.join(tag_dir, f'mp_rank_{t:02d}_model_states.pt'))
+                         for t in range(1, tp)]
+    optims = [ds_objects.load(os.path.join(
+        tag_dir, f'zero_pp_rank_{g // tp}_mp_rank_{g % tp:02d}_optim_states.pt'))
+        for g in range(world)]
+    affine = model0['universal_checkpoint_info']['affine_map']['params']
+
+    def gather(ranks, group, name, state):
+        parts = []
+        for g in ranks:
+            osd = optims[g]['optimizer_state_dict']
+            flat = (osd['single_partition_of_fp32_groups'][group] if state == 'fp32' else
+                    osd['base_optimizer_state']['state'][group][state])
+            fragment = osd['param_slice_mappings'][group].get(name)
+            if fragment is not None:
+                parts.append(flat[fragment.start:fragment.start + fragment.numel])
+        return torch.cat(parts)
+
+    def whole_shape(name):
+        entries = [e for pattern, e in affine.items() if re.fullmatch(pattern, name)]
+        return list(entries[0]['logical_shape'])
+
+    gathered = {}
+    for state in ('fp32', 'exp_avg', 'exp_avg_sq'):
+        for name in model0['param_shapes'][0]:
+            slices = [gather([d * tp + t for d in range(world // tp)], 0, name, state)
+                      .view(models[t]['param_shapes'][0][name]) for t in range(tp)]
+            whole = whole_shape(name)
+            split = [d for d in range(len(whole)) if whole[d] != slices[0].shape[d]]
+            if split:
+                gathered[(name, state)] = torch.cat(slices, split[0])
+            elif all(torch.equal(s, slices[0]) for s in slices):
+                gathered[(name, state)] = slices[0]
+        for name, local in model0['param_shapes'][1].items():
+            gathered[(name, state)] = torch.cat([
+                gather(sorted((g for g in range(world) if g % ep == e), key=lambda g: g // ep), 1,
+                       name, state).view(local) for e in range(ep)])
+    module = {}
+    for name, tensor in model0['module'].items():
+        if name not in model0['param_shapes'][0]:
+            continue
+        whole = whole_shape(name)
+        split = [d for d in range(len(whole)) if whole[d] != tensor.shape[d]]
+        module[name] = (torch.cat([m['module'][name] for m in models], split[0]) if split else
+                        tensor)
+    return gathered, module, world
+
+
+def check_folded_export(report, args, tag_dir, export):
+    """`ucp export` of a folded save against folded_gather: every dense and expert parameter's
+    fp32, exp_avg and exp_avg_sq bit for bit; the model states a tp 1 run's: every dense module
+    tensor whole (the lanes' slices joined), no folding dict, mp_world_size and tp_degree 1,
+    dp_world_size every rank, no ds_config tensor_parallel, and of universal_checkpoint_info
+    AutoEP's three entries."""
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if not report.check(status == 0, f'folded: ucp export exited {status}: {output[-2000:]}'):
+        return False
+    gathered, module, world = folded_gather(tag_dir)
+    failures = len(report.failures)
+    # 17 dense parameters (embedding, head, final norm, per layer q/k/v/o, router, 2 norms) and 6
+    # fused expert ones (w1/w2/w3 of 2 layers), 3 states each.
+    report.check(len(gathered) == 3 * (17 + 6), f'folded: gathered {len(gathered)} tensors')
+    for (name, state), expected in sorted(gathered.items()):
+        path = os.path.join(export, 'zero', name, f'{state}.pt')
+        got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
+        report.check(got is not None and got.dtype == expected.dtype and
+                     torch.equal(got, expected),
+                     f'folded export: {name}/{state} is not the gather of the lanes\' slices')
+    states = ds_objects.load(os.path.join(export, 'mp_rank_00_model_states.pt'))
+    for name, expected in module.items():
+        report.check(torch.equal(states['module'][name], expected) and
+                     list(states['param_shapes'][0][name]) == list(expected.shape),
+                     f'folded export: module/{name} is not the lanes\' slices joined')
+    report.check('folding' not in states and states['mp_world_size'] == 1 and
+                 states['checkpoint_parallel_dimensions']['tp_degree'] == 1 and
+                 states['dp_world_size'] == world and
+                 'tensor_parallel' not in states['ds_config'] and
+                 sorted(states['universal_checkpoint_info']) ==
+                 ['ds_autoep_layers', 'expert_parameter_patterns',
+                  'universal_checkpoint_version'],
+                 'folded export: the model states are not a tp 1 run\'s: '
+                 f'{sorted(states)} {states["mp_world_size"]} {states["dp_world_size"]} '
+                 f'{sorted(states["universal_checkpoint_info"])}')
+    if len(report.failures) == failures:
+        print(f'folded: ucp export = the lanes\' slices gathered ({len(gathered)} tensors, '
+              f'{len(module)} module tensors)')
+    return len(report.failures) == failures
+
+
+def check_folded_refusals(report, args, tag_dir, work):
+    """A folded tag's files that do not make its grid are refused naming the file and the field;
+    resharding one to another folded grid is refused by name (not supported yet)."""
+    def variant(name, change):
+        copy = harness.copy_tag(tag_dir, os.path.join(work, f'folded_{name}', TAG))
+        shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
+        change(copy)
+        return copy
+
+    def without_expert(copy):
+        os.remove(os.path.join(copy, 'layer_1_expert_2_mp_rank_01_model_states.pt'))
+
+    def extra_expert(copy):
+        shutil.copy(os.path.join(copy, 'layer_0_expert_0_mp_rank_00_model_states.pt'),
+                    os.path.join(copy, 'layer_0_expert_0_mp_rank_01_model_states.pt'))
+
+    def other_lane(copy):
+        path = os.path.join(copy, 'mp_rank_01_model_states.pt')
+        states = ds_objects.load(path)
+        states['folding']['tp_rank'] = 0
+        ds_objects.save(states, path)
+    for name, change, expected in (
+            ('without_expert', without_expert, 'layer_1_expert_2_mp_rank_01_model_states.pt: not '
+             'found (a folded save at tp 2, ep 2 writes it)'),
+            ('extra_expert', extra_expert, 'layer_0_expert_0_mp_rank_01_model_states.pt: no rank '
+             'of a folded save at tp 2, ep 2 writes it'),
+            ('other_lane', other_lane, 'mp_rank_01_model_states.pt: folding/tp_rank: 0, '
+             'expected 1')):
+        status, output = harness.run_ucp_output(args.ucp, 'index', variant(name, change))
+        report.check(status != 0 and expected in output,
+                     f'folded {name}: ucp index exited {status}, not the refusal: {output[-500:]}')
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to',
+                                            'tp=2,dp=2,ep=4',
+                                            '--out', os.path.join(work, 'folded_reshard'))
+    report.check(status != 0 and 'AutoEP with AutoTP (DeepSpeed\'s folded layout, tp 2) to '
+                 'tp=2,pp=1: only tp=1,pp=1 targets are supported yet' in output,
+                 f'folded: ucp reshard exited {status}, not the refusal: {output[-500:]}')
+
+
+def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
+    """The folded save resumed at T=1 DP=2 E=2 by a plain load_checkpoint under the preload, told
+    tp=1 by UCP_TOPOLOGY (nothing else says it: the T=1 trainer has no tensor_parallel section):
+    steps 4 and 5 bit-identical to DeepSpeed's universal load of ucp's export there (`oracle`),
+    and every file served `ucp reshard`'s (`resharded`: the expert files too, made without their
+    folding dicts)."""
+    logs = os.path.join(work, 'logs_folded_live')
+    live_env = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY='tp=1')
+    _, got = run_trainer(args, live_env, work, 'folded_live', 2, 2,
+                         ['--load_dir', os.path.dirname(tag_dir), '--load_tag', TAG],
+                         steps=STEPS + 2, save=False)
+    ds_e2e.print_losses('folded: losses tp1dp2ep2 preload', got)
+    report.check(sorted(got) == [STEPS + 1, STEPS + 2] and
+                 {s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
+                 {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
+                 f'folded: losses under the preload {got} are not DeepSpeed\'s universal load\'s '
+                 f'{oracle}')
+    view = os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2')
+    names = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    for name in names:
+        stored = os.path.join(view, 'served.' + name)
+        report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
+                     harness.read_bytes(os.path.join(resharded, name)),
+                     f'folded live/{name}: not served, or not `ucp reshard`\'s bytes; ucp logs:\n'
+                     f'{ds_e2e.log_tail(logs)}')
+
+
 def check_folded(report, args, env, work):
     """AutoEP with AutoTP (DeepSpeed's folded layout: dense tensors split over the tensor-parallel
-    ranks, each expert whole on its ranks' files) is refused: a T=2 E=2 save at 2 ranks under the
-    preload writes DeepSpeed's files byte for byte and trains bit-identically to the run without
-    it, leaves no index, and ucp's log and `ucp index` name the refusal. At 2 ranks each expert
-    file has one writer (at a dense DP above 1, two ranks write each one, racing)."""
+    ranks, each expert whole on its ranks' files).
+      - T=2 E=2 at 2 ranks under the preload writes DeepSpeed's files byte for byte, trains
+        bit-identically to the run without it, and commits an index. (At a dense DP above 1 two
+        ranks write each expert file and race, so the bytes are compared here.)
+      - T=2 E=2 at 4 ranks (dense DP 2, expert DP 2) saved at step 3 under the preload, trained on
+        to step 4: the index built at save is `ucp index`'s, each dense atom whole (AutoTP's
+        logical shape), each expert's rows an atom as at T=1; `ucp export` is the lanes' slices
+        gathered here (check_folded_export); DeepSpeed's universal load of it at T=1 (DP 2, E 2)
+        trains step 4 bit-identically to the folded run's step 4; `ucp reshard` of the folded tag
+        to T=1 DP=2 E=2 writes DeepSpeed's own files there (that universal load, saved again
+        before it trains: every object and bit but its micro batch and load_universal); and the
+        refusals of check_folded_refusals; live, check_folded_live."""
     folded = ['--tp', '2']
     plain_dir, plain = run_trainer(args, env, work, 'folded_plain', 2, 2, folded)
     logs = os.path.join(work, 'logs_folded')
@@ -387,17 +564,54 @@ def check_folded(report, args, env, work):
                  all(harness.read_bytes(os.path.join(tag_dir, n)) ==
                      harness.read_bytes(os.path.join(plain_dir, n)) for n in names),
                  f'folded: the files saved under the preload are not the plain run\'s {names}')
-    report.check(not os.path.exists(os.path.join(tag_dir, '.ucp', 'index.json')),
-                 'folded: an index was committed for a layout ucp refuses')
-    refusal = ('mp_rank_00_model_states.pt: checkpoint_parallel_dimensions/tp_degree 2: AutoEP '
-               'with AutoTP (DeepSpeed\'s folded layout) is not supported')
-    report.check(refusal in ds_e2e.log_tail(logs, lines=1000),
-                 f'folded: no ucp log names the refusal:\n{ds_e2e.log_tail(logs)}')
+    report.check(os.path.isfile(os.path.join(tag_dir, '.ucp', 'index.json')),
+                 f'folded: no index committed at save:\n{ds_e2e.log_tail(logs)}')
+
+    logs = os.path.join(work, 'logs_folded_w4')
+    tag_dir, uninterrupted = run_trainer(
+        args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_w4', 4, 2,
+        folded + ['--save_step', str(STEPS)], steps=STEPS + 1)
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not report.check(os.path.isfile(index), f'folded W=4: no index committed at save:\n'
+                        f'{ds_e2e.log_tail(logs)}'):
+        return
+    at_save = harness.read_bytes(index)
     status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
-    report.check(status != 0 and refusal in output,
-                 f'folded: ucp index exited {status}, not the refusal: {output[-500:]}')
-    print(f'folded (T=2 E=2): refused by name; under the preload the same {len(names)} files and '
-          'losses')
+    report.check(status == 0 and harness.read_bytes(index) == at_save,
+                 f'folded W=4: ucp index exited {status} or wrote another index: {output[-500:]}')
+    with open(index) as f:
+        indexed = json.load(f)
+    shapes = {(a['param'], a['state']): a['shape'] for a in indexed['atoms']}
+    folded_tp = indexed['adapter_state'].get('folded_tp', {}).get('degree')
+    q_proj = shapes.get(('model.layers.0.self_attn.q_proj.weight', 'fp32'))
+    expert = shapes.get(('model.layers.1.mlp.experts.w2.3', 'fp32'))
+    report.check(folded_tp == 2 and indexed['topology']['tp'] == 2 and q_proj == [32, 32] and
+                 expert == [32, 64], f'folded W=4: index folded_tp {folded_tp}, topology '
+                 f'{indexed["topology"]}, q_proj {q_proj}, expert 3\'s w2 {expert}')
+    export = os.path.join(work, 'folded_export', TAG)
+    if check_folded_export(report, args, tag_dir, export):
+        resaved, loaded = run_trainer(args, env, work, 'folded_universal_load', 2, 2,
+                                      ['--load_dir', os.path.dirname(export), '--load_tag', TAG,
+                                       '--universal', '--save_step', str(STEPS)],
+                                      steps=STEPS + 2)
+        step = STEPS + 1
+        report.check(step in loaded and ds_e2e.float32_bits(loaded[step]) ==
+                     ds_e2e.float32_bits(uninterrupted[step]),
+                     f'folded: DeepSpeed\'s tp 1 universal load of ucp\'s export trains step '
+                     f'{step} to {loaded.get(step)}, the folded run to {uninterrupted[step]}')
+        print(f'folded: DeepSpeed\'s tp 1 universal load of ucp\'s export: step {step} loss '
+              f'{loaded.get(step)!r}, the folded run\'s {uninterrupted[step]!r}')
+        failures = len(report.failures)
+        out = os.path.join(work, 'folded_reshard_dp2ep2')
+        status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to',
+                                                'tp=1,dp=2,ep=2', '--out', out)
+        if report.check(status == 0, f'folded: ucp reshard to tp=1,dp=2,ep=2 exited {status}: '
+                        f'{output[-2000:]}'):
+            harness.compare_resaved(report, 'folded -> tp1 dp2ep2', out, resaved, TAG)
+        if len(report.failures) == failures:
+            print('folded: ucp reshard to tp 1 dp2ep2 = DeepSpeed\'s resave there')
+        check_folded_live(report, args, env, work, tag_dir, loaded, os.path.join(out, TAG))
+    check_folded_refusals(report, args, tag_dir, work)
 
 
 def main():

@@ -21,12 +21,14 @@ Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `S
 for every step it trains and writes {"losses": {step: loss}} to --out.
 Usage: train_autoep.py [--ep E] [--tp T] [--zero_stage S] [--dtype fp32|bf16]
          [--deepspeed_config JSON] --steps N
-         [--save_dir DIR] [--load_dir DIR --load_tag TAG [--universal]] --out JSON
-  Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
-  --save_dir: with --load_dir and N the loaded step, a resave of the loaded state. The config is
-  built from the arguments (expert-parallel size E, default 2; AutoTP's tensor-parallel size T,
-  default 1, with "preset_model": "mixtral": DeepSpeed 0.19.8 then folds the experts, each
-  expert whole on its tensor-parallel ranks), then the entries of the
+         [--save_dir DIR [--save_step K]] [--load_dir DIR --load_tag TAG [--universal]]
+         --out JSON
+  Trains up to global step N (from the loaded step, or 0) and saves global_step<K> to
+  --save_dir once step K (default N) is trained: with --load_dir and N the loaded step, a resave
+  of the loaded state; with K < N the run goes on to N, as the save's uninterrupted run. The
+  config is built from the arguments (expert-parallel size E, default 2; AutoTP's
+  tensor-parallel size T, default 1, with "preset_model": "mixtral": DeepSpeed 0.19.8 then folds
+  the experts, each expert whole on its tensor-parallel ranks), then the entries of the
   --deepspeed_config file merged in (a nested object into the section of its name), as a trainer
   that takes its config from a file states it on its command line.
 """
@@ -73,6 +75,7 @@ def main():
     parser.add_argument('--zero_stage', type=int, choices=(1, 2, 3), default=1)
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
+    parser.add_argument('--save_step', type=int)
     parser.add_argument('--load_dir')
     parser.add_argument('--load_tag')
     parser.add_argument('--universal', action='store_true')
@@ -109,6 +112,9 @@ def main():
             sys.exit(f'no checkpoint loaded from {args.load_dir}/{args.load_tag}')
     micro = GLOBAL_BATCH // dp
     losses = {}
+    save_step = args.steps if args.save_step is None else args.save_step
+    if args.save_dir and engine.global_steps == save_step:
+        engine.save_checkpoint(args.save_dir, tag=f'global_step{save_step}')
     for step in range(engine.global_steps + 1, args.steps + 1):
         generator = torch.Generator().manual_seed(1000 + step)
         tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=generator)
@@ -121,8 +127,8 @@ def main():
         losses[step] = (total / world).item()  # tensor-parallel peers compute the same loss
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
-    if args.save_dir:
-        engine.save_checkpoint(args.save_dir, tag=f'global_step{args.steps}')
+        if args.save_dir and step == save_step:
+            engine.save_checkpoint(args.save_dir, tag=f'global_step{save_step}')
     dist.barrier()
     if rank == 0:
         with open(args.out, 'w') as f:

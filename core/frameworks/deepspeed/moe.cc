@@ -14,6 +14,8 @@
 #include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/folding.h"
+#include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/layout/region.h"
 #include "core/plan/copy_plan.h"
 #include "core/tag/file_hashing.h"
@@ -22,8 +24,10 @@ namespace ucp {
 namespace {
 
 using deepspeed::AddParameterAtoms;
+using deepspeed::AddSliceFragments;
 using deepspeed::AddUniversalModuleTensors;
 using deepspeed::BoundsText;
+using deepspeed::CheckFolding;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimGroups;
 using deepspeed::CheckTarget;
@@ -40,6 +44,8 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
+using deepspeed::Geometry;
+using deepspeed::GeometryAt;
 using deepspeed::GroupExpectation;
 using deepspeed::GroupLayout;
 using deepspeed::GroupSettings;
@@ -55,12 +61,15 @@ using deepspeed::kOptimRole;
 using deepspeed::kOsd;
 using deepspeed::ListTag;
 using deepspeed::ListText;
+using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
+using deepspeed::MapJson;
 using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimFilesByRank;
+using deepspeed::OptimGroup;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
 using deepspeed::OptionalField;
@@ -70,6 +79,8 @@ using deepspeed::Partition;
 using deepspeed::Partitioning;
 using deepspeed::PartitionMethod;
 using deepspeed::PidTuple;
+using deepspeed::Piece;
+using deepspeed::Pieces;
 using deepspeed::PlanPartitionedOptimFile;
 using deepspeed::PlanRankPart;
 using deepspeed::Prefix;
@@ -77,15 +88,20 @@ using deepspeed::RankFile;
 using deepspeed::RankGroupPart;
 using deepspeed::RankPartition;
 using deepspeed::ReadAutoEpLayers;
+using deepspeed::ReadAutoTpMaps;
 using deepspeed::ReadNumExperts;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
+using deepspeed::Rule;
+using deepspeed::RuleName;
 using deepspeed::SavablePartition;
 using deepspeed::SetAutoEpLayers;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeText;
+using deepspeed::ShardMap;
+using deepspeed::SizeNode;
 using deepspeed::SliceMapping;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
@@ -157,29 +173,33 @@ struct ExpertFiles {
   std::vector<uint32_t> num_experts;              // per MoE layer, from the model states
   std::set<std::pair<uint32_t, uint32_t>> model;  // (layer, global expert) of each file
   std::set<uint32_t> optim;                       // the expp_rank files' expert-parallel ranks
+  // A folded tag's: the TP lanes (mp ranks) whose files hold each (layer, global expert).
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> lanes_of;
 };
 
 // Stage `mp`'s expert files of a tag of `stages` pipeline stages (`model`: the stage's model
-// states).
+// states), or with `lanes` > 1 a folded tag's: every expert file under an mp rank below `lanes`.
 Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
-                                    const TorchArchiveReader& model, uint32_t mp, uint32_t stages) {
+                                    const TorchArchiveReader& model, uint32_t mp, uint32_t stages,
+                                    uint32_t lanes = 1) {
   ExpertFiles files;
   files.mp = mp;
   UCP_ASSIGN_OR_RETURN(files.num_experts, ReadNumExperts(model));
   const std::vector<int64_t> counts(files.num_experts.begin(), files.num_experts.end());
   for (const std::string& name : listing.expert_files) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
-    if (!parsed || (parsed->mp != 0 && stages == 1)) {
+    if (!parsed || (parsed->mp != 0 && stages == 1 && lanes == 1)) {
       return Status::Unsupported(Prefix(tag_dir + "/" + name) +
                                  "an expert file of an mp rank above 0: MoE with tensor "
                                  "parallelism is not supported");
     }
-    if (parsed->mp >= stages) {
+    const uint32_t mp_ranks = std::max(stages, lanes);
+    if (parsed->mp >= mp_ranks) {
       return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " +
                              std::to_string(parsed->mp) + " >= mp_world_size " +
-                             std::to_string(stages) + " (a file of another save)");
+                             std::to_string(mp_ranks) + " (a file of another save)");
     }
-    if (parsed->mp != mp) continue;
+    if (parsed->mp != mp && lanes == 1) continue;
     if (parsed->kind == FileKind::kExpertOptimStates) {
       files.optim.insert(parsed->dp);
       continue;
@@ -192,8 +212,44 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
           ListText(counts) + " of " + model.path() + " (a file of another save)");
     }
     files.model.insert({parsed->layer, parsed->expert});
+    if (lanes > 1) files.lanes_of[{parsed->layer, parsed->expert}].push_back(parsed->mp);
   }
+  for (auto& [expert, held_by] : files.lanes_of) std::sort(held_by.begin(), held_by.end());
   return files;
+}
+
+// A folded tag's expert files against its grid: each expert's files are under exactly the TP
+// lanes of the ranks that write its expert-parallel rank's (FoldedGrid::ExpertWriters), and no
+// expp_rank file is there (DeepSpeed 0.19 writes none).
+Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& files,
+                              const deepspeed::FoldedGrid& grid) {
+  for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
+    const uint32_t per_rank = files.num_experts[layer] / grid.ep;
+    for (uint32_t g = 0; g < files.num_experts[layer]; ++g) {
+      const auto it = files.lanes_of.find({layer, g});
+      const std::vector<uint32_t> held_by =
+          it == files.lanes_of.end() ? std::vector<uint32_t>{} : it->second;
+      for (uint32_t t = 0; t < grid.tp; ++t) {
+        const bool written = !grid.ExpertWriters(t, g / per_rank).empty();
+        const bool there = std::find(held_by.begin(), held_by.end(), t) != held_by.end();
+        if (written == there) continue;
+        const std::string name = tag_dir + "/" + ExpertModelStatesName(layer, g, t);
+        if (written) {
+          return Status::NotFound(Prefix(name) + "not found (a folded save at tp " +
+                                  std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep) +
+                                  " writes it)");
+        }
+        return Status::Corrupt(Prefix(name) + "no rank of a folded save at tp " +
+                               std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep) +
+                               " writes it (a file of another save)");
+      }
+    }
+  }
+  if (!files.optim.empty()) {
+    return Status::Corrupt(Prefix(tag_dir + "/" + ExpertOptimName(*files.optim.begin(), 0)) +
+                           "an expp_rank file in a folded save (DeepSpeed writes none)");
+  }
+  return Status::Ok();
 }
 
 // `files` against the expert-parallel size `ep`: every MoE layer's experts a multiple of it, every
@@ -315,7 +371,8 @@ uint64_t PartitionSize(const OptimStates& os, size_t g) {
 // 0.19 records the axes (checkpoint_parallel_dimensions: pp_degree, tp_degree); MoE layers in a
 // PipelineModule write no layer files (each stage's dense tensors are its model states' module),
 // so only that record tells a pipeline from tensor parallelism. kUnsupported for tensor
-// parallelism and where the tag does not record the axis (0.14).
+// parallelism (AutoEP's folded layout with it is read by ReadFoldedGrid before) and where the tag
+// does not record the axis (0.14).
 Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
   if (mp == 1) return 1;
   const auto degree = [&](const char* key) -> int64_t {
@@ -325,12 +382,9 @@ Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
   const int64_t pp = degree("pp_degree");
   const int64_t tp = degree("tp_degree");
   if (tp > 1) {
-    const bool autoep = OptionalField(model, kAutoEpLayers) != nullptr;
     return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
                                std::to_string(tp) +
-                               (autoep ? ": AutoEP with AutoTP (DeepSpeed's folded layout)"
-                                       : ": MoE with tensor parallelism") +
-                               " is not supported");
+                               ": MoE with tensor parallelism is not supported");
   }
   if (pp > 1 && pp == mp && pp <= kMaxStages) return static_cast<uint32_t>(pp);
   if (pp > 1) {
@@ -364,6 +418,7 @@ struct IndexFacts {
   uint32_t mp = 0;  // the stage
   uint32_t dp = 0;
   uint32_t ep = 0;
+  uint32_t folded_tp = 1;   // AutoEP folded over AutoTP: the TP degree; dp is the dense DP
   size_t expert_group = 0;  // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
@@ -442,7 +497,18 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     if (!state[key].is_boolean()) return Status::Corrupt(what + key + ": not a bool");
     *flag = state[key].get<bool>();
   }
-  if (common.ep == 0 || common.dp % common.ep != 0 ||
+  if (state.contains("folded_tp")) {
+    const nlohmann::json& folded = state["folded_tp"];
+    if (!folded.is_object() || !folded.contains("degree") ||
+        !folded["degree"].is_number_unsigned() || folded["degree"].get<uint64_t>() < 2 ||
+        folded["degree"].get<uint64_t>() != c.topology.tp || c.topology.pp != 1 || !common.fused) {
+      return Status::Corrupt(what + "folded_tp: not the index's TP degree of one AutoEP stage");
+    }
+    common.folded_tp = c.topology.tp;
+  } else if (c.topology.tp != 1) {
+    return Status::Corrupt(what + "tp " + std::to_string(c.topology.tp) + " without folded_tp");
+  }
+  if (common.ep == 0 || (common.dp * common.folded_tp) % common.ep != 0 ||
       (common.prefix != "" && common.prefix != "bf16_")) {
     return Status::Corrupt(what + "expert_parallel " + std::to_string(common.ep) +
                            " or file_prefix inconsistent with the index");
@@ -465,11 +531,12 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     const bool expert = c.files[f].role == kExpertStatesRole;
     if (!expert && c.files[f].role != kExpertOptimRole) continue;
     const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
-    if (!parsed || parsed->mp >= pp) {
+    // A folded tag's one stage holds its expert files under every TP lane.
+    if (!parsed || parsed->mp >= pp * common.folded_tp) {
       return Status::Corrupt("deepspeed: index: " + c.files[f].path +
                              ": not an expert file of a stage below pp " + std::to_string(pp));
     }
-    (expert ? expert_files : expp_files)[parsed->mp].push_back(f);
+    (expert ? expert_files : expp_files)[parsed->mp % pp].push_back(f);
   }
   std::vector<IndexFacts> stages;
   size_t next_group = 0;
@@ -752,16 +819,25 @@ Status CheckNoExpertOptimizer(const AtomIndex& index, const std::string& tag_dir
 
 // One pipeline stage of a DeepSpeed-MoE tag as BuildIndex's phases read it (at pp = 1 the tag):
 // its files are those of mp rank `mp`, each one a pp = 1 tag's.
-struct MoeStage {
-  uint32_t mp = 0;
+// One TP lane of a stage (at tp = 1 the stage itself): its model states, their module tensors, and
+// the dense groups' flat layouts partitioned over the dense-data-parallel ranks.
+struct MoeLane {
   std::string model_name;
   std::optional<TorchArchiveReader> model;
+  uint32_t model_file = 0;  // in MoeTag::paths
+  std::map<std::string, const TorchTensor*> module;
+  std::vector<GroupLayout> dense;  // per group; the expert group's empty
+  std::vector<Partitioning> dense_p;
+};
+
+struct MoeStage {
+  uint32_t mp = 0;
+  std::deque<MoeLane> lanes;  // a folded tag's TP lanes in rank order; else one
   size_t groups = 0;
   size_t expert_group = 0;
   ExpertFiles experts;
-  std::vector<OptimStates> ranks;
-  uint32_t model_file = 0;  // its model states in MoeTag::paths, then its ranks' optimizer files
-  std::map<std::string, const TorchTensor*> module;
+  std::vector<OptimStates> ranks;  // by rank (folded: global rank d·T + t)
+  uint32_t optim_file = 0;         // ranks[r]'s file is MoeTag::paths[optim_file + r]
   std::deque<TorchArchiveReader> expert_readers;  // a deque: the tensors below point into them
   struct ExpertTensor {
     const TorchTensor* tensor = nullptr;
@@ -769,11 +845,13 @@ struct MoeStage {
   };
   std::map<std::string, ExpertTensor> expert_tensors;  // by global name
   std::map<std::string, uint32_t> moe_layer_of;        // MoE module name → its layer index
-  std::vector<GroupLayout> dense;                      // per group; the expert group's empty
-  std::vector<Partitioning> dense_p;
-  std::vector<GroupLayout> local;   // per EP rank, local names
-  std::vector<GroupLayout> global;  // per EP rank, global names
+  std::vector<GroupLayout> local;                      // per EP rank, local names
+  std::vector<GroupLayout> global;                     // per EP rank, global names
   Partitioning expert_p;
+
+  const MoeLane& first_lane() const { return lanes.front(); }
+  const TorchArchiveReader& model() const { return *lanes.front().model; }
+  const std::string& model_name() const { return lanes.front().model_name; }
 };
 
 // A DeepSpeed-MoE tag as BuildIndex's phases read it.
@@ -789,23 +867,50 @@ struct MoeTag {
   bool fused = false;
   std::vector<std::string> experts_modules;  // AutoEP: per MoE layer, its expert_key_prefix
   std::deque<MoeStage> stages;               // a deque: tensors point into its readers
-  std::vector<std::string> paths;  // the index's files: per stage model, optimizers, experts, expp
+  std::vector<std::string> paths;  // the index's files: per stage models, optimizers, experts, expp
+  // AutoEP with AutoTP (DeepSpeed's folded layout): one stage of grid.tp lanes, dp the dense DP.
+  std::optional<deepspeed::FoldedGrid> folded;
+  deepspeed::AutoTpMaps autotp;  // folded: how the dense parameters' TP slices make them
+
+  uint32_t world() const { return folded ? folded->world : dp; }
+  uint32_t tp() const { return folded ? folded->tp : 1; }
 };
+
+// A folded tag's optimizer files by global rank g = d·T + t: lane t's dense-data-parallel rank d's.
+Result<std::vector<const RankFile*>> FoldedOptimFiles(const MoeTag& tag, const TagListing& listing,
+                                                      const MoeStage& stage) {
+  const uint32_t tp = tag.tp();
+  std::vector<const RankFile*> by_rank(tag.world());
+  for (uint32_t t = 0; t < tp; ++t) {
+    UCP_ASSIGN_OR_RETURN(
+        const std::vector<const RankFile*> lane,
+        OptimFilesByRank(tag.dir, listing, tag.dp, stage.lanes[t].model_name, t, tp));
+    for (uint32_t d = 0; d < tag.dp; ++d) by_rank[tag.folded->Rank(d, t)] = lane[d];
+  }
+  for (const RankFile* file : by_rank) {
+    if (file->prefix != by_rank.front()->prefix) {
+      return Status::Corrupt(Prefix(tag.dir + "/" + file->name) + "another prefix than " +
+                             by_rank.front()->name + " (files of two saves)");
+    }
+  }
+  return by_rank;
+}
 
 // Phase 1, per stage: the stage's model states, expert files' names and every rank's optimizer
 // file, with what is refused; the expert group and the expert-parallel size its name gives (the
 // tag's: every stage's must agree).
 Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   const std::string& tag_dir = tag.dir;
-  const TorchArchiveReader& model = *stage.model;
+  const TorchArchiveReader& model = stage.model();
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
   if (stage.mp > 0 && dp != tag.dp) {
     return FieldError(model, "dp_world_size",
-                      std::to_string(dp) + ", but " + tag.stages.front().model_name + " has " +
+                      std::to_string(dp) + ", but " + tag.stages.front().model_name() + " has " +
                           std::to_string(tag.dp) + " (a file of another save)");
   }
-  UCP_ASSIGN_OR_RETURN(stage.experts,
-                       ListExpertFiles(tag_dir, listing, model, stage.mp, tag.stages.size()));
+  const uint32_t world = tag.world();
+  UCP_ASSIGN_OR_RETURN(stage.experts, ListExpertFiles(tag_dir, listing, model, stage.mp,
+                                                      tag.stages.size(), tag.tp()));
   std::optional<uint32_t> autoep_size;
   if (const Value* autoep = OptionalField(model, kAutoEpLayers);
       autoep != nullptr && autoep->kind() != Kind::kNone) {
@@ -814,13 +919,18 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                                  ": AutoEP layers in a pipeline are not supported");
     }
     tag.fused = true;
-    UCP_ASSIGN_OR_RETURN(autoep_size, ReadAutoEpLayers(model, stage.experts.num_experts, dp,
+    // The layers record the run's expert-data-parallel size: over every rank, TP lanes included.
+    UCP_ASSIGN_OR_RETURN(autoep_size, ReadAutoEpLayers(model, stage.experts.num_experts, world,
                                                        kAutoEpFileFormat, tag.experts_modules));
   }
 
-  UCP_ASSIGN_OR_RETURN(
-      const std::vector<const RankFile*> by_rank,
-      OptimFilesByRank(tag_dir, listing, dp, stage.model_name, stage.mp, tag.stages.size()));
+  std::vector<const RankFile*> by_rank;
+  if (tag.folded) {
+    UCP_ASSIGN_OR_RETURN(by_rank, FoldedOptimFiles(tag, listing, stage));
+  } else {
+    UCP_ASSIGN_OR_RETURN(by_rank, OptimFilesByRank(tag_dir, listing, dp, stage.model_name(),
+                                                   stage.mp, tag.stages.size()));
+  }
   tag.prefix = by_rank.front()->prefix;
   size_t group_count = 0;
   {
@@ -832,7 +942,7 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   }
   stage.groups = group_count;
   std::vector<OptimStates>& ranks = stage.ranks;
-  for (uint32_t r = 0; r < dp; ++r) {
+  for (uint32_t r = 0; r < world; ++r) {
     UCP_ASSIGN_OR_RETURN(OptimStates os,
                          ReadOptimStates(tag_dir, *by_rank[r], group_count, kZero3Refusal));
     if (os.elastic) {
@@ -855,6 +965,11 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   const Value* order = OptionalField(first.reader, "ds_config/" + std::string(kDataBeforeExpert));
   const bool data_before_expert =
       order != nullptr && order->kind() == Kind::kBool && order->bool_value();
+  if (data_before_expert && tag.folded) {
+    return Status::Unsupported(Prefix(first.reader.path()) + "ds_config/" +
+                               std::string(kDataBeforeExpert) +
+                               ": with AutoEP folded over AutoTP (DeepSpeed does not fold it)");
+  }
 
   // Which group holds the experts; its name gives the expert-parallel size.
   std::optional<size_t> expert_group;
@@ -872,15 +987,20 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
     // AutoEP's size is its layers' ep_size: DeepSpeed's universal load at another size keeps the
     // saved group's name, and so do its saves after it.
     const std::optional<uint32_t> size = autoep_size ? autoep_size : ExpertGroupSize(param_group);
-    if (!size || *size == 0 || dp % *size != 0) {
+    if (!size || *size == 0 || world % *size != 0) {
       return FieldError(first.reader, field + "/name",
-                        "not ep_size_<N> with N dividing dp_world_size " + std::to_string(dp));
+                        "not ep_size_<N> with N dividing the " + std::to_string(world) + " ranks");
     }
     if (stage.mp > 0 && *size != tag.ep) {
       return FieldError(first.reader, field + "/name",
                         "expert-parallel size " + std::to_string(*size) + ", but stage 0's is " +
                             std::to_string(tag.ep) +
                             " (MoE layers of several expert-parallel sizes are not supported)");
+    }
+    if (tag.folded && *size != tag.folded->ep) {
+      return FieldError(first.reader, field + "/name",
+                        "expert-parallel size " + std::to_string(*size) + ", but the folding of " +
+                            stage.model_name() + " records " + std::to_string(tag.folded->ep));
     }
     expert_group = g;
     ep = *size;
@@ -889,16 +1009,55 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
     return FieldError(first.reader, std::string(kOsd) + "/base_optimizer_state/param_groups",
                       "no group with moe True, but the tag holds expert files");
   }
+  if (tag.folded) {
+    UCP_RETURN_IF_ERROR(CheckFoldedExpertFiles(tag_dir, stage.experts, *tag.folded));
+    for (uint32_t g = 0; g < world; ++g) {
+      const deepspeed::FoldedGrid& grid = *tag.folded;
+      UCP_RETURN_IF_ERROR(CheckFolding(ranks[g].reader, deepspeed::kZeroFamily, grid,
+                                       grid.TpRank(g), grid.ExpertRank(g), grid.DenseRank(g)));
+    }
+  }
   UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, stage.experts, ep, model));
   tag.ep = ep;
-  tag.expert_dp = dp / ep;
-  tag.order = {dp, ep, data_before_expert};
+  tag.expert_dp = world / ep;
+  tag.order = {world, ep, data_before_expert};
   stage.expert_group = *expert_group;
   return Status::Ok();
 }
 
-// Phase 1: the model states of every stage (their mp_world_size: the pipeline's stages), then
-// each stage as ReadStage reads it.
+// A folded tag's model states of TP lanes 1 .. T-1 (lane 0's read), each written by rank t: the
+// same sizes, its folding dict.
+Status ReadFoldedLanes(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
+  const deepspeed::FoldedGrid& grid = *tag.folded;
+  UCP_RETURN_IF_ERROR(CheckFolding(stage.model(), deepspeed::kDenseFamily, grid, 0, 0, 0));
+  for (uint32_t t = 1; t < grid.tp; ++t) {
+    const auto name = listing.model_states.find(t);
+    if (name == listing.model_states.end()) {
+      return Status::NotFound(Prefix(tag.dir) + ModelStatesName(t) + ": not found (tp_degree " +
+                              std::to_string(grid.tp) + " in " + stage.model_name() + ")");
+    }
+    MoeLane& lane = stage.lanes.emplace_back();
+    lane.model_name = name->second;
+    UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
+                         TorchArchiveReader::Open(tag.dir + "/" + lane.model_name));
+    const TorchArchiveReader& model = lane.model.emplace(std::move(opened));
+    UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
+    UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
+    if (mp_world_size != grid.tp || dp != tag.dp) {
+      return FieldError(model, "mp_world_size",
+                        std::to_string(mp_world_size) + " with dp_world_size " +
+                            std::to_string(dp) + ", but " + stage.model_name() + " has " +
+                            std::to_string(grid.tp) + " and " + std::to_string(tag.dp) +
+                            " (a file of another save)");
+    }
+    UCP_RETURN_IF_ERROR(
+        CheckFolding(model, deepspeed::kDenseFamily, grid, t, grid.ExpertRank(t), 0));
+  }
+  return Status::Ok();
+}
+
+// Phase 1: the model states of every stage (their mp_world_size: the pipeline's stages, or a
+// folded tag's TP lanes), then each stage as ReadStage reads it.
 Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
   tag.dir = tag_dir;
   UCP_ASSIGN_OR_RETURN(const TagListing listing, ListTag(tag_dir));
@@ -910,77 +1069,122 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
     if (name == listing.model_states.end()) {
       return Status::NotFound(Prefix(tag_dir) + ModelStatesName(mp) +
                               ": not found (mp_world_size " + std::to_string(tag.stages.size()) +
-                              " in " + tag.stages.front().model_name + ")");
+                              " in " + tag.stages.front().model_name() + ")");
     }
     MoeStage& stage = tag.stages[mp];
     stage.mp = mp;
-    stage.model_name = name->second;
+    MoeLane& lane = stage.lanes.emplace_back();
+    lane.model_name = name->second;
     UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
-                         TorchArchiveReader::Open(tag_dir + "/" + stage.model_name));
-    const TorchArchiveReader& model = stage.model.emplace(std::move(opened));
+                         TorchArchiveReader::Open(tag_dir + "/" + lane.model_name));
+    const TorchArchiveReader& model = lane.model.emplace(std::move(opened));
     UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
     if (mp == 0) {
       UCP_ASSIGN_OR_RETURN(tag.dp, DpWorldSize(model));
-      UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
-      tag.stages.resize(stages);
+      UCP_ASSIGN_OR_RETURN(tag.folded, deepspeed::ReadFoldedGrid(model));
+      if (!tag.folded) {
+        UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
+        tag.stages.resize(stages);
+      }
     } else if (mp_world_size != static_cast<int64_t>(tag.stages.size())) {
       return FieldError(model, "mp_world_size",
-                        std::to_string(mp_world_size) + ", but " + tag.stages.front().model_name +
+                        std::to_string(mp_world_size) + ", but " + tag.stages.front().model_name() +
                             " has " + std::to_string(tag.stages.size()) +
                             " (a file of another save)");
     }
   }
+  const uint32_t mp_ranks = std::max<uint32_t>(tag.stages.size(), tag.tp());
   for (const auto& [mp, name] : listing.model_states) {
-    if (mp >= tag.stages.size()) {
+    if (mp >= mp_ranks) {
       return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " + std::to_string(mp) +
-                             " >= mp_world_size " + std::to_string(tag.stages.size()) + " of " +
-                             tag.stages.front().model_name + " (a file of another save)");
+                             " >= mp_world_size " + std::to_string(mp_ranks) + " of " +
+                             tag.stages.front().model_name() + " (a file of another save)");
     }
   }
+  if (tag.folded) UCP_RETURN_IF_ERROR(ReadFoldedLanes(listing, tag, tag.stages.front()));
   for (MoeStage& stage : tag.stages) UCP_RETURN_IF_ERROR(ReadStage(listing, tag, stage));
   return Status::Ok();
 }
 
-// Phase 2, per stage: the module's tensors and each expert file's, by global name; the stage's
-// files appended to the index's.
+// Phase 2, per stage: every lane's module tensors and each expert file's, by global name; the
+// stage's files appended to the index's (its lanes' model states, its ranks' optimizer files,
+// its expert files, its expp_rank files). A folded tag's expert lies under several lanes: all of
+// those files are the save's, and the lowest lane's gives the tensors, the others' must match it.
 Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
-  // Shapes: the module's tensors, and the expert files' (by global name, with their file).
-  const TorchArchiveReader& model = *stage.model;
-  if (const Value* node = OptionalField(model, "module")) {
-    for (const auto& [name, value] : NamedChildren(node))
-      stage.module[name] = model.TensorAt(value);
-  }
   std::vector<std::string>& paths = tag.paths;
-  stage.model_file = static_cast<uint32_t>(paths.size());
-  paths.push_back(stage.model_name);
+  for (MoeLane& lane : stage.lanes) {
+    const TorchArchiveReader& model = *lane.model;
+    if (const Value* node = OptionalField(model, "module")) {
+      for (const auto& [name, value] : NamedChildren(node))
+        lane.module[name] = model.TensorAt(value);
+    }
+    lane.model_file = static_cast<uint32_t>(paths.size());
+    paths.push_back(lane.model_name);
+  }
+  stage.optim_file = static_cast<uint32_t>(paths.size());
   for (const OptimStates& os : stage.ranks) paths.push_back(os.entry.name);
   for (const auto& [layer, expert] : stage.experts.model) {
-    const std::string name = ExpertModelStatesName(layer, expert, stage.mp);
-    UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader, TorchArchiveReader::Open(tag.dir + "/" + name));
-    stage.expert_readers.push_back(std::move(reader));
-    const TorchArchiveReader& r = stage.expert_readers.back();
-    const uint32_t file = static_cast<uint32_t>(paths.size());
-    paths.push_back(name);
-    for (const auto& [param, value] : NamedChildren(r.root())) {
-      const TorchTensor* tensor = r.TensorAt(value);
-      const std::optional<ExpertIdAt> at = ExpertIdOf(param, tag.fused);
-      if (tensor == nullptr || !at || at->id != expert) {
-        return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
+    const auto lanes = stage.experts.lanes_of.find({layer, expert});
+    const std::vector<uint32_t> mps =
+        lanes == stage.experts.lanes_of.end() ? std::vector<uint32_t>{stage.mp} : lanes->second;
+    size_t first_file_tensors = 0;
+    for (const uint32_t mp : mps) {
+      const std::string name = ExpertModelStatesName(layer, expert, mp);
+      UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
+                           TorchArchiveReader::Open(tag.dir + "/" + name));
+      stage.expert_readers.push_back(std::move(reader));
+      const TorchArchiveReader& r = stage.expert_readers.back();
+      const uint32_t file = static_cast<uint32_t>(paths.size());
+      paths.push_back(name);
+      if (tag.folded) {
+        const uint32_t per_rank = stage.experts.num_experts[layer] / tag.folded->ep;
+        UCP_RETURN_IF_ERROR(CheckFolding(r, deepspeed::kExpertFamily, *tag.folded, mp,
+                                         expert / per_rank, std::nullopt));
       }
-      const std::string module_name = param.substr(0, at->module_end);
-      if (tag.fused && module_name != tag.experts_modules[layer]) {
-        return FieldError(r, param,
-                          "not of MoE layer " + std::to_string(layer) + "'s experts " +
-                              tag.experts_modules[layer] + " (ds_autoep_layers of " +
-                              stage.model_name + ")");
+      size_t tensors = 0;  // a later lane's file must hold as many as the first lane's
+      for (const auto& [param, value] : NamedChildren(r.root())) {
+        if (tag.folded && param == deepspeed::kFolding) continue;
+        ++tensors;
+        const TorchTensor* tensor = r.TensorAt(value);
+        const std::optional<ExpertIdAt> at = ExpertIdOf(param, tag.fused);
+        if (tensor == nullptr || !at || at->id != expert) {
+          return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
+        }
+        if (mp != mps.front()) {
+          const auto first = stage.expert_tensors.find(param);
+          if (first == stage.expert_tensors.end() || first->second.tensor->shape != tensor->shape ||
+              first->second.tensor->dtype != tensor->dtype) {
+            return FieldError(
+                r, param,
+                "not the tensor " +
+                    paths[first == stage.expert_tensors.end() ? file : first->second.file] +
+                    " holds for this expert (a file of another save)");
+          }
+          continue;
+        }
+        const std::string module_name = param.substr(0, at->module_end);
+        if (tag.fused && module_name != tag.experts_modules[layer]) {
+          return FieldError(r, param,
+                            "not of MoE layer " + std::to_string(layer) + "'s experts " +
+                                tag.experts_modules[layer] + " (ds_autoep_layers of " +
+                                stage.model_name() + ")");
+        }
+        if (const auto [it, added] = stage.moe_layer_of.emplace(module_name, layer);
+            !added && it->second != layer) {
+          return FieldError(r, param,
+                            "MoE module " + module_name + " is layer " +
+                                std::to_string(it->second) + " in other expert files");
+        }
+        stage.expert_tensors[param] = {tensor, file};
       }
-      if (const auto [it, added] = stage.moe_layer_of.emplace(module_name, layer);
-          !added && it->second != layer) {
-        return FieldError(r, param,
-                          "MoE module " + module_name + " is layer " + std::to_string(it->second) +
-                              " in other expert files");
+      if (mp == mps.front()) {
+        first_file_tensors = tensors;
+      } else if (tensors != first_file_tensors) {
+        return Status::Corrupt(Prefix(tag.dir + "/" + name) + std::to_string(tensors) +
+                               " tensors, but " +
+                               ExpertModelStatesName(layer, expert, mps.front()) + " holds " +
+                               std::to_string(first_file_tensors) + " (a file of another save)");
       }
-      stage.expert_tensors[param] = {tensor, file};
     }
   }
   for (const uint32_t e : stage.experts.optim) paths.push_back(ExpertOptimName(e, stage.mp));
@@ -995,7 +1199,6 @@ Status LayOutGroups(const MoeTag& tag, MoeStage& stage) {
   const uint32_t ep = tag.ep;
   const size_t group_count = stage.groups;
   const std::vector<OptimStates>& ranks = stage.ranks;
-  const OptimStates& first = ranks.front();
   const auto global_name = [&](const std::string& local, uint32_t e) -> std::optional<std::string> {
     const std::optional<ExpertIdAt> at = FindExpertId(local);
     if (!at) return std::nullopt;
@@ -1023,25 +1226,35 @@ Status LayOutGroups(const MoeTag& tag, MoeStage& stage) {
     return FusedRows{it->second.tensor->shape, e * per_rank, per_rank};
   };
 
-  // Layouts: the dense groups over every rank; the expert group per EP rank, over its ranks.
-  std::vector<GroupLayout>& dense = stage.dense;
-  std::vector<Partitioning>& dense_p = stage.dense_p;
-  dense.resize(group_count);
-  dense_p.resize(group_count);
-  std::vector<const OptimStates*> all;
-  for (const OptimStates& os : ranks) all.push_back(&os);
-  for (size_t g = 0; g < group_count; ++g) {
-    if (g == stage.expert_group) continue;
-    UCP_ASSIGN_OR_RETURN(
-        dense[g], LayoutFromMappings(all, g, PartitionSize(first, g),
-                                     [&](const std::string& name) -> std::optional<Shape> {
-                                       const auto it = stage.module.find(name);
-                                       if (it == stage.module.end() || it->second == nullptr) {
-                                         return std::nullopt;
-                                       }
-                                       return it->second->shape;
-                                     }));
-    UCP_ASSIGN_OR_RETURN(dense_p[g], Partition(dense[g].total, tag.dp));
+  // Layouts: the dense groups of each lane over its dense-data-parallel ranks (at tp = 1 every
+  // rank); the expert group per EP rank, over its ranks.
+  for (uint32_t t = 0; t < stage.lanes.size(); ++t) {
+    MoeLane& lane = stage.lanes[t];
+    lane.dense.resize(group_count);
+    lane.dense_p.resize(group_count);
+    std::vector<const OptimStates*> members;
+    for (uint32_t d = 0; d < tag.dp; ++d) members.push_back(&ranks[d * tag.tp() + t]);
+    for (size_t g = 0; g < group_count; ++g) {
+      if (g == stage.expert_group) continue;
+      UCP_ASSIGN_OR_RETURN(
+          lane.dense[g],
+          LayoutFromMappings(members, g, PartitionSize(*members.front(), g),
+                             [&](const std::string& name) -> std::optional<Shape> {
+                               const auto it = lane.module.find(name);
+                               if (it == lane.module.end() || it->second == nullptr) {
+                                 return std::nullopt;
+                               }
+                               return it->second->shape;
+                             }));
+      if (lane.dense[g].names != stage.first_lane().dense[g].names) {
+        return FieldError(members.front()->reader,
+                          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g),
+                          "other parameters than " + ranks[0].entry.name +
+                              "'s (TP lanes must "
+                              "hold slices of the same parameters)");
+      }
+      UCP_ASSIGN_OR_RETURN(lane.dense_p[g], Partition(lane.dense[g].total, tag.dp));
+    }
   }
   std::vector<GroupLayout>& local = stage.local;
   std::vector<GroupLayout>& global = stage.global;
@@ -1112,7 +1325,7 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
   }
   const std::string source = "the param_slice_mappings of " + first.entry.name + "'s save";
   const OptimStates& tag_first = tag.stages.front().ranks.front();
-  for (uint32_t r = 0; r < tag.dp; ++r) {
+  for (uint32_t r = 0; r < tag.world(); ++r) {
     const OptimStates& os = stage.ranks[r];
     if (os.ds_version != tag_first.ds_version) {
       return FieldError(os.reader, std::string(kOsd) + "/ds_version",
@@ -1123,7 +1336,7 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
       return FieldError(os.reader, std::string(kOsd) + "/partition_count",
                         ListText(os.partition_count) + ", expected " + ListText(partition_count) +
                             " (dp_world_size " + std::to_string(tag.dp) + " in " +
-                            stage.model_name + ", " + std::to_string(tag.ep) +
+                            stage.model_name() + ", " + std::to_string(tag.ep) +
                             " expert-parallel ranks)");
     }
     std::vector<GroupExpectation> expectations;
@@ -1132,7 +1345,8 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
         expectations.push_back(
             {&stage.local[tag.order.ExpertRank(r)], stage.expert_p, tag.order.IndexInGroup(r)});
       } else {
-        expectations.push_back({&stage.dense[g], stage.dense_p[g], r});
+        const MoeLane& lane = stage.lanes[r % tag.tp()];
+        expectations.push_back({&lane.dense[g], lane.dense_p[g], r / tag.tp()});
       }
     }
     UCP_RETURN_IF_ERROR(CheckOptimGroups(os, first, expectations, false, source));
@@ -1141,19 +1355,26 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
 }
 
 // Phase 5, per stage: its files' entries (model states, optimizer files, expert files, expp_rank
-// files, in MoeTag::paths order) with their roles and ranks.
+// files, in MoeTag::paths order) with their roles and ranks: a folded tag's by (dense-data-
+// parallel rank, TP lane).
 void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<FileDigest>& digests,
                    AtomIndexContents& c) {
-  const size_t end =
-      stage.mp + 1 < tag.stages.size() ? tag.stages[stage.mp + 1].model_file : tag.paths.size();
-  for (size_t i = stage.model_file; i < end; ++i) {
+  const size_t begin = stage.first_lane().model_file;
+  const size_t end = stage.mp + 1 < tag.stages.size()
+                         ? tag.stages[stage.mp + 1].first_lane().model_file
+                         : tag.paths.size();
+  const size_t optim_end = stage.optim_file + stage.ranks.size();
+  const uint32_t tp = tag.tp();
+  for (size_t i = begin; i < end; ++i) {
     std::string role(kModelRole);
     std::optional<RankCoordinates> rank;
-    const size_t r = i - stage.model_file - 1;  // the DP rank of an optimizer file
-    if (i > stage.model_file && r < tag.dp) {
+    if (i < stage.optim_file) {
+      if (tag.folded) rank = RankCoordinates{0, static_cast<uint32_t>(i - begin), 0};
+    } else if (i < optim_end) {
+      const uint32_t r = static_cast<uint32_t>(i - stage.optim_file);
       role = kOptimRole;
-      rank = RankCoordinates{static_cast<uint32_t>(r), 0, stage.mp};
-    } else if (i > stage.model_file) {
+      rank = tag.folded ? RankCoordinates{r / tp, r % tp, 0} : RankCoordinates{r, 0, stage.mp};
+    } else {
       role = i + stage.experts.optim.size() >= end ? kExpertOptimRole : kExpertStatesRole;
     }
     c.files.push_back({tag.paths[i], digests[i].size, digests[i].xxh3, role, rank});
@@ -1161,23 +1382,156 @@ void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<F
   }
 }
 
+// Phase 5 of a folded tag, dense group g: each parameter's atoms whole (AutoTP's logical shape),
+// from every lane's slices where AutoTP splits it and from lane 0's where every lane holds it
+// whole, as deepspeed-tp indexes AutoTP tags: fp32 and the optimizer states from each lane's
+// partitions over its dense-data-parallel ranks, "step" the 0-d state of lane 0's first rank
+// holding it, bit16 from the lanes' module tensors. `tp_params` gets each one's shard map.
+Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
+                           std::set<std::string>& seen, ParamGroup& group, AtomIndexContents& c,
+                           nlohmann::json& tp_params) {
+  const uint32_t tp = tag.tp();
+  const GroupLayout& layout = stage.first_lane().dense[g];
+  const OptimGroup& first = stage.ranks.front().groups[g];
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const std::string& name = layout.names[k];
+    const std::string field =
+        std::string(kOsd) + "/param_slice_mappings/" + std::to_string(g) + "/" + name;
+    if (!seen.insert(name).second) {
+      return FieldError(stage.ranks.front().reader, field, "a parameter of two groups");
+    }
+    group.params.push_back(name);
+    const ShardMap& map = tag.autotp.maps.at(name);
+    tp_params[name] = MapJson(map);
+    const Shape& shape = tag.autotp.whole_shapes.at(name);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, shape, tp, std::nullopt, map.blocks));
+    for (uint32_t t = 0; t < tp; ++t) {
+      const MoeLane& lane = stage.lanes[t];
+      const Shape& held = lane.dense[g].shapes[k];
+      if (lane.dense[g].names[k] != name || LocalShape(geometry, t) != held) {
+        return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name + ": " +
+                               ShapeText(held) + ", but AutoTP's affine map gives TP rank " +
+                               std::to_string(t) + " " + ShapeText(LocalShape(geometry, t)));
+      }
+    }
+    const uint32_t lanes = map.rule == Rule::kSplit ? tp : 1;
+    const auto add_partitioned = [&](Atom& atom, int which) -> Status {
+      for (uint32_t t = 0; t < lanes; ++t) {
+        const MoeLane& lane = stage.lanes[t];
+        for (const Piece& piece : Pieces(lane.dense[g], k, lane.dense_p[g])) {
+          const uint32_t r = tag.folded->Rank(piece.rank, t);
+          const OptimGroup& og = stage.ranks[r].groups[g];
+          const TorchTensor* tensor =
+              which < 0 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
+          UCP_RETURN_IF_ERROR(AddSliceFragments(
+              atom, map, geometry, t, piece.begin, piece.end, stage.optim_file + r,
+              tensor->file_offset() + piece.at * ItemSize(tensor->dtype), tensor->dtype));
+        }
+      }
+      return Status::Ok();
+    };
+    Atom fp32{name, "fp32", first.fp32->dtype, shape, {}};
+    UCP_RETURN_IF_ERROR(add_partitioned(fp32, -1));
+    c.atoms.push_back(std::move(fp32));
+    for (size_t i = 0; i < first.states.size(); ++i) {
+      const StateTensor& st = first.states[i];
+      Atom atom{name, st.key, st.tensor->dtype, {}, {}};
+      if (st.tensor->shape.empty()) {
+        // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
+        const Partitioning& p = stage.first_lane().dense_p[g];
+        const uint32_t d =
+            std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), tag.dp - 1);
+        const uint32_t r = tag.folded->Rank(d, 0);
+        const TorchTensor* tensor = stage.ranks[r].groups[g].states[i].tensor;
+        UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
+        atom.fragments.push_back(
+            {stage.optim_file + r, tensor->file_offset(), tensor->dtype, std::move(whole)});
+      } else {
+        atom.shape = shape;
+        UCP_RETURN_IF_ERROR(add_partitioned(atom, static_cast<int>(i)));
+      }
+      c.atoms.push_back(std::move(atom));
+    }
+    const TorchTensor* module0 = stage.first_lane().module.at(name);
+    Atom bit16{name, "bit16", module0->dtype, shape, {}};
+    for (uint32_t t = 0; t < lanes; ++t) {
+      const MoeLane& lane = stage.lanes[t];
+      const TorchTensor* module = lane.module.at(name);
+      if (module->dtype != bit16.dtype || !module->contiguous()) {
+        return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name +
+                               ": not contiguous, or its dtype differs from " + stage.model_name() +
+                               "'s");
+      }
+      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module->numel(),
+                                            lane.model_file, module->file_offset(), module->dtype));
+    }
+    c.atoms.push_back(std::move(bit16));
+  }
+  return Status::Ok();
+}
+
+// Phase 3 of a folded tag: AutoTP's record (lane 0's affine map) of how the TP slices make each
+// dense parameter: AutoTP's two whole-rank layouts (replicated, or one split dimension), no
+// vocabulary padding; every lane's module tensor outside the groups (the router's unused gate)
+// whole and alike in shape on every lane (ds_to_universal and a reshard take lane 0's).
+Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
+  std::vector<std::string> names;
+  std::set<std::string> grouped;
+  for (size_t g = 0; g < stage.groups; ++g) {
+    if (g == stage.expert_group) continue;
+    const GroupLayout& layout = stage.first_lane().dense[g];
+    names.insert(names.end(), layout.names.begin(), layout.names.end());
+  }
+  grouped.insert(names.begin(), names.end());
+  UCP_ASSIGN_OR_RETURN(tag.autotp, ReadAutoTpMaps(stage.model(), tag.tp(), names));
+  for (const std::string& name : names) {
+    const ShardMap& map = tag.autotp.maps.at(name);
+    if (map.vocab || (map.rule != Rule::kSplit && map.rule != Rule::kReplicated)) {
+      return Status::Unsupported(Prefix(stage.model().path()) +
+                                 "universal_checkpoint_info/affine_map: " + name + " is " +
+                                 (map.vocab ? "a padded vocabulary" : RuleName(map.rule)) +
+                                 " over the TP ranks; AutoEP with AutoTP is read with whole-rank "
+                                 "slices only");
+    }
+  }
+  for (const auto& [name, tensor] : stage.first_lane().module) {
+    if (grouped.contains(name) || tensor == nullptr) continue;
+    for (const MoeLane& lane : stage.lanes) {
+      const auto it = lane.module.find(name);
+      if (it == lane.module.end() || it->second == nullptr || it->second->shape != tensor->shape ||
+          it->second->dtype != tensor->dtype) {
+        return FieldError(*lane.model, "module/" + name,
+                          "missing or unlike " + stage.model_name() +
+                              "'s (a tensor outside the groups must be whole on every TP rank)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Phase 5, per stage: its groups after the earlier stages' (experts under global names), each
 // parameter's atoms and bit16 atom; `seen`: every parameter so far.
 Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::string>& seen,
-                      AtomIndexContents& c) {
+                      AtomIndexContents& c, nlohmann::json& tp_params) {
   const OptimStates& first = stage.ranks.front();
   for (size_t g = 0; g < stage.groups; ++g) {
     ParamGroup group =
         GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
     const bool experts_group = g == stage.expert_group;
+    if (tag.folded && !experts_group) {
+      UCP_RETURN_IF_ERROR(AddFoldedDenseAtoms(tag, stage, g, seen, group, c, tp_params));
+      c.groups.push_back(std::move(group));
+      continue;
+    }
     for (uint32_t e = 0; e < (experts_group ? tag.ep : 1); ++e) {
-      const GroupLayout& layout = experts_group ? stage.global[e] : stage.dense[g];
-      const Partitioning& p = experts_group ? stage.expert_p : stage.dense_p[g];
+      const GroupLayout& layout = experts_group ? stage.global[e] : stage.first_lane().dense[g];
+      const Partitioning& p = experts_group ? stage.expert_p : stage.first_lane().dense_p[g];
       std::vector<RankPartition> partitions;
       for (uint32_t i = 0; i < p.ranks; ++i) {
         const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
         const OptimStates& os = stage.ranks[r];
-        partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.model_file + 1 + r});
+        partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.optim_file + r});
       }
       for (size_t k = 0; k < layout.names.size(); ++k) {
         const std::string& name = layout.names[k];
@@ -1190,12 +1544,12 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
         group.params.push_back(name);
         UCP_RETURN_IF_ERROR(AddParameterAtoms(c.atoms, layout, k, p, partitions));
         const TorchTensor* bit16 = nullptr;
-        uint32_t file = stage.model_file;
+        uint32_t file = stage.first_lane().model_file;
         if (experts_group) {
           bit16 = stage.expert_tensors.at(name).tensor;
           file = stage.expert_tensors.at(name).file;
         } else {
-          bit16 = stage.module.at(name);
+          bit16 = stage.first_lane().module.at(name);
         }
         if (!bit16->contiguous()) {
           return Status::Corrupt(Prefix(tag.dir + "/" + tag.paths[file]) + name +
@@ -1234,8 +1588,9 @@ void AddStageCarried(const MoeTag& tag, const MoeStage& stage, AtomIndexContents
     rewritten_model.insert(rewritten_model.end(),
                            {std::string(kAutoEpLayers), "ds_config/expert_parallel/autoep_size"});
   }
-  c.carried.push_back({std::string(kModelRole), stage.model_file, std::move(rewritten_model)});
-  c.carried.push_back({std::string(kOptimRole), stage.model_file + 1, std::move(rewritten_optim)});
+  c.carried.push_back(
+      {std::string(kModelRole), stage.first_lane().model_file, std::move(rewritten_model)});
+  c.carried.push_back({std::string(kOptimRole), stage.optim_file, std::move(rewritten_optim)});
 }
 
 // Phase 5: the index: files, groups and atoms, carried objects, stage after stage.
@@ -1249,17 +1604,18 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   c.adapter_schema = DeepSpeedMoeAdapter::kSchema;
   c.tag = TagName(tag.dir);
   const int64_t zero_stage = first.zero_stage.value_or(1);
-  c.topology = {tag.dp, 1, pp, tag.dp * pp, static_cast<uint32_t>(zero_stage)};
+  c.topology = {tag.dp, tag.tp(), pp, tag.world() * pp, static_cast<uint32_t>(zero_stage)};
   UCP_ASSIGN_OR_RETURN(const std::vector<FileDigest> digests,
                        HashTagFiles(tag.dir, tag.paths, {options.threads, options.trust_journal}));
   std::set<std::string> seen;
   nlohmann::json stages = nlohmann::json::array();
+  nlohmann::json tp_params = nlohmann::json::object();
   for (const MoeStage& stage : tag.stages) {
     AddStageFiles(tag, stage, digests, c);
-    UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c));
+    UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c, tp_params));
     AddStageCarried(tag, stage, c);
-    stages.push_back({{"model_file", stage.model_file},
-                      {"optim_file", stage.model_file + 1},
+    stages.push_back({{"model_file", stage.first_lane().model_file},
+                      {"optim_file", stage.optim_file},
                       {"groups", stage.groups},
                       {"expert_group", stage.expert_group},
                       {"num_experts", stage.experts.num_experts}});
@@ -1279,6 +1635,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
     c.adapter_state["stages"] = std::move(stages);
   }
   if (tag.fused) c.adapter_state["fused_experts"] = true;
+  if (tag.folded) c.adapter_state["folded_tp"] = {{"degree", tag.tp()}, {"params", tp_params}};
   if (tag.order.data_before_expert) c.adapter_state["data_before_expert"] = true;
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
@@ -1325,11 +1682,101 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
   return out;
 }
 
+// Erases `key` from dict `dict` where it has it.
+void EraseKey(Value* dict, std::string_view key) {
+  if (dict == nullptr || dict->kind() != Kind::kDict) return;
+  std::erase_if(dict->mutable_entries(), [&](const std::pair<Value*, Value*>& entry) {
+    return entry.first->kind() == Kind::kStr && entry.first->data() == key;
+  });
+}
+
+// A folded tag's lane-0 model states (imported into `graph` as its root) as a run at tp 1 over
+// the same ranks writes them, the AutoEP save ds_to_universal converts: every dense parameter's
+// module tensor whole (its bit16 atom, in a storage of its own as AutoEP saves them) and its
+// param_shapes entry the whole shape; dp_world_size every rank, mp_world_size and tp_degree 1; no
+// folding dict, no ds_config tensor_parallel section, and of universal_checkpoint_info only what
+// AutoEP records at tp 1 (its version, expert patterns and layers: AutoTP records nothing there).
+// Returns the replaced storages' bytes.
+Result<std::map<std::string, std::vector<Segment>>> UnfoldModelStates(
+    const AtomIndex& index, const IndexFacts& facts, const TorchArchiveReader& reader,
+    pickle::Graph& graph) {
+  Value* root = graph.root();
+  EraseKey(root, deepspeed::kFolding);
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size",
+                                  graph.Int(int64_t{facts.dp} * facts.folded_tp), reader.path()));
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(1), reader.path()));
+  Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+  if (dimensions == nullptr || dimensions->kind() != Kind::kDict) {
+    return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
+  }
+  UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(1), reader.path()));
+  EraseKey(root->Get("ds_config"), "tensor_parallel");
+  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
+  if (info == nullptr || info->kind() != Kind::kDict) {
+    return FieldError(reader, deepspeed::kUniversalCheckpointInfo, "not a dict");
+  }
+  std::erase_if(info->mutable_entries(), [](const std::pair<Value*, Value*>& entry) {
+    const std::string key = entry.first->kind() == Kind::kStr ? entry.first->data() : "";
+    return key != "universal_checkpoint_version" && key != "expert_parameter_patterns" &&
+           key != kAutoEpLayers;
+  });
+  // The dense group's param_shapes (the first: the expert group comes after it).
+  Value* shapes = root->Get("param_shapes");
+  Value* dense_shapes = shapes == nullptr ? nullptr : shapes->Item(0);
+  Value* module = root->Get("module");
+  if (dense_shapes == nullptr || dense_shapes->kind() != Kind::kObject || module == nullptr ||
+      module->kind() != Kind::kObject) {
+    return FieldError(reader, "param_shapes/0 or module", "not an OrderedDict");
+  }
+  // AutoEP saves each shape as a tuple (a torch.Size where a release writes one: kept so).
+  for (pickle::Mutation& mutation : dense_shapes->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+    const Atom* atom = index.Find(KeyText(mutation.first), "bit16");
+    if (atom == nullptr) continue;
+    if (mutation.second->kind() != Kind::kTuple) {
+      mutation.second = SizeNode(graph, atom->shape);
+      continue;
+    }
+    std::vector<Value*> extents;
+    for (const uint64_t extent : atom->shape) {
+      extents.push_back(graph.Int(static_cast<int64_t>(extent)));
+    }
+    mutation.second = graph.Tuple(std::move(extents));
+  }
+  std::map<std::string, std::vector<Segment>> replaced;
+  for (pickle::Mutation& mutation : module->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+    const std::string name = KeyText(mutation.first);
+    const Atom* atom = index.Find(name, "bit16");
+    Result<const Value*> node = reader.Find("module/" + name);
+    const TorchTensor* tensor = node.ok() ? reader.TensorAt(*node) : nullptr;
+    if (atom == nullptr || tensor == nullptr || tensor->shape == atom->shape) continue;
+    if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
+      return FieldError(reader, "module/" + name,
+                        "a TP slice sharing its storage with other tensors; AutoEP saves each in "
+                        "its own");
+    }
+    TensorNodeSpec spec;
+    spec.storage_key = tensor->storage->key;
+    spec.dtype = tensor->dtype;
+    spec.location = tensor->storage->location;
+    UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(atom->shape));
+    spec.shape = atom->shape;
+    spec.requires_grad = tensor->requires_grad;
+    spec.parameter = tensor->parameter;
+    UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
+    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
+    UCP_ASSIGN_OR_RETURN(replaced[spec.storage_key], PlanRegion(index, *atom, whole));
+  }
+  return replaced;
+}
+
 // mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
 // loaded and saved again with universal_checkpoint_info's expert_parameter_patterns its own
 // pattern and its ds_autoep_layers DeepSpeedCheckpoint's digest of each layer (the fields
 // AUTOEP_METADATA_FIELDS lists that the layer has, in that order).
-Result<ArchiveOutput> UniversalAutoEpModelStates(const TorchArchiveReader& reader, uint32_t file) {
+Result<ArchiveOutput> UniversalAutoEpModelStates(const AtomIndex& index, const IndexFacts& facts,
+                                                 const TorchArchiveReader& reader) {
   static constexpr std::string_view kDigestFields[] = {"moe_layer_id",      "module_path",
                                                        "expert_key_prefix", "num_experts",
                                                        "num_local_experts", "ep_size"};
@@ -1338,6 +1785,10 @@ Result<ArchiveOutput> UniversalAutoEpModelStates(const TorchArchiveReader& reade
   pickle::Graph& graph = out.graph;
   Value* root = graph.Import(reader.root());
   graph.set_root(root);
+  std::map<std::string, std::vector<Segment>> replaced;
+  if (facts.folded_tp > 1) {
+    UCP_ASSIGN_OR_RETURN(replaced, UnfoldModelStates(index, facts, reader, graph));
+  }
   Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
   const Value* layers = root->Get(kAutoEpLayers);
   if (info == nullptr || info->kind() != Kind::kDict || layers == nullptr ||
@@ -1370,7 +1821,8 @@ Result<ArchiveOutput> UniversalAutoEpModelStates(const TorchArchiveReader& reade
                                   graph.List({graph.Str("\\.experts\\.w[123]$")}), reader.path()));
   UCP_RETURN_IF_ERROR(
       SetDictItem(info, std::string(kAutoEpLayers), graph.List(std::move(digests)), reader.path()));
-  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, facts.model_file, std::move(replaced)));
   return out;
 }
 
@@ -1432,11 +1884,13 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
   // _update_partition_count), the expert group too.
   UCP_ASSIGN_OR_RETURN(ArchiveOutput optimizer, UniversalOptimizerState(reader, facts.optim_file));
   std::vector<Value*> counts;
-  for (size_t g = 0; g < facts.groups.size(); ++g) counts.push_back(optimizer.graph.Int(facts.dp));
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    counts.push_back(optimizer.graph.Int(int64_t{facts.dp} * facts.folded_tp));
+  }
   UCP_RETURN_IF_ERROR(SetDictItem(optimizer.graph.root(), "partition_count",
                                   optimizer.graph.List(std::move(counts)), reader.path()));
   plan.archives.push_back(std::move(optimizer));
-  UCP_ASSIGN_OR_RETURN(ArchiveOutput states, UniversalAutoEpModelStates(model, facts.model_file));
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput states, UniversalAutoEpModelStates(index, facts, model));
   plan.archives.push_back(std::move(states));
   return plan;
 }
@@ -1917,19 +2371,25 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   out.path = ModelStatesName(facts.mp);
   Value* root = out.graph.Import(reader.root());
   out.graph.set_root(root);
+  std::map<std::string, std::vector<Segment>> resized;
+  // A folded tag's module tensors each have a storage of their own: made whole, nothing to resize.
+  if (facts.folded_tp > 1) {
+    UCP_ASSIGN_OR_RETURN(resized, UnfoldModelStates(index, facts, reader, out.graph));
+  }
   UCP_RETURN_IF_ERROR(
       SetDictItem(root, "dp_world_size", out.graph.Int(at.order.dp), reader.path()));
   std::vector<GroupLayout> dense;
   for (size_t g = 0; g < facts.groups.size(); ++g) {
     if (g != facts.expert_group) dense.push_back(facts.groups[g]);
   }
-  std::map<std::string, std::vector<Segment>> resized;
   if (!restaged_from.empty()) {
     UCP_RETURN_IF_ERROR(
         RestageModelStates(index, tag_dir, restaged_from, facts, out.graph, root, reader, resized));
   }
-  UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
-                                          at.order.dp, resized));
+  if (facts.folded_tp == 1) {
+    UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
+                                            at.order.dp, resized));
+  }
   if (at.order.ep != facts.ep) {
     UCP_RETURN_IF_ERROR(SetLocalExpertShapes(out.graph, root, reader, facts.expert_group,
                                              at.experts.local, facts.fused));
@@ -1945,10 +2405,33 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   return Status::Ok();
 }
 
+// A folded tag's expert files at tp 1: each expert's file of its lowest TP lane (the index lists
+// an expert's files lane after lane) as mp_rank_00's, without its folding dict, as a tp 1 run
+// writes it.
+Status PlanUnfoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
+                               const IndexFacts& facts, OutputPlan& plan) {
+  std::set<std::pair<uint32_t, uint32_t>> written;
+  for (const uint32_t file : facts.expert_files) {
+    const std::optional<deepspeed::FileName> parsed =
+        ParseFileName(index.contents().files[file].path);
+    if (!parsed || !written.insert({parsed->layer, parsed->expert}).second) continue;
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+    ArchiveOutput out;
+    out.path = ExpertModelStatesName(parsed->layer, parsed->expert, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    EraseKey(root, deepspeed::kFolding);
+    UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
 // The expert files, copied: they name experts by global id, the same at any E; and the expp_rank
 // files ({'optimizer': None} under ZeRO, alike on every rank), one per target expert rank.
 Status PlanExpertFiles(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const MoeLayout& at, OutputPlan& plan) {
+  if (facts.folded_tp > 1) return PlanUnfoldedExpertFiles(index, tag_dir, facts, plan);
   for (size_t i = 0; i < facts.expert_files.size(); ++i) {
     plan.copies.push_back({facts.expert_names[i], facts.expert_files[i]});
   }
@@ -1999,10 +2482,13 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
       RankGroupPart group;
       group.part =
           PlanRankPart(p, index_in_group, layout.total, /*elastic=*/false, facts.bf16_optimizer);
-      UCP_ASSIGN_OR_RETURN(
-          const Partitioning source_p,
-          Partition(facts.template_totals[g], experts ? facts.dp / facts.ep : facts.dp));
-      group.part.sizes.template_numel = source_p.partition;  // the template is rank 0's file
+      // The template is rank 0's file; a folded tag's holds its lane's slices (not checked).
+      if (facts.folded_tp == 1) {
+        UCP_ASSIGN_OR_RETURN(
+            const Partitioning source_p,
+            Partition(facts.template_totals[g], experts ? facts.dp / facts.ep : facts.dp));
+        group.part.sizes.template_numel = source_p.partition;
+      }
       group.padding = p.padding_of(index_in_group);
       // DeepSpeed's mappings name an expert by its local id.
       group.mappings =
@@ -2018,6 +2504,10 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     const auto edit = [&](pickle::Graph& graph, Value* root, Value* dict) -> Status {
       UCP_RETURN_IF_ERROR(
           SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.order.ep, reader));
+      if (facts.folded_tp > 1) {  // as a tp 1 run writes it
+        EraseKey(root, deepspeed::kFolding);
+        EraseKey(root->Get("ds_config"), "tensor_parallel");
+      }
       // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
       // saves, which ucp's files are.
       if (at.order.ep != facts.ep && !facts.fused) {
@@ -2034,6 +2524,36 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     plan.archives.push_back(std::move(out));
   }
   return Status::Ok();
+}
+
+// The files of a folded save (mp_rank_00's model states `model`): every lane's model states, every
+// rank's optimizer file, and each expert's files under the lanes of its writers.
+Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid,
+                                             const TorchArchiveReader& model,
+                                             const std::string& prefix) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, ReadNumExperts(model));
+  std::vector<std::string> files;
+  for (uint32_t t = 0; t < grid.tp; ++t) files.push_back(ModelStatesName(t));
+  for (uint32_t t = 0; t < grid.tp; ++t) {
+    for (uint32_t d = 0; d < grid.DenseDp(); ++d) files.push_back(OptimName(prefix, d, t));
+  }
+  for (uint32_t layer = 0; layer < num_experts.size(); ++layer) {
+    if (num_experts[layer] % grid.ep != 0) {
+      return FieldError(
+          model, "num_experts",
+          "layer " + std::to_string(layer) + "'s " + std::to_string(num_experts[layer]) +
+              " experts are not a multiple of the expert-parallel size " + std::to_string(grid.ep));
+    }
+    const uint32_t per_rank = num_experts[layer] / grid.ep;
+    for (uint32_t g = 0; g < num_experts[layer]; ++g) {
+      for (uint32_t t = 0; t < grid.tp; ++t) {
+        if (!grid.ExpertWriters(t, g / per_rank).empty()) {
+          files.push_back(ExpertModelStatesName(layer, g, t));
+        }
+      }
+    }
+  }
+  return files;
 }
 
 }  // namespace
@@ -2054,11 +2574,14 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
       const TorchArchiveReader model,
       OpenWrittenModelStates(tag_dir, ModelStatesName(0), listing.model_states.contains(0)));
   UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
-  UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
   const auto first = std::find_if(listing.optim.begin(), listing.optim.end(),
                                   [](const RankFile& entry) { return entry.dp == 0; });
   const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
+  UCP_ASSIGN_OR_RETURN(const std::optional<deepspeed::FoldedGrid> folded,
+                       deepspeed::ReadFoldedGrid(model));
+  if (folded) return FoldedFiles(*folded, model, prefix);
+  UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   std::vector<std::string> files;
   for (uint32_t mp = 0; mp < stages; ++mp) {
     std::optional<TorchArchiveReader> stage_model;
@@ -2091,6 +2614,7 @@ Result<AtomIndex> DeepSpeedMoeAdapter::BuildIndex(const std::string& tag_dir,
   for (MoeStage& stage : tag.stages) {
     UCP_RETURN_IF_ERROR(ReadExpertTensors(tag, stage));
     UCP_RETURN_IF_ERROR(LayOutGroups(tag, stage));
+    if (tag.folded) UCP_RETURN_IF_ERROR(ResolveFoldedMaps(tag, stage));
     UCP_RETURN_IF_ERROR(CheckRanks(tag, stage));
   }
   return MakeIndex(tag, options);
@@ -2100,6 +2624,13 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
+  if (stages.front().folded_tp > 1 && (target.tp != 1 || target.pp != 1)) {
+    return Status::Unsupported(
+        Prefix(tag_dir) + "AutoEP with AutoTP (DeepSpeed's folded layout, tp " +
+        std::to_string(stages.front().folded_tp) + ") to tp=" + std::to_string(target.tp) +
+        ",pp=" + std::to_string(target.pp) +
+        ": only tp=1,pp=1 targets are supported yet (another folded grid is not)");
+  }
   UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, stages.front(), target));
   OutputPlan plan;
   if (target.pp != stages.size()) {

@@ -1,7 +1,8 @@
-// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 1): DeepSpeed v0.14 checkpoints of models
-// with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms, resharded to any DP size that the
-// expert-parallel size divides; also those of MoE layers in a PipelineModule (DeepSpeed 0.19,
-// below), at their pipeline degree, merged onto one stage or placed on another.
+// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 2: schema 1 had no folded tags): DeepSpeed
+// v0.14 checkpoints of models with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms,
+// resharded to any DP size that the expert-parallel size divides; also those of MoE layers in a
+// PipelineModule (DeepSpeed 0.19, below), at their pipeline degree, merged onto one stage or
+// placed on another; and AutoEP's folded over AutoTP (below), to T=1.
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -65,6 +66,17 @@
 // parallelism, a tag of several mp ranks that does not record which axis they are (0.14) and
 // AutoEP in a pipeline are refused.
 //
+// AutoEP with AutoTP (DeepSpeed 0.19's folded layout; folding.h has its files): one stage of T TP
+// lanes, read lane by lane. Each lane's dense group is laid out over its dense-data-parallel ranks
+// (g = d·T + t), each dense parameter's atoms are whole (AutoTP's affine map of lane 0 gives its
+// shard map; the lanes' slices make it, lane 0's alone where it is replicated), the expert group
+// and files are read as at T=1 over all W ranks (an expert under several lanes: the lowest gives
+// its bit16 atom, the others must match it), and every file's folding dict is checked against its
+// writer. PlanUniversalExport writes the T=1 universal checkpoint over the same W ranks (the model
+// states as a T=1 run writes them); PlanReshard writes a T=1 run's files at any DP and E (the
+// expert files each expert's lowest lane's, without folding dicts) and refuses another folded grid
+// for now.
+//
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
 // (the group's 0-d step) and "bit16" (the module tensor or the expert file's).
@@ -84,9 +96,9 @@
 // layout for them and PlanUniversalExport is kUnsupported. AutoEP tags it converts (0.19's
 // autoep_universal.py): each fused parameter whole, and PlanUniversalExport writes the same.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
-// expert-parallel sizes, AutoEP layers of another
-// checkpoint_format or placement, tensor parallelism. Tags of DeepSpeed 0.19 hold no
-// expp_rank files under ZeRO, and param_shapes in the model states (not needed, not read).
+// expert-parallel sizes, AutoEP layers of another checkpoint_format or placement, tensor
+// parallelism but AutoEP's folded layout. Tags of DeepSpeed 0.19 hold no expp_rank files under
+// ZeRO, and param_shapes in the model states (not needed, not read).
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
@@ -103,7 +115,7 @@ namespace ucp {
 class DeepSpeedMoeAdapter final : public FrameworkAdapter {
  public:
   static constexpr std::string_view kName = "deepspeed-moe";
-  static constexpr uint32_t kSchema = 1;
+  static constexpr uint32_t kSchema = 2;
 
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }
