@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
+#include <string_view>
 #include <thread>
+#include <utility>
 
 #include "core/io/fault_injection.h"
 #include "core/util/reentrancy_guard.h"
@@ -21,15 +24,21 @@ std::map<std::string, FileDigest> JournalDigests(const std::string& tag_dir) {
   std::map<std::string, FileDigest> digests;
   Result<JournalContents> journals = ReadTagJournals(tag_dir);
   if (!journals.ok()) return digests;  // no journal (or an unreadable one): hash everything
+  // One pass over the records: the first writer of each (path, inode), and those written by more.
+  std::map<std::pair<std::string_view, uint64_t>, const JournalRecord*> first_writer;
+  std::set<std::pair<std::string_view, uint64_t>> several_writers;
+  for (const JournalRecord& record : journals->records) {
+    if (!record.stamp) continue;
+    const std::pair<std::string_view, uint64_t> file{record.path, record.stamp->ino};
+    const auto [first, added] = first_writer.emplace(file, &record);
+    if (!added && (first->second->pid != record.pid || first->second->host != record.host)) {
+      several_writers.insert(file);
+    }
+  }
   for (const auto& close : ClosesOnDisk(journals->records, TagFilesOnDisk(tag_dir))) {
-    const std::string& path = close.first;
     const JournalRecord* record = close.second;
-    const bool other_writer = std::any_of(
-        journals->records.begin(), journals->records.end(), [&](const JournalRecord& other) {
-          return other.path == path && other.stamp && other.stamp->ino == record->stamp->ino &&
-                 (other.pid != record->pid || other.host != record->host);
-        });
-    if (!other_writer) digests[path] = FileDigest{record->size, record->xxh3, record->chunks};
+    if (several_writers.contains({close.first, record->stamp->ino})) continue;
+    digests[close.first] = FileDigest{record->size, record->xxh3, record->chunks};
   }
   return digests;
 }
