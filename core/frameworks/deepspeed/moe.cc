@@ -224,6 +224,12 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
 Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& files,
                               const deepspeed::FoldedGrid& grid) {
   for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
+    if (files.num_experts[layer] % grid.ep != 0) {
+      return Status::Corrupt(Prefix(tag_dir) + "MoE layer " + std::to_string(layer) + "'s " +
+                             std::to_string(files.num_experts[layer]) +
+                             " experts (num_experts) are not a multiple of the folding's ep_size " +
+                             std::to_string(grid.ep));
+    }
     const uint32_t per_rank = files.num_experts[layer] / grid.ep;
     for (uint32_t g = 0; g < files.num_experts[layer]; ++g) {
       const auto it = files.lanes_of.find({layer, g});
