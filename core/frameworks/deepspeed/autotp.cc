@@ -574,4 +574,20 @@ Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t t
   return blocks;
 }
 
+Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const AutoTpSplitRule& rule,
+                    std::map<std::string, ShardMap>& maps) {
+  for (auto& [name, map] : maps) {
+    if (map.rule != Rule::kSplit) continue;
+    const Atom* atom = index.Find(name, "bit16");  // every parameter's, frozen ones' too
+    if (atom == nullptr) return Status::Corrupt("deepspeed: index: no bit16 atom of " + name);
+    UCP_ASSIGN_OR_RETURN(const Geometry saved,
+                         GeometryAt(name, map, atom->shape, from, std::nullopt, map.blocks));
+    UCP_ASSIGN_OR_RETURN(
+        std::vector<uint64_t> blocks,
+        BlocksAtDegree(name, atom->shape.at(map.dim), SplitBlocks(saved), to, rule));
+    SetBlocks(map, std::move(blocks));
+  }
+  return Status::Ok();
+}
+
 }  // namespace ucp::deepspeed

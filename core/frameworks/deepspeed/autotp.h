@@ -115,4 +115,10 @@ Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t t
                                              const std::vector<uint64_t>& saved, uint32_t to,
                                              const AutoTpSplitRule& rule);
 
+// `maps` (an AutoTP tag's, saved at TP degree `from`; the whole parameters `index`'s bit16 atoms)
+// at degree `to`: each split parameter's blocks there as AutoTP splits it by `rule`
+// (BlocksAtDegree); kUnsupported naming the parameter where the rule gives none.
+Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const AutoTpSplitRule& rule,
+                    std::map<std::string, ShardMap>& maps);
+
 }  // namespace ucp::deepspeed

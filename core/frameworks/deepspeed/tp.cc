@@ -31,7 +31,6 @@ using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
 using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
-using deepspeed::BlocksAtDegree;
 using deepspeed::BoundsText;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckOptimStates;
@@ -61,9 +60,9 @@ using deepspeed::LayerStatesName;
 using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::LocalShape;
-using deepspeed::MakeLayout;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
+using deepspeed::MapsAtDegree;
 using deepspeed::ModelStates;
 using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
@@ -95,21 +94,22 @@ using deepspeed::RefuseElasticForm;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
-using deepspeed::SavablePartition;
 using deepspeed::SetAutoTpSize;
-using deepspeed::SetBlocks;
 using deepspeed::SetDictItem;
 using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
 using deepspeed::SizeNode;
-using deepspeed::SplitBlocks;
+using deepspeed::SliceFlatSegments;
+using deepspeed::SliceSegments;
 using deepspeed::StageOfLayer;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::TargetGroup;
+using deepspeed::TargetGroupAt;
 using deepspeed::TpLayerStatesName;
 using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
@@ -686,14 +686,6 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// A parameter group laid out for one target TP rank: geometries, the rank's flat layout of its
-// local shapes.
-struct TargetGroup {
-  GroupLayout layout;
-  std::vector<Geometry> geometry;
-  Partitioning partition;
-};
-
 // The groups of one target stage (`names`: per group, its parameters in flat order) at
 // (target.tp, target.dp) for TP rank t; `facts` at target.tp (AutoTpFactsAt).
 Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const IndexFacts& facts,
@@ -701,69 +693,20 @@ Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const Inde
                                               const Topology& target, uint32_t t) {
   std::vector<TargetGroup> out;
   for (const std::vector<std::string>& names : stage) {
-    TargetGroup group;
-    std::vector<Shape> shapes;
-    for (const std::string& name : names) {
-      const Atom* atom = index.Find(name, "fp32");
-      const ShardMap& map = facts.maps.at(name);
-      UCP_ASSIGN_OR_RETURN(Geometry g,
-                           GeometryAt(name, map, atom->shape, target.tp, facts.vocab, map.blocks));
-      shapes.push_back(LocalShape(g, t));
-      group.geometry.push_back(std::move(g));
-    }
-    UCP_ASSIGN_OR_RETURN(group.layout, MakeLayout(names, std::move(shapes)));
-    UCP_ASSIGN_OR_RETURN(group.partition,
-                         SavablePartition(group.layout.total, target.dp, "a group"));
+    UCP_ASSIGN_OR_RETURN(TargetGroup group, TargetGroupAt(index, facts.maps, facts.vocab, names,
+                                                          target.tp, t, target.dp));
     out.push_back(std::move(group));
   }
   return out;
 }
 
 // An AutoTP tag's facts at TP degree `tp`: each split parameter's blocks there, as AutoTP splits
-// it by `rule` (BlocksAtDegree). Only the maps change: the atoms are the whole parameters.
+// it by `rule` (MapsAtDegree). Only the maps change: the atoms are the whole parameters.
 Result<IndexFacts> AutoTpFactsAt(const AtomIndex& index, const IndexFacts& facts, uint32_t tp,
                                  const AutoTpSplitRule& rule) {
   IndexFacts out = facts;
-  for (auto& [name, map] : out.maps) {
-    if (map.rule != Rule::kSplit) continue;
-    const Atom* atom = index.Find(name, "bit16");  // every parameter's, frozen ones' too
-    UCP_ASSIGN_OR_RETURN(const Geometry saved,
-                         GeometryAt(name, map, atom->shape, facts.tp, std::nullopt, map.blocks));
-    UCP_ASSIGN_OR_RETURN(
-        std::vector<uint64_t> blocks,
-        BlocksAtDegree(name, atom->shape.at(map.dim), SplitBlocks(saved), tp, rule));
-    SetBlocks(map, std::move(blocks));
-  }
+  UCP_RETURN_IF_ERROR(MapsAtDegree(index, facts.tp, tp, rule, out.maps));
   return out;
-}
-
-// Appends the bytes of local elements [begin, end) of TP rank t's slice (geometry `geometry`) of
-// parameter `name`'s state `state`; vocabulary padding rows are zeros.
-Status SliceSegments(const AtomIndex& index, const IndexFacts& facts, const std::string& name,
-                     const Geometry& geometry, uint32_t t, std::string_view state, uint64_t begin,
-                     uint64_t end, std::vector<Segment>& segments) {
-  const Atom* atom = index.Find(name, state);
-  if (atom == nullptr) {
-    return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
-  }
-  return AppendSliceSegments(index, *atom, facts.maps.at(name), geometry, t, begin, end, segments);
-}
-
-// Bytes of elements [begin, end) (end <= total) of state `state`'s flat buffer of TP rank t.
-Result<std::vector<Segment>> FlatSegments(const AtomIndex& index, const IndexFacts& facts,
-                                          const TargetGroup& group, uint32_t t,
-                                          std::string_view state, uint64_t begin, uint64_t end) {
-  std::vector<Segment> segments;
-  const GroupLayout& layout = group.layout;
-  for (size_t k = 0; k < layout.names.size(); ++k) {
-    const uint64_t off = layout.offsets[k];
-    const uint64_t lo = std::max(off, begin);
-    const uint64_t hi = std::min(off + layout.numels[k], end);
-    if (lo >= hi) continue;
-    UCP_RETURN_IF_ERROR(SliceSegments(index, facts, layout.names[k], group.geometry[k], t, state,
-                                      lo - off, hi - off, segments));
-  }
-  return segments;
 }
 
 // Whether every TP rank of `stage` holds module entry `name` alike (shape, dtype and bytes): a
@@ -1325,8 +1268,9 @@ Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     const TargetGroup& group = groups[g];
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments,
-                         FlatSegments(index, facts, group, t, "bit16", 0, group.layout.total));
+    UCP_ASSIGN_OR_RETURN(
+        std::vector<Segment> segments,
+        SliceFlatSegments(index, facts.maps, group, t, "bit16", 0, group.layout.total));
     AppendZeros(segments,
                 (group.partition.padded - group.layout.total) * ItemSize(buffer_of[g]->dtype));
     replaced[buffer_of[g]->storage->key] = std::move(segments);
@@ -1438,7 +1382,7 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
     group.mappings = ExpectedMappings(layout, p, r, /*round_robin=*/false);
     group.params = layout.names.size();
     group.segments_of = [&, g](const std::string& state, uint64_t begin, uint64_t end) {
-      return FlatSegments(index, facts, groups[g], t, state, begin, end);
+      return SliceFlatSegments(index, facts.maps, groups[g], t, state, begin, end);
     };
     return group;
   };
@@ -1496,8 +1440,8 @@ Status PlanLayerFiles(const AtomIndex& index, const std::string& tag_dir, const 
       spec.parameter = tensor->parameter;
       UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(out.graph, spec));
       std::vector<Segment>& segments = replaced[tensor->storage->key];
-      UCP_RETURN_IF_ERROR(
-          SliceSegments(index, facts, name, geometry, t, "bit16", 0, numel, segments));
+      UCP_RETURN_IF_ERROR(SliceSegments(index, facts.maps.at(name), name, geometry, t, "bit16", 0,
+                                        numel, segments));
     }
     if (found != layer.params.size()) {
       return Status::Corrupt(Prefix(reader.path()) + "holds " + std::to_string(found) + " of the " +

@@ -351,4 +351,55 @@ Status AppendSliceSegments(const AtomIndex& index, const Atom& atom, const Shard
   return Status::Ok();
 }
 
+Status SliceSegments(const AtomIndex& index, const ShardMap& map, const std::string& name,
+                     const Geometry& geometry, uint32_t t, std::string_view state, uint64_t begin,
+                     uint64_t end, std::vector<Segment>& segments) {
+  const Atom* atom = index.Find(name, state);
+  if (atom == nullptr) {
+    return Status::Corrupt("deepspeed: index: no atom " + name + "/" + std::string(state));
+  }
+  return AppendSliceSegments(index, *atom, map, geometry, t, begin, end, segments);
+}
+
+Result<TargetGroup> TargetGroupAt(const AtomIndex& index,
+                                  const std::map<std::string, ShardMap>& maps,
+                                  const std::optional<Vocab>& vocab,
+                                  const std::vector<std::string>& names, uint32_t tp, uint32_t t,
+                                  uint32_t dp) {
+  TargetGroup group;
+  std::vector<Shape> shapes;
+  for (const std::string& name : names) {
+    const Atom* atom = index.Find(name, "fp32");
+    const auto map = maps.find(name);
+    if (atom == nullptr || map == maps.end()) {
+      return Status::Corrupt("deepspeed: index: no fp32 atom or shard map of " + name);
+    }
+    UCP_ASSIGN_OR_RETURN(Geometry g,
+                         GeometryAt(name, map->second, atom->shape, tp, vocab, map->second.blocks));
+    shapes.push_back(LocalShape(g, t));
+    group.geometry.push_back(std::move(g));
+  }
+  UCP_ASSIGN_OR_RETURN(group.layout, MakeLayout(names, std::move(shapes)));
+  UCP_ASSIGN_OR_RETURN(group.partition, SavablePartition(group.layout.total, dp, "a group"));
+  return group;
+}
+
+Result<std::vector<Segment>> SliceFlatSegments(const AtomIndex& index,
+                                               const std::map<std::string, ShardMap>& maps,
+                                               const TargetGroup& group, uint32_t t,
+                                               std::string_view state, uint64_t begin,
+                                               uint64_t end) {
+  std::vector<Segment> segments;
+  const GroupLayout& layout = group.layout;
+  for (size_t k = 0; k < layout.names.size(); ++k) {
+    const uint64_t off = layout.offsets[k];
+    const uint64_t lo = std::max(off, begin);
+    const uint64_t hi = std::min(off + layout.numels[k], end);
+    if (lo >= hi) continue;
+    UCP_RETURN_IF_ERROR(SliceSegments(index, maps.at(layout.names[k]), layout.names[k],
+                                      group.geometry[k], t, state, lo - off, hi - off, segments));
+  }
+  return segments;
+}
+
 }  // namespace ucp::deepspeed

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/format/atom_index.h"
+#include "core/frameworks/deepspeed/common.h"
 #include "core/layout/region.h"
 #include "core/plan/copy_plan.h"
 #include "core/util/status.h"
@@ -138,5 +140,34 @@ Status AddSliceFragments(Atom& atom, const ShardMap& map, const Geometry& geomet
 Status AppendSliceSegments(const AtomIndex& index, const Atom& atom, const ShardMap& map,
                            const Geometry& geometry, uint32_t t, uint64_t begin, uint64_t end,
                            std::vector<Segment>& segments);
+
+// Appends the bytes of local elements [begin, end) of TP rank t's slice (geometry `geometry`) of
+// parameter `name`'s state `state` (of `map`); vocabulary padding rows are zeros.
+Status SliceSegments(const AtomIndex& index, const ShardMap& map, const std::string& name,
+                     const Geometry& geometry, uint32_t t, std::string_view state, uint64_t begin,
+                     uint64_t end, std::vector<Segment>& segments);
+
+// A parameter group laid out for one target TP rank: each parameter's geometry at the target's
+// degree, the rank's flat layout of its local shapes, and its partition over the DP ranks.
+struct TargetGroup {
+  GroupLayout layout;
+  std::vector<Geometry> geometry;
+  Partitioning partition;
+};
+
+// The group of parameters `names` (in flat order) for TP rank t at TP degree tp (`maps` at that
+// degree), partitioned over dp ranks.
+Result<TargetGroup> TargetGroupAt(const AtomIndex& index,
+                                  const std::map<std::string, ShardMap>& maps,
+                                  const std::optional<Vocab>& vocab,
+                                  const std::vector<std::string>& names, uint32_t tp, uint32_t t,
+                                  uint32_t dp);
+
+// Bytes of elements [begin, end) (end <= total) of state `state`'s flat buffer of TP rank t.
+Result<std::vector<Segment>> SliceFlatSegments(const AtomIndex& index,
+                                               const std::map<std::string, ShardMap>& maps,
+                                               const TargetGroup& group, uint32_t t,
+                                               std::string_view state, uint64_t begin,
+                                               uint64_t end);
 
 }  // namespace ucp::deepspeed
