@@ -1,6 +1,8 @@
 #include "core/frameworks/deepspeed/folding.h"
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/common.h"
@@ -77,6 +79,63 @@ Status CheckFolding(const TorchArchiveReader& reader, std::string_view family,
   if (read != family) {
     return FieldError(reader, folding + "/family",
                       "\"" + read + "\", expected \"" + std::string(family) + "\"");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The zero partition's (rank, count) of rank `writer` in a folding dict's `group`.
+std::optional<std::pair<uint32_t, uint32_t>> ZeroPartition(const FoldedGrid& grid,
+                                                           std::string_view group,
+                                                           uint32_t writer) {
+  if (group == "dense_dp" || group == "per_family") {
+    return std::pair{grid.DenseRank(writer), grid.DenseDp()};
+  }
+  if (group == "edp") return std::pair{grid.ExpertDpRank(writer), grid.ExpertDp()};
+  return std::nullopt;
+}
+
+// `dict`'s zero_partition_rank and _count for rank `writer`, by its zero_partition_group.
+Status SetZeroPartition(pickle::Graph& graph, pickle::Value* dict, const FoldedGrid& grid,
+                        uint32_t writer, const TorchArchiveReader& reader,
+                        const std::string& field) {
+  const pickle::Value* group = dict->Get("zero_partition_group");
+  const std::optional<std::pair<uint32_t, uint32_t>> partition =
+      group != nullptr && group->kind() == pickle::Kind::kStr
+          ? ZeroPartition(grid, group->data(), writer)
+          : std::nullopt;
+  if (!partition) {
+    return FieldError(reader, field + "/zero_partition_group",
+                      "not \"dense_dp\", \"per_family\" or \"edp\"");
+  }
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(dict, "zero_partition_rank", graph.Int(partition->first), reader.path()));
+  return SetDictItem(dict, "zero_partition_count", graph.Int(partition->second), reader.path());
+}
+
+}  // namespace
+
+Status SetFolding(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader,
+                  const FoldedGrid& grid, uint32_t writer) {
+  const std::string field(kFolding);
+  pickle::Value* folding = root->Get(kFolding);
+  if (folding == nullptr || folding->kind() != pickle::Kind::kDict) {
+    return FieldError(reader, field, "not a dict");
+  }
+  for (const auto& [key, value] :
+       {std::pair{"tp_size", grid.tp}, std::pair{"tp_rank", grid.TpRank(writer)},
+        std::pair{"ep_size", grid.ep}, std::pair{"ep_rank", grid.ExpertRank(writer)}}) {
+    UCP_RETURN_IF_ERROR(SetDictItem(folding, key, graph.Int(value), reader.path()));
+  }
+  UCP_RETURN_IF_ERROR(SetZeroPartition(graph, folding, grid, writer, reader, field));
+  pickle::Value* families = folding->Get("param_families");
+  if (families == nullptr || families->kind() != pickle::Kind::kDict) return Status::Ok();
+  for (auto& [name, family] : families->mutable_entries()) {
+    if (family->kind() != pickle::Kind::kDict) continue;  // the model states': a family's name
+    UCP_RETURN_IF_ERROR(SetZeroPartition(
+        graph, family, grid, writer, reader,
+        field + "/param_families/" + (name->kind() == pickle::Kind::kStr ? name->data() : "")));
   }
   return Status::Ok();
 }

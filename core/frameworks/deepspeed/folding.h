@@ -70,4 +70,13 @@ Status CheckFolding(const TorchArchiveReader& reader, std::string_view family,
                     const FoldedGrid& grid, uint32_t tp_rank, uint32_t ep_rank,
                     std::optional<uint32_t> zero_rank);
 
+// `root`'s folding dict (a file of a folded save, imported into `graph` from `reader`) as rank
+// `writer` of `grid` writes it, its family kept: tp_size, tp_rank, ep_size, ep_rank, and the zero
+// partition's rank and count of the dict's zero_partition_group (the model states' "dense_dp" and
+// the optimizer files' "per_family": the dense DP; the expert files' "edp": the expert DP), and
+// each of an optimizer file's param_families entries likewise by its own group. kCorrupt naming
+// the file and the field for a dict without those keys or of another group.
+Status SetFolding(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader,
+                  const FoldedGrid& grid, uint32_t writer);
+
 }  // namespace ucp::deepspeed

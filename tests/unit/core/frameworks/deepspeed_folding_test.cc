@@ -12,6 +12,7 @@
 
 #include "core/format/pickle_value.h"
 #include "core/format/torch_archive_writer.h"
+#include "core/frameworks/deepspeed/common.h"
 #include "tests/unit/core/frameworks/deepspeed_testing.h"
 
 namespace ucp::deepspeed {
@@ -190,6 +191,96 @@ TEST_F(CheckFoldingTest, AnotherRanksOrSavesDictIsRefusedNamingTheField) {
               HasSubstr("folding/tp_size: 2, expected 4"));
   EXPECT_THAT(refusal(kExpertFamily, grid_, 1, 1, 0),
               HasSubstr("folding/family: \"zero_optimizer_state\", expected \"routed_expert\""));
+}
+
+// An optimizer file's folding dict as DeepSpeed writes it on rank 3 of a T2E2 save at 4 ranks
+// (dense rank 1, expert-parallel rank 1, expert DP rank 1), with one dense and one expert entry
+// in param_families, set by SetFolding for another grid's rank and read back.
+class SetFoldingTest : public ::testing::Test {
+ protected:
+  static pickle::Value* Family(pickle::Graph& graph, const char* family, const char* group,
+                               int64_t rank, int64_t count) {
+    return graph.Dict({{graph.Str("family"), graph.Str(family)},
+                       {graph.Str("zero_partition_group"), graph.Str(group)},
+                       {graph.Str("zero_partition_rank"), graph.Int(rank)},
+                       {graph.Str("zero_partition_count"), graph.Int(count)}});
+  }
+
+  Result<std::string> Write(const char* dense_group) {
+    pickle::Graph graph;
+    graph.set_root(graph.Dict(
+        {{graph.Str("folding"),
+          graph.Dict(
+              {{graph.Str("version"), graph.Int(1)},
+               {graph.Str("tp_size"), graph.Int(2)},
+               {graph.Str("tp_rank"), graph.Int(1)},
+               {graph.Str("ep_size"), graph.Int(2)},
+               {graph.Str("ep_rank"), graph.Int(1)},
+               {graph.Str("zero_partition_group"), graph.Str("per_family")},
+               {graph.Str("zero_partition_rank"), graph.Int(1)},
+               {graph.Str("zero_partition_count"), graph.Int(2)},
+               {graph.Str("family"), graph.Str(std::string(kZeroFamily))},
+               {graph.Str("param_families"),
+                graph.Dict({{graph.Str("q.weight"), Family(graph, "dense", dense_group, 1, 2)},
+                            {graph.Str("experts.w1"),
+                             Family(graph, "routed_expert", "edp", 1, 2)}})}})}}));
+    const std::string path = dir_.path() + "/zero_pp_rank_1_mp_rank_01_optim_states.pt";
+    Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+    if (!writer.ok()) return writer.status();
+    if (Result<uint64_t> size = writer->Finish(graph.root()); !size.ok()) return size.status();
+    return path;
+  }
+
+  // The file at `path` with its folding dict set for rank `writer` of `grid`, written beside it.
+  Result<TorchArchiveReader> Refold(const std::string& path, const FoldedGrid& grid,
+                                    uint32_t writer_rank) {
+    Result<TorchArchiveReader> source = TorchArchiveReader::Open(path);
+    if (!source.ok()) return source.status();
+    pickle::Graph graph;
+    pickle::Value* root = graph.Import(source->root());
+    graph.set_root(root);
+    if (Status status = SetFolding(graph, root, *source, grid, writer_rank); !status.ok()) {
+      return status;
+    }
+    const std::string out = dir_.path() + "/refolded.pt";
+    Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(out);
+    if (!writer.ok()) return writer.status();
+    if (Result<uint64_t> size = writer->Finish(graph.root()); !size.ok()) return size.status();
+    return TorchArchiveReader::Open(out);
+  }
+
+  TempDir dir_;
+};
+
+// Rank 6 of T4E2 at 8 ranks: TP rank 2, dense rank 1 of 2, expert-parallel rank 0, expert DP rank
+// 3 of 4.
+TEST_F(SetFoldingTest, TheDictAndEachParamFamilyTakeTheWritersRanksInTheNewGrid) {
+  Result<std::string> path = Write("dense_dp");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  const FoldedGrid grid{8, 4, 2};
+  Result<TorchArchiveReader> reader = Refold(*path, grid, 6);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const Status check = CheckFolding(*reader, kZeroFamily, grid, 2, 0, 1);
+  EXPECT_TRUE(check.ok()) << check.ToString();
+  const auto field = [&](const std::string& name) -> int64_t {
+    Result<int64_t> value = IntField(*reader, "folding/" + name);
+    return value.ok() ? *value : -1;
+  };
+  EXPECT_EQ(field("zero_partition_count"), 2);
+  EXPECT_EQ(field("param_families/q.weight/zero_partition_rank"), 1);
+  EXPECT_EQ(field("param_families/q.weight/zero_partition_count"), 2);
+  EXPECT_EQ(field("param_families/experts.w1/zero_partition_rank"), 3);
+  EXPECT_EQ(field("param_families/experts.w1/zero_partition_count"), 4);
+}
+
+TEST_F(SetFoldingTest, AnUnknownPartitionGroupIsRefusedNamingTheField) {
+  Result<std::string> path = Write("tp_group");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  Result<TorchArchiveReader> reader = Refold(*path, FoldedGrid{8, 4, 2}, 6);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_THAT(reader.status().ToString(),
+              AllOf(HasSubstr("zero_pp_rank_1_mp_rank_01_optim_states.pt"),
+                    HasSubstr("folding/param_families/q.weight/zero_partition_group")));
 }
 
 }  // namespace
