@@ -100,11 +100,15 @@ def run_trainer(args, env, work, name, dp, ep, extra, steps=STEPS, save=True):
     return os.path.join(save_dir, TAG), ds_e2e.losses(out)
 
 
+def reshard_to(report, args, source, to, out):
+    """`ucp reshard source --to <to> --out out`; whether it succeeded (a failure reported)."""
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to', to, '--out', out)
+    return report.check(status == 0, f'ucp reshard {source} --to {to} exited {status}: '
+                        f'{output[-2000:]}')
+
+
 def reshard(report, args, source, out, dp, ep):
-    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to', f'dp={dp},ep={ep}',
-                                            '--out', out)
-    return report.check(status == 0, f'ucp reshard {source} --to dp={dp},ep={ep} exited '
-                        f'{status}: {output[-2000:]}')
+    return reshard_to(report, args, source, f'dp={dp},ep={ep}', out)
 
 
 def check_index(report, tag_dir):
@@ -367,6 +371,12 @@ def check_refusals(report, args, tag_dir, work):
         status, output = harness.run_ucp_output(args.ucp, 'index', edited(name, edit))
         report.check(status != 0 and expected in output,
                      f'index of {name}: exit {status}, not the refusal: {output[-500:]}')
+    # A tp 1 save records no AutoTP split, so it cannot be folded over tensor parallelism.
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to',
+                                            'tp=2,dp=2,ep=2', '--out', os.path.join(work, 'to_tp2'))
+    report.check(status != 0 and 'an AutoEP tag saved at tp 1 records no AutoTP split' in output,
+                 f'reshard of a tp 1 save to tp=2: exit {status}, not the refusal: '
+                 f'{output[-500:]}')
 
 
 def folded_gather(tag_dir):
@@ -472,7 +482,8 @@ def check_folded_export(report, args, tag_dir, export):
 
 def check_folded_refusals(report, args, tag_dir, work):
     """A folded tag's files that do not make its grid are refused naming the file and the field;
-    resharding one to another folded grid is refused by name (not supported yet)."""
+    so are targets DeepSpeed does not fold (E = 1, a pipeline, an E that does not divide the
+    world)."""
     def variant(name, change):
         copy = harness.copy_tag(tag_dir, os.path.join(work, f'folded_{name}', TAG))
         shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
@@ -501,12 +512,33 @@ def check_folded_refusals(report, args, tag_dir, work):
         status, output = harness.run_ucp_output(args.ucp, 'index', variant(name, change))
         report.check(status != 0 and expected in output,
                      f'folded {name}: ucp index exited {status}, not the refusal: {output[-500:]}')
-    status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to',
-                                            'tp=2,dp=2,ep=4',
-                                            '--out', os.path.join(work, 'folded_reshard'))
-    report.check(status != 0 and 'AutoEP with AutoTP (DeepSpeed\'s folded layout, tp 2) to '
-                 'tp=2,pp=1: only tp=1,pp=1 targets are supported yet' in output,
-                 f'folded: ucp reshard exited {status}, not the refusal: {output[-500:]}')
+    for target, expected in (
+            ('tp=2,dp=2,ep=1', 'DeepSpeed folds AutoEP over AutoTP only at an expert-parallel '
+             'size above 1'),
+            ('tp=2,dp=2,pp=2', 'AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)'),
+            ('tp=2,dp=3,ep=4', 'the world 6 is not a multiple of the expert-parallel size 4')):
+        status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to', target,
+                                                '--out', os.path.join(work, 'folded_reshard'))
+        report.check(status != 0 and expected in output,
+                     f'folded: ucp reshard --to {target} exited {status}, not the refusal: '
+                     f'{output[-500:]}')
+
+
+def check_served(report, case, got, oracle, view, resharded, logs):
+    """A live resume under the preload: its losses `got` (steps 4 and 5) bit-identical to
+    `oracle`'s, and every file of `resharded` (a `ucp reshard` tag folder) served from the view
+    folder `view` with its bytes."""
+    ds_e2e.print_losses(f'{case} losses under the preload', got)
+    report.check(sorted(got) == [STEPS + 1, STEPS + 2] and
+                 {s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
+                 {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
+                 f'{case}: losses under the preload {got} are not the oracle\'s {oracle}')
+    for name in sorted(n for n in os.listdir(resharded) if n.endswith('.pt')):
+        stored = os.path.join(view, 'served.' + name)
+        report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
+                     harness.read_bytes(os.path.join(resharded, name)),
+                     f'{case} live/{name}: not served, or not `ucp reshard`\'s bytes; ucp logs:\n'
+                     f'{ds_e2e.log_tail(logs)}')
 
 
 def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
@@ -520,20 +552,71 @@ def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
     _, got = run_trainer(args, live_env, work, 'folded_live', 2, 2,
                          ['--load_dir', os.path.dirname(tag_dir), '--load_tag', TAG],
                          steps=STEPS + 2, save=False)
-    ds_e2e.print_losses('folded: losses tp1dp2ep2 preload', got)
-    report.check(sorted(got) == [STEPS + 1, STEPS + 2] and
-                 {s: ds_e2e.float32_bits(v) for s, v in got.items()} ==
-                 {s: ds_e2e.float32_bits(v) for s, v in oracle.items()},
-                 f'folded: losses under the preload {got} are not DeepSpeed\'s universal load\'s '
-                 f'{oracle}')
-    view = os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2')
-    names = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    check_served(report, 'folded: tp1dp2ep2', got, oracle,
+                 os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2'), resharded, logs)
+
+
+def compare_folded(report, case, expected, got, racing=False):
+    """The folded tag folder `got` holds `expected`'s files, every object and bit alike but the run's
+    micro batch and, with `racing`, the expert files' zero_partition_rank (two ranks write each,
+    and whichever lands last gives it)."""
+    names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
+    report.check(sorted(n for n in os.listdir(got) if n.endswith('.pt')) == names,
+                 f'{case}: files {sorted(os.listdir(got))} vs {names}')
     for name in names:
-        stored = os.path.join(view, 'served.' + name)
-        report.check(os.path.isfile(stored) and harness.read_bytes(stored) ==
-                     harness.read_bytes(os.path.join(resharded, name)),
-                     f'folded live/{name}: not served, or not `ucp reshard`\'s bytes; ucp logs:\n'
-                     f'{ds_e2e.log_tail(logs)}')
+        allowed = harness.RUN_CONFIG_FIELDS + (
+            ('folding.zero_partition_rank',) if racing and name.startswith('layer_') else ())
+        report.diffs(harness.compare_files(os.path.join(expected, name), os.path.join(got, name),
+                                           allowed), f'{case}/{name}')
+
+
+def check_folded_grids(report, args, env, work, tag_dir, uninterrupted):
+    """The folded T=2 E=2 save at 4 ranks resharded to other folded grids by `ucp reshard`:
+      - to its own grid: the save, every object and bit (its racing expert files aside);
+      - to T=4 E=2 (dense DP 1): DeepSpeed's strict load of ucp's files in a folded run there,
+        saved again before it trains, = ucp's files in every object and bit but the micro batch;
+        its step 4 within 1e-5 of the folded run's (another TP degree sums in another order);
+        and ucp's files resharded back to T=2 E=2 = the save;
+      - live: the save resumed at T=4 E=2 by a plain load_checkpoint under the preload, told the
+        grid by the trainer's --deepspeed_config file (autotp_size 4, autoep_size 2; the trainer's
+        own arguments give its micro batch only): steps 4 and 5 bit-identical
+        to DeepSpeed's strict load of ucp's files, every file served `ucp reshard`'s."""
+    failures = len(report.failures)
+    same = os.path.join(work, 'folded_same')
+    if reshard_to(report, args, tag_dir, 'tp=2,dp=2,ep=2', same):
+        compare_folded(report, 'folded -> t2e2', tag_dir, os.path.join(same, TAG), racing=True)
+    t4e2 = os.path.join(work, 'folded_t4e2')
+    if not reshard_to(report, args, tag_dir, 'tp=4,dp=1,ep=2', t4e2):
+        return
+    resaved, loaded = run_trainer(args, env, work, 'folded_t4e2_load', 4, 2,
+                                  ['--tp', '4', '--load_dir', t4e2, '--load_tag', TAG,
+                                   '--save_step', str(STEPS)], steps=STEPS + 2)
+    compare_folded(report, 'folded -> t4e2', resaved, os.path.join(t4e2, TAG))
+    step = STEPS + 1
+    report.check(step in loaded and abs(loaded[step] - uninterrupted[step]) < 1e-5,
+                 f'folded: DeepSpeed\'s load of ucp\'s T4E2 files trains step {step} to '
+                 f'{loaded.get(step)}, the folded T2E2 run to {uninterrupted[step]}')
+    print(f'folded: DeepSpeed\'s T4E2 load of ucp\'s files: step {step} loss '
+          f'{loaded.get(step)!r}, the folded T2E2 run\'s {uninterrupted[step]!r}')
+    back = os.path.join(work, 'folded_t4e2_back')
+    if reshard_to(report, args, os.path.join(t4e2, TAG), 'tp=2,dp=2,ep=2', back):
+        compare_folded(report, 'folded -> t4e2 -> t2e2', tag_dir, os.path.join(back, TAG),
+                       racing=True)
+    if len(report.failures) == failures:
+        print('folded: ucp reshard to t2e2 = the save; to t4e2 = DeepSpeed\'s strict load and '
+              'resave there; back = the save')
+    logs = os.path.join(work, 'logs_folded_t4e2_live')
+    config = os.path.join(work, 'ds_config_t4e2.json')
+    with open(config, 'w') as f:
+        json.dump({'tensor_parallel': {'autotp_size': 4},
+                   'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
+    _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_t4e2_live',
+                         4, None, ['--tp', '4', '--deepspeed_config', config, '--load_dir',
+                                   os.path.dirname(tag_dir), '--load_tag', TAG],
+                         steps=STEPS + 2, save=False)
+    check_served(report, 'folded: t4e2', got, loaded,
+                 os.path.join(tag_dir, '.ucp', 'views', 'tp4-pp1-dp1-ep2'),
+                 os.path.join(t4e2, TAG), logs)
 
 
 def check_folded(report, args, env, work):
@@ -548,8 +631,9 @@ def check_folded(report, args, env, work):
         gathered here (check_folded_export); DeepSpeed's universal load of it at T=1 (DP 2, E 2)
         trains step 4 bit-identically to the folded run's step 4; `ucp reshard` of the folded tag
         to T=1 DP=2 E=2 writes DeepSpeed's own files there (that universal load, saved again
-        before it trains: every object and bit but its micro batch and load_universal); and the
-        refusals of check_folded_refusals; live, check_folded_live."""
+        before it trains: every object and bit but its micro batch and load_universal); other
+        folded grids, check_folded_grids; the refusals of check_folded_refusals; live,
+        check_folded_live."""
     folded = ['--tp', '2']
     plain_dir, plain = run_trainer(args, env, work, 'folded_plain', 2, 2, folded)
     logs = os.path.join(work, 'logs_folded')
@@ -603,14 +687,12 @@ def check_folded(report, args, env, work):
               f'{loaded.get(step)!r}, the folded run\'s {uninterrupted[step]!r}')
         failures = len(report.failures)
         out = os.path.join(work, 'folded_reshard_dp2ep2')
-        status, output = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to',
-                                                'tp=1,dp=2,ep=2', '--out', out)
-        if report.check(status == 0, f'folded: ucp reshard to tp=1,dp=2,ep=2 exited {status}: '
-                        f'{output[-2000:]}'):
+        if reshard_to(report, args, tag_dir, 'tp=1,dp=2,ep=2', out):
             harness.compare_resaved(report, 'folded -> tp1 dp2ep2', out, resaved, TAG)
         if len(report.failures) == failures:
             print('folded: ucp reshard to tp 1 dp2ep2 = DeepSpeed\'s resave there')
         check_folded_live(report, args, env, work, tag_dir, loaded, os.path.join(out, TAG))
+    check_folded_grids(report, args, env, work, tag_dir, uninterrupted)
     check_folded_refusals(report, args, tag_dir, work)
 
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
@@ -586,6 +587,37 @@ Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const Au
         std::vector<uint64_t> blocks,
         BlocksAtDegree(name, atom->shape.at(map.dim), SplitBlocks(saved), to, rule));
     SetBlocks(map, std::move(blocks));
+  }
+  return Status::Ok();
+}
+
+Status SetReplicatedShapes(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                           const std::map<std::string, Shape>& shapes) {
+  Value* info = root->Get(kUniversalCheckpointInfo);
+  Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
+  Value* params = affine == nullptr ? nullptr : affine->Get("params");
+  if (params == nullptr || params->kind() != Kind::kDict) {
+    return FieldError(reader, kAffine + "/params", "not a dict");
+  }
+  std::set<std::string> found;
+  for (auto& [key, entry] : params->mutable_entries()) {
+    const std::optional<std::string> name =
+        key->kind() == Kind::kStr ? LiteralName(key->data()) : std::nullopt;
+    const auto shape = name ? shapes.find(*name) : shapes.end();
+    if (shape == shapes.end()) continue;
+    const std::string field = kAffine + "/params/" + key->data();
+    if (entry->kind() != Kind::kDict) return FieldError(reader, field, "not a dict");
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(entry, "logical_shape", IntList(graph, shape->second), reader.path()));
+    Value* whole = graph.Dict({{graph.Str("shard_shape"), IntList(graph, shape->second)}});
+    UCP_RETURN_IF_ERROR(
+        SetDictItem(entry, "ranks", graph.Dict({{graph.Int(0), whole}}), reader.path()));
+    found.insert(*name);
+  }
+  for (const auto& [name, shape] : shapes) {
+    if (!found.contains(name)) {
+      return FieldError(reader, kAffine + "/params", "no entry names " + name);
+    }
   }
   return Status::Ok();
 }

@@ -121,4 +121,13 @@ Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t t
 Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const AutoTpSplitRule& rule,
                     std::map<std::string, ShardMap>& maps);
 
+// The affine map entries of `root`'s universal_checkpoint_info (a model states imported into
+// `graph` from `reader`) that name the parameters of `shapes` literally, each set to a parameter
+// of that shape held whole by every TP rank, for SetTpDegree to lay out its ranks: AutoEP's fused
+// experts, which AutoTP records so at [experts per expert-parallel rank, ...]. kCorrupt naming the
+// file and the field where no entry names one of them.
+Status SetReplicatedShapes(pickle::Graph& graph, pickle::Value* root,
+                           const TorchArchiveReader& reader,
+                           const std::map<std::string, Shape>& shapes);
+
 }  // namespace ucp::deepspeed

@@ -26,6 +26,8 @@ namespace {
 using deepspeed::AddParameterAtoms;
 using deepspeed::AddSliceFragments;
 using deepspeed::AddUniversalModuleTensors;
+using deepspeed::AppendSliceSegments;
+using deepspeed::AutoTpSplitRule;
 using deepspeed::BoundsText;
 using deepspeed::CheckFolding;
 using deepspeed::CheckIndexAdapter;
@@ -63,7 +65,9 @@ using deepspeed::ListTag;
 using deepspeed::ListText;
 using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
+using deepspeed::MapFromJson;
 using deepspeed::MapJson;
+using deepspeed::MapsAtDegree;
 using deepspeed::ModelStatesName;
 using deepspeed::NumberedLayer;
 using deepspeed::OpenSource;
@@ -89,6 +93,7 @@ using deepspeed::RankGroupPart;
 using deepspeed::RankPartition;
 using deepspeed::ReadAutoEpLayers;
 using deepspeed::ReadAutoTpMaps;
+using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::ReadNumExperts;
 using deepspeed::ReadOptimStates;
 using deepspeed::ResizeModuleBuffers;
@@ -97,17 +102,24 @@ using deepspeed::Rule;
 using deepspeed::RuleName;
 using deepspeed::SavablePartition;
 using deepspeed::SetAutoEpLayers;
+using deepspeed::SetAutoTpSize;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
+using deepspeed::SetFolding;
+using deepspeed::SetReplicatedShapes;
+using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
 using deepspeed::SizeNode;
+using deepspeed::SliceFlatSegments;
 using deepspeed::SliceMapping;
 using deepspeed::StateTemplates;
 using deepspeed::StateTemplatesOf;
 using deepspeed::StateTensor;
 using deepspeed::TagListing;
 using deepspeed::TagName;
+using deepspeed::TargetGroup;
+using deepspeed::TargetGroupAt;
 using deepspeed::TensorLike;
 using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
@@ -424,8 +436,9 @@ struct IndexFacts {
   uint32_t mp = 0;  // the stage
   uint32_t dp = 0;
   uint32_t ep = 0;
-  uint32_t folded_tp = 1;   // AutoEP folded over AutoTP: the TP degree; dp is the dense DP
-  size_t expert_group = 0;  // in `groups`
+  uint32_t folded_tp = 1;  // AutoEP folded over AutoTP: the TP degree; dp is the dense DP
+  std::map<std::string, ShardMap> folded_maps;  // folded: each dense parameter's, at folded_tp
+  size_t expert_group = 0;                      // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
   bool fused = false;               // AutoEP's fused experts (MoeTag::fused)
@@ -511,6 +524,12 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
       return Status::Corrupt(what + "folded_tp: not the index's TP degree of one AutoEP stage");
     }
     common.folded_tp = c.topology.tp;
+    if (!folded.contains("params") || !folded["params"].is_object()) {
+      return Status::Corrupt(what + "folded_tp: params missing or not an object");
+    }
+    for (const auto& [name, json] : folded["params"].items()) {
+      UCP_ASSIGN_OR_RETURN(common.folded_maps[name], MapFromJson(name, json));
+    }
   } else if (c.topology.tp != 1) {
     return Status::Corrupt(what + "tp " + std::to_string(c.topology.tp) + " without folded_tp");
   }
@@ -1696,6 +1715,79 @@ void EraseKey(Value* dict, std::string_view key) {
   });
 }
 
+// A folded tag's lane-0 model states (imported into `graph` as its root from `reader`) with the
+// dense parameters at TP rank t of degree tp (`maps` at tp; at tp 1 every parameter whole): each
+// split parameter's module tensor its slice, in a storage of its own as AutoEP saves them (a
+// replicated one's is lane 0's, kept), and each dense param_shapes entry the slice's shape.
+// Returns the replaced storages' bytes.
+Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
+    const AtomIndex& index, const std::map<std::string, ShardMap>& maps, uint32_t tp, uint32_t t,
+    const TorchArchiveReader& reader, pickle::Graph& graph) {
+  std::map<std::string, Geometry> geometries;  // each dense parameter's at tp
+  std::map<std::string, Shape> local;          // and its slice on rank t
+  for (const auto& [name, map] : maps) {
+    const Atom* atom = index.Find(name, "bit16");
+    if (atom == nullptr) return Status::Corrupt("deepspeed: index: no bit16 atom of " + name);
+    // At tp 1 no parameter is split: the blocks are the source's, of another degree.
+    UCP_ASSIGN_OR_RETURN(geometries[name],
+                         GeometryAt(name, map, atom->shape, tp, std::nullopt,
+                                    tp == 1 ? std::vector<uint64_t>{} : map.blocks));
+    local[name] = LocalShape(geometries[name], t);
+  }
+  Value* root = graph.root();
+  // The dense group's param_shapes (the first: the expert group comes after it).
+  Value* shapes = root->Get("param_shapes");
+  Value* dense_shapes = shapes == nullptr ? nullptr : shapes->Item(0);
+  Value* module = root->Get("module");
+  if (dense_shapes == nullptr || dense_shapes->kind() != Kind::kObject || module == nullptr ||
+      module->kind() != Kind::kObject) {
+    return FieldError(reader, "param_shapes/0 or module", "not an OrderedDict");
+  }
+  // AutoEP saves each shape as a tuple (a torch.Size where a release writes one: kept so).
+  for (pickle::Mutation& mutation : dense_shapes->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+    const auto shape = local.find(KeyText(mutation.first));
+    if (shape == local.end()) continue;
+    if (mutation.second->kind() != Kind::kTuple) {
+      mutation.second = SizeNode(graph, shape->second);
+      continue;
+    }
+    std::vector<Value*> extents;
+    for (const uint64_t extent : shape->second) {
+      extents.push_back(graph.Int(static_cast<int64_t>(extent)));
+    }
+    mutation.second = graph.Tuple(std::move(extents));
+  }
+  std::map<std::string, std::vector<Segment>> replaced;
+  for (pickle::Mutation& mutation : module->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
+    const std::string name = KeyText(mutation.first);
+    const auto map = maps.find(name);
+    if (map == maps.end() || map->second.rule != Rule::kSplit) continue;
+    Result<const Value*> node = reader.Find("module/" + name);
+    const TorchTensor* tensor = node.ok() ? reader.TensorAt(*node) : nullptr;
+    if (tensor == nullptr) return FieldError(reader, "module/" + name, "not a tensor");
+    if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
+      return FieldError(reader, "module/" + name,
+                        "a TP slice sharing its storage with other tensors; AutoEP saves each in "
+                        "its own");
+    }
+    TensorNodeSpec spec;
+    spec.storage_key = tensor->storage->key;
+    spec.dtype = tensor->dtype;
+    spec.location = tensor->storage->location;
+    UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(local[name]));
+    spec.shape = local[name];
+    spec.requires_grad = tensor->requires_grad;
+    spec.parameter = tensor->parameter;
+    UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
+    UCP_RETURN_IF_ERROR(AppendSliceSegments(index, *index.Find(name, "bit16"), map->second,
+                                            geometries[name], t, 0, spec.storage_numel,
+                                            replaced[spec.storage_key]));
+  }
+  return replaced;
+}
+
 // A folded tag's lane-0 model states (imported into `graph` as its root) as a run at tp 1 over
 // the same ranks writes them, the AutoEP save ds_to_universal converts: every dense parameter's
 // module tensor whole (its bit16 atom, in a storage of its own as AutoEP saves them) and its
@@ -1726,55 +1818,7 @@ Result<std::map<std::string, std::vector<Segment>>> UnfoldModelStates(
     return key != "universal_checkpoint_version" && key != "expert_parameter_patterns" &&
            key != kAutoEpLayers;
   });
-  // The dense group's param_shapes (the first: the expert group comes after it).
-  Value* shapes = root->Get("param_shapes");
-  Value* dense_shapes = shapes == nullptr ? nullptr : shapes->Item(0);
-  Value* module = root->Get("module");
-  if (dense_shapes == nullptr || dense_shapes->kind() != Kind::kObject || module == nullptr ||
-      module->kind() != Kind::kObject) {
-    return FieldError(reader, "param_shapes/0 or module", "not an OrderedDict");
-  }
-  // AutoEP saves each shape as a tuple (a torch.Size where a release writes one: kept so).
-  for (pickle::Mutation& mutation : dense_shapes->mutable_mutations()) {
-    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-    const Atom* atom = index.Find(KeyText(mutation.first), "bit16");
-    if (atom == nullptr) continue;
-    if (mutation.second->kind() != Kind::kTuple) {
-      mutation.second = SizeNode(graph, atom->shape);
-      continue;
-    }
-    std::vector<Value*> extents;
-    for (const uint64_t extent : atom->shape) {
-      extents.push_back(graph.Int(static_cast<int64_t>(extent)));
-    }
-    mutation.second = graph.Tuple(std::move(extents));
-  }
-  std::map<std::string, std::vector<Segment>> replaced;
-  for (pickle::Mutation& mutation : module->mutable_mutations()) {
-    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-    const std::string name = KeyText(mutation.first);
-    const Atom* atom = index.Find(name, "bit16");
-    Result<const Value*> node = reader.Find("module/" + name);
-    const TorchTensor* tensor = node.ok() ? reader.TensorAt(*node) : nullptr;
-    if (atom == nullptr || tensor == nullptr || tensor->shape == atom->shape) continue;
-    if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
-      return FieldError(reader, "module/" + name,
-                        "a TP slice sharing its storage with other tensors; AutoEP saves each in "
-                        "its own");
-    }
-    TensorNodeSpec spec;
-    spec.storage_key = tensor->storage->key;
-    spec.dtype = tensor->dtype;
-    spec.location = tensor->storage->location;
-    UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(atom->shape));
-    spec.shape = atom->shape;
-    spec.requires_grad = tensor->requires_grad;
-    spec.parameter = tensor->parameter;
-    UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
-    UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
-    UCP_ASSIGN_OR_RETURN(replaced[spec.storage_key], PlanRegion(index, *atom, whole));
-  }
-  return replaced;
+  return SliceDenseModule(index, facts.folded_maps, 1, 0, reader, graph);
 }
 
 // mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
@@ -1908,6 +1952,11 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
 // target is one DeepSpeed can train the tag at.
 Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
                                 const Topology& target) {
+  if (target.tp > 1 && facts.fused) {
+    return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
+                               ": an AutoEP tag saved at tp 1 records no AutoTP split (DeepSpeed "
+                               "writes no affine map there), so it is not folded over AutoTP");
+  }
   if (target.tp > 1) {
     return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
                                ": MoE with tensor parallelism is not supported");
@@ -2532,6 +2581,233 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------------------------------------
+// A folded tag to another folded grid (T' > 1): PlanFoldedReshard's phases.
+
+// A folded target's layout: its grid, the dense parameters' maps at its TP degree, each TP lane's
+// dense groups (its slices' flat layout, partitioned over the dense DP ranks), and the experts at
+// its expert-parallel size, each expert-parallel rank's group partitioned over its expert DP ranks.
+struct FoldedLayout {
+  deepspeed::FoldedGrid grid;
+  std::map<std::string, ShardMap> maps;
+  std::vector<std::vector<TargetGroup>> lanes;  // [TP rank][group]; the expert group's entry empty
+  ExpertLayouts experts;
+  Partitioning expert_partition;
+  ExpertRankOrder order() const { return {grid.world, grid.ep, false}; }
+};
+
+// The folded grid a target names, once DeepSpeed can fold the tag's model there: one stage,
+// world = tp · dp, an expert-parallel size above 1 dividing the world and every layer's experts.
+Result<deepspeed::FoldedGrid> CheckFoldedTarget(const IndexFacts& facts, const Topology& target) {
+  const std::string at = "deepspeed: tp=" + std::to_string(target.tp) +
+                         ",pp=" + std::to_string(target.pp) + ",dp=" + std::to_string(target.dp);
+  if (target.pp != 1) {
+    return Status::Unsupported(at +
+                               ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold "
+                               "one)");
+  }
+  if (target.dp == 0 || (target.world != 0 && target.world != target.dp * target.tp)) {
+    return Status::InvalidArgument(at + ": the world of a folded grid is tp · dp, not " +
+                                   std::to_string(target.world));
+  }
+  deepspeed::FoldedGrid grid{target.dp * target.tp, target.tp,
+                             target.ep != 0 ? target.ep : facts.ep};
+  if (grid.ep == 1) {
+    return Status::Unsupported(at +
+                               ",ep=1: DeepSpeed folds AutoEP over AutoTP only at an "
+                               "expert-parallel size above 1");
+  }
+  if (grid.world % grid.ep != 0) {
+    return Status::InvalidArgument(at + ": the world " + std::to_string(grid.world) +
+                                   " is not a multiple of the expert-parallel size " +
+                                   std::to_string(grid.ep) + ": DeepSpeed requires it");
+  }
+  UCP_RETURN_IF_ERROR(CheckExpertsDivide(facts.num_experts, grid.ep));
+  return grid;
+}
+
+Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& tag_dir,
+                                    const IndexFacts& facts, const deepspeed::FoldedGrid& grid) {
+  FoldedLayout at;
+  at.grid = grid;
+  at.maps = facts.folded_maps;
+  if (grid.tp != facts.folded_tp) {
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                         OpenSource(index, tag_dir, facts.model_file));
+    UCP_ASSIGN_OR_RETURN(const AutoTpSplitRule rule, ReadAutoTpSplitRule(model, tag_dir));
+    UCP_RETURN_IF_ERROR(MapsAtDegree(index, facts.folded_tp, grid.tp, rule, at.maps));
+  }
+  for (uint32_t t = 0; t < grid.tp; ++t) {
+    std::vector<TargetGroup> groups;
+    for (size_t g = 0; g < facts.groups.size(); ++g) {
+      if (g == facts.expert_group) {
+        groups.emplace_back();
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(TargetGroup group,
+                           TargetGroupAt(index, at.maps, std::nullopt, facts.groups[g].names,
+                                         grid.tp, t, grid.DenseDp()));
+      groups.push_back(std::move(group));
+    }
+    at.lanes.push_back(std::move(groups));
+  }
+  UCP_ASSIGN_OR_RETURN(at.experts, ExpertLayoutsAt(facts, grid.ep));
+  UCP_ASSIGN_OR_RETURN(at.expert_partition,
+                       SavablePartition(at.experts.local.total, grid.ExpertDp(), "a group"));
+  return at;
+}
+
+// The model states of TP rank t (written by rank t, dense DP rank 0): lane 0's with the dense
+// parameters' slices at the target's (SliceDenseModule), dp_world_size the dense DP, the TP
+// degree and AutoTP's affine map at it (the fused experts' entries at the target's experts per
+// rank), the local experts' shapes and AutoEP's layers for rank t, autoep_size, and the folding
+// dict of rank t.
+Status PlanFoldedModelStates(const AtomIndex& index, const std::string& tag_dir,
+                             const IndexFacts& facts, const FoldedLayout& at, uint32_t t,
+                             OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.model_file));
+  ArchiveOutput out;
+  out.path = ModelStatesName(t);
+  pickle::Graph& graph = out.graph;
+  Value* root = graph.Import(reader.root());
+  graph.set_root(root);
+  using Replaced = std::map<std::string, std::vector<Segment>>;
+  UCP_ASSIGN_OR_RETURN(Replaced replaced,
+                       SliceDenseModule(index, at.maps, at.grid.tp, t, reader, graph));
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(root, "dp_world_size", graph.Int(at.grid.DenseDp()), reader.path()));
+  const GroupLayout& local = at.experts.local;
+  if (at.grid.ep != facts.ep) {
+    UCP_RETURN_IF_ERROR(
+        SetLocalExpertShapes(graph, root, reader, facts.expert_group, local, facts.fused));
+  }
+  std::map<std::string, Shape> expert_shapes;
+  for (size_t k = 0; k < local.names.size(); ++k) {
+    expert_shapes[local.names[k]] = local.shapes[k];
+  }
+  UCP_RETURN_IF_ERROR(SetReplicatedShapes(graph, root, reader, expert_shapes));
+  std::map<std::string, std::vector<uint64_t>> uneven;
+  for (const auto& [name, map] : at.maps) {
+    if (!map.blocks.empty()) uneven.emplace(name, map.blocks);
+  }
+  UCP_RETURN_IF_ERROR(SetTpDegree(graph, root, at.grid.tp, reader, uneven));
+  UCP_RETURN_IF_ERROR(SetAutoEpLayers(graph, root, at.order(), t, reader));
+  UCP_RETURN_IF_ERROR(
+      SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.grid.ep, reader));
+  UCP_RETURN_IF_ERROR(SetFolding(graph, root, reader, at.grid, t));
+  UCP_ASSIGN_OR_RETURN(out.storages,
+                       CollectStorages(root, reader, facts.model_file, std::move(replaced)));
+  plan.archives.push_back(std::move(out));
+  return Status::Ok();
+}
+
+// The optimizer file of every rank g = d·T' + t: the dense groups' lane t slices, partition d of
+// the dense DP; the expert group of expert-parallel rank g mod E', partition g div E' of its
+// expert DP; autotp_size, autoep_size and rank g's folding dict.
+Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
+                             const IndexFacts& facts, const FoldedLayout& at, OutputPlan& plan) {
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                       OpenSource(index, tag_dir, facts.optim_file));
+  const deepspeed::FoldedGrid& grid = at.grid;
+  std::vector<uint64_t> counts;
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    counts.push_back(g == facts.expert_group ? grid.ExpertDp() : grid.DenseDp());
+  }
+  for (uint32_t rank = 0; rank < grid.world; ++rank) {
+    const uint32_t t = grid.TpRank(rank);
+    const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
+      RankGroupPart group;
+      if (g == facts.expert_group) {
+        const GroupLayout& layout = at.experts.global[grid.ExpertRank(rank)];
+        const uint32_t i = grid.ExpertDpRank(rank);
+        group.part = PlanRankPart(at.expert_partition, i, layout.total, /*elastic=*/false,
+                                  facts.bf16_optimizer);
+        group.padding = at.expert_partition.padding_of(i);
+        // DeepSpeed's mappings name an expert by its local id; one padding per fused parameter.
+        group.mappings = ExpectedMappings(at.experts.local, at.expert_partition, i, false);
+        group.params = at.experts.local.names.size();
+        group.segments_of = [&index, &layout](const std::string& state, uint64_t begin,
+                                              uint64_t end) {
+          return FlatSegments(index, layout, state, begin, end);
+        };
+        return group;
+      }
+      const TargetGroup& lane = at.lanes[t][g];
+      const uint32_t d = grid.DenseRank(rank);
+      group.part = PlanRankPart(lane.partition, d, lane.layout.total, /*elastic=*/false,
+                                facts.bf16_optimizer);
+      group.padding = lane.partition.padding_of(d);
+      group.mappings = ExpectedMappings(lane.layout, lane.partition, d, false);
+      group.params = lane.layout.names.size();
+      group.segments_of = [&index, &at, &lane, t](const std::string& state, uint64_t begin,
+                                                  uint64_t end) {
+        return SliceFlatSegments(index, at.maps, lane, t, state, begin, end);
+      };
+      return group;
+    };
+    const auto edit = [&](pickle::Graph& graph, Value* root, Value*) -> Status {
+      UCP_RETURN_IF_ERROR(
+          SetConfigValue(graph, root, "expert_parallel", "autoep_size", grid.ep, reader));
+      UCP_RETURN_IF_ERROR(SetAutoTpSize(graph, root, grid.tp, reader));
+      return SetFolding(graph, root, reader, grid, rank);
+    };
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        PlanPartitionedOptimFile(reader, facts.optim_file,
+                                 OptimName(facts.prefix, grid.DenseRank(rank), t),
+                                 /*elastic=*/false, facts.groups.size(), group_of, counts, edit));
+    plan.archives.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
+// Each expert's files at the target: under every TP rank t whose ranks write its expert-parallel
+// rank's experts (FoldedGrid::ExpertWriters), its lowest-lane file with the folding dict of the
+// lowest of those writers (where two write it, DeepSpeed's own save keeps whichever lands last).
+Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
+                             const IndexFacts& facts, const FoldedLayout& at, OutputPlan& plan) {
+  std::set<std::pair<uint32_t, uint32_t>> written;
+  for (const uint32_t file : facts.expert_files) {
+    const std::optional<deepspeed::FileName> parsed =
+        ParseFileName(index.contents().files[file].path);
+    if (!parsed || !written.insert({parsed->layer, parsed->expert}).second) continue;
+    if (parsed->layer >= facts.num_experts.size()) {
+      return Status::Corrupt("deepspeed: index: " + index.contents().files[file].path +
+                             ": a layer the index's num_experts does not list");
+    }
+    const uint32_t per_rank = facts.num_experts[parsed->layer] / at.grid.ep;
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+    for (uint32_t t = 0; t < at.grid.tp; ++t) {
+      const std::vector<uint32_t> writers = at.grid.ExpertWriters(t, parsed->expert / per_rank);
+      if (writers.empty()) continue;
+      ArchiveOutput out;
+      out.path = ExpertModelStatesName(parsed->layer, parsed->expert, t);
+      Value* root = out.graph.Import(reader.root());
+      out.graph.set_root(root);
+      UCP_RETURN_IF_ERROR(SetFolding(out.graph, root, reader, at.grid, writers.front()));
+      UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+      plan.archives.push_back(std::move(out));
+    }
+  }
+  return Status::Ok();
+}
+
+// A folded tag's files at another folded grid (T' > 1): every lane's model states, every rank's
+// optimizer file, and each expert's files under the lanes of its writers there.
+Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& tag_dir,
+                                     const IndexFacts& facts, const Topology& target) {
+  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(facts, target));
+  UCP_ASSIGN_OR_RETURN(const FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, grid));
+  OutputPlan plan;
+  for (uint32_t t = 0; t < grid.tp; ++t) {
+    UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, tag_dir, facts, at, t, plan));
+  }
+  UCP_RETURN_IF_ERROR(PlanFoldedExpertFiles(index, tag_dir, facts, at, plan));
+  UCP_RETURN_IF_ERROR(PlanFoldedOptimStates(index, tag_dir, facts, at, plan));
+  return plan;
+}
+
 // The files of a folded save (mp_rank_00's model states `model`): every lane's model states, every
 // rank's optimizer file, and each expert's files under the lanes of its writers.
 Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid,
@@ -2630,12 +2906,15 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
-  if (stages.front().folded_tp > 1 && (target.tp != 1 || target.pp != 1)) {
-    return Status::Unsupported(
-        Prefix(tag_dir) + "AutoEP with AutoTP (DeepSpeed's folded layout, tp " +
-        std::to_string(stages.front().folded_tp) + ") to tp=" + std::to_string(target.tp) +
-        ",pp=" + std::to_string(target.pp) +
-        ": only tp=1,pp=1 targets are supported yet (another folded grid is not)");
+  if (stages.front().folded_tp > 1 && target.tp > 1) {
+    return PlanFoldedReshard(index, tag_dir, stages.front(), target);
+  }
+  if (stages.front().folded_tp > 1 && target.pp != 1) {
+    return Status::Unsupported(Prefix(tag_dir) +
+                               "AutoEP with AutoTP (DeepSpeed's folded layout) "
+                               "to pp=" +
+                               std::to_string(target.pp) +
+                               ": DeepSpeed runs AutoEP in no pipeline");
   }
   UCP_ASSIGN_OR_RETURN(const uint32_t ep, CheckMoeTarget(index, stages.front(), target));
   OutputPlan plan;

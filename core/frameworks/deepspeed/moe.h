@@ -2,7 +2,7 @@
 // v0.14 checkpoints of models with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms,
 // resharded to any DP size that the expert-parallel size divides; also those of MoE layers in a
 // PipelineModule (DeepSpeed 0.19, below), at their pipeline degree, merged onto one stage or
-// placed on another; and AutoEP's folded over AutoTP (below), to T=1.
+// placed on another; and AutoEP's folded over AutoTP (below), to T=1 or another folded grid.
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -74,8 +74,9 @@
 // its bit16 atom, the others must match it), and every file's folding dict is checked against its
 // writer. PlanUniversalExport writes the T=1 universal checkpoint over the same W ranks (the model
 // states as a T=1 run writes them); PlanReshard writes a T=1 run's files at any DP and E (the
-// expert files each expert's lowest lane's, without folding dicts) and refuses another folded grid
-// for now.
+// expert files each expert's lowest lane's, without folding dicts), or a folded run's at T' > 1
+// (each lane's slices of the whole atoms in AutoTP's blocks at T', the experts as at T=1 over the
+// W' ranks, every file's folding dict set for its writer).
 //
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
@@ -136,8 +137,9 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
 
   // The files DeepSpeed writes at DP size target.dp and expert-parallel size target.ep (0: the
   // source's): kInvalidArgument when that E does not divide target.dp or a layer's experts
-  // (DeepSpeed cannot run there), kUnsupported for tp > 1, a pp other than the tag's and 1, and a
-  // change of E on a tag of DeepSpeed before 0.15.4.
+  // (DeepSpeed cannot run there), kUnsupported for tp > 1 (but a folded tag's: another folded
+  // grid, E > 1 dividing tp · dp, at pp 1), a pp other than the tag's and 1, and a change of E on a
+  // tag of DeepSpeed before 0.15.4.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
