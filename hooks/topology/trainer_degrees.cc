@@ -79,6 +79,14 @@ Status ConfigDegree(const nlohmann::json& config, const std::string& path,
   return Status::Ok();
 }
 
+// Whether `config` turns DeepSpeed's AutoEP on ("expert_parallel": {"enabled": true}).
+bool AutoEpEnabled(const nlohmann::json& config) {
+  const auto section = config.find("expert_parallel");
+  if (section == config.end() || !section->is_object()) return false;
+  const auto enabled = section->find("enabled");
+  return enabled != section->end() && enabled->is_boolean() && enabled->get<bool>();
+}
+
 }  // namespace
 
 std::vector<std::string> ProcessArguments(uint64_t limit) {
@@ -155,6 +163,14 @@ Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& argu
                                      /*needs_enabled=*/false, degrees.tp, degrees.tp_evidence));
     UCP_RETURN_IF_ERROR(ConfigDegree(config, *config_path, "expert_parallel", "autoep_size", "ep",
                                      /*needs_enabled=*/true, degrees.ep, degrees.ep_evidence));
+    // DeepSpeed runs AutoEP at the AutoTP size alone (it refuses an mpu's tensor parallelism), 1
+    // where the config names none: a T=1 resume of a save folded over AutoTP says so only thus.
+    if (!degrees.tp && AutoEpEnabled(config)) {
+      degrees.tp = 1;
+      degrees.tp_evidence = *config_path +
+                            " expert_parallel enabled without tensor_parallel.autotp_size "
+                            "(DeepSpeed's AutoEP runs at its AutoTP size only)";
+    }
   }
   return degrees;
 }

@@ -542,18 +542,26 @@ def check_served(report, case, got, oracle, view, resharded, logs):
 
 
 def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
-    """The folded save resumed at T=1 DP=2 E=2 by a plain load_checkpoint under the preload, told
-    tp=1 by UCP_TOPOLOGY (nothing else says it: the T=1 trainer has no tensor_parallel section):
-    steps 4 and 5 bit-identical to DeepSpeed's universal load of ucp's export there (`oracle`),
-    and every file served `ucp reshard`'s (`resharded`: the expert files too, made without their
-    folding dicts)."""
+    """The folded save resumed at T=1 DP=2 E=2 by a plain load_checkpoint under the preload, the
+    grid told by the trainer's --deepspeed_config file alone (AutoEP enabled at size 2 and no
+    tensor_parallel section, which makes tp 1: DeepSpeed runs AutoEP at its AutoTP size only, and
+    ucp's log names that evidence): steps 4 and 5 bit-identical to DeepSpeed's universal load of
+    ucp's export there (`oracle`), and every file served `ucp reshard`'s (`resharded`: the expert
+    files too, made without their folding dicts)."""
     logs = os.path.join(work, 'logs_folded_live')
-    live_env = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY='tp=1')
-    _, got = run_trainer(args, live_env, work, 'folded_live', 2, 2,
-                         ['--load_dir', os.path.dirname(tag_dir), '--load_tag', TAG],
+    config = os.path.join(work, 'ds_config_t1e2.json')
+    with open(config, 'w') as f:
+        json.dump({'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
+    _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_live', 2,
+                         None, ['--deepspeed_config', config, '--load_dir',
+                                os.path.dirname(tag_dir), '--load_tag', TAG],
                          steps=STEPS + 2, save=False)
     check_served(report, 'folded: tp1dp2ep2', got, oracle,
-                 os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2'), resharded, logs)
+                 os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2-ep2'), resharded, logs)
+    evidence = 'expert_parallel enabled without tensor_parallel.autotp_size'
+    report.check(evidence in ds_e2e.log_tail(logs, lines=1000),
+                 f'folded live: ucp\'s log does not name the evidence of tp 1 ({evidence}):\n'
+                 f'{ds_e2e.log_tail(logs)}')
 
 
 def compare_folded(report, case, expected, got, racing=False):

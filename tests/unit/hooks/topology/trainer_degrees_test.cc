@@ -87,7 +87,6 @@ TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpWhereEnabled) {
   ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
   EXPECT_EQ(degrees->ep, 4u);
   EXPECT_EQ(degrees->ep_evidence, "ep.json expert_parallel.autoep_size 4");
-  EXPECT_FALSE(degrees->tp.has_value());
   // A flag stating the same size keeps its own evidence.
   degrees = Degrees({"--ep-world-size", "4", "--deepspeed_config", "ep.json"}, files);
   ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
@@ -98,6 +97,31 @@ TEST(TrainerDegreesTest, DeepSpeedConfigAutoEpSizeGivesEpWhereEnabled) {
     ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
     EXPECT_FALSE(degrees->ep.has_value()) << off;
   }
+}
+
+// DeepSpeed runs AutoEP at its AutoTP size only (it refuses an mpu's tensor parallelism): 1 where
+// the config names none, which a tp flag given beside it overrides.
+TEST(TrainerDegreesTest, AutoEpWithoutAutoTpGivesTpOne) {
+  const Files files = {
+      {"ep.json", R"({"expert_parallel": {"enabled": true, "autoep_size": 2}})"},
+      {"folded.json",
+       R"({"expert_parallel": {"enabled": true}, "tensor_parallel": {"autotp_size": 4}})"},
+      {"off.json", R"({"expert_parallel": {"enabled": false, "autoep_size": 2}})"}};
+  Result<TrainerDegrees> degrees = Degrees({"train.py", "--deepspeed_config", "ep.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->tp, 1u);
+  EXPECT_THAT(degrees->tp_evidence,
+              HasSubstr("ep.json expert_parallel enabled without tensor_parallel.autotp_size"));
+  degrees = Degrees({"train.py", "--deepspeed_config", "folded.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->tp, 4u);
+  degrees = Degrees({"--tensor-model-parallel-size", "2", "--deepspeed_config", "ep.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_EQ(degrees->tp, 2u);
+  EXPECT_EQ(degrees->tp_evidence, "--tensor-model-parallel-size 2");
+  degrees = Degrees({"train.py", "--deepspeed_config", "off.json"}, files);
+  ASSERT_TRUE(degrees.ok()) << degrees.status().ToString();
+  EXPECT_FALSE(degrees->tp.has_value());
 }
 
 TEST(TrainerDegreesTest, AConfigWithoutAutoTpStatesNothing) {
