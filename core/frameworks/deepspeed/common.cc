@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/format/torch_archive_writer.h"
+#include "core/io/file.h"
 #include "core/util/checked.h"
 
 namespace ucp::deepspeed {
@@ -1469,6 +1470,14 @@ Status CollectGroupRequiresGrad(const TorchArchiveReader& reader, size_t g,
   const std::string gs = std::to_string(g);
   return CollectRequiresGrad(reader, osd + "/single_partition_of_fp32_groups/" + gs,
                              osd + "/base_optimizer_state/state/" + gs, names, out);
+}
+
+Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t length) {
+  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
+  std::string bytes(length, '\0');
+  UCP_RETURN_IF_ERROR(
+      file.ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
+  return bytes;
 }
 
 }  // namespace ucp::deepspeed

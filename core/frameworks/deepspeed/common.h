@@ -529,4 +529,7 @@ Result<ChosenPartition> ChoosePartition(uint64_t count,
                                         const std::vector<PartitionMethod>& methods,
                                         uint32_t source_pp, uint32_t pp, LayerPartition told);
 
+// `length` bytes of the file at `path` from `offset` (a tensor's, to compare copies of it).
+Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t length);
+
 }  // namespace ucp::deepspeed

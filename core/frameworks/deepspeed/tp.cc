@@ -17,7 +17,6 @@
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
-#include "core/io/file.h"
 #include "core/plan/copy_plan.h"
 #include "core/tag/file_hashing.h"
 #include "core/util/checked.h"
@@ -90,6 +89,7 @@ using deepspeed::ReadAutoTpMaps;
 using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::ReadModelStates;
 using deepspeed::ReadOptimStates;
+using deepspeed::ReadRange;
 using deepspeed::RefuseElasticForm;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::RewrittenPartitionFields;
@@ -433,14 +433,6 @@ struct TpTag {
   std::vector<TpModelStates> models;            // by TP rank
   std::vector<std::vector<OptimStates>> optim;  // [tp][dp]
 };
-
-Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t length) {
-  UCP_ASSIGN_OR_RETURN(File file, File::Open(path, File::Mode::kRead));
-  std::string bytes(length, '\0');
-  UCP_RETURN_IF_ERROR(
-      file.ReadAt(offset, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
-  return bytes;
-}
 
 // Which tensor of a parameter: the fp32 master, optimizer state s, or the module's.
 constexpr int kFp32 = -1;
