@@ -481,9 +481,9 @@ def check_folded_export(report, args, tag_dir, export):
 
 
 def check_folded_refusals(report, args, tag_dir, work):
-    """A folded tag's files that do not make its grid are refused naming the file and the field;
-    so are targets DeepSpeed does not fold (E = 1, a pipeline, an E that does not divide the
-    world)."""
+    """A folded tag's files that do not make its grid, or whose TP lanes hold unlike copies of a
+    parameter AutoTP replicates, are refused naming the file and the field; so are targets
+    DeepSpeed does not fold (E = 1, a pipeline, an E that does not divide the world)."""
     def variant(name, change):
         copy = harness.copy_tag(tag_dir, os.path.join(work, f'folded_{name}', TAG))
         shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
@@ -502,7 +502,14 @@ def check_folded_refusals(report, args, tag_dir, work):
         states = ds_objects.load(path)
         states['folding']['tp_rank'] = 0
         ds_objects.save(states, path)
+    def unlike_replica(copy):
+        path = os.path.join(copy, 'mp_rank_01_model_states.pt')
+        states = ds_objects.load(path)
+        states['module']['model.norm.weight'] += 1
+        ds_objects.save(states, path)
     for name, change, expected in (
+            ('unlike_replica', unlike_replica, 'model.norm.weight: AutoTP\'s affine map has every '
+             'TP rank hold it whole, but its bit16 of TP lane 1 differs from lane 0\'s'),
             ('without_expert', without_expert, 'layer_1_expert_2_mp_rank_01_model_states.pt: not '
              'found (a folded save at tp 2, ep 2 writes it)'),
             ('extra_expert', extra_expert, 'layer_0_expert_0_mp_rank_01_model_states.pt: no rank '

@@ -96,6 +96,7 @@ using deepspeed::ReadAutoTpMaps;
 using deepspeed::ReadAutoTpSplitRule;
 using deepspeed::ReadNumExperts;
 using deepspeed::ReadOptimStates;
+using deepspeed::ReadRange;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
@@ -1407,11 +1408,66 @@ void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<F
   }
 }
 
+// Which copy of a folded tag's dense parameter: the fp32 master, an optimizer state (its index in
+// the group's states), or the module's.
+constexpr int kLaneFp32 = -1;
+constexpr int kLaneBit16 = -2;
+
+// The bytes of TP lane t's copy `which` of parameter k of dense group g, in its flat order.
+Result<std::string> LaneBytes(const MoeStage& stage, const deepspeed::FoldedGrid& grid, uint32_t t,
+                              size_t g, size_t k, int which) {
+  const MoeLane& lane = stage.lanes[t];
+  if (which == kLaneBit16) {
+    const TorchTensor* module = lane.module.at(lane.dense[g].names[k]);
+    return ReadRange(lane.model->path(), module->file_offset(), module->byte_size());
+  }
+  std::string out;
+  for (const Piece& piece : Pieces(lane.dense[g], k, lane.dense_p[g])) {
+    const OptimStates& os = stage.ranks[grid.Rank(piece.rank, t)];
+    const TorchTensor* tensor = which == kLaneFp32
+                                    ? os.groups[g].fp32
+                                    : os.groups[g].states[static_cast<size_t>(which)].tensor;
+    const uint64_t item = ItemSize(tensor->dtype);
+    UCP_ASSIGN_OR_RETURN(const std::string bytes,
+                         ReadRange(os.reader.path(), tensor->file_offset() + piece.at * item,
+                                   (piece.end - piece.begin) * item));
+    out += bytes;
+  }
+  return out;
+}
+
+// Of a parameter AutoTP has every lane hold whole, the first copy (fp32, each partitioned
+// optimizer state, bit16) whose bytes on some lane differ from lane 0's, naming that lane; nullopt
+// where they are alike, as DeepSpeed's tensor-parallel training keeps them.
+Result<std::optional<std::string>> DifferingLane(const MoeStage& stage,
+                                                 const deepspeed::FoldedGrid& grid, size_t g,
+                                                 size_t k) {
+  const OptimGroup& first = stage.ranks.front().groups[g];
+  std::vector<std::pair<int, std::string>> copies = {{kLaneFp32, "fp32"}};
+  for (size_t i = 0; i < first.states.size(); ++i) {
+    if (!first.states[i].tensor->shape.empty()) {
+      copies.emplace_back(static_cast<int>(i), first.states[i].key);
+    }
+  }
+  copies.emplace_back(kLaneBit16, "bit16");
+  for (const auto& [which, copy] : copies) {
+    UCP_ASSIGN_OR_RETURN(const std::string reference, LaneBytes(stage, grid, 0, g, k, which));
+    for (uint32_t t = 1; t < grid.tp; ++t) {
+      UCP_ASSIGN_OR_RETURN(const std::string other, LaneBytes(stage, grid, t, g, k, which));
+      if (other != reference) {
+        return std::optional<std::string>(copy + " of TP lane " + std::to_string(t));
+      }
+    }
+  }
+  return std::optional<std::string>();
+}
+
 // Phase 5 of a folded tag, dense group g: each parameter's atoms whole (AutoTP's logical shape),
 // from every lane's slices where AutoTP splits it and from lane 0's where every lane holds it
-// whole, as deepspeed-tp indexes AutoTP tags: fp32 and the optimizer states from each lane's
-// partitions over its dense-data-parallel ranks, "step" the 0-d state of lane 0's first rank
-// holding it, bit16 from the lanes' module tensors. `tp_params` gets each one's shard map.
+// whole (each copy alike on every lane, else refused naming it), as deepspeed-tp indexes AutoTP
+// tags: fp32 and the optimizer states from each lane's partitions over its dense-data-parallel
+// ranks, "step" the 0-d state of lane 0's first rank holding it, bit16 from the lanes' module
+// tensors. `tp_params` gets each one's shard map.
 Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
                            std::set<std::string>& seen, ParamGroup& group, AtomIndexContents& c,
                            nlohmann::json& tp_params) {
@@ -1438,6 +1494,15 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
         return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name + ": " +
                                ShapeText(held) + ", but AutoTP's affine map gives TP rank " +
                                std::to_string(t) + " " + ShapeText(LocalShape(geometry, t)));
+      }
+    }
+    if (map.rule == Rule::kReplicated) {
+      UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
+                           DifferingLane(stage, *tag.folded, g, k));
+      if (differing) {
+        return Status::Corrupt(Prefix(tag.dir) + name +
+                               ": AutoTP's affine map has every TP rank hold it whole, but its " +
+                               *differing + " differs from lane 0's; ucp does not pick one");
       }
     }
     const uint32_t lanes = map.rule == Rule::kSplit ? tp : 1;
