@@ -2691,14 +2691,15 @@ Result<deepspeed::FoldedGrid> CheckFoldedTarget(const IndexFacts& facts, const T
   return grid;
 }
 
+// `model`: the tag's lane-0 model states, whose ds_config (and the config.json beside the tag)
+// give AutoTP's split rule.
 Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& tag_dir,
-                                    const IndexFacts& facts, const deepspeed::FoldedGrid& grid) {
+                                    const IndexFacts& facts, const TorchArchiveReader& model,
+                                    const deepspeed::FoldedGrid& grid) {
   FoldedLayout at;
   at.grid = grid;
   at.maps = facts.folded_maps;
   if (grid.tp != facts.folded_tp) {
-    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
-                         OpenSource(index, tag_dir, facts.model_file));
     UCP_ASSIGN_OR_RETURN(const AutoTpSplitRule rule, ReadAutoTpSplitRule(model, tag_dir));
     UCP_RETURN_IF_ERROR(MapsAtDegree(index, facts.folded_tp, grid.tp, rule, at.maps));
   }
@@ -2726,12 +2727,10 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
 // parameters' slices at the target's (SliceDenseModule), dp_world_size the dense DP, the TP
 // degree and AutoTP's affine map at it (the fused experts' entries at the target's experts per
 // rank), the local experts' shapes and AutoEP's layers for rank t, autoep_size, and the folding
-// dict of rank t.
-Status PlanFoldedModelStates(const AtomIndex& index, const std::string& tag_dir,
-                             const IndexFacts& facts, const FoldedLayout& at, uint32_t t,
+// dict of rank t. `reader`: the tag's lane-0 model states.
+Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
+                             const TorchArchiveReader& reader, const FoldedLayout& at, uint32_t t,
                              OutputPlan& plan) {
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
-                       OpenSource(index, tag_dir, facts.model_file));
   ArchiveOutput out;
   out.path = ModelStatesName(t);
   pickle::Graph& graph = out.graph;
@@ -2863,10 +2862,13 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
 Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& tag_dir,
                                      const IndexFacts& facts, const Topology& target) {
   UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(facts, target));
-  UCP_ASSIGN_OR_RETURN(const FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, grid));
+  // Read once: the split rule and every lane's model states come from it.
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                       OpenSource(index, tag_dir, facts.model_file));
+  UCP_ASSIGN_OR_RETURN(const FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, model, grid));
   OutputPlan plan;
   for (uint32_t t = 0; t < grid.tp; ++t) {
-    UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, tag_dir, facts, at, t, plan));
+    UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, facts, model, at, t, plan));
   }
   UCP_RETURN_IF_ERROR(PlanFoldedExpertFiles(index, tag_dir, facts, at, plan));
   UCP_RETURN_IF_ERROR(PlanFoldedOptimStates(index, tag_dir, facts, at, plan));
