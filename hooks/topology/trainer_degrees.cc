@@ -45,6 +45,13 @@ bool EndsWith(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
+// Whether a DeepSpeed config section says "enabled": true (the default of those that take it
+// being off).
+bool Enabled(const nlohmann::json& section) {
+  const auto enabled = section.find("enabled");
+  return enabled != section.end() && enabled->is_boolean() && enabled->get<bool>();
+}
+
 // The degree `config`'s section.key gives (tensor_parallel.autotp_size; expert_parallel's
 // autoep_size, which states nothing unless the section is "enabled": true, DeepSpeed's default
 // being off), into `degree` and `evidence` unless a flag gave another (kFailedPrecondition naming
@@ -56,11 +63,7 @@ Status ConfigDegree(const nlohmann::json& config, const std::string& path,
   if (section == config.end() || !section->is_object() || !section->contains(key)) {
     return Status::Ok();
   }
-  if (const auto enabled = section->find("enabled");
-      needs_enabled &&
-      (enabled == section->end() || !enabled->is_boolean() || !enabled->get<bool>())) {
-    return Status::Ok();
-  }
+  if (needs_enabled && !Enabled(*section)) return Status::Ok();
   const std::string field = std::string(section_name) + "." + std::string(key);
   const nlohmann::json& size = (*section)[std::string(key)];
   if (!size.is_number_unsigned() || size.get<uint64_t>() == 0 ||
@@ -77,14 +80,6 @@ Status ConfigDegree(const nlohmann::json& config, const std::string& path,
   degree = value;
   if (evidence.empty()) evidence = stated;
   return Status::Ok();
-}
-
-// Whether `config` turns DeepSpeed's AutoEP on ("expert_parallel": {"enabled": true}).
-bool AutoEpEnabled(const nlohmann::json& config) {
-  const auto section = config.find("expert_parallel");
-  if (section == config.end() || !section->is_object()) return false;
-  const auto enabled = section->find("enabled");
-  return enabled != section->end() && enabled->is_boolean() && enabled->get<bool>();
 }
 
 }  // namespace
@@ -165,7 +160,8 @@ Result<TrainerDegrees> DegreesFromArguments(const std::vector<std::string>& argu
                                      /*needs_enabled=*/true, degrees.ep, degrees.ep_evidence));
     // DeepSpeed runs AutoEP at the AutoTP size alone (it refuses an mpu's tensor parallelism), 1
     // where the config names none: a T=1 resume of a save folded over AutoTP says so only thus.
-    if (!degrees.tp && AutoEpEnabled(config)) {
+    const auto autoep = config.find("expert_parallel");
+    if (!degrees.tp && autoep != config.end() && autoep->is_object() && Enabled(*autoep)) {
       degrees.tp = 1;
       degrees.tp_evidence = *config_path +
                             " expert_parallel enabled without tensor_parallel.autotp_size "
