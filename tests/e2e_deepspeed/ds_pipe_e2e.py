@@ -201,7 +201,8 @@ def step_preload(args, env, work, megatron_args=False):
                        for s in mismatched))
     print(f'losses bit-identical to DeepSpeed\'s universal load at steps {steps[0]}..{steps[-1]}')
     view = os.path.join(work, 'ckpt', TAG, '.ucp', 'views', f'tp{tp}-pp{pp}-dp{dp}')
-    resharded = os.path.join(work, 'reshard')
+    # One folder per step: the two resumes of one save run at once.
+    resharded = os.path.join(work, 'reshard_' + name)
     shutil.rmtree(resharded, ignore_errors=True)
     subprocess.run([args.ucp, 'reshard', os.path.join(work, 'ckpt', TAG), '--to',
                     f'tp={tp},pp={pp},dp={dp}', '--out', resharded], check=True,
