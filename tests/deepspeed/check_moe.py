@@ -125,7 +125,7 @@ for config in ("moe_z1_fp32", "moe_z2_fp32"):
 
 for to, words in (("dp=3", "not a multiple of the expert-parallel size 2 (the tag's)"),
                   ("dp=2,ep=1", "scales expert gradients (and Adam's moments) by that size"),
-                  ("tp=2,dp=2", "tp=2: MoE with tensor parallelism is not supported"),
+                  ("tp=2,dp=2", "tp=2: the MoE tag records no tensor-parallel rules"),
                   ("pp=2,dp=2", "pp=2: wte.weight names no numbered layer: the tag's model is "
                                 "no PipelineModule")):
     save_dir = harness.fresh_dir(f"{work}/refused")
@@ -143,14 +143,17 @@ report.check(status != 0 and "ep=2: the tag has no experts" in err,
 # A tag of two model-parallel ranks: a pipeline or tensor parallelism, told apart only where the
 # model states record checkpoint_parallel_dimensions (DeepSpeed 0.19; a pipeline with MoE layers
 # writes no layer files there, each stage's dense tensors in its own model states). The pipeline
-# is read stage by stage; this one's second stage has no optimizer files.
+# is read stage by stage, the TP ranks as lanes; neither copy has mp rank 1's optimizer files.
 for name, dimensions, words in (
         ("mp2_pipeline", {"pp_degree": 2, "tp_degree": 1},
          "zero_pp_rank_0_mp_rank_01_optim_states.pt: not found (dp_world_size 4 in "
          "mp_rank_01_model_states.pt)"),
         ("mp2_tensor", {"pp_degree": 1, "tp_degree": 2},
-         "mp_rank_00_model_states.pt: checkpoint_parallel_dimensions/tp_degree 2: MoE with tensor "
-         "parallelism is not supported"),
+         "zero_pp_rank_0_mp_rank_01_optim_states.pt: not found (dp_world_size 4 in "
+         "mp_rank_01_model_states.pt)"),
+        ("mp2_tensor_pipeline", {"pp_degree": 2, "tp_degree": 2},
+         "checkpoint_parallel_dimensions: MoE with both tensor and pipeline parallelism is not "
+         "supported"),
         ("mp2_unrecorded", None,
          "mp_rank_00_model_states.pt: mp_world_size 2: MoE with tensor or pipeline parallelism, "
          "and the tag does not record which")):

@@ -17,10 +17,20 @@ std::vector<uint32_t> FoldedGrid::ExpertWriters(uint32_t t, uint32_t e) const {
   return writers;
 }
 
+std::vector<uint32_t> FoldedGrid::ExpertHolders(uint32_t t, uint32_t e) const {
+  std::vector<uint32_t> holders;
+  for (uint32_t g = 0; g < world; ++g) {
+    if (TpRank(g) == t && ExpertRank(g) == e) holders.push_back(g);
+  }
+  return holders;
+}
+
 Result<std::optional<FoldedGrid>> ReadFoldedGrid(const TorchArchiveReader& model) {
   const std::string dims = "checkpoint_parallel_dimensions";
   const pickle::Value* tp_degree = OptionalField(model, dims + "/tp_degree");
-  if (tp_degree == nullptr || OptionalField(model, kAutoEpLayers) == nullptr)
+  // Native MoE saves record ds_autoep_layers None.
+  const pickle::Value* autoep = OptionalField(model, kAutoEpLayers);
+  if (tp_degree == nullptr || autoep == nullptr || autoep->kind() == pickle::Kind::kNone)
     return std::optional<FoldedGrid>();
   UCP_ASSIGN_OR_RETURN(const int64_t tp, IntField(model, dims + "/tp_degree"));
   if (tp <= 1) return std::optional<FoldedGrid>();

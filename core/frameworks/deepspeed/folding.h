@@ -48,10 +48,14 @@ struct FoldedGrid {
   // The ranks that write expert-parallel rank e's expert files under TP rank t, ascending (none
   // where no rank is both).
   std::vector<uint32_t> ExpertWriters(uint32_t t, uint32_t e) const;
+  // The ranks of TP rank t that hold expert-parallel rank e's experts, ascending: those whose
+  // load reads its expert files under t.
+  std::vector<uint32_t> ExpertHolders(uint32_t t, uint32_t e) const;
 };
 
 // The folded grid of a save whose mp_rank_00 model states are `model`: nullopt where its
-// checkpoint_parallel_dimensions record tp_degree 1 or it holds no ds_autoep_layers. kUnsupported
+// checkpoint_parallel_dimensions record tp_degree 1 or its ds_autoep_layers are missing or None (a
+// native MoE save's). kUnsupported
 // for a pipeline, an expert-tensor-parallel size other than 1 and an E of 1 (DeepSpeed folds none
 // of those); kCorrupt where the sizes do not divide as DeepSpeed's grid needs or the folding dict
 // disagrees with them; both name the file and the field.

@@ -274,4 +274,34 @@ Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, u
   return vocab;
 }
 
+// Megatron's arguments (an argparse.Namespace the client saves as "args"), where they name the
+// topology: set to the target's. Megatron-DeepSpeed's load compares tensor_model_parallel_size,
+// pipeline_model_parallel_size and padded_vocab_size with its own run's and stops on a mismatch.
+Status SetMegatronArgs(pickle::Graph& graph, Value* root, const std::optional<Vocab>& vocab,
+                       const Topology& target, const std::string& where) {
+  Value* args = root->Get("args");
+  if (args == nullptr || args->kind() != Kind::kObject) return Status::Ok();
+  std::vector<std::pair<std::string_view, uint64_t>> fields = {
+      {"tensor_model_parallel_size", target.tp},
+      {"pipeline_model_parallel_size", target.pp},
+      {"data_parallel_size", target.dp}};
+  if (vocab) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, target.tp));
+    fields.emplace_back("padded_vocab_size", padded);
+  }
+  for (pickle::Mutation& mutation : args->mutable_mutations()) {
+    if (mutation.op != pickle::Mutation::Op::kBuild || mutation.first == nullptr ||
+        mutation.first->kind() != Kind::kDict) {
+      continue;
+    }
+    for (const auto& [key, value] : fields) {
+      const Value* old = mutation.first->Get(key);
+      if (old == nullptr || old->kind() != Kind::kInt) continue;
+      UCP_RETURN_IF_ERROR(SetDictItem(mutation.first, key, graph.Int(static_cast<int64_t>(value)),
+                                      where + ": args"));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace ucp::deepspeed

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/format/atom_index.h"
+#include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/util/status.h"
@@ -59,5 +61,11 @@ uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp);
 
 // The vocabulary's sizes of `r` saved at degree tp (patterns with both sizes).
 Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, uint32_t tp);
+
+// Megatron's arguments (an argparse.Namespace the client saves as "args" in `root`, imported into
+// `graph`), where they name the topology, set to `target`'s, and the padded vocabulary at its TP
+// degree: Megatron-DeepSpeed's load compares them with its own run's. `where` names the file.
+Status SetMegatronArgs(pickle::Graph& graph, pickle::Value* root, const std::optional<Vocab>& vocab,
+                       const Topology& target, const std::string& where);
 
 }  // namespace ucp::deepspeed

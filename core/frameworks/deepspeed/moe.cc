@@ -15,6 +15,7 @@
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
 #include "core/frameworks/deepspeed/folding.h"
+#include "core/frameworks/deepspeed/megatron_rules.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/layout/region.h"
 #include "core/plan/copy_plan.h"
@@ -126,6 +127,7 @@ using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::VersionAtLeast;
+using deepspeed::Vocab;
 using pickle::Kind;
 using pickle::Value;
 
@@ -136,6 +138,11 @@ constexpr std::string_view kExpertsInfix = ".deepspeed_moe.experts.deepspeed_exp
 constexpr char kZero3Refusal[] = "zero_stage=3: MoE with ZeRO-3 is not supported";
 // AutoEP's checkpoint_format of experts saved one file per expert (ZeRO-1/2).
 constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
+// Why a native MoE save over an mpu's TP may lack a TP rank's model states.
+constexpr std::string_view kMpuModelStatesWriters =
+    "; DeepSpeed writes a TP rank's model states from a rank of expert- and dense-data-parallel "
+    "rank 0 only, so a save at a TP degree above its expert-parallel size lacks some, and "
+    "DeepSpeed's own load fails on it";
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = int64_t{1} << 16;
 
@@ -186,22 +193,23 @@ struct ExpertFiles {
   std::vector<uint32_t> num_experts;              // per MoE layer, from the model states
   std::set<std::pair<uint32_t, uint32_t>> model;  // (layer, global expert) of each file
   std::set<uint32_t> optim;                       // the expp_rank files' expert-parallel ranks
-  // A folded tag's: the TP lanes (mp ranks) whose files hold each (layer, global expert).
+  // A tag of TP lanes: the lanes (mp ranks) whose files hold each (layer, global expert).
   std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> lanes_of;
 };
 
 // Stage `mp`'s expert files of a tag of `stages` pipeline stages (`model`: the stage's model
-// states), or with `lanes` > 1 a folded tag's: every expert file under an mp rank below `lanes`.
+// states), or with `lanes` > 0 a tag of that many TP lanes': every expert file under an mp rank
+// below `lanes`.
 Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
                                     const TorchArchiveReader& model, uint32_t mp, uint32_t stages,
-                                    uint32_t lanes = 1) {
+                                    uint32_t lanes = 0) {
   ExpertFiles files;
   files.mp = mp;
   UCP_ASSIGN_OR_RETURN(files.num_experts, ReadNumExperts(model));
   const std::vector<int64_t> counts(files.num_experts.begin(), files.num_experts.end());
   for (const std::string& name : listing.expert_files) {
     const std::optional<deepspeed::FileName> parsed = ParseFileName(name);
-    if (!parsed || (parsed->mp != 0 && stages == 1 && lanes == 1)) {
+    if (!parsed || (parsed->mp != 0 && stages == 1 && lanes <= 1)) {
       return Status::Unsupported(Prefix(tag_dir + "/" + name) +
                                  "an expert file of an mp rank above 0: MoE with tensor "
                                  "parallelism is not supported");
@@ -212,7 +220,7 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
                              std::to_string(parsed->mp) + " >= mp_world_size " +
                              std::to_string(mp_ranks) + " (a file of another save)");
     }
-    if (parsed->mp != mp && lanes == 1) continue;
+    if (parsed->mp != mp && lanes == 0) continue;
     if (parsed->kind == FileKind::kExpertOptimStates) {
       files.optim.insert(parsed->dp);
       continue;
@@ -225,17 +233,30 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
           ListText(counts) + " of " + model.path() + " (a file of another save)");
     }
     files.model.insert({parsed->layer, parsed->expert});
-    if (lanes > 1) files.lanes_of[{parsed->layer, parsed->expert}].push_back(parsed->mp);
+    if (lanes > 0) files.lanes_of[{parsed->layer, parsed->expert}].push_back(parsed->mp);
   }
   for (auto& [expert, held_by] : files.lanes_of) std::sort(held_by.begin(), held_by.end());
   return files;
 }
 
-// A folded tag's expert files against its grid: each expert's files are under exactly the TP
-// lanes of the ranks that write its expert-parallel rank's (FoldedGrid::ExpertWriters), and no
-// expp_rank file is there (DeepSpeed 0.19 writes none).
+// The TP lanes of `grid` under which expert-parallel rank e's expert files must be, and may be:
+// a folded save's exactly those of the ranks that write them (FoldedGrid::ExpertWriters). With an
+// mpu's TP (`mpu`) DeepSpeed's writers are the expert-data-parallel ranks 0, rank e, so the lane
+// e mod T must hold them; another lane may where its ranks hold the experts (ucp writes every
+// lane the load reads: DeepSpeed's save lacks some where T does not divide E).
+std::pair<bool, bool> ExpertLanes(const deepspeed::FoldedGrid& grid, bool mpu, uint32_t t,
+                                  uint32_t e) {
+  if (!mpu) {
+    const bool written = !grid.ExpertWriters(t, e).empty();
+    return {written, written};
+  }
+  return {t == e % grid.tp, !grid.ExpertHolders(t, e).empty()};
+}
+
+// A lanes tag's expert files against its grid (ExpertLanes), and no expp_rank file there
+// (DeepSpeed 0.19 writes none).
 Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& files,
-                              const deepspeed::FoldedGrid& grid) {
+                              const deepspeed::FoldedGrid& grid, bool mpu) {
   for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
     if (files.num_experts[layer] % grid.ep != 0) {
       return Status::Corrupt(Prefix(tag_dir) + "MoE layer " + std::to_string(layer) + "'s " +
@@ -249,24 +270,21 @@ Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& fil
       const std::vector<uint32_t> held_by =
           it == files.lanes_of.end() ? std::vector<uint32_t>{} : it->second;
       for (uint32_t t = 0; t < grid.tp; ++t) {
-        const bool written = !grid.ExpertWriters(t, g / per_rank).empty();
+        const auto [required, allowed] = ExpertLanes(grid, mpu, t, g / per_rank);
         const bool there = std::find(held_by.begin(), held_by.end(), t) != held_by.end();
-        if (written == there) continue;
+        if (there ? allowed : !required) continue;
         const std::string name = tag_dir + "/" + ExpertModelStatesName(layer, g, t);
-        if (written) {
-          return Status::NotFound(Prefix(name) + "not found (a folded save at tp " +
-                                  std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep) +
-                                  " writes it)");
-        }
-        return Status::Corrupt(Prefix(name) + "no rank of a folded save at tp " +
-                               std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep) +
-                               " writes it (a file of another save)");
+        const std::string save = std::string(mpu ? "a save" : "a folded save") + " at tp " +
+                                 std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep);
+        if (required) return Status::NotFound(Prefix(name) + "not found (" + save + " writes it)");
+        return Status::Corrupt(Prefix(name) + "no rank of " + save + (mpu ? " reads" : " writes") +
+                               " it (a file of another save)");
       }
     }
   }
   if (!files.optim.empty()) {
     return Status::Corrupt(Prefix(tag_dir + "/" + ExpertOptimName(*files.optim.begin(), 0)) +
-                           "an expp_rank file in a folded save (DeepSpeed writes none)");
+                           "an expp_rank file in a save with TP lanes (DeepSpeed writes none)");
   }
   return Status::Ok();
 }
@@ -386,25 +404,51 @@ uint64_t PartitionSize(const OptimStates& os, size_t g) {
   return fp32 + static_cast<uint64_t>(os.group_paddings[g]);
 }
 
-// The pipeline stages of an MoE tag whose model states `model` give mp_world_size `mp`. DeepSpeed
-// 0.19 records the axes (checkpoint_parallel_dimensions: pp_degree, tp_degree); MoE layers in a
-// PipelineModule write no layer files (each stage's dense tensors are its model states' module),
-// so only that record tells a pipeline from tensor parallelism. kUnsupported for tensor
-// parallelism (AutoEP's folded layout with it is read by ReadFoldedGrid before) and where the tag
-// does not record the axis (0.14).
+// The degree `key` of checkpoint_parallel_dimensions (DeepSpeed 0.19's record of the axes:
+// pp_degree, tp_degree) in `model`; 0 where it is not recorded (0.14).
+int64_t RecordedDegree(const TorchArchiveReader& model, const char* key) {
+  const Value* node = OptionalField(model, std::string("checkpoint_parallel_dimensions/") + key);
+  return node != nullptr && node->kind() == Kind::kInt ? node->AsInt64().value_or(0) : 0;
+}
+
+// The TP lanes of a native MoE tag whose model states `model` give mp_world_size `mp` (AutoEP's
+// folded layout is read by ReadFoldedGrid before): tp_degree of checkpoint_parallel_dimensions,
+// an mpu's tensor parallelism (Megatron-DeepSpeed's), where it is above 1; 1 for a tag of one
+// rank that carries Megatron's TP rules (universal_checkpoint_info of no AutoTP affine map and no
+// AutoEP layers) and records tp_degree 1, which the lanes read to place the parameters at another
+// degree; else nullopt.
+// kUnsupported with a pipeline as well; kCorrupt where mp_world_size is not the degree.
+Result<std::optional<uint32_t>> MpuLanes(const TorchArchiveReader& model, int64_t mp) {
+  const int64_t tp = RecordedDegree(model, "tp_degree");
+  if (tp <= 1) {
+    // AutoEP records its layers there too (ds_autoep_layers: None in a native save).
+    const Value* autoep = OptionalField(model, kAutoEpLayers);
+    const bool rules = OptionalField(model, deepspeed::kUniversalCheckpointInfo) != nullptr &&
+                       !deepspeed::HasAutoTpMaps(model) &&
+                       (autoep == nullptr || autoep->kind() == Kind::kNone);
+    // Only a release that records the axes (0.19) is read so: 0.14's expp_rank files have no lanes.
+    if (mp == 1 && rules && tp == 1) return std::optional<uint32_t>(1);
+    return std::optional<uint32_t>();
+  }
+  if (RecordedDegree(model, "pp_degree") > 1) {
+    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions: MoE with " +
+                               "both tensor and pipeline parallelism is not supported");
+  }
+  if (mp != tp || tp > kMaxStages) {
+    return FieldError(model, "mp_world_size",
+                      std::to_string(mp) + ", but checkpoint_parallel_dimensions/tp_degree is " +
+                          std::to_string(tp));
+  }
+  return std::optional<uint32_t>(static_cast<uint32_t>(tp));
+}
+
+// The pipeline stages of an MoE tag of one TP rank whose model states `model` give mp_world_size
+// `mp`. MoE layers in a PipelineModule write no layer files (each stage's dense tensors are its
+// model states' module), so only DeepSpeed 0.19's record of the axes tells a pipeline from tensor
+// parallelism. kUnsupported where the tag does not record the axis (0.14).
 Result<uint32_t> PipelineStages(const TorchArchiveReader& model, int64_t mp) {
   if (mp == 1) return 1;
-  const auto degree = [&](const char* key) -> int64_t {
-    const Value* node = OptionalField(model, std::string("checkpoint_parallel_dimensions/") + key);
-    return node != nullptr && node->kind() == Kind::kInt ? node->AsInt64().value_or(0) : 0;
-  };
-  const int64_t pp = degree("pp_degree");
-  const int64_t tp = degree("tp_degree");
-  if (tp > 1) {
-    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions/tp_degree " +
-                               std::to_string(tp) +
-                               ": MoE with tensor parallelism is not supported");
-  }
+  const int64_t pp = RecordedDegree(model, "pp_degree");
   if (pp > 1 && pp == mp && pp <= kMaxStages) return static_cast<uint32_t>(pp);
   if (pp > 1) {
     return FieldError(model, "checkpoint_parallel_dimensions/pp_degree",
@@ -437,8 +481,12 @@ struct IndexFacts {
   uint32_t mp = 0;  // the stage
   uint32_t dp = 0;
   uint32_t ep = 0;
-  uint32_t folded_tp = 1;  // AutoEP folded over AutoTP: the TP degree; dp is the dense DP
-  std::map<std::string, ShardMap> folded_maps;  // folded: each dense parameter's, at folded_tp
+  // TP lanes (AutoEP folded over AutoTP, or with mpu_tp native MoE over an mpu's TP): the TP
+  // degree; dp is the dense DP.
+  uint32_t folded_tp = 1;
+  bool mpu_tp = false;
+  std::map<std::string, ShardMap> folded_maps;  // lanes: each dense parameter's, at folded_tp
+  std::optional<Vocab> vocab;                   // mpu_tp: the vocabulary's sizes where one is
   size_t expert_group = 0;                      // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
@@ -519,12 +567,29 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
   }
   if (state.contains("folded_tp")) {
     const nlohmann::json& folded = state["folded_tp"];
+    common.mpu_tp = folded.is_object() && folded.contains("mpu") && folded["mpu"].is_boolean() &&
+                    folded["mpu"].get<bool>();
     if (!folded.is_object() || !folded.contains("degree") ||
-        !folded["degree"].is_number_unsigned() || folded["degree"].get<uint64_t>() < 2 ||
-        folded["degree"].get<uint64_t>() != c.topology.tp || c.topology.pp != 1 || !common.fused) {
-      return Status::Corrupt(what + "folded_tp: not the index's TP degree of one AutoEP stage");
+        !folded["degree"].is_number_unsigned() ||
+        folded["degree"].get<uint64_t>() < (common.mpu_tp ? 1 : 2) ||
+        folded["degree"].get<uint64_t>() != c.topology.tp || c.topology.pp != 1 ||
+        common.fused == common.mpu_tp) {
+      return Status::Corrupt(what +
+                             "folded_tp: not the index's TP degree of one AutoEP stage, or of "
+                             "one native MoE stage (mpu)");
     }
     common.folded_tp = c.topology.tp;
+    if (folded.contains("vocab")) {
+      const nlohmann::json& vocab = folded["vocab"];
+      for (const char* key : {"original", "padded", "divisible_by"}) {
+        if (!vocab.is_object() || !vocab.contains(key) || !vocab[key].is_number_unsigned() ||
+            vocab[key].get<uint64_t>() == 0) {
+          return Status::Corrupt(what + "folded_tp: vocab/" + key + " missing or mistyped");
+        }
+      }
+      common.vocab = Vocab{vocab["original"].get<uint64_t>(), vocab["padded"].get<uint64_t>(),
+                           vocab["divisible_by"].get<uint64_t>()};
+    }
     if (!folded.contains("params") || !folded["params"].is_object()) {
       return Status::Corrupt(what + "folded_tp: params missing or not an object");
     }
@@ -894,9 +959,18 @@ struct MoeTag {
   std::vector<std::string> experts_modules;  // AutoEP: per MoE layer, its expert_key_prefix
   std::deque<MoeStage> stages;               // a deque: tensors point into its readers
   std::vector<std::string> paths;  // the index's files: per stage models, optimizers, experts, expp
-  // AutoEP with AutoTP (DeepSpeed's folded layout): one stage of grid.tp lanes, dp the dense DP.
+  // TP lanes: AutoEP with AutoTP (DeepSpeed's folded layout), or native MoE with an mpu's tensor
+  // parallelism (mpu_tp: Megatron-DeepSpeed's); one stage of grid.tp lanes, dp the dense DP. Both
+  // place ranks alike: rank d·T + t, expert-parallel rank g mod E (runs of E ranks).
   std::optional<deepspeed::FoldedGrid> folded;
-  deepspeed::AutoTpMaps autotp;  // folded: how the dense parameters' TP slices make them
+  bool mpu_tp = false;
+  deepspeed::AutoTpMaps autotp;  // lanes: how the dense parameters' TP slices make them
+  std::optional<Vocab> vocab;    // mpu_tp: the vocabulary's sizes, where a parameter is one
+
+  // What records the dense parameters' TP layout, for messages.
+  std::string_view RuleSource() const {
+    return mpu_tp ? "universal_checkpoint_info" : "AutoTP's affine map";
+  }
 
   uint32_t world() const { return folded ? folded->world : dp; }
   uint32_t tp() const { return folded ? folded->tp : 1; }
@@ -935,8 +1009,9 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                           std::to_string(tag.dp) + " (a file of another save)");
   }
   const uint32_t world = tag.world();
-  UCP_ASSIGN_OR_RETURN(stage.experts, ListExpertFiles(tag_dir, listing, model, stage.mp,
-                                                      tag.stages.size(), tag.tp()));
+  UCP_ASSIGN_OR_RETURN(stage.experts,
+                       ListExpertFiles(tag_dir, listing, model, stage.mp, tag.stages.size(),
+                                       tag.folded ? tag.tp() : 0));
   std::optional<uint32_t> autoep_size;
   if (const Value* autoep = OptionalField(model, kAutoEpLayers);
       autoep != nullptr && autoep->kind() != Kind::kNone) {
@@ -994,7 +1069,9 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   if (data_before_expert && tag.folded) {
     return Status::Unsupported(Prefix(first.reader.path()) + "ds_config/" +
                                std::string(kDataBeforeExpert) +
-                               ": with AutoEP folded over AutoTP (DeepSpeed does not fold it)");
+                               (tag.mpu_tp ? ": with tensor parallelism is not supported"
+                                           : ": with AutoEP folded over AutoTP (DeepSpeed does "
+                                             "not fold it)"));
   }
 
   // Which group holds the experts; its name gives the expert-parallel size.
@@ -1023,6 +1100,7 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                             std::to_string(tag.ep) +
                             " (MoE layers of several expert-parallel sizes are not supported)");
     }
+    if (tag.mpu_tp) tag.folded->ep = *size;
     if (tag.folded && *size != tag.folded->ep) {
       return FieldError(first.reader, field + "/name",
                         "expert-parallel size " + std::to_string(*size) + ", but the folding of " +
@@ -1036,7 +1114,9 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                       "no group with moe True, but the tag holds expert files");
   }
   if (tag.folded) {
-    UCP_RETURN_IF_ERROR(CheckFoldedExpertFiles(tag_dir, stage.experts, *tag.folded));
+    UCP_RETURN_IF_ERROR(CheckFoldedExpertFiles(tag_dir, stage.experts, *tag.folded, tag.mpu_tp));
+  }
+  if (tag.folded && !tag.mpu_tp) {
     for (uint32_t g = 0; g < world; ++g) {
       const deepspeed::FoldedGrid& grid = *tag.folded;
       UCP_RETURN_IF_ERROR(CheckFolding(ranks[g].reader, deepspeed::kZeroFamily, grid,
@@ -1051,16 +1131,19 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   return Status::Ok();
 }
 
-// A folded tag's model states of TP lanes 1 .. T-1 (lane 0's read), each written by rank t: the
-// same sizes, its folding dict.
+// A tag's model states of TP lanes 1 .. T-1 (lane 0's read), each written by rank t: the same
+// sizes, and a folded tag's its folding dict.
 Status ReadFoldedLanes(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   const deepspeed::FoldedGrid& grid = *tag.folded;
-  UCP_RETURN_IF_ERROR(CheckFolding(stage.model(), deepspeed::kDenseFamily, grid, 0, 0, 0));
+  if (!tag.mpu_tp) {
+    UCP_RETURN_IF_ERROR(CheckFolding(stage.model(), deepspeed::kDenseFamily, grid, 0, 0, 0));
+  }
   for (uint32_t t = 1; t < grid.tp; ++t) {
     const auto name = listing.model_states.find(t);
     if (name == listing.model_states.end()) {
       return Status::NotFound(Prefix(tag.dir) + ModelStatesName(t) + ": not found (tp_degree " +
-                              std::to_string(grid.tp) + " in " + stage.model_name() + ")");
+                              std::to_string(grid.tp) + " in " + stage.model_name() + ")" +
+                              (tag.mpu_tp ? std::string(kMpuModelStatesWriters) : std::string()));
     }
     MoeLane& lane = stage.lanes.emplace_back();
     lane.model_name = name->second;
@@ -1076,8 +1159,10 @@ Status ReadFoldedLanes(const TagListing& listing, MoeTag& tag, MoeStage& stage) 
                             std::to_string(grid.tp) + " and " + std::to_string(tag.dp) +
                             " (a file of another save)");
     }
-    UCP_RETURN_IF_ERROR(
-        CheckFolding(model, deepspeed::kDenseFamily, grid, t, grid.ExpertRank(t), 0));
+    if (!tag.mpu_tp) {
+      UCP_RETURN_IF_ERROR(
+          CheckFolding(model, deepspeed::kDenseFamily, grid, t, grid.ExpertRank(t), 0));
+    }
   }
   return Status::Ok();
 }
@@ -1108,7 +1193,13 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
     if (mp == 0) {
       UCP_ASSIGN_OR_RETURN(tag.dp, DpWorldSize(model));
       UCP_ASSIGN_OR_RETURN(tag.folded, deepspeed::ReadFoldedGrid(model));
-      if (!tag.folded) {
+      UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> mpu_tp,
+                           tag.folded ? std::optional<uint32_t>() : MpuLanes(model, mp_world_size));
+      if (mpu_tp) {
+        // The expert-parallel size comes from the expert group's name (ReadStage).
+        tag.folded = deepspeed::FoldedGrid{tag.dp * *mpu_tp, *mpu_tp, 0};
+        tag.mpu_tp = true;
+      } else if (!tag.folded) {
         UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
         tag.stages.resize(stages);
       }
@@ -1162,14 +1253,14 @@ Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
       const TorchArchiveReader& r = stage.expert_readers.back();
       const uint32_t file = static_cast<uint32_t>(paths.size());
       paths.push_back(name);
-      if (tag.folded) {
+      if (tag.folded && !tag.mpu_tp) {
         const uint32_t per_rank = stage.experts.num_experts[layer] / tag.folded->ep;
         UCP_RETURN_IF_ERROR(CheckFolding(r, deepspeed::kExpertFamily, *tag.folded, mp,
                                          expert / per_rank, std::nullopt));
       }
       size_t tensors = 0;  // a later lane's file must hold as many as the first lane's
       for (const auto& [param, value] : NamedChildren(r.root())) {
-        if (tag.folded && param == deepspeed::kFolding) continue;
+        if (tag.folded && !tag.mpu_tp && param == deepspeed::kFolding) continue;
         ++tensors;
         const TorchTensor* tensor = r.TensorAt(value);
         const std::optional<ExpertIdAt> at = ExpertIdOf(param, tag.fused);
@@ -1462,12 +1553,12 @@ Result<std::optional<std::string>> DifferingLane(const MoeStage& stage,
   return std::optional<std::string>();
 }
 
-// Phase 5 of a folded tag, dense group g: each parameter's atoms whole (AutoTP's logical shape),
-// from every lane's slices where AutoTP splits it and from lane 0's where every lane holds it
-// whole (each copy alike on every lane, else refused naming it), as deepspeed-tp indexes AutoTP
-// tags: fp32 and the optimizer states from each lane's partitions over its dense-data-parallel
-// ranks, "step" the 0-d state of lane 0's first rank holding it, bit16 from the lanes' module
-// tensors. `tp_params` gets each one's shard map.
+// Phase 5 of a tag of TP lanes, dense group g: each parameter's atoms whole (AutoTP's logical
+// shape; a vocabulary's unpadded), from every lane's slices where the rules split it and from lane
+// 0's where every lane holds it whole (each copy alike on every lane, else refused naming it), as
+// deepspeed-tp indexes its tags: fp32 and the optimizer states from each lane's partitions over its
+// dense-data-parallel ranks, "step" the 0-d state of lane 0's first rank holding it, bit16 from the
+// lanes' module tensors. `tp_params` gets each one's shard map.
 Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
                            std::set<std::string>& seen, ParamGroup& group, AtomIndexContents& c,
                            nlohmann::json& tp_params) {
@@ -1486,22 +1577,24 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
     tp_params[name] = MapJson(map);
     const Shape& shape = tag.autotp.whole_shapes.at(name);
     UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                         GeometryAt(name, map, shape, tp, std::nullopt, map.blocks));
+                         GeometryAt(name, map, shape, tp, tag.vocab, map.blocks));
     for (uint32_t t = 0; t < tp; ++t) {
       const MoeLane& lane = stage.lanes[t];
       const Shape& held = lane.dense[g].shapes[k];
       if (lane.dense[g].names[k] != name || LocalShape(geometry, t) != held) {
         return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name + ": " +
-                               ShapeText(held) + ", but AutoTP's affine map gives TP rank " +
-                               std::to_string(t) + " " + ShapeText(LocalShape(geometry, t)));
+                               ShapeText(held) + ", but " + std::string(tag.RuleSource()) +
+                               " gives TP rank " + std::to_string(t) + " " +
+                               ShapeText(LocalShape(geometry, t)));
       }
     }
     if (map.rule == Rule::kReplicated) {
       UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
                            DifferingLane(stage, *tag.folded, g, k));
       if (differing) {
-        return Status::Corrupt(Prefix(tag.dir) + name +
-                               ": AutoTP's affine map has every TP rank hold it whole, but its " +
+        return Status::Corrupt(Prefix(tag.dir) + name + ": " + std::string(tag.RuleSource()) +
+                               " has every TP rank hold it whole" +
+                               (tag.mpu_tp ? " (or names it in no rule)" : "") + ", but its " +
                                *differing + " differs from lane 0's; ucp does not pick one");
       }
     }
@@ -1561,10 +1654,46 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
   return Status::Ok();
 }
 
-// Phase 3 of a folded tag: AutoTP's record (lane 0's affine map) of how the TP slices make each
-// dense parameter: AutoTP's two whole-rank layouts (replicated, or one split dimension), no
-// vocabulary padding; every lane's module tensor outside the groups (the router's unused gate)
-// whole and alike in shape on every lane (ds_to_universal and a reshard take lane 0's).
+// An mpu's TP: universal_checkpoint_info's rules (lane 0's, as deepspeed-tp reads them) of how the
+// TP slices make each dense parameter `names`: split (on a dimension, into sub-parameters, a
+// padded vocabulary) or whole on every lane, where no rule names it as well (its lanes' copies
+// must then be alike: AddFoldedDenseAtoms compares them). kUnsupported for one the ranks average.
+Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std::string>& names) {
+  const TorchArchiveReader& model = stage.model();
+  UCP_ASSIGN_OR_RETURN(const deepspeed::Patterns patterns, deepspeed::ReadPatterns(model));
+  for (const std::string& name : names) {
+    const auto tensor = stage.first_lane().module.find(name);
+    if (tensor == stage.first_lane().module.end() || tensor->second == nullptr) {
+      return FieldError(model, "module/" + name, "missing (a parameter of the optimizer's groups)");
+    }
+    UCP_ASSIGN_OR_RETURN(
+        const deepspeed::Resolved resolved,
+        deepspeed::Resolve(model, patterns, name, tensor->second->shape, tag.tp()));
+    ShardMap map;  // no rule: whole on every lane; on one, nothing tells (whole there only)
+    if (resolved.map) {
+      map = *resolved.map;
+    } else if (tag.tp() == 1) {
+      map.rule = Rule::kUnnamed;
+    }
+    if (map.rule == Rule::kAveraged) {
+      return Status::Unsupported(Prefix(model.path()) + name +
+                                 ": averaged over the TP ranks (parameter_to_average_patterns); "
+                                 "with MoE not supported");
+    }
+    if (map.vocab && !tag.vocab) {
+      UCP_ASSIGN_OR_RETURN(tag.vocab, deepspeed::ReadVocab(model, patterns, tag.tp()));
+    }
+    tag.autotp.maps[name] = map;
+    tag.autotp.whole_shapes[name] = resolved.atom;
+  }
+  return Status::Ok();
+}
+
+// Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter. A folded tag's from
+// AutoTP's record (lane 0's affine map): AutoTP's two whole-rank layouts (replicated, or one
+// split dimension), no vocabulary padding; an mpu's TP from ResolveMpuMaps. Every lane's module
+// tensor outside the groups (the router's unused gate) whole and alike in shape on every lane
+// (ds_to_universal and a reshard take lane 0's).
 Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
   std::vector<std::string> names;
   std::set<std::string> grouped;
@@ -1574,8 +1703,13 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
     names.insert(names.end(), layout.names.begin(), layout.names.end());
   }
   grouped.insert(names.begin(), names.end());
-  UCP_ASSIGN_OR_RETURN(tag.autotp, ReadAutoTpMaps(stage.model(), tag.tp(), names));
+  if (tag.mpu_tp) {
+    UCP_RETURN_IF_ERROR(ResolveMpuMaps(tag, stage, names));
+  } else {
+    UCP_ASSIGN_OR_RETURN(tag.autotp, ReadAutoTpMaps(stage.model(), tag.tp(), names));
+  }
   for (const std::string& name : names) {
+    if (tag.mpu_tp) break;
     const ShardMap& map = tag.autotp.maps.at(name);
     if (map.vocab || (map.rule != Rule::kSplit && map.rule != Rule::kReplicated)) {
       return Status::Unsupported(Prefix(stage.model().path()) +
@@ -1725,7 +1859,16 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
     c.adapter_state["stages"] = std::move(stages);
   }
   if (tag.fused) c.adapter_state["fused_experts"] = true;
-  if (tag.folded) c.adapter_state["folded_tp"] = {{"degree", tag.tp()}, {"params", tp_params}};
+  if (tag.folded) {
+    nlohmann::json& lanes = c.adapter_state["folded_tp"];
+    lanes = {{"degree", tag.tp()}, {"params", tp_params}};
+    if (tag.mpu_tp) lanes["mpu"] = true;
+    if (tag.vocab) {
+      lanes["vocab"] = {{"original", tag.vocab->original},
+                        {"padded", tag.vocab->padded},
+                        {"divisible_by", tag.vocab->divisible_by}};
+    }
+  }
   if (tag.order.data_before_expert) c.adapter_state["data_before_expert"] = true;
   return AtomIndex::Create(std::move(c), Prefix(tag.dir) + "index");
 }
@@ -1786,8 +1929,9 @@ void EraseKey(Value* dict, std::string_view key) {
 // replicated one's is lane 0's, kept), and each dense param_shapes entry the slice's shape.
 // Returns the replaced storages' bytes.
 Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
-    const AtomIndex& index, const std::map<std::string, ShardMap>& maps, uint32_t tp, uint32_t t,
-    const TorchArchiveReader& reader, pickle::Graph& graph) {
+    const AtomIndex& index, const std::map<std::string, ShardMap>& maps,
+    const std::optional<Vocab>& vocab, uint32_t tp, uint32_t t, const TorchArchiveReader& reader,
+    pickle::Graph& graph) {
   std::map<std::string, Geometry> geometries;  // each dense parameter's at tp
   std::map<std::string, Shape> local;          // and its slice on rank t
   for (const auto& [name, map] : maps) {
@@ -1795,7 +1939,7 @@ Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
     if (atom == nullptr) return Status::Corrupt("deepspeed: index: no bit16 atom of " + name);
     // At tp 1 no parameter is split: the blocks are the source's, of another degree.
     UCP_ASSIGN_OR_RETURN(geometries[name],
-                         GeometryAt(name, map, atom->shape, tp, std::nullopt,
+                         GeometryAt(name, map, atom->shape, tp, vocab,
                                     tp == 1 ? std::vector<uint64_t>{} : map.blocks));
     local[name] = LocalShape(geometries[name], t);
   }
@@ -1883,7 +2027,7 @@ Result<std::map<std::string, std::vector<Segment>>> UnfoldModelStates(
     return key != "universal_checkpoint_version" && key != "expert_parameter_patterns" &&
            key != kAutoEpLayers;
   });
-  return SliceDenseModule(index, facts.folded_maps, 1, 0, reader, graph);
+  return SliceDenseModule(index, facts.folded_maps, std::nullopt, 1, 0, reader, graph);
 }
 
 // mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
@@ -2024,7 +2168,8 @@ Result<uint32_t> CheckMoeTarget(const AtomIndex& index, const IndexFacts& facts,
   }
   if (target.tp > 1) {
     return Status::Unsupported("deepspeed: tp=" + std::to_string(target.tp) +
-                               ": MoE with tensor parallelism is not supported");
+                               ": the MoE tag records no tensor-parallel rules (Megatron's "
+                               "universal_checkpoint_info) to split its parameters by");
   }
   if (target.pp == 0 || target.world % target.pp != 0) {
     return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
@@ -2661,23 +2806,25 @@ struct FoldedLayout {
   ExpertRankOrder order() const { return {grid.world, grid.ep, false}; }
 };
 
-// The folded grid a target names, once DeepSpeed can fold the tag's model there: one stage,
-// world = tp · dp, an expert-parallel size above 1 dividing the world and every layer's experts.
-Result<deepspeed::FoldedGrid> CheckFoldedTarget(const IndexFacts& facts, const Topology& target) {
+// The grid of TP lanes a target names, once DeepSpeed can run the tag's model there: one stage,
+// world = tp · dp, an expert-parallel size dividing the world and every layer's experts (AutoEP
+// folds over AutoTP only at one above 1).
+Result<deepspeed::FoldedGrid> CheckFoldedTarget(const AtomIndex& index, const IndexFacts& facts,
+                                                const Topology& target) {
   const std::string at = "deepspeed: tp=" + std::to_string(target.tp) +
                          ",pp=" + std::to_string(target.pp) + ",dp=" + std::to_string(target.dp);
   if (target.pp != 1) {
-    return Status::Unsupported(at +
-                               ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold "
-                               "one)");
+    return Status::Unsupported(
+        at + (facts.mpu_tp ? ": MoE with both tensor and pipeline parallelism is not supported"
+                           : ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)"));
   }
   if (target.dp == 0 || (target.world != 0 && target.world != target.dp * target.tp)) {
-    return Status::InvalidArgument(at + ": the world of a folded grid is tp · dp, not " +
+    return Status::InvalidArgument(at + ": the world of a grid of TP lanes is tp · dp, not " +
                                    std::to_string(target.world));
   }
   deepspeed::FoldedGrid grid{target.dp * target.tp, target.tp,
                              target.ep != 0 ? target.ep : facts.ep};
-  if (grid.ep == 1) {
+  if (grid.ep == 1 && !facts.mpu_tp) {
     return Status::Unsupported(at +
                                ",ep=1: DeepSpeed folds AutoEP over AutoTP only at an "
                                "expert-parallel size above 1");
@@ -2688,6 +2835,9 @@ Result<deepspeed::FoldedGrid> CheckFoldedTarget(const IndexFacts& facts, const T
                                    std::to_string(grid.ep) + ": DeepSpeed requires it");
   }
   UCP_RETURN_IF_ERROR(CheckExpertsDivide(facts.num_experts, grid.ep));
+  if (grid.ep != facts.ep) {
+    UCP_RETURN_IF_ERROR(RefuseOldExpertGradientScale(index, grid.ep, facts.ep));
+  }
   return grid;
 }
 
@@ -2699,7 +2849,8 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
   FoldedLayout at;
   at.grid = grid;
   at.maps = facts.folded_maps;
-  if (grid.tp != facts.folded_tp) {
+  // Megatron's rules are of any degree (GeometryAt divides them); AutoTP's are of its own.
+  if (grid.tp != facts.folded_tp && !facts.mpu_tp) {
     UCP_ASSIGN_OR_RETURN(const AutoTpSplitRule rule, ReadAutoTpSplitRule(model, tag_dir));
     UCP_RETURN_IF_ERROR(MapsAtDegree(index, facts.folded_tp, grid.tp, rule, at.maps));
   }
@@ -2711,7 +2862,7 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
         continue;
       }
       UCP_ASSIGN_OR_RETURN(TargetGroup group,
-                           TargetGroupAt(index, at.maps, std::nullopt, facts.groups[g].names,
+                           TargetGroupAt(index, at.maps, facts.vocab, facts.groups[g].names,
                                          grid.tp, t, grid.DenseDp()));
       groups.push_back(std::move(group));
     }
@@ -2723,11 +2874,37 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
   return at;
 }
 
+// An mpu's TP degree where the model states record it (imported into `graph` as `root` from
+// `reader`): mp_world_size, checkpoint_parallel_dimensions' tp_degree, the vocabulary's padding
+// (universal_checkpoint_info's padded_vocab_size; Megatron pads by the degree) and Megatron's
+// arguments where the client saved them.
+Status SetMpuTpDegree(pickle::Graph& graph, Value* root, const deepspeed::FoldedGrid& grid,
+                      const std::optional<Vocab>& vocab, const TorchArchiveReader& reader) {
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(grid.tp), reader.path()));
+  Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+  if (dimensions == nullptr || dimensions->kind() != Kind::kDict) {
+    return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
+  }
+  UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(grid.tp), reader.path()));
+  if (vocab) {
+    Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
+    if (info == nullptr || info->kind() != Kind::kDict) {
+      return FieldError(reader, deepspeed::kUniversalCheckpointInfo, "not a dict");
+    }
+    UCP_ASSIGN_OR_RETURN(const uint64_t padded, deepspeed::PaddedVocab(*vocab, grid.tp));
+    UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
+                                    graph.Int(static_cast<int64_t>(padded)), reader.path()));
+  }
+  return deepspeed::SetMegatronArgs(graph, root, vocab, {grid.DenseDp(), grid.tp, 1, grid.world},
+                                    reader.path());
+}
+
 // The model states of TP rank t (written by rank t, dense DP rank 0): lane 0's with the dense
-// parameters' slices at the target's (SliceDenseModule), dp_world_size the dense DP, the TP
-// degree and AutoTP's affine map at it (the fused experts' entries at the target's experts per
-// rank), the local experts' shapes and AutoEP's layers for rank t, autoep_size, and the folding
-// dict of rank t. `reader`: the tag's lane-0 model states.
+// parameters' slices at the target's (SliceDenseModule), dp_world_size the dense DP, the local
+// experts' shapes; with an mpu's TP the degree where Megatron records it (SetMpuTpDegree); folded,
+// the TP degree and AutoTP's affine map at it (the fused experts' entries at the target's experts
+// per rank), AutoEP's layers for rank t, autoep_size, and the folding dict of rank t. `reader`: the
+// tag's lane-0 model states.
 Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
                              const TorchArchiveReader& reader, const FoldedLayout& at, uint32_t t,
                              OutputPlan& plan) {
@@ -2738,13 +2915,20 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
   graph.set_root(root);
   using Replaced = std::map<std::string, std::vector<Segment>>;
   UCP_ASSIGN_OR_RETURN(Replaced replaced,
-                       SliceDenseModule(index, at.maps, at.grid.tp, t, reader, graph));
+                       SliceDenseModule(index, at.maps, facts.vocab, at.grid.tp, t, reader, graph));
   UCP_RETURN_IF_ERROR(
       SetDictItem(root, "dp_world_size", graph.Int(at.grid.DenseDp()), reader.path()));
   const GroupLayout& local = at.experts.local;
   if (at.grid.ep != facts.ep) {
     UCP_RETURN_IF_ERROR(
         SetLocalExpertShapes(graph, root, reader, facts.expert_group, local, facts.fused));
+  }
+  if (facts.mpu_tp) {
+    UCP_RETURN_IF_ERROR(SetMpuTpDegree(graph, root, at.grid, facts.vocab, reader));
+    UCP_ASSIGN_OR_RETURN(out.storages,
+                         CollectStorages(root, reader, facts.model_file, std::move(replaced)));
+    plan.archives.push_back(std::move(out));
+    return Status::Ok();
   }
   std::map<std::string, Shape> expert_shapes;
   for (size_t k = 0; k < local.names.size(); ++k) {
@@ -2768,7 +2952,8 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
 
 // The optimizer file of every rank g = d·T' + t: the dense groups' lane t slices, partition d of
 // the dense DP; the expert group of expert-parallel rank g mod E', partition g div E' of its
-// expert DP; autotp_size, autoep_size and rank g's folding dict.
+// expert DP; folded, autotp_size, autoep_size and rank g's folding dict; with an mpu's TP the
+// expert group's name.
 Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
                              const IndexFacts& facts, const FoldedLayout& at, OutputPlan& plan) {
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
@@ -2810,7 +2995,12 @@ Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
       };
       return group;
     };
-    const auto edit = [&](pickle::Graph& graph, Value* root, Value*) -> Status {
+    const auto edit = [&](pickle::Graph& graph, Value* root, Value* dict) -> Status {
+      if (facts.mpu_tp) {  // DeepSpeed names the expert group after the expert-parallel size
+        return grid.ep == facts.ep
+                   ? Status::Ok()
+                   : RenameExpertGroup(graph, dict, reader, facts.expert_group, grid.ep);
+      }
       UCP_RETURN_IF_ERROR(
           SetConfigValue(graph, root, "expert_parallel", "autoep_size", grid.ep, reader));
       UCP_RETURN_IF_ERROR(SetAutoTpSize(graph, root, grid.tp, reader));
@@ -2828,7 +3018,9 @@ Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
 
 // Each expert's files at the target: under every TP rank t whose ranks write its expert-parallel
 // rank's experts (FoldedGrid::ExpertWriters), its lowest-lane file with the folding dict of the
-// lowest of those writers (where two write it, DeepSpeed's own save keeps whichever lands last).
+// lowest of those writers (where two write it, DeepSpeed's own save keeps whichever lands last);
+// with an mpu's TP under every TP rank whose ranks hold them, the same file: DeepSpeed writes it
+// under lane e mod T alone, which are those lanes where T divides E, and its load reads each.
 Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
                              const IndexFacts& facts, const FoldedLayout& at, OutputPlan& plan) {
   std::set<std::pair<uint32_t, uint32_t>> written;
@@ -2841,6 +3033,14 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
                              ": a layer the index's num_experts does not list");
     }
     const uint32_t per_rank = facts.num_experts[parsed->layer] / at.grid.ep;
+    if (facts.mpu_tp) {
+      // Under each lane whose ranks hold the expert, as they read it; no folding dict.
+      for (uint32_t t = 0; t < at.grid.tp; ++t) {
+        if (at.grid.ExpertHolders(t, parsed->expert / per_rank).empty()) continue;
+        plan.copies.push_back({ExpertModelStatesName(parsed->layer, parsed->expert, t), file});
+      }
+      continue;
+    }
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
     for (uint32_t t = 0; t < at.grid.tp; ++t) {
       const std::vector<uint32_t> writers = at.grid.ExpertWriters(t, parsed->expert / per_rank);
@@ -2861,7 +3061,7 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
 // optimizer file, and each expert's files under the lanes of its writers there.
 Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& tag_dir,
                                      const IndexFacts& facts, const Topology& target) {
-  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(facts, target));
+  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(index, facts, target));
   // Read once: the split rule and every lane's model states come from it.
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                        OpenSource(index, tag_dir, facts.model_file));
@@ -2875,9 +3075,34 @@ Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& 
   return plan;
 }
 
-// The files of a folded save (mp_rank_00's model states `model`): every lane's model states, every
-// rank's optimizer file, and each expert's files under the lanes of its writers.
-Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid,
+// The expert-parallel size of a native MoE save from its model states `model`: param_shapes names
+// one rank's local experts, every MoE layer's experts spread over the same size (one expert
+// group), so it is the experts of every layer (num_experts) over the local ones.
+Result<uint32_t> ExpertParallelSizeOf(const TorchArchiveReader& model) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, ReadNumExperts(model));
+  UCP_ASSIGN_OR_RETURN(const Value* groups, Field(model, "param_shapes"));
+  std::set<std::pair<std::string, uint32_t>> local;  // (MoE module, local id)
+  for (const Value* group : groups->items()) {
+    for (const auto& [name, shape] : NamedChildren(group)) {
+      if (const std::optional<ExpertIdAt> at = FindExpertId(name)) {
+        local.insert({name.substr(0, at->module_end), at->id});
+      }
+    }
+  }
+  uint64_t experts = 0;
+  for (const uint32_t n : num_experts) experts += n;
+  if (local.empty() || experts % local.size() != 0) {
+    return FieldError(model, "param_shapes",
+                      std::to_string(local.size()) + " local experts, which do not divide the " +
+                          std::to_string(experts) + " of num_experts");
+  }
+  return static_cast<uint32_t>(experts / local.size());
+}
+
+// The files of a save of TP lanes (mp_rank_00's model states `model`; `mpu`: an mpu's TP): every
+// lane's model states, every rank's optimizer file, and each expert's files under the lanes of its
+// writers.
+Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid, bool mpu,
                                              const TorchArchiveReader& model,
                                              const std::string& prefix) {
   UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, ReadNumExperts(model));
@@ -2896,7 +3121,7 @@ Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid,
     const uint32_t per_rank = num_experts[layer] / grid.ep;
     for (uint32_t g = 0; g < num_experts[layer]; ++g) {
       for (uint32_t t = 0; t < grid.tp; ++t) {
-        if (!grid.ExpertWriters(t, g / per_rank).empty()) {
+        if (ExpertLanes(grid, mpu, t, g / per_rank).first) {
           files.push_back(ExpertModelStatesName(layer, g, t));
         }
       }
@@ -2929,7 +3154,17 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
   const std::string prefix = first == listing.optim.end() ? "" : first->prefix;
   UCP_ASSIGN_OR_RETURN(const std::optional<deepspeed::FoldedGrid> folded,
                        deepspeed::ReadFoldedGrid(model));
-  if (folded) return FoldedFiles(*folded, model, prefix);
+  if (folded) return FoldedFiles(*folded, false, model, prefix);
+  UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> lanes, MpuLanes(model, mp_world_size));
+  if (const uint32_t mpu_tp = lanes.value_or(1); mpu_tp > 1) {
+    UCP_ASSIGN_OR_RETURN(const uint32_t ep, ExpertParallelSizeOf(model));
+    if (mpu_tp > ep) {
+      return Status::Unsupported(Prefix(tag_dir) + "tp " + std::to_string(mpu_tp) + " above ep " +
+                                 std::to_string(ep) + " (from " + model.path() + ")" +
+                                 std::string(kMpuModelStatesWriters));
+    }
+    return FoldedFiles({dp * mpu_tp, mpu_tp, ep}, true, model, prefix);
+  }
   UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   std::vector<std::string> files;
   for (uint32_t mp = 0; mp < stages; ++mp) {
@@ -2973,7 +3208,8 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
-  if (stages.front().folded_tp > 1 && target.tp > 1) {
+  // An mpu's TP lanes are written by the same rules at any TP degree, 1 included.
+  if ((stages.front().folded_tp > 1 && target.tp > 1) || stages.front().mpu_tp) {
     return PlanFoldedReshard(index, tag_dir, stages.front(), target);
   }
   if (stages.front().folded_tp > 1 && target.pp != 1) {

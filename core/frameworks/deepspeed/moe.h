@@ -1,8 +1,10 @@
-// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 2: schema 1 had no folded tags): DeepSpeed
+// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 3: schema 1 had no folded tags, schema 2 no
+// lanes of an mpu's TP): DeepSpeed
 // v0.14 checkpoints of models with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms,
 // resharded to any DP size that the expert-parallel size divides; also those of MoE layers in a
 // PipelineModule (DeepSpeed 0.19, below), at their pipeline degree, merged onto one stage or
-// placed on another; and AutoEP's folded over AutoTP (below), to T=1 or another folded grid.
+// placed on another; AutoEP's folded over AutoTP (below), to T=1 or another folded grid; and
+// native MoE over a Megatron-style mpu's TP (below), to any TP degree.
 //
 // A tag it reads (tp = pp = 1; N = dp_world_size, E = the expert-parallel size):
 //   mp_rank_00_model_states.pt     written by rank 0 (engine._save_moe_checkpoint): module (the
@@ -63,8 +65,8 @@
 // ambiguous, unless the target names the trainer's: Topology::partition). A target stage without
 // an MoE layer is refused (DeepSpeed sets up no such MoE pipeline). Each target stage's model
 // states keep only its layers' entries. Tensor
-// parallelism, a tag of several mp ranks that does not record which axis they are (0.14) and
-// AutoEP in a pipeline are refused.
+// parallelism beside a pipeline, a tag of several mp ranks that does not record which axis they are
+// (0.14) and AutoEP in a pipeline are refused.
 //
 // AutoEP with AutoTP (DeepSpeed 0.19's folded layout; folding.h has its files): one stage of T TP
 // lanes, read lane by lane. Each lane's dense group is laid out over its dense-data-parallel ranks
@@ -77,6 +79,22 @@
 // expert files each expert's lowest lane's, without folding dicts), or a folded run's at T' > 1
 // (each lane's slices of the whole atoms in AutoTP's blocks at T', the experts as at T=1 over the
 // W' ranks, every file's folding dict set for its writer).
+//
+// Native MoE with an mpu's tensor parallelism (Megatron-DeepSpeed; DeepSpeed 0.19 records
+// checkpoint_parallel_dimensions {pp_degree: 1, tp_degree: T}) is read as the same grid of lanes:
+// without expert tensor parallelism DeepSpeed's expert-parallel groups are runs of E consecutive
+// ranks across the TP ranks, each expert whole. Its writers differ: expert-data-parallel rank 0
+// (rank e < E) writes expert-parallel rank e's expert files under lane e mod T, and a lane's
+// model states only where that rank is also dense-data-parallel rank 0 (lanes t < E: a save at
+// T > E lacks some, which its own load needs: refused by name). There are no folding dicts; the
+// dense parameters' shard maps come from lane 0's universal_checkpoint_info as deepspeed-tp reads
+// them (megatron_rules.h: split on a dimension, into sub-parameters, a padded vocabulary, or
+// whole on every lane; averaged ones refused), and a tag of one TP rank that records those rules
+// is read as one lane, so that it too can be placed at T > 1. PlanReshard writes any grid of one
+// stage (W' = T'·D', E' dividing W' and every layer's experts): the folded layout's files without
+// folding dicts, mp_world_size, tp_degree, the padded vocabulary size and Megatron's args at T',
+// the expert group named ep_size_<E'>, and each expert's file under every lane whose ranks hold
+// it (DeepSpeed's own save at T' > E' lacks lanes its load reads; ucp writes them).
 //
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
@@ -98,7 +116,7 @@
 // autoep_universal.py): each fused parameter whole, and PlanUniversalExport writes the same.
 // Refused with kUnsupported: round_robin_gradients, elastic checkpoints, expert groups of several
 // expert-parallel sizes, AutoEP layers of another checkpoint_format or placement, tensor
-// parallelism but AutoEP's folded layout. Tags of DeepSpeed 0.19 hold no expp_rank files under
+// parallelism with a pipeline. Tags of DeepSpeed 0.19 hold no expp_rank files under
 // ZeRO, and param_shapes in the model states (not needed, not read).
 //
 // Thread-safety: stateless; every method may be called concurrently.
@@ -116,7 +134,7 @@ namespace ucp {
 class DeepSpeedMoeAdapter final : public FrameworkAdapter {
  public:
   static constexpr std::string_view kName = "deepspeed-moe";
-  static constexpr uint32_t kSchema = 2;
+  static constexpr uint32_t kSchema = 3;
 
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }

@@ -102,6 +102,7 @@ using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetDictItem;
+using deepspeed::SetMegatronArgs;
 using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
@@ -992,36 +993,6 @@ Result<std::map<std::string, std::vector<Segment>>> PlanModuleBuffers(
   return replaced;
 }
 
-// Megatron's arguments (an argparse.Namespace the client saves as "args"), where they name the
-// topology: set to the target's. Megatron-DeepSpeed's load compares tensor_model_parallel_size,
-// pipeline_model_parallel_size and padded_vocab_size with its own run's and stops on a mismatch.
-Status SetMegatronArgs(pickle::Graph& graph, Value* root, const IndexFacts& facts,
-                       const Topology& target, const std::string& where) {
-  Value* args = root->Get("args");
-  if (args == nullptr || args->kind() != Kind::kObject) return Status::Ok();
-  std::vector<std::pair<std::string_view, uint64_t>> fields = {
-      {"tensor_model_parallel_size", target.tp},
-      {"pipeline_model_parallel_size", target.pp},
-      {"data_parallel_size", target.dp}};
-  if (facts.vocab) {
-    UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
-    fields.emplace_back("padded_vocab_size", padded);
-  }
-  for (pickle::Mutation& mutation : args->mutable_mutations()) {
-    if (mutation.op != pickle::Mutation::Op::kBuild || mutation.first == nullptr ||
-        mutation.first->kind() != Kind::kDict) {
-      continue;
-    }
-    for (const auto& [key, value] : fields) {
-      const Value* old = mutation.first->Get(key);
-      if (old == nullptr || old->kind() != Kind::kInt) continue;
-      UCP_RETURN_IF_ERROR(SetDictItem(mutation.first, key, graph.Int(static_cast<int64_t>(value)),
-                                      where + ": args"));
-    }
-  }
-  return Status::Ok();
-}
-
 // The model states of one target stage's TP rank t (its groups `groups`) from the template
 // `model` of a tag of source_tp TP ranks (`facts` at the target's degree): dp_world_size,
 // mp_world_size (tp·pp), the vocabulary's padded size, AutoTP's record of the degree where it
@@ -1046,7 +1017,7 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
                                       out.graph.Int(static_cast<int64_t>(padded)), model.path()));
     }
   }
-  UCP_RETURN_IF_ERROR(SetMegatronArgs(out.graph, root, facts, target, model.path()));
+  UCP_RETURN_IF_ERROR(SetMegatronArgs(out.graph, root, facts.vocab, target, model.path()));
   if (facts.autotp && target.tp != source_tp) {
     std::map<std::string, std::vector<uint64_t>> uneven;
     for (const auto& [name, map] : facts.maps) {

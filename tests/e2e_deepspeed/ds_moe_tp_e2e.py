@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Native DeepSpeed-MoE over a Megatron-style mpu's tensor parallelism, end to end under
+LD_PRELOAD=libucp.so (CPU, gloo), with the release under test.
+
+train_moe_tp.py beside this file: train_tp.py's Megatron-style GPT (column/row-parallel attention,
+a padded vocabulary-parallel embedding and output layer) with each MLP a deepspeed.moe.layer.MoE of
+4 whole experts, ZeRO-1, fp32. DeepSpeed's default grouping (no expert tensor parallelism): the
+expert-parallel groups are runs of E consecutive ranks across the TP ranks, each expert's file is
+written once, under TP rank (expert-parallel rank mod T). DeepSpeed loads such a save only at its
+own grid (its plain load checks the DP size; ds_to_universal does not place native experts), so
+the oracles are DeepSpeed's strict loads of ucp's files, saved again before they train, and the
+uninterrupted run's losses.
+
+One CTest test per step, sharing WORK/moe_tp:
+
+  save     T=2 x DP=2 at E=2 (4 ranks) without and with the preload: steps 1..STEPS, saves tag
+           global_step<SAVE_AT>; under the preload the save must leave a committed index,
+           DeepSpeed's files byte for byte those of the run without it, the same losses; and the
+           index's atoms (`ucp export --format safetensors`, the module's tensors) every dense
+           tensor the TP slices made whole by universal_checkpoint_info's rules (the vocabulary
+           unpadded), every expert tensor its file's.
+  reshard  `ucp reshard` to T=1 x DP=2 at E=2, T=4 x DP=1 at E=2 and T=2 x DP=2 at E=4; at each,
+           DeepSpeed's strict load of ucp's files saved again before it trains equals them in
+           every object and bit but the run's micro batch (where T > E DeepSpeed's save lacks the
+           model states of TP ranks >= E and the expert files of lanes other than e mod T, which
+           its own load reads: ucp writes them), its losses within TOLERANCE of the uninterrupted
+           run's; and ucp's files resharded back to T=2 x DP=2 at E=2 equal the save (from T=1 by
+           universal_checkpoint_info's rules, which a tag of one TP rank records as well). Then
+           what ucp refuses, naming it (check_refusals).
+  preload  the plain load_checkpoint at T=1 x DP=2 under the preload, told tp=1 by UCP_TOPOLOGY:
+           losses bit-identical to DeepSpeed's strict load of `ucp reshard`'s files (the reshard
+           step's), every file served `ucp reshard`'s.
+
+Usage: ds_moe_tp_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+                         --deepspeed VERSION [--required]
+Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import ds_e2e
+from ds_e2e import fail, float32_bits, log_tail, losses, preload_env, print_losses
+from ds_moe_e2e import TAG, reshard  # the same tag, `ucp reshard` into WORK/<name>
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
+import ds_objects  # noqa: E402
+import harness  # noqa: E402
+
+TRAINER = os.path.join(HERE, 'train_moe_tp.py')
+SAVE_AT, STEPS = 3, 6
+SAVE = (2, 2, 2)  # (tp, dp, ep)
+# |Δloss| allowed against the uninterrupted run: float32 sums over other TP and DP splits.
+TOLERANCE = 1e-5
+TARGETS = [(1, 2, 2), (4, 1, 2), (2, 2, 4)]
+RESUME = (1, 2, 2)
+
+
+def name_of(grid):
+    tp, dp, ep = grid
+    return f'tp{tp}dp{dp}ep{ep}'
+
+
+def to_of(grid):
+    tp, dp, ep = grid
+    return f'tp={tp},dp={dp},ep={ep}'
+
+
+def launch(args, env, grid, name, extra):
+    """train_moe_tp.py at `grid` through STEPS; returns (status, seconds, output)."""
+    tp, dp, ep = grid
+    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, TRAINER, '--tp', str(tp),
+               '--ep', str(ep), '--steps', str(STEPS), '--out',
+               os.path.join(args.work, name + '.json')] + extra
+    log = os.path.join(args.work, name + '.log')
+    return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
+                                  STEPS, ds_e2e.save_dir_of(extra))
+
+
+def step_save(args, env):
+    def run(name, run_env, save_dir):
+        return launch(args, run_env, SAVE, name,
+                      ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+    tag_dir, _, files = ds_e2e.save_with_and_without_preload(args, env, args.work,
+                                                             'T=2 x DP=2 MoE at E=2', run)
+    # DeepSpeed's writers: each expert once, under TP rank (its expert-parallel rank) mod T.
+    experts = sorted(n for n in files if n.startswith('layer_'))
+    expected = sorted(f'layer_{layer}_expert_{g}_mp_rank_{(g // 2) % 2:02d}_model_states.pt'
+                      for layer in range(2) for g in range(4))
+    if experts != expected:
+        fail(f'expert files {experts}, expected {expected}')
+    inspect = subprocess.run([args.ucp, 'inspect', tag_dir], capture_output=True, text=True)
+    if 'adapter deepspeed-moe' not in inspect.stdout:
+        fail(f'the index is not the deepspeed-moe adapter\'s:\n{inspect.stdout[:500]}'
+             f'{inspect.stderr}')
+    check_atoms(args, env, tag_dir)
+
+
+def check_atoms(args, env, tag_dir):
+    """The index's bit16 atoms against the TP slices merged by universal_checkpoint_info's rules
+    (replicated: lane 0's, row-parallel: on dim 1, else on dim 0; the vocabulary unpadded) and the
+    expert files' tensors."""
+    export = os.path.join(args.work, 'export_bit16')
+    shutil.rmtree(export, ignore_errors=True)
+    subprocess.run([args.ucp, 'export', tag_dir, '--format', 'safetensors', '--state', 'bit16',
+                    '--out', export], check=True, stdout=subprocess.DEVNULL)
+    import torch
+    from safetensors.torch import load_file
+    atoms = {}
+    for name in os.listdir(export):
+        if name.endswith('.safetensors'):
+            atoms.update(load_file(os.path.join(export, name)))
+    tp = SAVE[0]
+    lanes = [ds_objects.load(os.path.join(tag_dir, f'mp_rank_{t:02d}_model_states.pt'))
+             for t in range(tp)]
+    info = lanes[0]['universal_checkpoint_info']
+    rules = {key: [re.compile(p) for p in info[key]]
+             for key in ('tp_replicated_parameter_patterns',
+                         'parameter_with_row_parallelism_patterns',
+                         'vocabulary_parameter_patterns')}
+
+    def named(key, name):
+        return any(p.match(name) for p in rules[key])
+    wrong = []
+    for name in lanes[0]['module']:
+        slices = [lane['module'][name] for lane in lanes]
+        if named('tp_replicated_parameter_patterns', name):
+            whole = slices[0]
+        else:
+            whole = torch.cat(slices, 1 if named('parameter_with_row_parallelism_patterns', name)
+                              else 0)
+        if named('vocabulary_parameter_patterns', name):
+            whole = whole[:info['original_vocab_size']]
+        if name not in atoms or not torch.equal(atoms[name], whole):
+            wrong.append(name)
+    experts = 0
+    for name in sorted(os.listdir(tag_dir)):
+        if name.startswith('layer_'):
+            for key, tensor in ds_objects.load(os.path.join(tag_dir, name)).items():
+                experts += 1
+                if key not in atoms or not torch.equal(atoms[key], tensor):
+                    wrong.append(key)
+    if wrong or len(atoms) != len(lanes[0]['module']) + experts:
+        fail(f'bit16 atoms unlike the TP slices merged: {wrong[:5]}; {len(atoms)} atoms')
+    print(f'index atoms = the TP slices merged by universal_checkpoint_info: '
+          f'{len(lanes[0]["module"])} dense parameters, {experts} expert tensors')
+
+
+def compare(report, expected, got, what, extra=()):
+    """The tag `got` holds `expected`'s .pt files, every object and bit but the run's micro batch,
+    and besides them exactly the files `extra`."""
+    names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
+    have = sorted(n for n in os.listdir(got) if n.endswith('.pt'))
+    report.check(have == sorted(names + list(extra)),
+                 f'{what}: files {have}, expected {names} and {sorted(extra)}')
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(expected, name), os.path.join(got, name),
+                                           harness.RUN_CONFIG_FIELDS), f'{what}/{name}')
+
+
+def beyond_deepspeed(grid):
+    """The files of ucp's files at `grid` that DeepSpeed's save there lacks though its load reads
+    them: the model states of TP ranks >= E, and each expert's file under a TP rank other than
+    (its expert-parallel rank) mod T whose ranks hold it."""
+    tp, dp, ep = grid
+    files = [f'mp_rank_{t:02d}_model_states.pt' for t in range(min(tp, ep), tp)]
+    for g in range(4):
+        e = g // (4 // ep)
+        for t in sorted({r % tp for r in range(tp * dp) if r % ep == e} - {e % tp}):
+            files += [f'layer_{layer}_expert_{g}_mp_rank_{t:02d}_model_states.pt'
+                      for layer in range(2)]
+    return files
+
+
+def check_refusals(args, report, saved):
+    """What ucp refuses of such tags, naming the reason: a save lacking a TP rank's model states
+    (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, a pipeline
+    beside TP, and a TP degree the rules do not divide."""
+    def copy(name):
+        tag = harness.copy_tag(saved, os.path.join(args.work, 'refused', name, TAG))
+        shutil.rmtree(os.path.join(tag, '.ucp'), ignore_errors=True)
+        return tag
+    cases = []
+    tag = copy('lane_missing')
+    os.remove(os.path.join(tag, 'mp_rank_01_model_states.pt'))
+    cases.append(('a lane\'s model states missing', ['index', tag],
+                  'mp_rank_01_model_states.pt: not found (tp_degree 2 in '
+                  'mp_rank_00_model_states.pt); '
+                  'DeepSpeed writes a TP rank\'s model states from a rank of expert- and '
+                  'dense-data-parallel rank 0 only'))
+    tag = copy('unlike_replica')
+    lane1 = os.path.join(tag, 'mp_rank_01_model_states.pt')
+    states = ds_objects.load(lane1)
+    states['module']['final_layernorm.weight'][0] += 1
+    ds_objects.save(states, lane1)
+    cases.append(('unlike copies of a replicated parameter', ['index', tag],
+                  'final_layernorm.weight: universal_checkpoint_info has every TP rank hold it '
+                  'whole (or names it in no rule), but its bit16 of TP lane 1 differs'))
+    out = os.path.join(args.work, 'refused', 'out')
+    cases.append(('a pipeline', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
+                  'MoE with both tensor and pipeline parallelism is not supported'))
+    cases.append(('tp=3', ['reshard', saved, '--to', 'tp=3,dp=1,ep=1', '--out', out],
+                  'does not split evenly'))
+    for what, command, words in cases:
+        shutil.rmtree(out, ignore_errors=True)
+        status, _, err = harness.run_ucp(args.ucp, *command)
+        report.check(status != 0 and words in err, f'{what}: not refused as expected: {err}')
+        print(f'refused, {what}: {err.strip()}')
+
+
+def step_reshard(args, env):
+    saved = os.path.join(args.work, 'ckpt', TAG)
+    full = losses(os.path.join(args.work, 'plain.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    report = harness.Report('moe_tp reshard')
+    for grid in TARGETS:
+        name = name_of(grid)
+        out = reshard(args, saved, to_of(grid), 'reshard_' + name)
+        resave = os.path.join(args.work, 'resave_' + name)
+        shutil.rmtree(resave, ignore_errors=True)
+        status, _, output = launch(args, env, grid, 'load_' + name,
+                                   ['--load_dir', os.path.dirname(out), '--save_dir', resave,
+                                    '--save_at', str(SAVE_AT)])
+        if status != 0:
+            fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
+        got = losses(os.path.join(args.work, f'load_{name}.json'))
+        print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
+        worst = max(abs(got[s] - full[s]) for s in steps)
+        report.check(sorted(got) == steps and worst <= TOLERANCE,
+                     f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
+        compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave',
+                beyond_deepspeed(grid))
+        back = reshard(args, out, to_of(SAVE), f'reshard_{name}_back')
+        compare(report, saved, back, f'{name} -> {name_of(SAVE)}')
+        print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there'
+              f'{" (and the files it lacks)" if beyond_deepspeed(grid) else ""}; max |Δloss| '
+              f'{worst:.3g}; back = the save')
+    print_losses('losses uninterrupted', {s: full[s] for s in steps})
+    check_refusals(args, report, saved)
+    report.exit()
+
+
+def step_preload(args, env):
+    name = name_of(RESUME)
+    oracle = os.path.join(args.work, f'load_{name}.json')
+    if not os.path.isfile(oracle):
+        fail(f'no strict load of ucp\'s {name} files in {args.work} (run the reshard step first)')
+    logs = os.path.join(args.work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={RESUME[0]}')
+    status, seconds, output = launch(args, run_env, RESUME, 'preload',
+                                     ['--load_dir', os.path.join(args.work, 'ckpt')])
+    if status != 0:
+        fail(f'plain load_checkpoint at {name} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    print(f'{name}: plain resume under the preload: {seconds:.1f} s')
+    got, want = losses(os.path.join(args.work, 'preload.json')), losses(oracle)
+    print_losses('losses preload', got)
+    print_losses('losses DeepSpeed\'s load of ucp\'s files', want)
+    def bits(values):
+        return {s: float32_bits(v) for s, v in values.items()}
+    if bits(got) != bits(want):
+        fail('the resume under the preload differs from DeepSpeed\'s load of ucp\'s files')
+    print('losses bit-identical to DeepSpeed\'s load of `ucp reshard`\'s files')
+    resharded = os.path.join(args.work, 'reshard_' + name, TAG)
+    view = os.path.join(args.work, 'ckpt', TAG, '.ucp', 'views', f'tp1-pp1-dp{RESUME[1]}')
+    saved = os.path.join(args.work, 'ckpt', TAG)
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
+        n.startswith('layer_') and os.path.isfile(os.path.join(saved, n))))
+    ds_e2e.check_served(view, resharded, served, to_of(RESUME), logs)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('step', choices=['save', 'reshard', 'preload'])
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
+    if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
+        ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
+    env = ds_e2e.trainer_environment(args)
+    args.work = os.path.join(args.work, 'moe_tp')
+    if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
+        fail(f'no saved checkpoint in {args.work} (run the save step first)')
+    {'save': step_save, 'reshard': step_reshard, 'preload': step_preload}[args.step](args, env)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""DeepSpeed-MoE layers in a Megatron-style tensor-parallel GPT (the layout of Megatron-DeepSpeed's
+MoE runs at TP > 1), on CPU with gloo: ZeRO-1 or 2, fp32 or bf16, an `mpu` passed to
+deepspeed.initialize.
+
+The model is ../shared/tools/deepspeed-cpu/train_tp.py's TPGPT (Megatron's parameter names,
+column/row-parallel attention, a vocabulary-parallel embedding and output layer) with each layer's
+MLP replaced by a deepspeed.moe.layer.MoE of --experts experts at expert-parallel size --ep, top-1,
+each expert a whole (not tensor-parallel) MLP: DeepSpeed's default, without
+enable_expert_tensor_parallelism. Its expert-parallel groups are then runs of --ep consecutive
+global ranks across the TP ranks (utils/groups.py's _create_expert_and_data_parallel without
+mp_size), and each TP rank routes 1/TP of the tokens. Ranks are Megatron's: rank = dp_rank * TP +
+tp_rank. The gating is RNG-free and drops no token; the gate and every GLOBAL expert get weights of
+their own from generators seeded by their layer and id, so the function does not depend on the
+TP, DP or EP layout. The global batch of every step is fixed (train.py's); the MoE auxiliary loss is
+not added (it depends on the local batch).
+
+Run from ../shared/tools/deepspeed-cpu (its train.py and train_tp.py are imported) with launch.py:
+  launch.py NPROC PORT train_moe_tp.py --tp T --ep E [--stage S] [--dtype bf16] --steps N
+            [--save_dir DIR --save_at STEP ...] [--load_dir DIR] --out JSON
+A --save_at step that is the loaded one saves what the load gave, before any step.
+DP = NPROC / T; E must divide NPROC. Rank 0 prints `STEP n loss x` and writes {"losses": ...}.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.getcwd())
+import train as T  # noqa: E402  (the shared trainer: data, gloo shims)
+import train_tp as TP  # noqa: E402  (the Megatron-style model and mpu)
+from train_moe_pipe import ExpertMLP, init_experts  # noqa: E402  (this folder's)
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+import torch.distributed as tdist  # noqa: E402
+import deepspeed.moe.mappings  # noqa: E402
+from deepspeed.moe.layer import MoE  # noqa: E402
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
+
+
+class MoEMLP(MoE):
+    """The layer's MLP: the MoE's output alone, as Megatron-DeepSpeed's layer uses it."""
+
+    def forward(self, h):
+        return super().forward(h)[0]
+
+
+class MoeGPT(TP.TPGPT):
+    """TPGPT whose embedding mask takes the weights' dtype (TPGPT's float32 one would promote a
+    bf16 run's activations to float32, which its bf16 layer norms refuse on CPU)."""
+
+    def forward(self, idx, targets):
+        start = self.r * self.vl
+        outside = (idx < start) | (idx >= start + self.vl)
+        weight = self.word_embeddings.weight
+        local = F.embedding((idx - start).masked_fill(outside, 0), weight)
+        x = TP._ReduceFromTP.apply(local * (~outside).unsqueeze(-1).to(weight.dtype))
+        x = x + self.position_embeddings.weight[:idx.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        h = self.final_layernorm(x)
+        logits = TP._GatherFromTP.apply(F.linear(TP._CopyToTP.apply(h), self.output_layer.weight))
+        logits = logits[..., :self.vocab]
+        return F.cross_entropy(logits.float().reshape(-1, self.vocab), targets.reshape(-1))
+
+
+def gather_tokens(input_, dim=0):
+    """deepspeed.moe.mappings._gather_tokens over gloo: the TP ranks' tensors along `dim`."""
+    mpu = TP.MPU_
+    if mpu.tp == 1:
+        return input_
+    parts = [torch.empty_like(input_) for _ in range(mpu.tp)]
+    tdist.all_gather(parts, input_.contiguous(), group=mpu.tp_group)
+    return torch.cat(parts, dim=dim).contiguous()
+
+
+def init_moe(moe, layer, ep_rank, seed):
+    """The gate from a generator seeded by its layer, layer L's expert G by (L, G)."""
+    gen = torch.Generator().manual_seed(seed + 7000 + layer)
+    with torch.no_grad():
+        for p in moe.deepspeed_moe.gate.parameters():
+            p.copy_(torch.rand(p.shape, generator=gen) * 0.2 - 0.1)
+    init_experts(moe, layer, ep_rank, seed)
+
+
+def uc_info(vocab, vp):
+    """train_tp.py's record of the TP layout, the gate replicated over the TP ranks."""
+    info = TP.uc_info(vocab, vp)
+    info['tp_replicated_parameter_patterns'].append(
+        r'layers\.\d+\.mlp\.deepspeed_moe\.gate\.wg\.weight')
+    return info
+
+
+def save(engine, args, step):
+    engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
+                           client_state={'checkpoint_version': 2.0})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--tp', type=int, default=2)
+    p.add_argument('--ep', type=int, default=2)
+    p.add_argument('--stage', type=int, choices=[1, 2], default=1)
+    p.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
+    p.add_argument('--experts', type=int, default=4)
+    p.add_argument('--steps', type=int, default=6)
+    p.add_argument('--save_dir', default=None)
+    p.add_argument('--save_at', type=int, nargs='*', default=[])
+    p.add_argument('--load_dir', default=None)
+    p.add_argument('--out', default=None)
+    p.add_argument('--vocab', type=int, default=67)
+    p.add_argument('--vocab_div', type=int, default=4,
+                   help='pad vocab to a multiple of vocab_div*TP')
+    p.add_argument('--d', type=int, default=32)
+    p.add_argument('--nlayer', type=int, default=2)
+    p.add_argument('--nhead', type=int, default=4)
+    p.add_argument('--seq', type=int, default=16)
+    p.add_argument('--seed', type=int, default=1234)
+    p.add_argument('--local_rank', type=int, default=-1)
+    args = p.parse_args()
+    T.install_gloo_shim(bf16=args.dtype == 'bf16')
+    deepspeed.init_distributed(dist_backend='gloo')
+    # torch's gloo has no _allgather_base: DeepSpeed's list-based fallbacks (train.py's).
+    import deepspeed.comm.comm as dscomm
+    dscomm.cdb.all_gather_function = None
+    dscomm.cdb.reduce_scatter_function = None
+    # DeepSpeed's MoE gathers the tokens over the TP ranks into one flat buffer, which needs
+    # all_gather_into_tensor: without it (above) the buffer stays unwritten. The same
+    # concatenation from torch's list all_gather.
+    deepspeed.moe.mappings._gather_tokens = gather_tokens
+    TP.MPU_ = mpu = TP.MPU(args.tp)
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    micro = T.GLOBAL_BS // mpu.dp
+    assert micro * mpu.dp == T.GLOBAL_BS and world % args.ep == 0
+
+    torch.manual_seed(args.seed)
+    model = MoeGPT(args.vocab, args.d, args.nlayer, args.nhead, args.seq, args.tp, mpu.tp_rank,
+                     args.vocab_div)
+    ep_rank = rank % args.ep  # runs of E consecutive global ranks
+    for index, layer in enumerate(model.layers):
+        layer.mlp = MoEMLP(hidden_size=args.d, expert=ExpertMLP(args.d, 2 * args.d),
+                           num_experts=args.experts, ep_size=args.ep, k=1, capacity_factor=1.0,
+                           eval_capacity_factor=1.0, min_capacity=4, use_residual=False,
+                           noisy_gate_policy=None, drop_tokens=False, use_rts=False,
+                           top2_2nd_expert_sampling=False)
+        init_moe(layer.mlp, index, ep_rank, args.seed)
+    # An MoE save takes the record from the module (its client_state may not carry it).
+    model.universal_checkpoint_info = uc_info(args.vocab, model.vp)
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {'params': list(model.parameters()), 'name': 'p'})
+    zero = {"stage": args.stage}
+    if args.stage == 2:
+        zero.update({"contiguous_gradients": True, "reduce_scatter": True})
+    cfg = {
+        "train_batch_size": T.GLOBAL_BS,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.0, "torch_adam": True,
+                                                  "adam_w_mode": False}},
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": args.dtype == 'bf16'},
+        "steps_per_print": 1000000,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg,
+                                           mpu=mpu)
+    start = 0
+    if args.load_dir:
+        engine.load_checkpoint(args.load_dir)
+        start = engine.global_steps
+        if rank == 0:
+            print(f'LOADED global_steps={start}', flush=True)
+        if start in args.save_at:  # DeepSpeed's own files of what it loaded
+            save(engine, args, start)
+    losses = {}
+    for step in range(start + 1, args.steps + 1):
+        x, y = T.global_batch(step, args.vocab, args.seq)
+        xs = x[mpu.dp_rank * micro:(mpu.dp_rank + 1) * micro]
+        ys = y[mpu.dp_rank * micro:(mpu.dp_rank + 1) * micro]
+        loss = engine(xs, ys)
+        engine.backward(loss)
+        engine.step()
+        value = loss.detach().float().clone()
+        tdist.all_reduce(value, group=mpu.dp_group)
+        losses[step] = (value / mpu.dp).item()
+        if rank == 0:
+            print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
+        if step in args.save_at:
+            save(engine, args, step)
+    if rank == 0 and args.out:
+        with open(args.out, 'w') as f:
+            json.dump({'tp': mpu.tp, 'dp': mpu.dp, 'ep': args.ep, 'losses': losses}, f, indent=1)
+    dist.barrier()
+
+
+if __name__ == '__main__':
+    main()
