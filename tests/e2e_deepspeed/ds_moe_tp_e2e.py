@@ -178,8 +178,9 @@ def beyond_deepspeed(grid):
 
 def check_refusals(args, report, saved):
     """What ucp refuses of such tags, naming the reason: a save lacking a TP rank's model states
-    (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, a pipeline
-    beside TP, and a TP degree the rules do not divide."""
+    (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, an expert
+    group partitioned as expert tensor parallelism does, a pipeline beside TP, and a TP degree the
+    rules do not divide."""
     def copy(name):
         tag = harness.copy_tag(saved, os.path.join(args.work, 'refused', name, TAG))
         shutil.rmtree(os.path.join(tag, '.ucp'), ignore_errors=True)
@@ -200,6 +201,17 @@ def check_refusals(args, report, saved):
     cases.append(('unlike copies of a replicated parameter', ['index', tag],
                   'final_layernorm.weight: universal_checkpoint_info has every TP rank hold it '
                   'whole (or names it in no rule), but its bit16 of TP lane 1 differs'))
+    # Expert tensor parallelism partitions the expert group over D/E ranks (here 1), not W/E.
+    tag = copy('expert_tensor_parallel')
+    for name in sorted(os.listdir(tag)):
+        if name.startswith('zero_pp_rank_'):
+            states = ds_objects.load(os.path.join(tag, name))
+            states['optimizer_state_dict']['partition_count'][1] = 1
+            ds_objects.save(states, os.path.join(tag, name))
+    cases.append(('expert tensor parallelism', ['index', tag],
+                  'optimizer_state_dict/partition_count/1 1: the expert group over '
+                  'dense-data-parallel ranks / ep, as DeepSpeed partitions it with expert tensor '
+                  'parallelism (enable_expert_tensor_parallelism), which is not supported'))
     out = os.path.join(args.work, 'refused', 'out')
     cases.append(('a pipeline', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
                   'MoE with both tensor and pipeline parallelism is not supported'))

@@ -976,6 +976,25 @@ struct MoeTag {
   uint32_t tp() const { return folded ? folded->tp : 1; }
 };
 
+// With expert tensor parallelism (enable_expert_tensor_parallelism) DeepSpeed makes the
+// expert-parallel groups inside each TP lane's dense-data-parallel group, so expert group g of
+// `os` is partitioned over D/E ranks, not the W/E of the lanes' grid, and every (expert, TP rank)
+// has a file of its own slice: kUnsupported naming the field, before the files are read as whole
+// experts.
+Status RefuseExpertTensorParallel(const OptimStates& os, size_t g,
+                                  const deepspeed::FoldedGrid& grid) {
+  // At T > 1 the two differ (W/E = T·D/E).
+  if (grid.tp == 1 || g >= os.partition_count.size() ||
+      os.partition_count[g] != int64_t{grid.DenseDp() / grid.ep}) {
+    return Status::Ok();
+  }
+  return Status::Unsupported(Prefix(os.reader.path()) + std::string(kOsd) + "/partition_count/" +
+                             std::to_string(g) + " " + std::to_string(os.partition_count[g]) +
+                             ": the expert group over dense-data-parallel ranks / ep, as DeepSpeed "
+                             "partitions it with expert tensor parallelism "
+                             "(enable_expert_tensor_parallelism), which is not supported");
+}
+
 // A folded tag's optimizer files by global rank g = d·T + t: lane t's dense-data-parallel rank d's.
 Result<std::vector<const RankFile*>> FoldedOptimFiles(const MoeTag& tag, const TagListing& listing,
                                                       const MoeStage& stage) {
@@ -1100,7 +1119,10 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                             std::to_string(tag.ep) +
                             " (MoE layers of several expert-parallel sizes are not supported)");
     }
-    if (tag.mpu_tp) tag.folded->ep = *size;
+    if (tag.mpu_tp) {
+      tag.folded->ep = *size;
+      UCP_RETURN_IF_ERROR(RefuseExpertTensorParallel(first, g, *tag.folded));
+    }
     if (tag.folded && *size != tag.folded->ep) {
       return FieldError(first.reader, field + "/name",
                         "expert-parallel size " + std::to_string(*size) + ", but the folding of " +
