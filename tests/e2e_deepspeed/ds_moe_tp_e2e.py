@@ -150,29 +150,34 @@ def check_atoms(args, env, tag_dir):
           f'{len(lanes[0]["module"])} dense parameters, {experts} expert tensors')
 
 
-def compare(report, expected, got, what, extra=()):
+def compare(report, expected, got, what, extra=None):
     """The tag `got` holds `expected`'s .pt files, every object and bit but the run's micro batch,
-    and besides them exactly the files `extra`."""
+    and besides them exactly the files `extra` names, each like the expected file it names (None:
+    no file of `expected` is like it)."""
+    extra = extra or {}
     names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
     have = sorted(n for n in os.listdir(got) if n.endswith('.pt'))
     report.check(have == sorted(names + list(extra)),
                  f'{what}: files {have}, expected {names} and {sorted(extra)}')
-    for name in names:
-        report.diffs(harness.compare_files(os.path.join(expected, name), os.path.join(got, name),
+    pairs = [(n, n) for n in names] + [(n, like) for n, like in extra.items() if like]
+    for name, like in pairs:
+        report.diffs(harness.compare_files(os.path.join(expected, like), os.path.join(got, name),
                                            harness.RUN_CONFIG_FIELDS), f'{what}/{name}')
 
 
 def beyond_deepspeed(grid):
     """The files of ucp's files at `grid` that DeepSpeed's save there lacks though its load reads
-    them: the model states of TP ranks >= E, and each expert's file under a TP rank other than
-    (its expert-parallel rank) mod T whose ranks hold it."""
+    them, each with the file of DeepSpeed's it must be like: the model states of TP ranks >= E
+    (none), and each expert's file under a TP rank other than (its expert-parallel rank) mod T
+    whose ranks hold it (the expert's file under that lane)."""
     tp, dp, ep = grid
-    files = [f'mp_rank_{t:02d}_model_states.pt' for t in range(min(tp, ep), tp)]
+    files = {f'mp_rank_{t:02d}_model_states.pt': None for t in range(min(tp, ep), tp)}
     for g in range(4):
         e = g // (4 // ep)
         for t in sorted({r % tp for r in range(tp * dp) if r % ep == e} - {e % tp}):
-            files += [f'layer_{layer}_expert_{g}_mp_rank_{t:02d}_model_states.pt'
-                      for layer in range(2)]
+            for layer in range(2):
+                name = f'layer_{layer}_expert_{g}_mp_rank_{{:02d}}_model_states.pt'
+                files[name.format(t)] = name.format(e % tp)
     return files
 
 
