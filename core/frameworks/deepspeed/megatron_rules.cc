@@ -274,11 +274,19 @@ Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, u
   return vocab;
 }
 
-// Megatron's arguments (an argparse.Namespace the client saves as "args"), where they name the
-// topology: set to the target's. Megatron-DeepSpeed's load compares tensor_model_parallel_size,
-// pipeline_model_parallel_size and padded_vocab_size with its own run's and stops on a mismatch.
-Status SetMegatronArgs(pickle::Graph& graph, Value* root, const std::optional<Vocab>& vocab,
-                       const Topology& target, const std::string& where) {
+// Megatron-DeepSpeed's load compares tensor_model_parallel_size, pipeline_model_parallel_size and
+// padded_vocab_size of the args with its own run's and stops on a mismatch.
+Status SetMegatronTopology(pickle::Graph& graph, Value* root, const std::optional<Vocab>& vocab,
+                           const Topology& target, const std::string& where) {
+  if (vocab) {
+    Value* info = root->Get(kInfo);
+    if (info != nullptr && info->kind() == Kind::kDict &&
+        info->Get("padded_vocab_size") != nullptr) {
+      UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, target.tp));
+      UCP_RETURN_IF_ERROR(
+          SetDictItem(info, "padded_vocab_size", graph.Int(static_cast<int64_t>(padded)), where));
+    }
+  }
   Value* args = root->Get("args");
   if (args == nullptr || args->kind() != Kind::kObject) return Status::Ok();
   std::vector<std::pair<std::string_view, uint64_t>> fields = {

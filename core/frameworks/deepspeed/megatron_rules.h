@@ -62,10 +62,13 @@ uint64_t InferDivisibleBy(uint64_t original, uint64_t padded, uint32_t tp);
 // The vocabulary's sizes of `r` saved at degree tp (patterns with both sizes).
 Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, uint32_t tp);
 
-// Megatron's arguments (an argparse.Namespace the client saves as "args" in `root`, imported into
-// `graph`), where they name the topology, set to `target`'s, and the padded vocabulary at its TP
-// degree: Megatron-DeepSpeed's load compares them with its own run's. `where` names the file.
-Status SetMegatronArgs(pickle::Graph& graph, pickle::Value* root, const std::optional<Vocab>& vocab,
-                       const Topology& target, const std::string& where);
+// Megatron's record of the topology in model states `root` (imported into `graph`) set to
+// `target`'s: universal_checkpoint_info's padded_vocab_size at its TP degree (where the vocabulary
+// is padded and the entry is there) and the arguments the client saves as "args" (an
+// argparse.Namespace) where they name the topology and the padded vocabulary: Megatron-DeepSpeed's
+// load compares them with its own run's. `where` names the file.
+Status SetMegatronTopology(pickle::Graph& graph, pickle::Value* root,
+                           const std::optional<Vocab>& vocab, const Topology& target,
+                           const std::string& where);
 
 }  // namespace ucp::deepspeed

@@ -1729,16 +1729,15 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
     UCP_RETURN_IF_ERROR(ResolveMpuMaps(tag, stage, names));
   } else {
     UCP_ASSIGN_OR_RETURN(tag.autotp, ReadAutoTpMaps(stage.model(), tag.tp(), names));
-  }
-  for (const std::string& name : names) {
-    if (tag.mpu_tp) break;
-    const ShardMap& map = tag.autotp.maps.at(name);
-    if (map.vocab || (map.rule != Rule::kSplit && map.rule != Rule::kReplicated)) {
-      return Status::Unsupported(Prefix(stage.model().path()) +
-                                 "universal_checkpoint_info/affine_map: " + name + " is " +
-                                 (map.vocab ? "a padded vocabulary" : RuleName(map.rule)) +
-                                 " over the TP ranks; AutoEP with AutoTP is read with whole-rank "
-                                 "slices only");
+    for (const std::string& name : names) {
+      const ShardMap& map = tag.autotp.maps.at(name);
+      if (map.vocab || (map.rule != Rule::kSplit && map.rule != Rule::kReplicated)) {
+        return Status::Unsupported(Prefix(stage.model().path()) +
+                                   "universal_checkpoint_info/affine_map: " + name + " is " +
+                                   (map.vocab ? "a padded vocabulary" : RuleName(map.rule)) +
+                                   " over the TP ranks; AutoEP with AutoTP is read with "
+                                   "whole-rank slices only");
+      }
     }
   }
   for (const auto& [name, tensor] : stage.first_lane().module) {
@@ -2908,17 +2907,8 @@ Status SetMpuTpDegree(pickle::Graph& graph, Value* root, const deepspeed::Folded
     return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
   }
   UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(grid.tp), reader.path()));
-  if (vocab) {
-    Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
-    if (info == nullptr || info->kind() != Kind::kDict) {
-      return FieldError(reader, deepspeed::kUniversalCheckpointInfo, "not a dict");
-    }
-    UCP_ASSIGN_OR_RETURN(const uint64_t padded, deepspeed::PaddedVocab(*vocab, grid.tp));
-    UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
-                                    graph.Int(static_cast<int64_t>(padded)), reader.path()));
-  }
-  return deepspeed::SetMegatronArgs(graph, root, vocab, {grid.DenseDp(), grid.tp, 1, grid.world},
-                                    reader.path());
+  return deepspeed::SetMegatronTopology(graph, root, vocab,
+                                        {grid.DenseDp(), grid.tp, 1, grid.world}, reader.path());
 }
 
 // The model states of TP rank t (written by rank t, dense DP rank 0): lane 0's with the dense

@@ -102,7 +102,7 @@ using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetDictItem;
-using deepspeed::SetMegatronArgs;
+using deepspeed::SetMegatronTopology;
 using deepspeed::SetTpDegree;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
@@ -1008,16 +1008,7 @@ Result<ArchiveOutput> PlanModelStates(const AtomIndex& index, const IndexFacts& 
   UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size", out.graph.Int(target.dp), model.path()));
   UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size",
                                   out.graph.Int(int64_t{target.tp} * target.pp), model.path()));
-  if (facts.vocab) {
-    Value* info = root->Get(kInfo);
-    if (info != nullptr && info->kind() == Kind::kDict &&
-        info->Get("padded_vocab_size") != nullptr) {
-      UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*facts.vocab, target.tp));
-      UCP_RETURN_IF_ERROR(SetDictItem(info, "padded_vocab_size",
-                                      out.graph.Int(static_cast<int64_t>(padded)), model.path()));
-    }
-  }
-  UCP_RETURN_IF_ERROR(SetMegatronArgs(out.graph, root, facts.vocab, target, model.path()));
+  UCP_RETURN_IF_ERROR(SetMegatronTopology(out.graph, root, facts.vocab, target, model.path()));
   if (facts.autotp && target.tp != source_tp) {
     std::map<std::string, std::vector<uint64_t>> uneven;
     for (const auto& [name, map] : facts.maps) {
