@@ -93,7 +93,7 @@ def run_trainer(args, env, work, name, dp, ep, extra, steps=STEPS, save=True):
                '--out', out] + ([] if ep is None else ['--ep', str(ep)]) + extra
     status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
         command + (['--save_dir', save_dir] if save else []), args.tools, env,
-        os.path.join(work, f'{name}.log'), forked=True), steps, save_dir if save else None, out)
+        os.path.join(work, f'{name}.log')), steps, save_dir if save else None, out)
     if status != 0:
         ds_e2e.fail(f'DeepSpeed AutoEP DP={dp} ({name}) exited {status}:\n{output[-3000:]}')
     print(f'AutoEP DP={dp} E={"from the config" if ep is None else ep} {name}: {seconds:.1f} s')

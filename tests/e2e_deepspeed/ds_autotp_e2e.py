@@ -112,7 +112,7 @@ def run_trainer(args, env, work, name, tp, dp, extra, steps=STEPS, save=True):
                '--steps', str(steps), '--out', out] + extra
     status, seconds, output = ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(
         command + (['--save_dir', save_dir] if save else []), args.tools, env,
-        os.path.join(work, f'{name}.log'), forked=True), steps, save_dir if save else None, out)
+        os.path.join(work, f'{name}.log')), steps, save_dir if save else None, out)
     if status != 0:
         ds_e2e.fail(f'DeepSpeed TP={tp} x DP={dp} ZeRO-{args.zero_stage} ({name}) exited '
                     f'{status}:\n{output[-3000:]}')
