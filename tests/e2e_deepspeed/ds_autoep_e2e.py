@@ -26,7 +26,8 @@ converter and its universal load.
   5. Live: a plain load_checkpoint at DP=2 E=2, and at DP=2 E=1 told only by the trainer's
      --deepspeed_config file (expert_parallel.autoep_size 1, which ucp's log must name), under
      the preload trains steps 4..6 with losses bit-identical to DeepSpeed's universal load
-     there; the files served are `ucp reshard`'s.
+     there (step 4's resaving run, which trains on after its save); the files served are `ucp
+     reshard`'s.
   6. DeepSpeed's other rank order (use_data_before_expert_parallelism: each expert-data-parallel
      group a run of consecutive ranks), set in the trainer's config file: a DP=4 E=2 save
      resharded to DP=2 E=1 = DeepSpeed's resave there, and back to DP=4 E=2 = the save.
@@ -166,13 +167,19 @@ def same_as_save(report, case, tag_dir, out, allowed=(), unordered=None):
 def check_reshard(report, args, env, work, tag_dir, universal):
     """ucp's files at each target against DeepSpeed's resave there, and both ways back: from ucp's
     files the save again, from DeepSpeed's the save but for what its resaving run changed (its
-    micro batch, load_universal and the Adam states' key order)."""
-    resaved = {}
+    micro batch, load_universal and the Adam states' key order). At a LIVE size the resaving run
+    trains on to RESUME_STEPS after it saved what it loaded: returns those runs' losses by
+    (dp, ep), DeepSpeed's universal resume there."""
+    resaved, resumed = {}, {}
     for dp, ep in TARGETS:
         name = f'dp{dp}ep{ep}'
-        resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', dp, ep,
-                                       ['--load_dir', os.path.dirname(universal), '--load_tag',
-                                        TAG, '--universal'])
+        live = (dp, ep) in LIVE
+        resaved[name], losses = run_trainer(
+            args, env, work, f'resaved_{name}', dp, ep,
+            ['--load_dir', os.path.dirname(universal), '--load_tag', TAG, '--universal'] +
+            (['--save_step', str(STEPS)] if live else []), steps=RESUME_STEPS if live else STEPS)
+        if live:
+            resumed[(dp, ep)] = losses
         failures = len(report.failures)
         out = os.path.join(work, f'reshard_{name}')
         if reshard(report, args, tag_dir, out, dp, ep):
@@ -191,24 +198,24 @@ def check_reshard(report, args, env, work, tag_dir, universal):
                          unordered)
         if len(report.failures) == failures:
             print(f'{what}\'s files at dp2ep1 resharded to dp{DP}ep{EP} = the save')
+    return resumed
 
 
-def check_live_resume(report, args, env, work, tag_dir, universal, dp, ep, prefix='', stage=(),
-                      uninterrupted=False):
+def check_live_resume(report, args, env, work, tag_dir, dp, ep, universal_losses=None,
+                      prefix='', stage=()):
     """The save resumed at `dp` x `ep` by a plain load_checkpoint under the preload (at another E
-    told only by the trainer's config file) against DeepSpeed's universal load there, or with
-    `uninterrupted` against the run that saved it trained on. The trainer runs with `stage` (its
-    ZeRO stage arguments); `prefix` names this case's files in work."""
+    told only by the trainer's config file) against DeepSpeed's universal resume there (its
+    `universal_losses`), or without them against the run that saved it trained on. The trainer
+    runs with `stage` (its ZeRO stage arguments); `prefix` names this case's files in work."""
     size = f'{prefix}dp{dp}ep{ep}'
     load = ['--load_tag', TAG] + list(stage)
+    uninterrupted = universal_losses is None
     if uninterrupted:
         _, oracle = run_trainer(args, env, work, f'uninterrupted_{size}', DP, EP, list(stage),
                                 steps=RESUME_STEPS, save=False)
         oracle = {s: v for s, v in oracle.items() if s > STEPS}
     else:
-        _, oracle = run_trainer(args, env, work, f'universal_{size}', dp, ep,
-                                load + ['--load_dir', os.path.dirname(universal), '--universal'],
-                                steps=RESUME_STEPS, save=False)
+        oracle = {s: v for s, v in universal_losses.items() if s > STEPS}
     what = 'the uninterrupted run' if uninterrupted else 'DeepSpeed\'s universal load'
     ds_e2e.print_losses(f'losses {size} {what}', oracle)
     logs = os.path.join(work, f'logs_preload_{size}')
@@ -342,8 +349,7 @@ def check_zero3(report, args, env, work):
     # groups is counted once per group each step, and its losses leave the uninterrupted run's
     # from step 5 (4.15685415 against 4.15691185); a run at the target trains on as the
     # uninterrupted one does.
-    check_live_resume(report, args, env, work, tag_dir, universal, 2, 1, 'z3_', ZERO3,
-                      uninterrupted=True)
+    check_live_resume(report, args, env, work, tag_dir, 2, 1, None, 'z3_', ZERO3)
 
 
 def check_refusals(report, args, tag_dir, work):
@@ -737,9 +743,9 @@ def main():
     check_index(report, tag_dir)
     check_export(report, args, 'ZeRO-1', tag_dir, universal, os.path.join(work, 'export'),
                  ['mp_rank_00_model_states.pt'])
-    check_reshard(report, args, env, work, tag_dir, universal)
+    resumed = check_reshard(report, args, env, work, tag_dir, universal)
     for dp, ep in LIVE:
-        check_live_resume(report, args, env, work, tag_dir, universal, dp, ep)
+        check_live_resume(report, args, env, work, tag_dir, dp, ep, resumed[(dp, ep)])
     check_data_before_expert(report, args, env, work)
     check_bf16_export(report, args, env, work)
     check_refusals(report, args, tag_dir, work)

@@ -63,7 +63,8 @@ TRAINER = os.path.join(HERE, 'train_autotp.py')
 MODEL_HEADS = 4
 # Per model (train_autotp.py's --model), dtype and ZeRO stage: the sizes (tp, dp) ucp reshards to
 # against DeepSpeed's own resaves there ('targets'), those it reshards to and then back to
-# TP=2 x DP=1 ('through'), and those resumed live under the preload ('live'). At TP=3 every split
+# TP=2 x DP=1 ('through'), and those resumed live under the preload ('live': each a target too,
+# whose resaving run trains on as the live resume's oracle). At TP=3 every split
 # of the tiny model is uneven (attention's 32 as 11, 11, 10; the MLP's 65 as 22, 22, 21); the
 # resave trains no step, whose attention could not take heads of 8 from 11 rows. The split logic
 # does not depend on the dtype: bf16 takes each kind of size once (the saved degree, tp1, uneven
@@ -134,13 +135,19 @@ def reshard(report, args, source, out, tp, dp):
 
 def check_reshard(report, args, env, work, tag_dir, universal):
     """ucp's files at each of the plan's targets against DeepSpeed's resave there (its universal
-    load of the converted tag, saved again), and the ways through its sizes to tp2dp1."""
-    resaved = {}
+    load of the converted tag, saved again), and the ways through its sizes to tp2dp1. At a size
+    the plan resumes live the resaving run trains on to RESUME_STEPS after it saved what it
+    loaded: returns those runs' losses by (tp, dp), DeepSpeed's universal resume there."""
+    resaved, resumed = {}, {}
     for tp, dp in args.plan['targets']:
         name = f'tp{tp}dp{dp}'
-        resaved[name], _ = run_trainer(args, env, work, f'resaved_{name}', tp, dp,
-                                       ['--load_dir', os.path.dirname(universal), '--load_tag',
-                                        TAG, '--universal'])
+        live = (tp, dp) in args.plan['live']
+        resaved[name], losses = run_trainer(
+            args, env, work, f'resaved_{name}', tp, dp,
+            ['--load_dir', os.path.dirname(universal), '--load_tag', TAG, '--universal'] +
+            (['--save_step', str(STEPS)] if live else []), steps=RESUME_STEPS if live else STEPS)
+        if live:
+            resumed[(tp, dp)] = losses
         failures = len(report.failures)
         out = os.path.join(work, f'reshard_{name}')
         if reshard(report, args, tag_dir, out, tp, dp):
@@ -157,18 +164,18 @@ def check_reshard(report, args, env, work, tag_dir, universal):
             harness.compare_resaved(report, f'{name} -> tp2dp1', back, resaved['tp2dp1'], TAG)
         if len(report.failures) == failures:
             print(f'ucp reshard to {name}, then to tp2dp1 = DeepSpeed\'s resave at tp2dp1')
+    return resumed
 
 
-def check_live_resume(report, args, env, work, tag_dir, universal, tp, dp):
+def check_live_resume(report, args, env, work, tag_dir, universal_losses, tp, dp):
     """The save resumed at `tp` x `dp` for steps 4..6 by DeepSpeed's universal load of the
-    converted tag (the oracle) and by a plain load_checkpoint of the tag under the preload, told
-    the TP degree by UCP_TOPOLOGY (DeepSpeed refuses that load without ucp): losses
-    bit-identical, and the files served are `ucp reshard`'s."""
+    converted tag (the oracle: its `universal_losses`, check_reshard's) and by a plain
+    load_checkpoint of the tag under the preload, told the TP degree by UCP_TOPOLOGY (DeepSpeed
+    refuses that load without ucp): losses bit-identical, and the files served are `ucp
+    reshard`'s."""
     size = f'tp{tp}dp{dp}'
     load = ['--load_tag', TAG]
-    _, oracle = run_trainer(args, env, work, f'universal_{size}', tp, dp,
-                            load + ['--load_dir', os.path.dirname(universal), '--universal'],
-                            steps=RESUME_STEPS, save=False)
+    oracle = {s: v for s, v in universal_losses.items() if s > STEPS}
     logs = os.path.join(work, f'logs_preload_{size}')
     preload = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp}')
     _, got = run_trainer(args, preload, work, f'preload_{size}', tp, dp,
@@ -422,9 +429,9 @@ def main():
                              harness.read_bytes(f'{export}/{name}'), f'{name}: bytes differ')
         if len(report.failures) == failures:
             print(f'ucp export = ds_to_universal: {len(names)} files')
-    check_reshard(report, args, env, work, tag_dir, universal)
+    resumed = check_reshard(report, args, env, work, tag_dir, universal)
     for tp, dp in args.plan['live']:
-        check_live_resume(report, args, env, work, tag_dir, universal, tp, dp)
+        check_live_resume(report, args, env, work, tag_dir, resumed[(tp, dp)], tp, dp)
     if args.model == 'tiny' and args.dtype == 'fp32':  # FROZEN names the tiny model's
         check_frozen(report, args, env, work)
         if args.zero_stage == 1:

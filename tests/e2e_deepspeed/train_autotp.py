@@ -18,10 +18,11 @@ rank 0 writes its config.json beside the tags, as the HF Trainer does.
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
 Usage: train_autotp.py --tp T [--model tiny|llama] [--zero_stage S] [--dtype fp32|bf16] [--frozen]
-         --steps N [--save_dir DIR]
+         --steps N [--save_dir DIR [--save_step K]]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
-  Trains up to global step N (from the loaded step, or 0), then saves global_step<N> to
-  --save_dir: with --load_dir and N the loaded step, a resave of the loaded state.
+  Trains up to global step N (from the loaded step, or 0) and saves global_step<K> to
+  --save_dir once step K (default N) is trained: with --load_dir and K the loaded step, a resave
+  of the loaded state, before the run trains on to N.
 """
 import argparse
 import json
@@ -131,6 +132,7 @@ def main():
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
+    parser.add_argument('--save_step', type=int)
     parser.add_argument('--load_dir')
     parser.add_argument('--load_tag')
     parser.add_argument('--universal', action='store_true',
@@ -168,6 +170,14 @@ def main():
         path, _ = engine.load_checkpoint(args.load_dir, tag=args.load_tag)
         if path is None:
             sys.exit(f'no checkpoint loaded from {args.load_dir}/{args.load_tag}')
+    save_step = args.steps if args.save_step is None else args.save_step
+
+    def save():
+        if rank == 0 and args.model == 'llama':
+            model.config.save_pretrained(args.save_dir)
+        engine.save_checkpoint(args.save_dir, tag=f'global_step{save_step}')
+    if args.save_dir and engine.global_steps == save_step:
+        save()
     # DeepSpeed's grid: global rank = dp_rank · tp + tp_rank.
     dp_rank, micro = rank // args.tp, GLOBAL_BATCH // dp
     losses = {}
@@ -182,10 +192,8 @@ def main():
         losses[step] = (total / world).item()
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
-    if args.save_dir:
-        if rank == 0 and args.model == 'llama':
-            model.config.save_pretrained(args.save_dir)
-        engine.save_checkpoint(args.save_dir, tag=f'global_step{args.steps}')
+        if args.save_dir and step == save_step:
+            save()
     dist.barrier()
     if rank == 0:
         with open(args.out, 'w') as f:
