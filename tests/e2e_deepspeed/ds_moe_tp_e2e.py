@@ -31,7 +31,16 @@ One CTest test per step, sharing WORK/moe_tp:
            losses bit-identical to DeepSpeed's strict load of `ucp reshard`'s files (the reshard
            step's), every file served `ucp reshard`'s.
 
-Usage: ds_moe_tp_e2e.py STEP --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
+And in WORK/moe_tp_data_before, a save of its own:
+
+  data_before  DeepSpeed's other rank order (use_data_before_expert_parallelism: runs of W/E
+           consecutive ranks are one expert-parallel rank's): a T=1 x DP=4 save at E=2 (its
+           model states record Megatron's rules) resharded to T=2 x DP=2 at E=2, checked as the
+           reshard step checks a target. DeepSpeed's own save there writes lane 0 alone (its
+           writers are the ranks of expert-data-parallel rank 0, ranks 0 and 2): ucp writes
+           mp_rank_01 and lane 1's expert files too, and refuses DeepSpeed's, naming the file.
+
+Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                          --deepspeed VERSION [--required]
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
@@ -58,6 +67,8 @@ SAVE = (2, 2, 2)  # (tp, dp, ep)
 TOLERANCE = 1e-5
 TARGETS = [(1, 2, 2), (4, 1, 2), (2, 2, 4)]
 RESUME = (1, 2, 2)
+# The data_before step's save and target (tp, dp, ep).
+DATA_BEFORE_SAVE, DATA_BEFORE_TARGET = (1, 4, 2), (2, 2, 2)
 
 
 def name_of(grid):
@@ -165,19 +176,30 @@ def compare(report, expected, got, what, extra=None):
                                            harness.RUN_CONFIG_FIELDS), f'{what}/{name}')
 
 
-def beyond_deepspeed(grid):
+def beyond_deepspeed(grid, data_before=False):
     """The files of ucp's files at `grid` that DeepSpeed's save there lacks though its load reads
-    them, each with the file of DeepSpeed's it must be like: the model states of TP ranks >= E
-    (none), and each expert's file under a TP rank other than (its expert-parallel rank) mod T
-    whose ranks hold it (the expert's file under that lane)."""
+    them, each with the file of DeepSpeed's it must be like. DeepSpeed's writers are the ranks of
+    expert-data-parallel rank 0 (with `data_before` in use_data_before_expert_parallelism's order:
+    runs of W/E ranks one expert-parallel rank's): so the model states of each TP rank t that is
+    not one (none), and each expert's file under a TP rank whose ranks hold it other than its
+    writer's (the expert's file under the writer's lane)."""
     tp, dp, ep = grid
-    files = {f'mp_rank_{t:02d}_model_states.pt': None for t in range(min(tp, ep), tp)}
+    world = tp * dp
+
+    def expert_rank(r):
+        return r // (world // ep) if data_before else r % ep
+
+    def writer(e):
+        return e * (world // ep) if data_before else e
+
+    files = {f'mp_rank_{t:02d}_model_states.pt': None for t in range(tp)
+             if (t % (world // ep) if data_before else t // ep) != 0}
     for g in range(4):
         e = g // (4 // ep)
-        for t in sorted({r % tp for r in range(tp * dp) if r % ep == e} - {e % tp}):
+        for t in sorted({r % tp for r in range(world) if expert_rank(r) == e} - {writer(e) % tp}):
             for layer in range(2):
                 name = f'layer_{layer}_expert_{g}_mp_rank_{{:02d}}_model_states.pt'
-                files[name.format(t)] = name.format(e % tp)
+                files[name.format(t)] = name.format(writer(e) % tp)
     return files
 
 
@@ -229,35 +251,71 @@ def check_refusals(args, report, saved):
         print(f'refused, {what}: {err.strip()}')
 
 
+def check_target(args, env, report, saved, source, grid, full, extra=(), data_before=False):
+    """`ucp reshard` of `saved` (at grid `source`) to `grid`: DeepSpeed's strict load of ucp's
+    files there (run with `extra` arguments), saved again before it trains, equals them but for
+    the files its save lacks (beyond_deepspeed), its steps after SAVE_AT are within TOLERANCE of
+    `full`'s, and ucp's files resharded back to `source` are the save."""
+    name = name_of(grid)
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    out = reshard(args, saved, to_of(grid), 'reshard_' + name)
+    resave = os.path.join(args.work, 'resave_' + name)
+    shutil.rmtree(resave, ignore_errors=True)
+    status, _, output = launch(args, env, grid, 'load_' + name,
+                               list(extra) + ['--load_dir', os.path.dirname(out), '--save_dir',
+                                              resave, '--save_at', str(SAVE_AT)])
+    if status != 0:
+        fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
+    got = losses(os.path.join(args.work, f'load_{name}.json'))
+    print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
+    worst = max(abs(got[s] - full[s]) for s in steps)
+    report.check(sorted(got) == steps and worst <= TOLERANCE,
+                 f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
+    beyond = beyond_deepspeed(grid, data_before)
+    compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave', beyond)
+    back = reshard(args, out, to_of(source), f'reshard_{name}_back')
+    compare(report, saved, back, f'{name} -> {name_of(source)}')
+    print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there'
+          f'{f" (and the {len(beyond)} files it lacks)" if beyond else ""}; max |Δloss| '
+          f'{worst:.3g}; back = the save')
+
+
 def step_reshard(args, env):
     saved = os.path.join(args.work, 'ckpt', TAG)
     full = losses(os.path.join(args.work, 'plain.json'))
-    steps = list(range(SAVE_AT + 1, STEPS + 1))
     report = harness.Report('moe_tp reshard')
     for grid in TARGETS:
-        name = name_of(grid)
-        out = reshard(args, saved, to_of(grid), 'reshard_' + name)
-        resave = os.path.join(args.work, 'resave_' + name)
-        shutil.rmtree(resave, ignore_errors=True)
-        status, _, output = launch(args, env, grid, 'load_' + name,
-                                   ['--load_dir', os.path.dirname(out), '--save_dir', resave,
-                                    '--save_at', str(SAVE_AT)])
-        if status != 0:
-            fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
-        got = losses(os.path.join(args.work, f'load_{name}.json'))
-        print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
-        worst = max(abs(got[s] - full[s]) for s in steps)
-        report.check(sorted(got) == steps and worst <= TOLERANCE,
-                     f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
-        compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave',
-                beyond_deepspeed(grid))
-        back = reshard(args, out, to_of(SAVE), f'reshard_{name}_back')
-        compare(report, saved, back, f'{name} -> {name_of(SAVE)}')
-        print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there'
-              f'{" (and the files it lacks)" if beyond_deepspeed(grid) else ""}; max |Δloss| '
-              f'{worst:.3g}; back = the save')
-    print_losses('losses uninterrupted', {s: full[s] for s in steps})
+        check_target(args, env, report, saved, SAVE, grid, full)
+    print_losses('losses uninterrupted', {s: full[s] for s in range(SAVE_AT + 1, STEPS + 1)})
     check_refusals(args, report, saved)
+    report.exit()
+
+
+def step_data_before(args, env):
+    """DeepSpeed's other rank order (use_data_before_expert_parallelism: runs of W/E consecutive
+    ranks one expert-parallel rank's, across the TP ranks): DeepSpeed's own save at T=1 x DP=4,
+    E=2 resharded to T=2 x DP=2, E=2 (check_target), where DeepSpeed's save would write lane 0
+    only."""
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    order = ['--data_before_expert']
+    status, seconds, output = launch(args, env, DATA_BEFORE_SAVE, 'plain',
+                                     order + ['--save_dir', os.path.join(args.work, 'ckpt'),
+                                              '--save_at', str(SAVE_AT)])
+    if status != 0:
+        fail(f'DeepSpeed {name_of(DATA_BEFORE_SAVE)} in the data-before-expert order exited '
+             f'{status}:\n{output[-3000:]}')
+    print(f'{name_of(DATA_BEFORE_SAVE)} in the data-before-expert order: {seconds:.1f} s')
+    report = harness.Report('moe_tp data before expert')
+    check_target(args, env, report, os.path.join(args.work, 'ckpt', TAG), DATA_BEFORE_SAVE,
+                 DATA_BEFORE_TARGET, losses(os.path.join(args.work, 'plain.json')), order, True)
+    # DeepSpeed's own save at the target (its resave there) lacks lane 1: refused, naming it.
+    resave = os.path.join(args.work, 'resave_' + name_of(DATA_BEFORE_TARGET), TAG)
+    status, _, err = harness.run_ucp(args.ucp, 'index', resave)
+    report.check(status != 0 and 'mp_rank_01_model_states.pt: not found' in err and
+                 'with use_data_before_expert_parallelism: above 1' in err,
+                 f'DeepSpeed\'s own save without lane 1: not refused as expected: {err}')
+    print(f'refused, DeepSpeed\'s own save there: {err.strip()}')
     report.exit()
 
 
@@ -293,12 +351,16 @@ def step_preload(args, env):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'reshard', 'preload'])
+    parser.add_argument('step', choices=['save', 'reshard', 'preload', 'data_before'])
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
         ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
     env = ds_e2e.trainer_environment(args)
+    if args.step == 'data_before':  # a save of its own
+        args.work = os.path.join(args.work, 'moe_tp_data_before')
+        step_data_before(args, env)
+        return
     args.work = os.path.join(args.work, 'moe_tp')
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):
         fail(f'no saved checkpoint in {args.work} (run the save step first)')

@@ -9,7 +9,8 @@ MLP replaced by a deepspeed.moe.layer.MoE of --experts experts at expert-paralle
 each expert a whole (not tensor-parallel) MLP: DeepSpeed's default, without
 enable_expert_tensor_parallelism. Its expert-parallel groups are then runs of --ep consecutive
 global ranks across the TP ranks (utils/groups.py's _create_expert_and_data_parallel without
-mp_size), and each TP rank routes 1/TP of the tokens. Ranks are Megatron's: rank = dp_rank * TP +
+mp_size; with --data_before_expert, use_data_before_expert_parallelism, runs of NPROC/E), and each
+TP rank routes 1/TP of the tokens. Ranks are Megatron's: rank = dp_rank * TP +
 tp_rank. The gating is RNG-free and drops no token; the gate and every GLOBAL expert get weights of
 their own from generators seeded by their layer and id, so the function does not depend on the
 TP, DP or EP layout. The global batch of every step is fixed (train.py's); the MoE auxiliary loss is
@@ -17,7 +18,8 @@ not added (it depends on the local batch).
 
 Run from ../shared/tools/deepspeed-cpu (its train.py and train_tp.py are imported) with launch.py:
   launch.py NPROC PORT train_moe_tp.py --tp T --ep E [--stage S] [--dtype bf16] --steps N
-            [--save_dir DIR --save_at STEP ...] [--load_dir DIR] --out JSON
+            [--data_before_expert] [--save_dir DIR --save_at STEP ...] [--load_dir DIR]
+            --out JSON
 A --save_at step that is the loaded one saves what the load gave, before any step.
 DP = NPROC / T; E must divide NPROC. Rank 0 prints `STEP n loss x` and writes {"losses": ...}.
 """
@@ -107,6 +109,8 @@ def main():
     p.add_argument('--stage', type=int, choices=[1, 2], default=1)
     p.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     p.add_argument('--experts', type=int, default=4)
+    p.add_argument('--data_before_expert', action='store_true',
+                   help='the ds_config\'s use_data_before_expert_parallelism')
     p.add_argument('--steps', type=int, default=6)
     p.add_argument('--save_dir', default=None)
     p.add_argument('--save_at', type=int, nargs='*', default=[])
@@ -140,7 +144,9 @@ def main():
     torch.manual_seed(args.seed)
     model = MoeGPT(args.vocab, args.d, args.nlayer, args.nhead, args.seq, args.tp, mpu.tp_rank,
                      args.vocab_div)
-    ep_rank = rank % args.ep  # runs of E consecutive global ranks
+    # Runs of E consecutive global ranks, or with use_data_before_expert_parallelism runs of
+    # world / E consecutive ranks are one expert-parallel rank's.
+    ep_rank = rank // (world // args.ep) if args.data_before_expert else rank % args.ep
     for index, layer in enumerate(model.layers):
         layer.mlp = MoEMLP(hidden_size=args.d, expert=ExpertMLP(args.d, 2 * args.d),
                            num_experts=args.experts, ep_size=args.ep, k=1, capacity_factor=1.0,
@@ -167,6 +173,8 @@ def main():
         "bf16": {"enabled": args.dtype == 'bf16'},
         "steps_per_print": 1000000,
     }
+    if args.data_before_expert:
+        cfg["use_data_before_expert_parallelism"] = True
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg,
                                            mpu=mpu)
     start = 0

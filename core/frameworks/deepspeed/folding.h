@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/format/torch_archive_reader.h"
+#include "core/frameworks/deepspeed/autoep.h"
 #include "core/util/status.h"
 
 namespace ucp::deepspeed {
@@ -35,13 +36,18 @@ struct FoldedGrid {
   uint32_t world = 1;
   uint32_t tp = 1;
   uint32_t ep = 1;
+  // The expert ranks in use_data_before_expert_parallelism's order (ExpertRankOrder): native MoE
+  // over an mpu's TP may take it, as its expert groups span the world; DeepSpeed folds no AutoEP
+  // with it.
+  bool data_before_expert = false;
 
   uint32_t DenseDp() const { return world / tp; }
   uint32_t ExpertDp() const { return world / ep; }
   uint32_t TpRank(uint32_t g) const { return g % tp; }
   uint32_t DenseRank(uint32_t g) const { return g / tp; }
-  uint32_t ExpertRank(uint32_t g) const { return g % ep; }
-  uint32_t ExpertDpRank(uint32_t g) const { return g / ep; }
+  ExpertRankOrder Order() const { return {world, ep, data_before_expert}; }
+  uint32_t ExpertRank(uint32_t g) const { return Order().ExpertRank(g); }
+  uint32_t ExpertDpRank(uint32_t g) const { return Order().IndexInGroup(g); }
   uint32_t Rank(uint32_t dense_rank, uint32_t tp_rank) const { return dense_rank * tp + tp_rank; }
   bool WritesExperts(uint32_t g) const { return DenseRank(g) < ep; }
 

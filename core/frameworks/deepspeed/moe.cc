@@ -141,8 +141,9 @@ constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
 // Why a native MoE save over an mpu's TP may lack a TP rank's model states.
 constexpr std::string_view kMpuModelStatesWriters =
     "; DeepSpeed writes a TP rank's model states from a rank of expert- and dense-data-parallel "
-    "rank 0 only, so a save at a TP degree above its expert-parallel size lacks some, and "
-    "DeepSpeed's own load fails on it";
+    "rank 0 only, so a save at a TP degree above its expert-parallel size (with "
+    "use_data_before_expert_parallelism: above 1, at an expert-parallel size below the world) "
+    "lacks some, and DeepSpeed's own load fails on it";
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = int64_t{1} << 16;
 
@@ -241,16 +242,17 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
 
 // The TP lanes of `grid` under which expert-parallel rank e's expert files must be, and may be:
 // a folded save's exactly those of the ranks that write them (FoldedGrid::ExpertWriters). With an
-// mpu's TP (`mpu`) DeepSpeed's writers are the expert-data-parallel ranks 0, rank e, so the lane
-// e mod T must hold them; another lane may where its ranks hold the experts (ucp writes every
-// lane the load reads: DeepSpeed's save lacks some where T does not divide E).
+// mpu's TP (`mpu`) DeepSpeed's writer is rank e's expert-data-parallel rank 0 (rank e, or e·W/E
+// in use_data_before_expert_parallelism's order), so that rank's lane must hold them; another
+// lane may where its ranks hold the experts (ucp writes every lane the load reads: DeepSpeed's
+// save lacks some where T does not divide E).
 std::pair<bool, bool> ExpertLanes(const deepspeed::FoldedGrid& grid, bool mpu, uint32_t t,
                                   uint32_t e) {
   if (!mpu) {
     const bool written = !grid.ExpertWriters(t, e).empty();
     return {written, written};
   }
-  return {t == e % grid.tp, !grid.ExpertHolders(t, e).empty()};
+  return {t == grid.TpRank(grid.Order().Rank(e, 0)), !grid.ExpertHolders(t, e).empty()};
 }
 
 // A lanes tag's expert files against its grid (ExpertLanes), and no expp_rank file there
@@ -1085,12 +1087,10 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   const Value* order = OptionalField(first.reader, "ds_config/" + std::string(kDataBeforeExpert));
   const bool data_before_expert =
       order != nullptr && order->kind() == Kind::kBool && order->bool_value();
-  if (data_before_expert && tag.folded) {
+  if (data_before_expert && tag.folded && !tag.mpu_tp) {
     return Status::Unsupported(Prefix(first.reader.path()) + "ds_config/" +
                                std::string(kDataBeforeExpert) +
-                               (tag.mpu_tp ? ": with tensor parallelism is not supported"
-                                           : ": with AutoEP folded over AutoTP (DeepSpeed does "
-                                             "not fold it)"));
+                               ": with AutoEP folded over AutoTP (DeepSpeed does not fold it)");
   }
 
   // Which group holds the experts; its name gives the expert-parallel size.
@@ -1121,6 +1121,7 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
     }
     if (tag.mpu_tp) {
       tag.folded->ep = *size;
+      tag.folded->data_before_expert = data_before_expert;
       UCP_RETURN_IF_ERROR(RefuseExpertTensorParallel(first, g, *tag.folded));
     }
     if (tag.folded && *size != tag.folded->ep) {
@@ -2824,7 +2825,6 @@ struct FoldedLayout {
   std::vector<std::vector<TargetGroup>> lanes;  // [TP rank][group]; the expert group's entry empty
   ExpertLayouts experts;
   Partitioning expert_partition;
-  ExpertRankOrder order() const { return {grid.world, grid.ep, false}; }
 };
 
 // The grid of TP lanes a target names, once DeepSpeed can run the tag's model there: one stage,
@@ -2844,7 +2844,7 @@ Result<deepspeed::FoldedGrid> CheckFoldedTarget(const AtomIndex& index, const In
                                    std::to_string(target.world));
   }
   deepspeed::FoldedGrid grid{target.dp * target.tp, target.tp,
-                             target.ep != 0 ? target.ep : facts.ep};
+                             target.ep != 0 ? target.ep : facts.ep, facts.data_before_expert};
   if (grid.ep == 1 && !facts.mpu_tp) {
     return Status::Unsupported(at +
                                ",ep=1: DeepSpeed folds AutoEP over AutoTP only at an "
@@ -2952,7 +2952,7 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
     if (!map.blocks.empty()) uneven.emplace(name, map.blocks);
   }
   UCP_RETURN_IF_ERROR(SetTpDegree(graph, root, at.grid.tp, reader, uneven));
-  UCP_RETURN_IF_ERROR(SetAutoEpLayers(graph, root, at.order(), t, reader));
+  UCP_RETURN_IF_ERROR(SetAutoEpLayers(graph, root, at.grid.Order(), t, reader));
   UCP_RETURN_IF_ERROR(
       SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.grid.ep, reader));
   UCP_RETURN_IF_ERROR(SetFolding(graph, root, reader, at.grid, t));

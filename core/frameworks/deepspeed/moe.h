@@ -83,10 +83,12 @@
 // Native MoE with an mpu's tensor parallelism (Megatron-DeepSpeed; DeepSpeed 0.19 records
 // checkpoint_parallel_dimensions {pp_degree: 1, tp_degree: T}) is read as the same grid of lanes:
 // without expert tensor parallelism DeepSpeed's expert-parallel groups are runs of E consecutive
-// ranks across the TP ranks, each expert whole. Its writers differ: expert-data-parallel rank 0
-// (rank e < E) writes expert-parallel rank e's expert files under lane e mod T, and a lane's
-// model states only where that rank is also dense-data-parallel rank 0 (lanes t < E: a save at
-// T > E lacks some, which its own load needs: refused by name). There are no folding dicts; the
+// ranks across the TP ranks (with use_data_before_expert_parallelism runs of W/E ranks are the
+// expert-data-parallel groups, as at T=1), each expert whole. Its writers differ:
+// expert-data-parallel rank 0 (rank e < E; e·W/E in the other order) writes expert-parallel rank
+// e's expert files under its lane, and a lane's model states only where that rank is also
+// dense-data-parallel rank 0 (lanes t < E; in the other order lane 0 alone where E < W: a save
+// that lacks some, which its own load needs, is refused by name). There are no folding dicts; the
 // dense parameters' shard maps come from lane 0's universal_checkpoint_info as deepspeed-tp reads
 // them (megatron_rules.h: split on a dimension, into sub-parameters, a padded vocabulary, or
 // whole on every lane; averaged ones refused), and a tag of one TP rank that records those rules

@@ -62,6 +62,25 @@ TEST(FoldedGridTest, RanksOfDenseRankEOrAboveWriteNoExpertFile) {
   EXPECT_EQ(grid.ExpertDpRank(7), 3u);
 }
 
+// In use_data_before_expert_parallelism's order (native MoE over an mpu's TP) runs of W/E ranks
+// are one expert-parallel rank's, whatever their lanes (deepspeed/utils/groups.py).
+TEST(FoldedGridTest, DataBeforeExpertRunsOfWOverERanksAreOneExpertRank) {
+  const FoldedGrid grid{8, 2, 2, true};  // dense DP 4, runs of 4 ranks
+  EXPECT_THAT((std::vector<uint32_t>{grid.ExpertRank(0), grid.ExpertRank(3), grid.ExpertRank(4),
+                                     grid.ExpertRank(7)}),
+              ElementsAre(0, 0, 1, 1));
+  EXPECT_THAT(
+      (std::vector<uint32_t>{grid.ExpertDpRank(0), grid.ExpertDpRank(3), grid.ExpertDpRank(5)}),
+      ElementsAre(0, 3, 1));
+  EXPECT_THAT(grid.ExpertHolders(1, 1), ElementsAre(5, 7));
+  EXPECT_THAT(grid.ExpertHolders(0, 0), ElementsAre(0, 2));
+  EXPECT_EQ(grid.Order().Rank(1, 0), 4u);
+
+  const FoldedGrid default_order{8, 2, 2};
+  EXPECT_THAT(default_order.ExpertHolders(1, 1), ElementsAre(1, 3, 5, 7));
+  EXPECT_THAT(default_order.ExpertHolders(0, 1), IsEmpty());
+}
+
 class ReadFoldedGridTest : public ::testing::Test {
  protected:
   struct Record {
