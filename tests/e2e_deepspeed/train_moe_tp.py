@@ -20,7 +20,9 @@ Run from ../shared/tools/deepspeed-cpu (its train.py and train_tp.py are importe
   launch.py NPROC PORT train_moe_tp.py --tp T --ep E [--stage S] [--dtype bf16] --steps N
             [--data_before_expert] [--save_dir DIR --save_at STEP ...] [--load_dir DIR]
             --out JSON
-A --save_at step that is the loaded one saves what the load gave, before any step.
+A --save_at step that is the loaded one saves what the load gave, before any step. Each save's
+client state is Megatron-DeepSpeed's: checkpoint_version and a Megatron-like `args` of the run's
+sizes (TP, DP, the padded vocabulary), which a reshard must set for its target.
 DP = NPROC / T; E must divide NPROC. Rank 0 prints `STEP n loss x` and writes {"losses": ...}.
 """
 import argparse
@@ -97,9 +99,16 @@ def uc_info(vocab, vp):
     return info
 
 
-def save(engine, args, step):
+def save(engine, args, step, mpu, padded_vocab):
+    """The tag global_step<step>, with Megatron-DeepSpeed's client state: its checkpoint_version
+    and a Megatron-like args Namespace of this run's sizes."""
+    megatron_args = argparse.Namespace(
+        num_layers=args.nlayer, hidden_size=args.d, num_attention_heads=args.nhead,
+        seq_length=args.seq, padded_vocab_size=padded_vocab,
+        make_vocab_size_divisible_by=args.vocab_div, tensor_model_parallel_size=mpu.tp,
+        pipeline_model_parallel_size=1, data_parallel_size=mpu.dp, num_experts=[args.experts])
     engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
-                           client_state={'checkpoint_version': 2.0})
+                           client_state={'checkpoint_version': 2.0, 'args': megatron_args})
 
 
 def main():
@@ -184,7 +193,7 @@ def main():
         if rank == 0:
             print(f'LOADED global_steps={start}', flush=True)
         if start in args.save_at:  # DeepSpeed's own files of what it loaded
-            save(engine, args, start)
+            save(engine, args, start, mpu, model.vp)
     losses = {}
     for step in range(start + 1, args.steps + 1):
         x, y = T.global_batch(step, args.vocab, args.seq)
@@ -199,7 +208,7 @@ def main():
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
         if step in args.save_at:
-            save(engine, args, step)
+            save(engine, args, step, mpu, model.vp)
     if rank == 0 and args.out:
         with open(args.out, 'w') as f:
             json.dump({'tp': mpu.tp, 'dp': mpu.dp, 'ep': args.ep, 'losses': losses}, f, indent=1)
