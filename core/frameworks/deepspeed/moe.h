@@ -87,16 +87,17 @@
 // expert-data-parallel groups, as at T=1), each expert whole. Its writers differ:
 // expert-data-parallel rank 0 (rank e < E; e·W/E in the other order) writes expert-parallel rank
 // e's expert files under its lane, and a lane's model states only where that rank is also
-// dense-data-parallel rank 0 (lanes t < E; in the other order lane 0 alone where E < W: a save
-// that lacks some, which its own load needs, is refused by name). There are no folding dicts; the
-// dense parameters' shard maps come from lane 0's universal_checkpoint_info as deepspeed-tp reads
-// them (megatron_rules.h: split on a dimension, into sub-parameters, a padded vocabulary, or
-// whole on every lane; averaged ones refused), and a tag of one TP rank that records those rules
-// is read as one lane, so that it too can be placed at T > 1. PlanReshard writes any grid of one
-// stage (W' = T'·D', E' dividing W' and every layer's experts): the folded layout's files without
-// folding dicts, mp_world_size, tp_degree, the padded vocabulary size and Megatron's args at T',
-// the expert group named ep_size_<E'>, and each expert's file under every lane whose ranks hold
-// it (DeepSpeed's own save at T' > E' lacks lanes its load reads; ucp writes them).
+// dense-data-parallel rank 0 (lanes t < E; in the other order lanes t that W/E divides, so never
+// lane 1 where E < W: a save that lacks some, which its own load needs, is refused by name). There
+// are no folding dicts; the dense parameters' shard maps come from lane 0's
+// universal_checkpoint_info as deepspeed-tp reads them (megatron_rules.h: split on a dimension,
+// into sub-parameters, a padded vocabulary, or whole on every lane; averaged ones refused), and a
+// tag of one TP rank that records those rules is read as one lane, so that it too can be placed at
+// T > 1. PlanReshard writes any grid of one stage (W' = T'·D', E' dividing W' and every layer's
+// experts): the folded layout's files without folding dicts, mp_world_size, tp_degree, the padded
+// vocabulary size and Megatron's args at T', the expert group named ep_size_<E'>, and each expert's
+// file under every lane whose ranks hold it (DeepSpeed's own save at T' > E' lacks lanes its load
+// reads; ucp writes them).
 //
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
