@@ -26,8 +26,8 @@ converter and its universal load.
   5. Live: a plain load_checkpoint at DP=2 E=2, and at DP=2 E=1 told only by the trainer's
      --deepspeed_config file (expert_parallel.autoep_size 1, which ucp's log must name), under
      the preload trains steps 4..6 with losses bit-identical to DeepSpeed's universal load
-     there (step 4's resaving run, which trains on after its save); the files served are `ucp
-     reshard`'s.
+     there (given by item 4's resaving run, which trains on after its save); the files served
+     are `ucp reshard`'s.
   6. DeepSpeed's other rank order (use_data_before_expert_parallelism: each expert-data-parallel
      group a run of consecutive ranks), set in the trainer's config file: a DP=4 E=2 save
      resharded to DP=2 E=1 = DeepSpeed's resave there, and back to DP=4 E=2 = the save.

@@ -40,8 +40,8 @@ And in WORK/moe_tp_data_before, a save of its own:
            writers are the ranks of expert-data-parallel rank 0, ranks 0 and 2): ucp writes
            mp_rank_01 and lane 1's expert files too, and refuses DeepSpeed's, naming the file.
 
-Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
-                         --deepspeed VERSION [--required]
+Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before --work DIR --tools DIR --lib LIBUCP
+                         --ucp UCP_CLI --deepspeed VERSION [--required]
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -189,11 +189,14 @@ def beyond_deepspeed(grid, data_before=False):
     def expert_rank(r):
         return r // (world // ep) if data_before else r % ep
 
-    def writer(e):
+    def expert_dp_rank(r):
+        return r % (world // ep) if data_before else r // ep
+
+    def writer(e):  # the rank of expert-parallel rank e and expert-data-parallel rank 0
         return e * (world // ep) if data_before else e
 
-    files = {f'mp_rank_{t:02d}_model_states.pt': None for t in range(tp)
-             if (t % (world // ep) if data_before else t // ep) != 0}
+    # Lane t's model states are written by rank t (dense-data-parallel rank 0) where it writes.
+    files = {f'mp_rank_{t:02d}_model_states.pt': None for t in range(tp) if expert_dp_rank(t) != 0}
     for g in range(4):
         e = g // (4 // ep)
         for t in sorted({r % tp for r in range(world) if expert_rank(r) == e} - {writer(e) % tp}):
