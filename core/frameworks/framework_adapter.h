@@ -49,7 +49,7 @@ class FrameworkAdapter {
   // is on disk now (DeepSpeed: the model-states file's dp_world_size, mp_world_size and ZeRO
   // stage, and whether its optimizer files are bf16_ ones). kFailedPrecondition while that cannot
   // be told yet (the file that says it is missing or still being written); kUnsupported for a tag
-  // this adapter would refuse to index. Reads at most a pickle, never tensor data.
+  // this adapter would refuse to index. Reads pickles (a file or two), never tensor data.
   virtual Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const = 0;
 
   // Reads the tag and describes it as atoms. Validates everything it relies on (every rank file

@@ -69,6 +69,9 @@ TARGETS = [(1, 2, 2), (4, 1, 2), (2, 2, 4)]
 RESUME = (1, 2, 2)
 # The data_before step's save and target (tp, dp, ep).
 DATA_BEFORE_SAVE, DATA_BEFORE_TARGET = (1, 4, 2), (2, 2, 2)
+# The expert_tp step's targets (E' must divide D' there) and its live resume.
+EXPERT_TP_TARGETS = [(1, 2, 2), (4, 1, 1)]
+EXPERT_TP_RESUME = (4, 1, 1)
 
 
 def name_of(grid):
@@ -113,8 +116,9 @@ def step_save(args, env):
 
 def check_atoms(args, env, tag_dir):
     """The index's bit16 atoms against the TP slices merged by universal_checkpoint_info's rules
-    (replicated: lane 0's, row-parallel: on dim 1, else on dim 0; the vocabulary unpadded) and the
-    expert files' tensors."""
+    (replicated: lane 0's, row-parallel: on dim 1, else on dim 0; the vocabulary unpadded): the
+    lanes' module tensors, and each expert's tensors in its files (one file, or with expert tensor
+    parallelism one per lane)."""
     export = os.path.join(args.work, 'export_bit16')
     shutil.rmtree(export, ignore_errors=True)
     subprocess.run([args.ucp, 'export', tag_dir, '--format', 'safetensors', '--state', 'bit16',
@@ -136,25 +140,30 @@ def check_atoms(args, env, tag_dir):
 
     def named(key, name):
         return any(p.match(name) for p in rules[key])
-    wrong = []
-    for name in lanes[0]['module']:
-        slices = [lane['module'][name] for lane in lanes]
-        if named('tp_replicated_parameter_patterns', name):
+
+    def merged(name, slices):
+        if len(slices) == 1 or named('tp_replicated_parameter_patterns', name):
             whole = slices[0]
         else:
             whole = torch.cat(slices, 1 if named('parameter_with_row_parallelism_patterns', name)
                               else 0)
         if named('vocabulary_parameter_patterns', name):
             whole = whole[:info['original_vocab_size']]
-        if name not in atoms or not torch.equal(atoms[name], whole):
+        return whole
+    wrong = []
+    for name in lanes[0]['module']:
+        if name not in atoms or not torch.equal(atoms[name],
+                                                merged(name, [l['module'][name] for l in lanes])):
             wrong.append(name)
-    experts = 0
+    expert_slices = {}  # an expert's tensors in lane order (the files are named by lane)
     for name in sorted(os.listdir(tag_dir)):
         if name.startswith('layer_'):
             for key, tensor in ds_objects.load(os.path.join(tag_dir, name)).items():
-                experts += 1
-                if key not in atoms or not torch.equal(atoms[key], tensor):
-                    wrong.append(key)
+                expert_slices.setdefault(key, []).append(tensor)
+    experts = len(expert_slices)
+    for key, slices in expert_slices.items():
+        if key not in atoms or not torch.equal(atoms[key], merged(key, slices)):
+            wrong.append(key)
     if wrong or len(atoms) != len(lanes[0]['module']) + experts:
         fail(f'bit16 atoms unlike the TP slices merged: {wrong[:5]}; {len(atoms)} atoms')
     print(f'index atoms = the TP slices merged by universal_checkpoint_info: '
@@ -209,8 +218,8 @@ def beyond_deepspeed(grid, data_before=False):
 def check_refusals(args, report, saved):
     """What ucp refuses of such tags, naming the reason: a save lacking a TP rank's model states
     (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, an expert
-    group partitioned as expert tensor parallelism does, a pipeline beside TP, and a TP degree the
-    rules do not divide."""
+    group partitioned as expert tensor parallelism does where the Megatron args say the run had
+    none, a pipeline beside TP, and a TP degree the rules do not divide."""
     def copy(name):
         tag = harness.copy_tag(saved, os.path.join(args.work, 'refused', name, TAG))
         shutil.rmtree(os.path.join(tag, '.ucp'), ignore_errors=True)
@@ -231,17 +240,16 @@ def check_refusals(args, report, saved):
     cases.append(('unlike copies of a replicated parameter', ['index', tag],
                   'final_layernorm.weight: universal_checkpoint_info has every TP rank hold it '
                   'whole (or names it in no rule), but its bit16 of TP lane 1 differs'))
-    # Expert tensor parallelism partitions the expert group over D/E ranks (here 1), not W/E.
+    # Expert tensor parallelism partitions the expert group over D/E ranks (here 1), not W/E: so
+    # do these files, but their Megatron args record the run without it.
     tag = copy('expert_tensor_parallel')
     for name in sorted(os.listdir(tag)):
         if name.startswith('zero_pp_rank_'):
             states = ds_objects.load(os.path.join(tag, name))
             states['optimizer_state_dict']['partition_count'][1] = 1
             ds_objects.save(states, os.path.join(tag, name))
-    cases.append(('expert tensor parallelism', ['index', tag],
-                  'optimizer_state_dict/partition_count/1 1: the expert group over '
-                  'dense-data-parallel ranks / ep, as DeepSpeed partitions it with expert tensor '
-                  'parallelism (enable_expert_tensor_parallelism), which is not supported'))
+    cases.append(('an expert group partitioned as the args do not say', ['index', tag],
+                  'args/enable_expert_tensor_parallelism: False, but'))
     out = os.path.join(args.work, 'refused', 'out')
     cases.append(('a pipeline', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
                   'MoE with both tensor and pipeline parallelism is not supported'))
@@ -254,11 +262,13 @@ def check_refusals(args, report, saved):
         print(f'refused, {what}: {err.strip()}')
 
 
-def check_target(args, env, report, saved, source, grid, full, extra=(), data_before=False):
+def check_target(args, env, report, saved, source, grid, full, extra=(), data_before=False,
+                 expert_tp=False):
     """`ucp reshard` of `saved` (at grid `source`) to `grid`: DeepSpeed's strict load of ucp's
     files there (run with `extra` arguments), saved again before it trains, equals them but for
-    the files its save lacks (beyond_deepspeed), its steps after SAVE_AT are within TOLERANCE of
-    `full`'s, and ucp's files resharded back to `source` are the save."""
+    the files its save lacks (beyond_deepspeed; none with `expert_tp`, where every rank of
+    expert-data-parallel rank 0 in its lane writes), its steps after SAVE_AT are within TOLERANCE
+    of `full`'s, and ucp's files resharded back to `source` are the save."""
     name = name_of(grid)
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     out = reshard(args, saved, to_of(grid), 'reshard_' + name)
@@ -274,7 +284,7 @@ def check_target(args, env, report, saved, source, grid, full, extra=(), data_be
     worst = max(abs(got[s] - full[s]) for s in steps)
     report.check(sorted(got) == steps and worst <= TOLERANCE,
                  f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
-    beyond = beyond_deepspeed(grid, data_before)
+    beyond = {} if expert_tp else beyond_deepspeed(grid, data_before)
     compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave', beyond)
     back = reshard(args, out, to_of(source), f'reshard_{name}_back')
     compare(report, saved, back, f'{name} -> {name_of(source)}')
@@ -322,16 +332,20 @@ def step_data_before(args, env):
     report.exit()
 
 
-def step_preload(args, env):
-    name = name_of(RESUME)
+def check_live_resume(args, env, grid, topology, view, extra=()):
+    """A plain load_checkpoint of WORK/ckpt at `grid` under the preload, told `topology` by
+    UCP_TOPOLOGY: losses bit-identical to DeepSpeed's strict load of `ucp reshard`'s files there
+    (check_target's), every file it reads that the save lacks served from the view cache `view`
+    as `ucp reshard` wrote it."""
+    name = name_of(grid)
     oracle = os.path.join(args.work, f'load_{name}.json')
     if not os.path.isfile(oracle):
         fail(f'no strict load of ucp\'s {name} files in {args.work} (run the reshard step first)')
     logs = os.path.join(args.work, 'logs_preload')
     shutil.rmtree(logs, ignore_errors=True)
-    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={RESUME[0]}')
-    status, seconds, output = launch(args, run_env, RESUME, 'preload',
-                                     ['--load_dir', os.path.join(args.work, 'ckpt')])
+    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=topology)
+    status, seconds, output = launch(args, run_env, grid, 'preload',
+                                     list(extra) + ['--load_dir', os.path.join(args.work, 'ckpt')])
     if status != 0:
         fail(f'plain load_checkpoint at {name} under the preload exited {status}:\n'
              f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
@@ -345,24 +359,70 @@ def step_preload(args, env):
         fail('the resume under the preload differs from DeepSpeed\'s load of ucp\'s files')
     print('losses bit-identical to DeepSpeed\'s load of `ucp reshard`\'s files')
     resharded = os.path.join(args.work, 'reshard_' + name, TAG)
-    view = os.path.join(args.work, 'ckpt', TAG, '.ucp', 'views', f'tp1-pp1-dp{RESUME[1]}')
     saved = os.path.join(args.work, 'ckpt', TAG)
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt') and not (
-        n.startswith('layer_') and os.path.isfile(os.path.join(saved, n))))
-    ds_e2e.check_served(view, resharded, served, to_of(RESUME), logs)
+        n.startswith('layer_') and os.path.isfile(os.path.join(saved, n)) and
+        open(os.path.join(saved, n), 'rb').read() ==
+        open(os.path.join(resharded, n), 'rb').read()))
+    ds_e2e.check_served(os.path.join(saved, '.ucp', 'views', view), resharded, served,
+                        to_of(grid), logs)
+
+
+def step_preload(args, env):
+    check_live_resume(args, env, RESUME, f'tp={RESUME[0]}', f'tp1-pp1-dp{RESUME[1]}')
+
+
+def step_expert_tp(args, env):
+    """Expert tensor parallelism (enable_expert_tensor_parallelism, train_moe_tp.py --expert_tp):
+    a T=2 x DP=2 save at E=2, each expert split over the TP ranks (Megatron's ParallelMLP) and
+    every lane writing its slices of every expert, the expert groups within each lane's DP ranks.
+    Saved without and with the preload (the same bytes and losses, indexed at save), its atoms
+    each expert whole by the rules, resharded to each of EXPERT_TP_TARGETS (check_target: there
+    DeepSpeed's own save lacks nothing), resumed live at EXPERT_TP_RESUME under the preload, and
+    a target DeepSpeed cannot run with it refused."""
+    expert_tp = ['--expert_tp']
+
+    def run(name, run_env, save_dir):
+        return launch(args, run_env, SAVE, name,
+                      expert_tp + ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+    tp, dp, ep = SAVE
+    expected = ([f'mp_rank_{t:02d}_model_states.pt' for t in range(tp)] +
+                [f'zero_pp_rank_{d}_mp_rank_{t:02d}_optim_states.pt'
+                 for d in range(dp) for t in range(tp)] +
+                [f'layer_{layer}_expert_{g}_mp_rank_{t:02d}_model_states.pt'
+                 for layer in range(2) for g in range(4) for t in range(tp)])
+    tag_dir, _, _ = ds_e2e.save_with_and_without_preload(
+        args, env, args.work, 'T=2 x DP=2 MoE at E=2 with expert tensor parallelism', run,
+        sorted(expected))
+    check_atoms(args, env, tag_dir)
+    report = harness.Report('moe_tp expert tensor parallelism')
+    full = losses(os.path.join(args.work, 'plain.json'))
+    for grid in EXPERT_TP_TARGETS:
+        check_target(args, env, report, tag_dir, SAVE, grid, full, expert_tp, expert_tp=True)
+    out = os.path.join(args.work, 'refused')
+    shutil.rmtree(out, ignore_errors=True)
+    status, _, err = harness.run_ucp(args.ucp, 'reshard', tag_dir, '--to', 'tp=4,dp=1,ep=2',
+                                     '--out', out)
+    report.check(status != 0 and 'the dense-data-parallel size 1 is not a multiple of the '
+                 'expert-parallel size 2' in err, f'tp=4,dp=1,ep=2: not refused as expected: {err}')
+    print(f'refused, tp=4,dp=1,ep=2: {err.strip()}')
+    tp, dp, ep = EXPERT_TP_RESUME
+    check_live_resume(args, env, EXPERT_TP_RESUME, f'tp={tp},ep={ep}', f'tp{tp}-pp1-dp{dp}-ep{ep}',
+                      expert_tp)
+    report.exit()
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'reshard', 'preload', 'data_before'])
+    parser.add_argument('step', choices=['save', 'reshard', 'preload', 'data_before', 'expert_tp'])
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
         ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    if args.step == 'data_before':  # a save of its own
-        args.work = os.path.join(args.work, 'moe_tp_data_before')
-        step_data_before(args, env)
+    if args.step in ('data_before', 'expert_tp'):  # each a save of its own
+        args.work = os.path.join(args.work, 'moe_tp_' + args.step)
+        {'data_before': step_data_before, 'expert_tp': step_expert_tp}[args.step](args, env)
         return
     args.work = os.path.join(args.work, 'moe_tp')
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):

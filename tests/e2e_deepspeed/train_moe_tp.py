@@ -10,7 +10,10 @@ each expert a whole (not tensor-parallel) MLP: DeepSpeed's default, without
 enable_expert_tensor_parallelism. Its expert-parallel groups are then runs of --ep consecutive
 global ranks across the TP ranks (utils/groups.py's _create_expert_and_data_parallel without
 mp_size; with --data_before_expert, use_data_before_expert_parallelism, runs of NPROC/E), and each
-TP rank routes 1/TP of the tokens. Ranks are Megatron's: rank = dp_rank * TP +
+TP rank routes 1/TP of the tokens. With --expert_tp (enable_expert_tensor_parallelism) each expert
+is a TPExpertMLP split over the TP ranks as Megatron's ParallelMLP, and the expert-parallel groups
+are those runs over each TP rank's DP ranks (_create_expert_data_and_model_parallel); each TP rank
+then writes its own slice of every expert. Ranks are Megatron's: rank = dp_rank * TP +
 tp_rank. The gating is RNG-free and drops no token; the gate and every GLOBAL expert get weights of
 their own from generators seeded by their layer and id, so the function does not depend on the
 TP, DP or EP layout. The global batch of every step is fixed (train.py's); the MoE auxiliary loss is
@@ -18,12 +21,14 @@ not added (it depends on the local batch).
 
 Run from ../shared/tools/deepspeed-cpu (its train.py and train_tp.py are imported) with launch.py:
   launch.py NPROC PORT train_moe_tp.py --tp T --ep E [--stage S] [--dtype bf16] --steps N
-            [--data_before_expert] [--save_dir DIR --save_at STEP ...] [--load_dir DIR]
-            --out JSON
+            [--data_before_expert] [--expert_tp] [--save_dir DIR --save_at STEP ...]
+            [--load_dir DIR] --out JSON
 A --save_at step that is the loaded one saves what the load gave, before any step. Each save's
 client state is Megatron-DeepSpeed's: checkpoint_version and a Megatron-like `args` of the run's
-sizes (TP, DP, the padded vocabulary), which a reshard must set for its target.
-DP = NPROC / T; E must divide NPROC. Rank 0 prints `STEP n loss x` and writes {"losses": ...}.
+sizes (TP, DP, the padded vocabulary), which a reshard must set for its target, and its
+enable_expert_tensor_parallelism.
+DP = NPROC / T; E must divide NPROC (with --expert_tp, DP). Rank 0 prints `STEP n loss x` and
+writes {"losses": ...}.
 """
 import argparse
 import json
@@ -82,20 +87,61 @@ def gather_tokens(input_, dim=0):
     return torch.cat(parts, dim=dim).contiguous()
 
 
-def init_moe(moe, layer, ep_rank, seed):
+class TPExpertMLP(torch.nn.Module):
+    """An expert split over the TP ranks as Megatron's ParallelMLP splits an MLP (what
+    enable_expert_tensor_parallelism expects of an expert): dense_h_to_4h column-parallel (TP rank
+    t holds rows [t*H/T, (t+1)*H/T) of its weight and bias), dense_4h_to_h row-parallel (those
+    columns of its weight; its bias whole, added after the sum over the TP ranks)."""
+
+    def __init__(self, d, hidden, tp):
+        super().__init__()
+        self.dense_h_to_4h = torch.nn.Linear(d, hidden // tp)
+        self.dense_4h_to_h = torch.nn.Linear(hidden // tp, d)
+
+    def forward(self, x):
+        h = F.gelu(self.dense_h_to_4h(TP._CopyToTP.apply(x)))
+        return TP._ReduceFromTP.apply(F.linear(h, self.dense_4h_to_h.weight)) + \
+            self.dense_4h_to_h.bias
+
+
+def init_tp_experts(moe, layer, ep_rank, seed, tp, tp_rank):
+    """init_experts' weights of each global expert, whole (an ExpertMLP's, parameter after
+    parameter), and TP rank tp_rank's slices of them: the function of the whole experts."""
+    experts = moe.deepspeed_moe.experts.deepspeed_experts
+    for local, expert in enumerate(experts):
+        gen = torch.Generator().manual_seed(seed + 1000 * layer + ep_rank * len(experts) + local)
+        d, rows = expert.dense_h_to_4h.weight.shape[1], expert.dense_h_to_4h.weight.shape[0]
+        whole = [torch.rand(shape, generator=gen) * 0.2 - 0.1
+                 for shape in [(rows * tp, d), (rows * tp,), (d, rows * tp), (d,)]]
+        part = slice(tp_rank * rows, (tp_rank + 1) * rows)
+        with torch.no_grad():
+            expert.dense_h_to_4h.weight.copy_(whole[0][part])
+            expert.dense_h_to_4h.bias.copy_(whole[1][part])
+            expert.dense_4h_to_h.weight.copy_(whole[2][:, part])
+            expert.dense_4h_to_h.bias.copy_(whole[3])
+
+
+def init_moe(moe, layer, ep_rank, seed, mpu, expert_tp):
     """The gate from a generator seeded by its layer, layer L's expert G by (L, G)."""
     gen = torch.Generator().manual_seed(seed + 7000 + layer)
     with torch.no_grad():
         for p in moe.deepspeed_moe.gate.parameters():
             p.copy_(torch.rand(p.shape, generator=gen) * 0.2 - 0.1)
-    init_experts(moe, layer, ep_rank, seed)
+    if expert_tp:
+        init_tp_experts(moe, layer, ep_rank, seed, mpu.tp, mpu.tp_rank)
+    else:
+        init_experts(moe, layer, ep_rank, seed)
 
 
 def uc_info(vocab, vp):
-    """train_tp.py's record of the TP layout, the gate replicated over the TP ranks."""
+    """train_tp.py's record of the TP layout, the gate replicated over the TP ranks, and a
+    TPExpertMLP's split as Megatron's MLP's (its dense_h_to_4h column-parallel, as Megatron
+    names one that no pattern names)."""
     info = TP.uc_info(vocab, vp)
-    info['tp_replicated_parameter_patterns'].append(
-        r'layers\.\d+\.mlp\.deepspeed_moe\.gate\.wg\.weight')
+    expert = r'layers\.\d+\.mlp\.deepspeed_moe\.experts\.deepspeed_experts\.\d+\.'
+    info['tp_replicated_parameter_patterns'] += [
+        r'layers\.\d+\.mlp\.deepspeed_moe\.gate\.wg\.weight', expert + r'dense_4h_to_h\.bias']
+    info['parameter_with_row_parallelism_patterns'].append(expert + r'dense_4h_to_h\.weight')
     return info
 
 
@@ -106,7 +152,8 @@ def save(engine, args, step, mpu, padded_vocab):
         num_layers=args.nlayer, hidden_size=args.d, num_attention_heads=args.nhead,
         seq_length=args.seq, padded_vocab_size=padded_vocab,
         make_vocab_size_divisible_by=args.vocab_div, tensor_model_parallel_size=mpu.tp,
-        pipeline_model_parallel_size=1, data_parallel_size=mpu.dp, num_experts=[args.experts])
+        pipeline_model_parallel_size=1, data_parallel_size=mpu.dp, num_experts=[args.experts],
+        enable_expert_tensor_parallelism=args.expert_tp)
     engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
                            client_state={'checkpoint_version': 2.0, 'args': megatron_args})
 
@@ -120,6 +167,8 @@ def main():
     p.add_argument('--experts', type=int, default=4)
     p.add_argument('--data_before_expert', action='store_true',
                    help='the ds_config\'s use_data_before_expert_parallelism')
+    p.add_argument('--expert_tp', action='store_true',
+                   help='enable_expert_tensor_parallelism: each expert a TPExpertMLP')
     p.add_argument('--steps', type=int, default=6)
     p.add_argument('--save_dir', default=None)
     p.add_argument('--save_at', type=int, nargs='*', default=[])
@@ -155,14 +204,25 @@ def main():
                      args.vocab_div)
     # Runs of E consecutive global ranks, or with use_data_before_expert_parallelism runs of
     # world / E consecutive ranks are one expert-parallel rank's.
-    ep_rank = rank // (world // args.ep) if args.data_before_expert else rank % args.ep
+    # With expert tensor parallelism those groups lie within each TP rank's data-parallel group
+    # instead (_create_expert_data_and_model_parallel): the same runs over its DP ranks.
+    placed, over = (mpu.dp_rank, mpu.dp) if args.expert_tp else (rank, world)
+    ep_rank = placed // (over // args.ep) if args.data_before_expert else placed % args.ep
     for index, layer in enumerate(model.layers):
-        layer.mlp = MoEMLP(hidden_size=args.d, expert=ExpertMLP(args.d, 2 * args.d),
-                           num_experts=args.experts, ep_size=args.ep, k=1, capacity_factor=1.0,
-                           eval_capacity_factor=1.0, min_capacity=4, use_residual=False,
-                           noisy_gate_policy=None, drop_tokens=False, use_rts=False,
-                           top2_2nd_expert_sampling=False)
-        init_moe(layer.mlp, index, ep_rank, args.seed)
+        if args.expert_tp:
+            # The expert capacity is split over the TP ranks, so it must be a multiple of T: a
+            # fixed one (drop_tokens) of every token of the rank (capacity_factor E) drops none.
+            expert, capacity_factor, drop_tokens = TPExpertMLP(args.d, 2 * args.d, mpu.tp), \
+                float(args.experts), True
+        else:
+            expert, capacity_factor, drop_tokens = ExpertMLP(args.d, 2 * args.d), 1.0, False
+        layer.mlp = MoEMLP(hidden_size=args.d, expert=expert, num_experts=args.experts,
+                           ep_size=args.ep, k=1, capacity_factor=capacity_factor,
+                           eval_capacity_factor=capacity_factor, min_capacity=4,
+                           use_residual=False, noisy_gate_policy=None, drop_tokens=drop_tokens,
+                           use_rts=False, top2_2nd_expert_sampling=False,
+                           enable_expert_tensor_parallelism=args.expert_tp)
+        init_moe(layer.mlp, index, ep_rank, args.seed, mpu, args.expert_tp)
     # An MoE save takes the record from the module (its client_state may not carry it).
     model.universal_checkpoint_info = uc_info(args.vocab, model.vp)
     groups = split_params_into_different_moe_groups_for_optimizer(

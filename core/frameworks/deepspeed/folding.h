@@ -40,14 +40,26 @@ struct FoldedGrid {
   // over an mpu's TP may take it, as its expert groups span the world; DeepSpeed folds no AutoEP
   // with it.
   bool data_before_expert = false;
+  // Expert tensor parallelism (native MoE over an mpu's TP with enable_expert_tensor_parallelism):
+  // DeepSpeed makes the expert-parallel groups inside each TP lane's dense-data-parallel group
+  // (utils/groups.py, _create_expert_data_and_model_parallel), so the ranks are ordered over a
+  // lane's D dense ranks, not over the world, and each lane holds its own slices of every expert.
+  bool expert_tp = false;
 
   uint32_t DenseDp() const { return world / tp; }
-  uint32_t ExpertDp() const { return world / ep; }
+  uint32_t ExpertDp() const { return Order().dp / ep; }
   uint32_t TpRank(uint32_t g) const { return g % tp; }
   uint32_t DenseRank(uint32_t g) const { return g / tp; }
-  ExpertRankOrder Order() const { return {world, ep, data_before_expert}; }
-  uint32_t ExpertRank(uint32_t g) const { return Order().ExpertRank(g); }
-  uint32_t ExpertDpRank(uint32_t g) const { return Order().IndexInGroup(g); }
+  // Over the world, or with expert_tp over a lane's dense ranks.
+  ExpertRankOrder Order() const { return {expert_tp ? DenseDp() : world, ep, data_before_expert}; }
+  uint32_t OrderedRank(uint32_t g) const { return expert_tp ? DenseRank(g) : g; }
+  uint32_t ExpertRank(uint32_t g) const { return Order().ExpertRank(OrderedRank(g)); }
+  uint32_t ExpertDpRank(uint32_t g) const { return Order().IndexInGroup(OrderedRank(g)); }
+  // The rank of expert-parallel rank e's expert-data-parallel index i that lane t's expert files
+  // and slices concern: with expert_tp lane t's own, else the one rank of the world (any lane's).
+  uint32_t ExpertMember(uint32_t e, uint32_t i, uint32_t t) const {
+    return expert_tp ? Rank(Order().Rank(e, i), t) : Order().Rank(e, i);
+  }
   uint32_t Rank(uint32_t dense_rank, uint32_t tp_rank) const { return dense_rank * tp + tp_rank; }
   bool WritesExperts(uint32_t g) const { return DenseRank(g) < ep; }
 

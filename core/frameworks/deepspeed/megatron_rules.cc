@@ -183,11 +183,16 @@ Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
     map.dim = 1;
     map.universal = UniversalForm::kCatDim;
     map.sub_params = {local[1] * tp};
-  } else if (vocab || Contains(name, {"attention.query_key_value", "mlp.dense_h_to_4h.weight",
-                                      "mlp.dense_h_to_4h.bias", "word_embeddings.weight",
-                                      "final_linear.weight"})) {
+  } else if (vocab ||
+             Contains(name, {"attention.query_key_value", "mlp.dense_h_to_4h.weight",
+                             "mlp.dense_h_to_4h.bias", "word_embeddings.weight",
+                             "final_linear.weight"}) ||
+             (Contains(name, {".deepspeed_experts."}) &&
+              (name.ends_with(".dense_h_to_4h.weight") || name.ends_with(".dense_h_to_4h.bias")))) {
     // Named by a vocabulary pattern, or column-parallel by Megatron's naming as DeepSpeed's
-    // MegatronSDLoader splits it (on dim 0, as ds_to_universal's default does).
+    // MegatronSDLoader splits it (on dim 0, as ds_to_universal's default does); an MoE expert
+    // that is Megatron's ParallelMLP (expert tensor parallelism) names its own the same way
+    // ("….deepspeed_experts.<G>.dense_h_to_4h.weight").
     map.universal = UniversalForm::kCatDim;
     map.sub_params = {local[0] * tp};
   } else {

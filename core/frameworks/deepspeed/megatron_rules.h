@@ -52,7 +52,8 @@ struct Resolved {
 };
 
 // Parameter `name` of `r` (local shape `local` on each of tp ranks) by `patterns`, and by
-// Megatron's naming of column-parallel parameters where no pattern names it.
+// Megatron's naming of column-parallel parameters (an MoE expert's ParallelMLP's too) where no
+// pattern names it.
 Result<Resolved> Resolve(const TorchArchiveReader& r, const Patterns& patterns,
                          const std::string& name, const Shape& local, uint32_t tp);
 

@@ -141,9 +141,9 @@ constexpr std::string_view kAutoEpFileFormat = "per_expert_files";
 // Why a native MoE save over an mpu's TP may lack a TP rank's model states.
 constexpr std::string_view kMpuModelStatesWriters =
     "; DeepSpeed writes a TP rank's model states from a rank of expert- and dense-data-parallel "
-    "rank 0 only, so a save at a TP degree above its expert-parallel size (with "
-    "use_data_before_expert_parallelism: above 1, at an expert-parallel size below the world) "
-    "lacks some, and DeepSpeed's own load fails on it";
+    "rank 0 only, so without expert tensor parallelism a save at a TP degree above its "
+    "expert-parallel size (with use_data_before_expert_parallelism: above 1, at an "
+    "expert-parallel size below the world) lacks some, and DeepSpeed's own load fails on it";
 // Bounds the per-stage file lists a corrupt mp_world_size would make.
 constexpr int64_t kMaxStages = int64_t{1} << 16;
 
@@ -252,7 +252,7 @@ std::pair<bool, bool> ExpertLanes(const deepspeed::FoldedGrid& grid, bool mpu, u
     const bool written = !grid.ExpertWriters(t, e).empty();
     return {written, written};
   }
-  return {t == grid.TpRank(grid.Order().Rank(e, 0)), !grid.ExpertHolders(t, e).empty()};
+  return {t == grid.TpRank(grid.ExpertMember(e, 0, t)), !grid.ExpertHolders(t, e).empty()};
 }
 
 // A lanes tag's expert files against its grid (ExpertLanes), and no expp_rank file there
@@ -487,9 +487,11 @@ struct IndexFacts {
   // degree; dp is the dense DP.
   uint32_t folded_tp = 1;
   bool mpu_tp = false;
-  std::map<std::string, ShardMap> folded_maps;  // lanes: each dense parameter's, at folded_tp
-  std::optional<Vocab> vocab;                   // mpu_tp: the vocabulary's sizes where one is
-  size_t expert_group = 0;                      // in `groups`
+  bool expert_tp = false;  // mpu_tp with expert tensor parallelism (FoldedGrid::expert_tp)
+  // Lanes: each dense parameter's (and with expert_tp each expert's), at folded_tp.
+  std::map<std::string, ShardMap> folded_maps;
+  std::optional<Vocab> vocab;  // mpu_tp: the vocabulary's sizes where one is
+  size_t expert_group = 0;     // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
   bool fused = false;               // AutoEP's fused experts (MoeTag::fused)
@@ -569,13 +571,17 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
   }
   if (state.contains("folded_tp")) {
     const nlohmann::json& folded = state["folded_tp"];
-    common.mpu_tp = folded.is_object() && folded.contains("mpu") && folded["mpu"].is_boolean() &&
-                    folded["mpu"].get<bool>();
+    const auto flag = [&folded](const char* key) {
+      return folded.is_object() && folded.contains(key) && folded[key].is_boolean() &&
+             folded[key].get<bool>();
+    };
+    common.mpu_tp = flag("mpu");
+    common.expert_tp = flag("expert_tp");
     if (!folded.is_object() || !folded.contains("degree") ||
         !folded["degree"].is_number_unsigned() ||
         folded["degree"].get<uint64_t>() < (common.mpu_tp ? 1 : 2) ||
         folded["degree"].get<uint64_t>() != c.topology.tp || c.topology.pp != 1 ||
-        common.fused == common.mpu_tp) {
+        common.fused == common.mpu_tp || (common.expert_tp && !common.mpu_tp)) {
       return Status::Corrupt(what +
                              "folded_tp: not the index's TP degree of one AutoEP stage, or of "
                              "one native MoE stage (mpu)");
@@ -836,9 +842,11 @@ Result<ExpertLayouts> ExpertLayoutsAt(const IndexFacts& facts, uint32_t ep) {
 // The model states' param_shapes, where a release records them (0.19): the expert group's entry
 // lists one rank's experts under local ids, so at another E it becomes `local`'s names, each
 // with the shape entry of its counterpart in local expert 0 (as the release pickled it); AutoEP's
-// (`fused`) lists its fused parameters, each then a tuple of its shape in `local`.
+// (`fused`) lists its fused parameters, each then a tuple of its shape in `local`, and so is each
+// entry with expert tensor parallelism (`slices`: `local` holds a TP rank's slices).
 Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
-                            size_t expert_group, const GroupLayout& local, bool fused) {
+                            size_t expert_group, const GroupLayout& local, bool fused,
+                            bool slices = false) {
   Value* shapes = root->Get("param_shapes");
   if (shapes == nullptr || shapes->kind() == Kind::kNone) return Status::Ok();
   Value* group = shapes->Item(expert_group);
@@ -855,21 +863,24 @@ Status SetLocalExpertShapes(pickle::Graph& graph, Value* root, const TorchArchiv
   std::vector<pickle::Mutation> items;
   for (size_t k = 0; k < local.names.size(); ++k) {
     const std::string& name = local.names[k];
-    if (fused) {
-      if (!saved.contains(name)) return FieldError(reader, field, "no entry for " + name);
+    const std::optional<ExpertIdAt> at = fused ? std::nullopt : FindExpertId(name);
+    const auto entry = fused ? saved.find(name)
+                       : at  ? saved.find(WithExpertId(name, *at, 0))
+                             : saved.end();
+    if (entry == saved.end()) {
+      return FieldError(
+          reader, field,
+          fused ? "no entry for " + name : "no entry for local expert 0's counterpart of " + name);
+    }
+    Value* shape = entry->second;
+    if (fused || slices) {
       std::vector<Value*> extents;
       for (const uint64_t extent : local.shapes[k]) {
         extents.push_back(graph.Int(static_cast<int64_t>(extent)));
       }
-      items.push_back({pickle::Mutation::Op::kSetItem, graph.Str(name), graph.Tuple(extents)});
-      continue;
+      shape = graph.Tuple(std::move(extents));
     }
-    const std::optional<ExpertIdAt> at = FindExpertId(name);
-    const auto first = at ? saved.find(WithExpertId(name, *at, 0)) : saved.end();
-    if (first == saved.end()) {
-      return FieldError(reader, field, "no entry for local expert 0's counterpart of " + name);
-    }
-    items.push_back({pickle::Mutation::Op::kSetItem, graph.Str(name), first->second});
+    items.push_back({pickle::Mutation::Op::kSetItem, graph.Str(name), shape});
   }
   for (const pickle::Mutation& mutation : group->mutations()) {
     if (mutation.op != pickle::Mutation::Op::kSetItem) items.push_back(mutation);
@@ -910,10 +921,15 @@ Status CheckNoExpertOptimizer(const AtomIndex& index, const std::string& tag_dir
   return Status::Ok();
 }
 
-// One pipeline stage of a DeepSpeed-MoE tag as BuildIndex's phases read it (at pp = 1 the tag):
-// its files are those of mp rank `mp`, each one a pp = 1 tag's.
+// A tensor of a file of the tag, and that file (in MoeTag::paths).
+struct TagTensor {
+  const TorchTensor* tensor = nullptr;
+  uint32_t file = 0;
+};
+
 // One TP lane of a stage (at tp = 1 the stage itself): its model states, their module tensors, and
-// the dense groups' flat layouts partitioned over the dense-data-parallel ranks.
+// the dense groups' flat layouts partitioned over the dense-data-parallel ranks; with expert
+// tensor parallelism also its expert files' tensors (its slices of each expert), by global name.
 struct MoeLane {
   std::string model_name;
   std::optional<TorchArchiveReader> model;
@@ -921,8 +937,11 @@ struct MoeLane {
   std::map<std::string, const TorchTensor*> module;
   std::vector<GroupLayout> dense;  // per group; the expert group's empty
   std::vector<Partitioning> dense_p;
+  std::map<std::string, TagTensor> expert_slices;
 };
 
+// One pipeline stage of a DeepSpeed-MoE tag as BuildIndex's phases read it (at pp = 1 the tag):
+// its files are those of mp rank `mp`, each one a pp = 1 tag's.
 struct MoeStage {
   uint32_t mp = 0;
   std::deque<MoeLane> lanes;  // a folded tag's TP lanes in rank order; else one
@@ -932,14 +951,12 @@ struct MoeStage {
   std::vector<OptimStates> ranks;  // by rank (folded: global rank d·T + t)
   uint32_t optim_file = 0;         // ranks[r]'s file is MoeTag::paths[optim_file + r]
   std::deque<TorchArchiveReader> expert_readers;  // a deque: the tensors below point into them
-  struct ExpertTensor {
-    const TorchTensor* tensor = nullptr;
-    uint32_t file = 0;
-  };
-  std::map<std::string, ExpertTensor> expert_tensors;  // by global name
-  std::map<std::string, uint32_t> moe_layer_of;        // MoE module name → its layer index
-  std::vector<GroupLayout> local;                      // per EP rank, local names
-  std::vector<GroupLayout> global;                     // per EP rank, global names
+  // By global name, of each expert's lowest lane's file (with expert tensor parallelism lane 0's
+  // slices).
+  std::map<std::string, TagTensor> expert_tensors;
+  std::map<std::string, uint32_t> moe_layer_of;  // MoE module name → its layer index
+  std::vector<GroupLayout> local;                // per EP rank, local names
+  std::vector<GroupLayout> global;               // per EP rank, global names
   Partitioning expert_p;
 
   const MoeLane& first_lane() const { return lanes.front(); }
@@ -952,7 +969,8 @@ struct MoeTag {
   std::string dir;
   uint32_t dp = 0;
   uint32_t ep = 0;
-  uint32_t expert_dp = 0;  // dp / ep: the ranks each expert group is partitioned over
+  // The ranks each expert group is partitioned over: W / E, with expert tensor parallelism D / E.
+  uint32_t expert_dp = 0;
   ExpertRankOrder order;
   std::string prefix;  // the optimizer files' ("" or "bf16_")
   // AutoEP (ds_autoep_layers): each expert-parallel rank's experts are rows of fused parameters
@@ -963,11 +981,13 @@ struct MoeTag {
   std::vector<std::string> paths;  // the index's files: per stage models, optimizers, experts, expp
   // TP lanes: AutoEP with AutoTP (DeepSpeed's folded layout), or native MoE with an mpu's tensor
   // parallelism (mpu_tp: Megatron-DeepSpeed's); one stage of grid.tp lanes, dp the dense DP. Both
-  // place ranks alike: rank d·T + t, expert-parallel rank g mod E (runs of E ranks).
+  // place ranks alike: rank d·T + t; its expert ranks are the grid's (FoldedGrid::Order).
   std::optional<deepspeed::FoldedGrid> folded;
   bool mpu_tp = false;
-  deepspeed::AutoTpMaps autotp;  // lanes: how the dense parameters' TP slices make them
-  std::optional<Vocab> vocab;    // mpu_tp: the vocabulary's sizes, where a parameter is one
+  // Lanes: how the dense parameters' TP slices (with expert tensor parallelism the experts' too)
+  // make them.
+  deepspeed::AutoTpMaps autotp;
+  std::optional<Vocab> vocab;  // mpu_tp: the vocabulary's sizes, where a parameter is one
 
   // What records the dense parameters' TP layout, for messages.
   std::string_view RuleSource() const {
@@ -976,25 +996,77 @@ struct MoeTag {
 
   uint32_t world() const { return folded ? folded->world : dp; }
   uint32_t tp() const { return folded ? folded->tp : 1; }
+  bool expert_tp() const { return folded && folded->expert_tp; }
+  uint32_t ExpertRankOf(uint32_t r) const {
+    return folded ? folded->ExpertRank(r) : order.ExpertRank(r);
+  }
+  uint32_t ExpertDpRankOf(uint32_t r) const {
+    return folded ? folded->ExpertDpRank(r) : order.IndexInGroup(r);
+  }
+  // The rank holding partition i of expert-parallel rank e's experts (FoldedGrid::ExpertMember).
+  uint32_t ExpertMember(uint32_t e, uint32_t i, uint32_t t) const {
+    return folded ? folded->ExpertMember(e, i, t) : order.Rank(e, i);
+  }
 };
 
-// With expert tensor parallelism (enable_expert_tensor_parallelism) DeepSpeed makes the
-// expert-parallel groups inside each TP lane's dense-data-parallel group, so expert group g of
-// `os` is partitioned over D/E ranks, not the W/E of the lanes' grid, and every (expert, TP rank)
-// has a file of its own slice: kUnsupported naming the field, before the files are read as whole
-// experts.
-Status RefuseExpertTensorParallel(const OptimStates& os, size_t g,
+// Megatron-DeepSpeed's argument that gives its MoE layers expert tensor parallelism, as its
+// client state saves it (args, an argparse.Namespace).
+constexpr std::string_view kExpertTpArg = "args/enable_expert_tensor_parallelism";
+
+// Whether a save over an mpu's TP (`grid`, its expert-parallel size read; `model` its lane-0 model
+// states) has expert tensor parallelism (enable_expert_tensor_parallelism), which DeepSpeed records
+// nowhere: at T > 1 its expert group g (`partition_count` of optimizer file `optim`) is then
+// partitioned over the D/E ranks of a lane's expert-data-parallel group, not over the W/E of the
+// world's (W/E = T·D/E), and Megatron's saved args must agree where they record it; at T = 1,
+// where the layouts are one, the args alone tell (false without them), so a reshard to T > 1
+// splits the experts as the run will.
+Result<bool> ExpertTensorParallel(const TorchArchiveReader& model, const TorchArchiveReader& optim,
+                                  const std::vector<int64_t>& partition_count, size_t g,
                                   const deepspeed::FoldedGrid& grid) {
-  // At T > 1 the two differ (W/E = T·D/E).
-  if (grid.tp == 1 || g >= os.partition_count.size() ||
-      os.partition_count[g] != int64_t{grid.DenseDp() / grid.ep}) {
-    return Status::Ok();
+  const Value* arg = OptionalField(model, kExpertTpArg);
+  if (arg != nullptr && arg->kind() != Kind::kBool) {
+    return FieldError(model, std::string(kExpertTpArg), "not a bool");
   }
-  return Status::Unsupported(Prefix(os.reader.path()) + std::string(kOsd) + "/partition_count/" +
-                             std::to_string(g) + " " + std::to_string(os.partition_count[g]) +
-                             ": the expert group over dense-data-parallel ranks / ep, as DeepSpeed "
-                             "partitions it with expert tensor parallelism "
-                             "(enable_expert_tensor_parallelism), which is not supported");
+  const std::optional<bool> recorded =
+      arg == nullptr ? std::nullopt : std::optional<bool>(arg->bool_value());
+  if (grid.tp == 1) return recorded.value_or(false);
+  if (g >= partition_count.size()) {
+    return FieldError(optim, std::string(kOsd) + "/partition_count",
+                      "no entry for group " + std::to_string(g));
+  }
+  const bool partitioned =
+      grid.DenseDp() % grid.ep == 0 && partition_count[g] == int64_t{grid.DenseDp() / grid.ep};
+  if (recorded && *recorded != partitioned) {
+    return FieldError(model, std::string(kExpertTpArg),
+                      std::string(*recorded ? "True" : "False") + ", but " + optim.path() + "'s " +
+                          std::string(kOsd) + "/partition_count/" + std::to_string(g) + " is " +
+                          std::to_string(partition_count[g]) + ": " + (partitioned ? "" : "not ") +
+                          "the dense-data-parallel size over ep, as expert tensor parallelism "
+                          "partitions the expert group");
+  }
+  return partitioned;
+}
+
+// ExpertTensorParallel of a save over an mpu's TP while it may still be written: from its rank 0's
+// optimizer file (`prefix`: its name's), kFailedPrecondition until that file is complete.
+Result<bool> SavedExpertTensorParallel(const std::string& tag_dir, const TagListing& listing,
+                                       const TorchArchiveReader& model, const std::string& prefix,
+                                       const deepspeed::FoldedGrid& grid) {
+  const std::string name = OptimName(prefix, 0, 0);
+  const bool present = std::any_of(listing.optim.begin(), listing.optim.end(),
+                                   [&name](const RankFile& entry) { return entry.name == name; });
+  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader optim,
+                       OpenWrittenModelStates(tag_dir, name, present));
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> partition_count,
+                       IntListField(optim, std::string(kOsd) + "/partition_count"));
+  const std::string groups_field = std::string(kOsd) + "/base_optimizer_state/param_groups";
+  UCP_ASSIGN_OR_RETURN(const Value* groups, Field(optim, groups_field));
+  for (size_t g = 0; g < groups->items().size(); ++g) {
+    if (IsExpertGroup(groups->items()[g])) {
+      return ExpertTensorParallel(model, optim, partition_count, g, grid);
+    }
+  }
+  return FieldError(optim, groups_field, "no group with moe True, but the tag holds expert files");
 }
 
 // A folded tag's optimizer files by global rank g = d·T + t: lane t's dense-data-parallel rank d's.
@@ -1122,7 +1194,9 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
     if (tag.mpu_tp) {
       tag.folded->ep = *size;
       tag.folded->data_before_expert = data_before_expert;
-      UCP_RETURN_IF_ERROR(RefuseExpertTensorParallel(first, g, *tag.folded));
+      UCP_ASSIGN_OR_RETURN(
+          tag.folded->expert_tp,
+          ExpertTensorParallel(model, first.reader, first.partition_count, g, *tag.folded));
     }
     if (tag.folded && *size != tag.folded->ep) {
       return FieldError(first.reader, field + "/name",
@@ -1148,8 +1222,8 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   }
   UCP_RETURN_IF_ERROR(CheckExpertFiles(tag_dir, stage.experts, ep, model));
   tag.ep = ep;
-  tag.expert_dp = world / ep;
-  tag.order = {world, ep, data_before_expert};
+  tag.order = tag.folded ? tag.folded->Order() : ExpertRankOrder{world, ep, data_before_expert};
+  tag.expert_dp = tag.order.dp / ep;
   stage.expert_group = *expert_group;
   return Status::Ok();
 }
@@ -1290,6 +1364,7 @@ Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
         if (tensor == nullptr || !at || at->id != expert) {
           return FieldError(r, param, "not a tensor of expert " + std::to_string(expert));
         }
+        if (tag.expert_tp()) stage.lanes[mp].expert_slices[param] = {tensor, file};
         if (mp != mps.front()) {
           const auto first = stage.expert_tensors.find(param);
           if (first == stage.expert_tensors.end() || first->second.tensor->shape != tensor->shape ||
@@ -1401,31 +1476,39 @@ Status LayOutGroups(const MoeTag& tag, MoeStage& stage) {
   local.resize(ep);
   global.resize(ep);
   for (uint32_t e = 0; e < ep; ++e) {
-    std::vector<const OptimStates*> members;
-    for (uint32_t i = 0; i < tag.expert_dp; ++i) members.push_back(&ranks[tag.order.Rank(e, i)]);
-    UCP_ASSIGN_OR_RETURN(
-        local[e], LayoutFromMappings(members, stage.expert_group,
-                                     PartitionSize(*members.front(), stage.expert_group),
-                                     [&](const std::string& name) -> std::optional<Shape> {
-                                       if (tag.fused) {
-                                         const std::optional<FusedRows> rows = fused_rows(name, e);
-                                         if (!rows) return std::nullopt;
-                                         Shape shape = rows->row;
-                                         shape.insert(shape.begin(), rows->count);
-                                         return shape;
-                                       }
-                                       const std::optional<std::string> g = global_name(name, e);
-                                       if (!g) return std::nullopt;
-                                       const auto it = stage.expert_tensors.find(*g);
-                                       if (it == stage.expert_tensors.end()) return std::nullopt;
-                                       return it->second.tensor->shape;
-                                     }));
-    if (local[e].names != local[0].names || local[e].shapes != local[0].shapes) {
-      return FieldError(
-          members.front()->reader,
-          std::string(kOsd) + "/param_slice_mappings/" + std::to_string(stage.expert_group),
-          "other local experts than " + ranks[0].entry.name +
-              "'s (expert-parallel ranks must hold alike experts)");
+    // With expert tensor parallelism every lane holds slices of rank e's experts, as lane 0's in
+    // shape (ReadExpertTensors).
+    for (uint32_t t = 0; t < (tag.expert_tp() ? tag.tp() : 1); ++t) {
+      std::vector<const OptimStates*> members;
+      for (uint32_t i = 0; i < tag.expert_dp; ++i) {
+        members.push_back(&ranks[tag.ExpertMember(e, i, t)]);
+      }
+      UCP_ASSIGN_OR_RETURN(
+          const GroupLayout layout,
+          LayoutFromMappings(members, stage.expert_group,
+                             PartitionSize(*members.front(), stage.expert_group),
+                             [&](const std::string& name) -> std::optional<Shape> {
+                               if (tag.fused) {
+                                 const std::optional<FusedRows> rows = fused_rows(name, e);
+                                 if (!rows) return std::nullopt;
+                                 Shape shape = rows->row;
+                                 shape.insert(shape.begin(), rows->count);
+                                 return shape;
+                               }
+                               const std::optional<std::string> g = global_name(name, e);
+                               if (!g) return std::nullopt;
+                               const auto it = stage.expert_tensors.find(*g);
+                               if (it == stage.expert_tensors.end()) return std::nullopt;
+                               return it->second.tensor->shape;
+                             }));
+      if (t == 0) local[e] = layout;
+      if (layout.names != local[0].names || layout.shapes != local[0].shapes) {
+        return FieldError(
+            members.front()->reader,
+            std::string(kOsd) + "/param_slice_mappings/" + std::to_string(stage.expert_group),
+            "other local experts than " + ranks[0].entry.name +
+                "'s (expert-parallel ranks and TP lanes must hold alike experts)");
+      }
     }
     if (!tag.fused) {
       std::vector<std::string> names;
@@ -1445,7 +1528,7 @@ Status LayOutGroups(const MoeTag& tag, MoeStage& stage) {
         if (it == stage.expert_tensors.end() || it->second.tensor->shape != rows.row) {
           return Status::Corrupt(Prefix(tag.dir) + names.back() + ": no expert file holds it as " +
                                  ShapeText(rows.row) + ", the rows of " + name + " in " +
-                                 members.front()->entry.name);
+                                 ranks[tag.ExpertMember(e, 0, 0)].entry.name);
         }
         shapes.push_back(rows.row);
       }
@@ -1483,7 +1566,7 @@ Status CheckRanks(const MoeTag& tag, const MoeStage& stage) {
     for (size_t g = 0; g < stage.groups; ++g) {
       if (g == stage.expert_group) {
         expectations.push_back(
-            {&stage.local[tag.order.ExpertRank(r)], stage.expert_p, tag.order.IndexInGroup(r)});
+            {&stage.local[tag.ExpertRankOf(r)], stage.expert_p, tag.ExpertDpRankOf(r)});
       } else {
         const MoeLane& lane = stage.lanes[r % tag.tp()];
         expectations.push_back({&lane.dense[g], lane.dense_p[g], r / tag.tp()});
@@ -1522,22 +1605,55 @@ void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<F
   }
 }
 
-// Which copy of a folded tag's dense parameter: the fp32 master, an optimizer state (its index in
-// the group's states), or the module's.
+// Where TP lane t holds its slices of a group's parameters: their flat layout, partitioned over
+// ranks (partition i on global rank `rank(i)`), and each one's module tensor (bit16), which is
+// field `field_prefix` + name of its file.
+struct LaneSlices {
+  const GroupLayout* layout = nullptr;
+  const Partitioning* partitioning = nullptr;
+  std::function<uint32_t(uint32_t)> rank;
+  std::function<TagTensor(const std::string&)> bit16;
+  std::string field_prefix;
+};
+using LaneSlicesOf = std::function<LaneSlices(uint32_t t)>;
+
+// Lane t's slices of dense group g: over its dense-data-parallel ranks, in its model states'
+// module.
+LaneSlices DenseSlices(const MoeTag& tag, const MoeStage& stage, size_t g, uint32_t t) {
+  const MoeLane& lane = stage.lanes[t];
+  return {&lane.dense[g], &lane.dense_p[g],
+          [&tag, t](uint32_t d) { return tag.folded->Rank(d, t); },
+          [&lane](const std::string& name) {
+            return TagTensor{lane.module.at(name), lane.model_file};
+          },
+          "module/"};
+}
+
+// Lane t's slices of expert-parallel rank e's experts (expert tensor parallelism): over the
+// lane's expert-data-parallel ranks of e, in the lane's expert files.
+LaneSlices ExpertSlices(const MoeTag& tag, const MoeStage& stage, uint32_t e, uint32_t t) {
+  const MoeLane& lane = stage.lanes[t];
+  return {&stage.global[e], &stage.expert_p,
+          [&tag, e, t](uint32_t i) { return tag.ExpertMember(e, i, t); },
+          [&lane](const std::string& name) { return lane.expert_slices.at(name); }, ""};
+}
+
+// Which copy of a lanes tag's parameter: the fp32 master, an optimizer state (its index in the
+// group's states), or the module's.
 constexpr int kLaneFp32 = -1;
 constexpr int kLaneBit16 = -2;
 
-// The bytes of TP lane t's copy `which` of parameter k of dense group g, in its flat order.
-Result<std::string> LaneBytes(const MoeStage& stage, const deepspeed::FoldedGrid& grid, uint32_t t,
+// The bytes of `lane`'s copy `which` of parameter k of group g, in its flat order.
+Result<std::string> LaneBytes(const MoeTag& tag, const MoeStage& stage, const LaneSlices& lane,
                               size_t g, size_t k, int which) {
-  const MoeLane& lane = stage.lanes[t];
   if (which == kLaneBit16) {
-    const TorchTensor* module = lane.module.at(lane.dense[g].names[k]);
-    return ReadRange(lane.model->path(), module->file_offset(), module->byte_size());
+    const TagTensor module = lane.bit16(lane.layout->names[k]);
+    return ReadRange(tag.dir + "/" + tag.paths[module.file], module.tensor->file_offset(),
+                     module.tensor->byte_size());
   }
   std::string out;
-  for (const Piece& piece : Pieces(lane.dense[g], k, lane.dense_p[g])) {
-    const OptimStates& os = stage.ranks[grid.Rank(piece.rank, t)];
+  for (const Piece& piece : Pieces(*lane.layout, k, *lane.partitioning)) {
+    const OptimStates& os = stage.ranks[lane.rank(piece.rank)];
     const TorchTensor* tensor = which == kLaneFp32
                                     ? os.groups[g].fp32
                                     : os.groups[g].states[static_cast<size_t>(which)].tensor;
@@ -1550,12 +1666,11 @@ Result<std::string> LaneBytes(const MoeStage& stage, const deepspeed::FoldedGrid
   return out;
 }
 
-// Of a parameter AutoTP has every lane hold whole, the first copy (fp32, each partitioned
-// optimizer state, bit16) whose bytes on some lane differ from lane 0's, naming that lane; nullopt
-// where they are alike, as DeepSpeed's tensor-parallel training keeps them.
-Result<std::optional<std::string>> DifferingLane(const MoeStage& stage,
-                                                 const deepspeed::FoldedGrid& grid, size_t g,
-                                                 size_t k) {
+// Of a parameter every TP lane holds whole, the first copy (fp32, each partitioned optimizer
+// state, bit16) whose bytes on some lane differ from lane 0's, naming that lane; nullopt where
+// they are alike, as DeepSpeed's tensor-parallel training keeps them.
+Result<std::optional<std::string>> DifferingLane(const MoeTag& tag, const MoeStage& stage,
+                                                 const LaneSlicesOf& lanes, size_t g, size_t k) {
   const OptimGroup& first = stage.ranks.front().groups[g];
   std::vector<std::pair<int, std::string>> copies = {{kLaneFp32, "fp32"}};
   for (size_t i = 0; i < first.states.size(); ++i) {
@@ -1564,10 +1679,11 @@ Result<std::optional<std::string>> DifferingLane(const MoeStage& stage,
     }
   }
   copies.emplace_back(kLaneBit16, "bit16");
+  const LaneSlices lane0 = lanes(0);
   for (const auto& [which, copy] : copies) {
-    UCP_ASSIGN_OR_RETURN(const std::string reference, LaneBytes(stage, grid, 0, g, k, which));
-    for (uint32_t t = 1; t < grid.tp; ++t) {
-      UCP_ASSIGN_OR_RETURN(const std::string other, LaneBytes(stage, grid, t, g, k, which));
+    UCP_ASSIGN_OR_RETURN(const std::string reference, LaneBytes(tag, stage, lane0, g, k, which));
+    for (uint32_t t = 1; t < tag.tp(); ++t) {
+      UCP_ASSIGN_OR_RETURN(const std::string other, LaneBytes(tag, stage, lanes(t), g, k, which));
       if (other != reference) {
         return std::optional<std::string>(copy + " of TP lane " + std::to_string(t));
       }
@@ -1576,17 +1692,19 @@ Result<std::optional<std::string>> DifferingLane(const MoeStage& stage,
   return std::optional<std::string>();
 }
 
-// Phase 5 of a tag of TP lanes, dense group g: each parameter's atoms whole (AutoTP's logical
-// shape; a vocabulary's unpadded), from every lane's slices where the rules split it and from lane
-// 0's where every lane holds it whole (each copy alike on every lane, else refused naming it), as
-// deepspeed-tp indexes its tags: fp32 and the optimizer states from each lane's partitions over its
-// dense-data-parallel ranks, "step" the 0-d state of lane 0's first rank holding it, bit16 from the
-// lanes' module tensors. `tp_params` gets each one's shard map.
-Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
-                           std::set<std::string>& seen, ParamGroup& group, AtomIndexContents& c,
-                           nlohmann::json& tp_params) {
+// Phase 5 of a tag of TP lanes, parameters of group g that each lane holds slices of (`lanes`:
+// where): each parameter's atoms whole (AutoTP's logical shape; a vocabulary's unpadded), from
+// every lane's slices where the rules split it and from lane 0's where every lane holds it whole
+// (each copy alike on every lane, else refused naming it), as deepspeed-tp indexes its tags: fp32
+// and the optimizer states from each lane's partitions, "step" the 0-d state of lane 0's first
+// rank holding it, bit16 from the lanes' module tensors. `tp_params` gets each one's shard map.
+Status AddLaneAtoms(const MoeTag& tag, const MoeStage& stage, size_t g, const LaneSlicesOf& lanes,
+                    std::set<std::string>& seen, ParamGroup& group, AtomIndexContents& c,
+                    nlohmann::json& tp_params) {
   const uint32_t tp = tag.tp();
-  const GroupLayout& layout = stage.first_lane().dense[g];
+  std::vector<LaneSlices> slices;
+  for (uint32_t t = 0; t < tp; ++t) slices.push_back(lanes(t));
+  const GroupLayout& layout = *slices.front().layout;
   const OptimGroup& first = stage.ranks.front().groups[g];
   for (size_t k = 0; k < layout.names.size(); ++k) {
     const std::string& name = layout.names[k];
@@ -1602,18 +1720,18 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
     UCP_ASSIGN_OR_RETURN(const Geometry geometry,
                          GeometryAt(name, map, shape, tp, tag.vocab, map.blocks));
     for (uint32_t t = 0; t < tp; ++t) {
-      const MoeLane& lane = stage.lanes[t];
-      const Shape& held = lane.dense[g].shapes[k];
-      if (lane.dense[g].names[k] != name || LocalShape(geometry, t) != held) {
-        return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name + ": " +
-                               ShapeText(held) + ", but " + std::string(tag.RuleSource()) +
-                               " gives TP rank " + std::to_string(t) + " " +
-                               ShapeText(LocalShape(geometry, t)));
+      const LaneSlices& lane = slices[t];
+      const Shape& held = lane.layout->shapes[k];
+      if (lane.layout->names[k] != name || LocalShape(geometry, t) != held) {
+        return Status::Corrupt(Prefix(tag.dir + "/" + tag.paths[lane.bit16(name).file]) +
+                               lane.field_prefix + name + ": " + ShapeText(held) + ", but " +
+                               std::string(tag.RuleSource()) + " gives TP rank " +
+                               std::to_string(t) + " " + ShapeText(LocalShape(geometry, t)));
       }
     }
     if (map.rule == Rule::kReplicated) {
       UCP_ASSIGN_OR_RETURN(const std::optional<std::string> differing,
-                           DifferingLane(stage, *tag.folded, g, k));
+                           DifferingLane(tag, stage, lanes, g, k));
       if (differing) {
         return Status::Corrupt(Prefix(tag.dir) + name + ": " + std::string(tag.RuleSource()) +
                                " has every TP rank hold it whole" +
@@ -1621,12 +1739,12 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
                                *differing + " differs from lane 0's; ucp does not pick one");
       }
     }
-    const uint32_t lanes = map.rule == Rule::kSplit ? tp : 1;
+    const uint32_t split_lanes = map.rule == Rule::kSplit ? tp : 1;
     const auto add_partitioned = [&](Atom& atom, int which) -> Status {
-      for (uint32_t t = 0; t < lanes; ++t) {
-        const MoeLane& lane = stage.lanes[t];
-        for (const Piece& piece : Pieces(lane.dense[g], k, lane.dense_p[g])) {
-          const uint32_t r = tag.folded->Rank(piece.rank, t);
+      for (uint32_t t = 0; t < split_lanes; ++t) {
+        const LaneSlices& lane = slices[t];
+        for (const Piece& piece : Pieces(*lane.layout, k, *lane.partitioning)) {
+          const uint32_t r = lane.rank(piece.rank);
           const OptimGroup& og = stage.ranks[r].groups[g];
           const TorchTensor* tensor =
               which < 0 ? og.fp32 : og.states[static_cast<size_t>(which)].tensor;
@@ -1645,10 +1763,10 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
       Atom atom{name, st.key, st.tensor->dtype, {}, {}};
       if (st.tensor->shape.empty()) {
         // ds_to_universal's step.pt: the 0-d state of the first rank holding the parameter.
-        const Partitioning& p = stage.first_lane().dense_p[g];
+        const Partitioning& p = *slices.front().partitioning;
         const uint32_t d =
-            std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), tag.dp - 1);
-        const uint32_t r = tag.folded->Rank(d, 0);
+            std::min(static_cast<uint32_t>(layout.offsets[k] / p.partition), p.ranks - 1);
+        const uint32_t r = slices.front().rank(d);
         const TorchTensor* tensor = stage.ranks[r].groups[g].states[i].tensor;
         UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(atom.shape));
         atom.fragments.push_back(
@@ -1659,18 +1777,18 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
       }
       c.atoms.push_back(std::move(atom));
     }
-    const TorchTensor* module0 = stage.first_lane().module.at(name);
-    Atom bit16{name, "bit16", module0->dtype, shape, {}};
-    for (uint32_t t = 0; t < lanes; ++t) {
-      const MoeLane& lane = stage.lanes[t];
-      const TorchTensor* module = lane.module.at(name);
-      if (module->dtype != bit16.dtype || !module->contiguous()) {
-        return Status::Corrupt(Prefix(tag.dir + "/" + lane.model_name) + "module/" + name +
-                               ": not contiguous, or its dtype differs from " + stage.model_name() +
-                               "'s");
+    const TagTensor module0 = slices.front().bit16(name);
+    Atom bit16{name, "bit16", module0.tensor->dtype, shape, {}};
+    for (uint32_t t = 0; t < split_lanes; ++t) {
+      const TagTensor module = slices[t].bit16(name);
+      if (module.tensor->dtype != bit16.dtype || !module.tensor->contiguous()) {
+        return Status::Corrupt(
+            Prefix(tag.dir + "/" + tag.paths[module.file]) + slices[t].field_prefix + name +
+            ": not contiguous, or its dtype differs from " + tag.paths[module0.file] + "'s");
       }
-      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module->numel(),
-                                            lane.model_file, module->file_offset(), module->dtype));
+      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
+                                            module.file, module.tensor->file_offset(),
+                                            module.tensor->dtype));
     }
     c.atoms.push_back(std::move(bit16));
   }
@@ -1678,20 +1796,24 @@ Status AddFoldedDenseAtoms(const MoeTag& tag, const MoeStage& stage, size_t g,
 }
 
 // An mpu's TP: universal_checkpoint_info's rules (lane 0's, as deepspeed-tp reads them) of how the
-// TP slices make each dense parameter `names`: split (on a dimension, into sub-parameters, a
-// padded vocabulary) or whole on every lane, where no rule names it as well (its lanes' copies
-// must then be alike: AddFoldedDenseAtoms compares them). kUnsupported for one the ranks average.
+// TP slices make each parameter `names` (dense, or with expert tensor parallelism an expert's
+// under its global name): split (on a dimension, into sub-parameters, a padded vocabulary) or
+// whole on every lane, where no rule names it as well (its lanes' copies must then be alike:
+// AddLaneAtoms compares them). kUnsupported for one the ranks average.
 Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std::string>& names) {
   const TorchArchiveReader& model = stage.model();
   UCP_ASSIGN_OR_RETURN(const deepspeed::Patterns patterns, deepspeed::ReadPatterns(model));
   for (const std::string& name : names) {
-    const auto tensor = stage.first_lane().module.find(name);
-    if (tensor == stage.first_lane().module.end() || tensor->second == nullptr) {
+    const auto dense = stage.first_lane().module.find(name);
+    const auto expert = stage.expert_tensors.find(name);
+    const TorchTensor* tensor = dense != stage.first_lane().module.end() ? dense->second
+                                : expert != stage.expert_tensors.end()   ? expert->second.tensor
+                                                                         : nullptr;
+    if (tensor == nullptr) {
       return FieldError(model, "module/" + name, "missing (a parameter of the optimizer's groups)");
     }
-    UCP_ASSIGN_OR_RETURN(
-        const deepspeed::Resolved resolved,
-        deepspeed::Resolve(model, patterns, name, tensor->second->shape, tag.tp()));
+    UCP_ASSIGN_OR_RETURN(const deepspeed::Resolved resolved,
+                         deepspeed::Resolve(model, patterns, name, tensor->shape, tag.tp()));
     ShardMap map;  // no rule: whole on every lane; on one, nothing tells (whole there only)
     if (resolved.map) {
       map = *resolved.map;
@@ -1712,11 +1834,11 @@ Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std:
   return Status::Ok();
 }
 
-// Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter. A folded tag's from
-// AutoTP's record (lane 0's affine map): AutoTP's two whole-rank layouts (replicated, or one
-// split dimension), no vocabulary padding; an mpu's TP from ResolveMpuMaps. Every lane's module
-// tensor outside the groups (the router's unused gate) whole and alike in shape on every lane
-// (ds_to_universal and a reshard take lane 0's).
+// Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter (and with expert
+// tensor parallelism each expert's). A folded tag's from AutoTP's record (lane 0's affine map):
+// AutoTP's two whole-rank layouts (replicated, or one split dimension), no vocabulary padding; an
+// mpu's TP from ResolveMpuMaps. Every lane's module tensor outside the groups (the router's unused
+// gate) whole and alike in shape on every lane (ds_to_universal and a reshard take lane 0's).
 Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
   std::vector<std::string> names;
   std::set<std::string> grouped;
@@ -1727,7 +1849,11 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
   }
   grouped.insert(names.begin(), names.end());
   if (tag.mpu_tp) {
-    UCP_RETURN_IF_ERROR(ResolveMpuMaps(tag, stage, names));
+    std::vector<std::string> resolved = names;
+    for (uint32_t e = 0; e < (tag.expert_tp() ? tag.ep : 0); ++e) {
+      resolved.insert(resolved.end(), stage.global[e].names.begin(), stage.global[e].names.end());
+    }
+    UCP_RETURN_IF_ERROR(ResolveMpuMaps(tag, stage, resolved));
   } else {
     UCP_ASSIGN_OR_RETURN(tag.autotp, ReadAutoTpMaps(stage.model(), tag.tp(), names));
     for (const std::string& name : names) {
@@ -1766,7 +1892,18 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
         GroupSettings(first.groups[g].param_group, first.reader, first.groups[g].states);
     const bool experts_group = g == stage.expert_group;
     if (tag.folded && !experts_group) {
-      UCP_RETURN_IF_ERROR(AddFoldedDenseAtoms(tag, stage, g, seen, group, c, tp_params));
+      UCP_RETURN_IF_ERROR(AddLaneAtoms(
+          tag, stage, g, [&](uint32_t t) { return DenseSlices(tag, stage, g, t); }, seen, group, c,
+          tp_params));
+      c.groups.push_back(std::move(group));
+      continue;
+    }
+    if (experts_group && tag.expert_tp()) {
+      for (uint32_t e = 0; e < tag.ep; ++e) {
+        UCP_RETURN_IF_ERROR(AddLaneAtoms(
+            tag, stage, g, [&](uint32_t t) { return ExpertSlices(tag, stage, e, t); }, seen, group,
+            c, tp_params));
+      }
       c.groups.push_back(std::move(group));
       continue;
     }
@@ -1775,7 +1912,7 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
       const Partitioning& p = experts_group ? stage.expert_p : stage.first_lane().dense_p[g];
       std::vector<RankPartition> partitions;
       for (uint32_t i = 0; i < p.ranks; ++i) {
-        const uint32_t r = experts_group ? tag.order.Rank(e, i) : i;
+        const uint32_t r = experts_group ? tag.ExpertMember(e, i, 0) : i;
         const OptimStates& os = stage.ranks[r];
         partitions.push_back({os.groups[g].fp32, &os.groups[g].states, stage.optim_file + r});
       }
@@ -1885,6 +2022,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
     nlohmann::json& lanes = c.adapter_state["folded_tp"];
     lanes = {{"degree", tag.tp()}, {"params", tp_params}};
     if (tag.mpu_tp) lanes["mpu"] = true;
+    if (tag.expert_tp()) lanes["expert_tp"] = true;
     if (tag.vocab) {
       lanes["vocab"] = {{"original", tag.vocab->original},
                         {"padded", tag.vocab->padded},
@@ -1945,26 +2083,85 @@ void EraseKey(Value* dict, std::string_view key) {
   });
 }
 
-// A folded tag's lane-0 model states (imported into `graph` as its root from `reader`) with the
-// dense parameters at TP rank t of degree tp (`maps` at tp; at tp 1 every parameter whole): each
-// split parameter's module tensor its slice, in a storage of its own as AutoEP saves them (a
-// replicated one's is lane 0's, kept), and each dense param_shapes entry the slice's shape.
-// Returns the replaced storages' bytes.
-Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
-    const AtomIndex& index, const std::map<std::string, ShardMap>& maps,
-    const std::optional<Vocab>& vocab, uint32_t tp, uint32_t t, const TorchArchiveReader& reader,
-    pickle::Graph& graph) {
-  std::map<std::string, Geometry> geometries;  // each dense parameter's at tp
-  std::map<std::string, Shape> local;          // and its slice on rank t
+// TP rank t's geometry and slice shape, at degree tp, of each parameter `maps` names (at tp 1
+// every one whole).
+struct SliceShapes {
+  std::map<std::string, Geometry> geometries;
+  std::map<std::string, Shape> local;
+};
+
+Result<SliceShapes> SliceShapesAt(const AtomIndex& index,
+                                  const std::map<std::string, ShardMap>& maps,
+                                  const std::optional<Vocab>& vocab, uint32_t tp, uint32_t t) {
+  SliceShapes at;
   for (const auto& [name, map] : maps) {
     const Atom* atom = index.Find(name, "bit16");
     if (atom == nullptr) return Status::Corrupt("deepspeed: index: no bit16 atom of " + name);
     // At tp 1 no parameter is split: the blocks are the source's, of another degree.
-    UCP_ASSIGN_OR_RETURN(geometries[name],
+    UCP_ASSIGN_OR_RETURN(at.geometries[name],
                          GeometryAt(name, map, atom->shape, tp, vocab,
                                     tp == 1 ? std::vector<uint64_t>{} : map.blocks));
-    local[name] = LocalShape(geometries[name], t);
+    at.local[name] = LocalShape(at.geometries[name], t);
   }
+  return at;
+}
+
+// Each tensor of `dict` (field `field` of `reader`, imported into `graph`) that `maps` splits
+// replaced by TP rank t's slice of its bit16 atom (`at`: rank t's), in a storage of its own as
+// DeepSpeed saves a TP slice; a replicated one's is kept. Appends the new storages' bytes to
+// `replaced`.
+Status SliceTensors(const AtomIndex& index, const std::map<std::string, ShardMap>& maps,
+                    const SliceShapes& at, uint32_t t, Value* dict, const std::string& field,
+                    const TorchArchiveReader& reader, pickle::Graph& graph,
+                    std::map<std::string, std::vector<Segment>>& replaced) {
+  const auto slice = [&](const Value* key, Value*& value) -> Status {
+    const std::string name = KeyText(key);
+    const auto map = maps.find(name);
+    if (map == maps.end() || map->second.rule != Rule::kSplit) return Status::Ok();
+    Result<const Value*> node = reader.Find(field + name);
+    const TorchTensor* tensor = node.ok() ? reader.TensorAt(*node) : nullptr;
+    if (tensor == nullptr) return FieldError(reader, field + name, "not a tensor");
+    if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
+      return FieldError(reader, field + name,
+                        "a TP slice sharing its storage with other tensors; DeepSpeed saves each "
+                        "in its own");
+    }
+    const Shape& local = at.local.at(name);
+    TensorNodeSpec spec;
+    spec.storage_key = tensor->storage->key;
+    spec.dtype = tensor->dtype;
+    spec.location = tensor->storage->location;
+    UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(local));
+    spec.shape = local;
+    spec.requires_grad = tensor->requires_grad;
+    spec.parameter = tensor->parameter;
+    UCP_ASSIGN_OR_RETURN(value, MakeTensorNode(graph, spec));
+    return AppendSliceSegments(index, *index.Find(name, "bit16"), map->second,
+                               at.geometries.at(name), t, 0, spec.storage_numel,
+                               replaced[spec.storage_key]);
+  };
+  // A dict (an expert file's) or an OrderedDict (the model states' module).
+  if (dict->kind() == Kind::kDict) {
+    for (auto& [key, value] : dict->mutable_entries()) UCP_RETURN_IF_ERROR(slice(key, value));
+    return Status::Ok();
+  }
+  for (pickle::Mutation& mutation : dict->mutable_mutations()) {
+    if (mutation.op == pickle::Mutation::Op::kSetItem) {
+      UCP_RETURN_IF_ERROR(slice(mutation.first, mutation.second));
+    }
+  }
+  return Status::Ok();
+}
+
+// A folded tag's lane-0 model states (imported into `graph` as its root from `reader`) with the
+// dense parameters at TP rank t of degree tp (`maps` at tp; at tp 1 every parameter whole): each
+// split parameter's module tensor its slice (SliceTensors), and each dense param_shapes entry the
+// slice's shape. Returns the replaced storages' bytes.
+Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
+    const AtomIndex& index, const std::map<std::string, ShardMap>& maps,
+    const std::optional<Vocab>& vocab, uint32_t tp, uint32_t t, const TorchArchiveReader& reader,
+    pickle::Graph& graph) {
+  UCP_ASSIGN_OR_RETURN(const SliceShapes at, SliceShapesAt(index, maps, vocab, tp, t));
   Value* root = graph.root();
   // The dense group's param_shapes (the first: the expert group comes after it).
   Value* shapes = root->Get("param_shapes");
@@ -1977,8 +2174,8 @@ Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
   // AutoEP saves each shape as a tuple (a torch.Size where a release writes one: kept so).
   for (pickle::Mutation& mutation : dense_shapes->mutable_mutations()) {
     if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-    const auto shape = local.find(KeyText(mutation.first));
-    if (shape == local.end()) continue;
+    const auto shape = at.local.find(KeyText(mutation.first));
+    if (shape == at.local.end()) continue;
     if (mutation.second->kind() != Kind::kTuple) {
       mutation.second = SizeNode(graph, shape->second);
       continue;
@@ -1990,32 +2187,7 @@ Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
     mutation.second = graph.Tuple(std::move(extents));
   }
   std::map<std::string, std::vector<Segment>> replaced;
-  for (pickle::Mutation& mutation : module->mutable_mutations()) {
-    if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
-    const std::string name = KeyText(mutation.first);
-    const auto map = maps.find(name);
-    if (map == maps.end() || map->second.rule != Rule::kSplit) continue;
-    Result<const Value*> node = reader.Find("module/" + name);
-    const TorchTensor* tensor = node.ok() ? reader.TensorAt(*node) : nullptr;
-    if (tensor == nullptr) return FieldError(reader, "module/" + name, "not a tensor");
-    if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
-      return FieldError(reader, "module/" + name,
-                        "a TP slice sharing its storage with other tensors; AutoEP saves each in "
-                        "its own");
-    }
-    TensorNodeSpec spec;
-    spec.storage_key = tensor->storage->key;
-    spec.dtype = tensor->dtype;
-    spec.location = tensor->storage->location;
-    UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(local[name]));
-    spec.shape = local[name];
-    spec.requires_grad = tensor->requires_grad;
-    spec.parameter = tensor->parameter;
-    UCP_ASSIGN_OR_RETURN(mutation.second, MakeTensorNode(graph, spec));
-    UCP_RETURN_IF_ERROR(AppendSliceSegments(index, *index.Find(name, "bit16"), map->second,
-                                            geometries[name], t, 0, spec.storage_numel,
-                                            replaced[spec.storage_key]));
-  }
+  UCP_RETURN_IF_ERROR(SliceTensors(index, maps, at, t, module, "module/", reader, graph, replaced));
   return replaced;
 }
 
@@ -2818,13 +2990,16 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
 
 // A folded target's layout: its grid, the dense parameters' maps at its TP degree, each TP lane's
 // dense groups (its slices' flat layout, partitioned over the dense DP ranks), and the experts at
-// its expert-parallel size, each expert-parallel rank's group partitioned over its expert DP ranks.
+// its expert-parallel size, each expert-parallel rank's group partitioned over its expert DP ranks
+// (with expert tensor parallelism each lane's slices of it).
 struct FoldedLayout {
   deepspeed::FoldedGrid grid;
   std::map<std::string, ShardMap> maps;
   std::vector<std::vector<TargetGroup>> lanes;  // [TP rank][group]; the expert group's entry empty
   ExpertLayouts experts;
   Partitioning expert_partition;
+  // expert_tp: [TP rank][expert-parallel rank] (rank 0's names are the local ones).
+  std::vector<std::vector<TargetGroup>> expert_slices;
 };
 
 // The grid of TP lanes a target names, once DeepSpeed can run the tag's model there: one stage,
@@ -2844,16 +3019,19 @@ Result<deepspeed::FoldedGrid> CheckFoldedTarget(const AtomIndex& index, const In
                                    std::to_string(target.world));
   }
   deepspeed::FoldedGrid grid{target.dp * target.tp, target.tp,
-                             target.ep != 0 ? target.ep : facts.ep, facts.data_before_expert};
+                             target.ep != 0 ? target.ep : facts.ep, facts.data_before_expert,
+                             facts.expert_tp};
   if (grid.ep == 1 && !facts.mpu_tp) {
     return Status::Unsupported(at +
                                ",ep=1: DeepSpeed folds AutoEP over AutoTP only at an "
                                "expert-parallel size above 1");
   }
-  if (grid.world % grid.ep != 0) {
-    return Status::InvalidArgument(at + ": the world " + std::to_string(grid.world) +
-                                   " is not a multiple of the expert-parallel size " +
-                                   std::to_string(grid.ep) + ": DeepSpeed requires it");
+  if (grid.Order().dp % grid.ep != 0) {
+    return Status::InvalidArgument(
+        at + ": the " + (grid.expert_tp ? "dense-data-parallel size " : "world ") +
+        std::to_string(grid.Order().dp) + " is not a multiple of the expert-parallel size " +
+        std::to_string(grid.ep) + ": DeepSpeed requires it" +
+        (grid.expert_tp ? " (with expert tensor parallelism)" : ""));
   }
   UCP_RETURN_IF_ERROR(CheckExpertsDivide(facts.num_experts, grid.ep));
   if (grid.ep != facts.ep) {
@@ -2892,6 +3070,17 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
   UCP_ASSIGN_OR_RETURN(at.experts, ExpertLayoutsAt(facts, grid.ep));
   UCP_ASSIGN_OR_RETURN(at.expert_partition,
                        SavablePartition(at.experts.local.total, grid.ExpertDp(), "a group"));
+  if (!grid.expert_tp) return at;
+  for (uint32_t t = 0; t < grid.tp; ++t) {
+    std::vector<TargetGroup> ranks;
+    for (const GroupLayout& global : at.experts.global) {
+      UCP_ASSIGN_OR_RETURN(
+          TargetGroup group,
+          TargetGroupAt(index, at.maps, facts.vocab, global.names, grid.tp, t, grid.ExpertDp()));
+      ranks.push_back(std::move(group));
+    }
+    at.expert_slices.push_back(std::move(ranks));
+  }
   return at;
 }
 
@@ -2931,7 +3120,12 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
   UCP_RETURN_IF_ERROR(
       SetDictItem(root, "dp_world_size", graph.Int(at.grid.DenseDp()), reader.path()));
   const GroupLayout& local = at.experts.local;
-  if (at.grid.ep != facts.ep) {
+  if (at.grid.expert_tp) {
+    // Rank 0's slices under their global names, which are its local ones.
+    UCP_RETURN_IF_ERROR(SetLocalExpertShapes(graph, root, reader, facts.expert_group,
+                                             at.expert_slices[t][0].layout, false,
+                                             /*slices=*/true));
+  } else if (at.grid.ep != facts.ep) {
     UCP_RETURN_IF_ERROR(
         SetLocalExpertShapes(graph, root, reader, facts.expert_group, local, facts.fused));
   }
@@ -2979,6 +3173,22 @@ Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
     const uint32_t t = grid.TpRank(rank);
     const auto group_of = [&](size_t g) -> Result<RankGroupPart> {
       RankGroupPart group;
+      if (g == facts.expert_group && grid.expert_tp) {
+        const TargetGroup& slices = at.expert_slices[t][grid.ExpertRank(rank)];
+        const uint32_t i = grid.ExpertDpRank(rank);
+        group.part = PlanRankPart(slices.partition, i, slices.layout.total, /*elastic=*/false,
+                                  facts.bf16_optimizer);
+        group.padding = slices.partition.padding_of(i);
+        // Named by local id: rank 0's slices, whose global names are the local ones.
+        group.mappings =
+            ExpectedMappings(at.expert_slices[t][0].layout, slices.partition, i, false);
+        group.params = slices.layout.names.size();
+        group.segments_of = [&index, &at, &slices, t](const std::string& state, uint64_t begin,
+                                                      uint64_t end) {
+          return SliceFlatSegments(index, at.maps, slices, t, state, begin, end);
+        };
+        return group;
+      }
       if (g == facts.expert_group) {
         const GroupLayout& layout = at.experts.global[grid.ExpertRank(rank)];
         const uint32_t i = grid.ExpertDpRank(rank);
@@ -3032,9 +3242,16 @@ Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
 // rank's experts (FoldedGrid::ExpertWriters), its lowest-lane file with the folding dict of the
 // lowest of those writers (where two write it, DeepSpeed's own save keeps whichever lands last);
 // with an mpu's TP under every TP rank whose ranks hold them, the same file: DeepSpeed writes it
-// under lane e mod T alone, which are those lanes where T divides E, and its load reads each.
+// under lane e mod T alone, which are those lanes where T divides E, and its load reads each. With
+// expert tensor parallelism under every TP rank, its lowest-lane file with each tensor the rules
+// split TP rank t's slice of its bit16 atom.
 Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
                              const IndexFacts& facts, const FoldedLayout& at, OutputPlan& plan) {
+  std::vector<SliceShapes> lane_shapes;
+  for (uint32_t t = 0; t < (at.grid.expert_tp ? at.grid.tp : 0); ++t) {
+    UCP_ASSIGN_OR_RETURN(lane_shapes.emplace_back(),
+                         SliceShapesAt(index, at.maps, facts.vocab, at.grid.tp, t));
+  }
   std::set<std::pair<uint32_t, uint32_t>> written;
   for (const uint32_t file : facts.expert_files) {
     const std::optional<deepspeed::FileName> parsed =
@@ -3045,6 +3262,22 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
                              ": a layer the index's num_experts does not list");
     }
     const uint32_t per_rank = facts.num_experts[parsed->layer] / at.grid.ep;
+    if (at.grid.expert_tp) {
+      UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+      for (uint32_t t = 0; t < at.grid.tp; ++t) {
+        ArchiveOutput out;
+        out.path = ExpertModelStatesName(parsed->layer, parsed->expert, t);
+        Value* root = out.graph.Import(reader.root());
+        out.graph.set_root(root);
+        std::map<std::string, std::vector<Segment>> replaced;
+        UCP_RETURN_IF_ERROR(
+            SliceTensors(index, at.maps, lane_shapes[t], t, root, "", reader, out.graph, replaced));
+        UCP_ASSIGN_OR_RETURN(out.storages,
+                             CollectStorages(root, reader, file, std::move(replaced)));
+        plan.archives.push_back(std::move(out));
+      }
+      continue;
+    }
     if (facts.mpu_tp) {
       // Under each lane whose ranks hold the expert, as they read it; no folding dict.
       for (uint32_t t = 0; t < at.grid.tp; ++t) {
@@ -3170,12 +3403,17 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
   UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> lanes, MpuLanes(model, mp_world_size));
   if (const uint32_t mpu_tp = lanes.value_or(1); mpu_tp > 1) {
     UCP_ASSIGN_OR_RETURN(const uint32_t ep, ExpertParallelSizeOf(model));
-    if (mpu_tp > ep) {
+    deepspeed::FoldedGrid grid{dp * mpu_tp, mpu_tp, ep};
+    UCP_ASSIGN_OR_RETURN(grid.expert_tp,
+                         SavedExpertTensorParallel(tag_dir, listing, model, prefix, grid));
+    // With expert tensor parallelism every lane's model states are written (by its dense- and
+    // expert-data-parallel rank 0).
+    if (mpu_tp > ep && !grid.expert_tp) {
       return Status::Unsupported(Prefix(tag_dir) + "tp " + std::to_string(mpu_tp) + " above ep " +
                                  std::to_string(ep) + " (from " + model.path() + ")" +
                                  std::string(kMpuModelStatesWriters));
     }
-    return FoldedFiles({dp * mpu_tp, mpu_tp, ep}, true, model, prefix);
+    return FoldedFiles(grid, true, model, prefix);
   }
   UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   std::vector<std::string> files;

@@ -1,5 +1,5 @@
-// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 3: schema 1 had no folded tags, schema 2 no
-// lanes of an mpu's TP): DeepSpeed
+// The DeepSpeed-MoE adapter ("deepspeed-moe", schema 4: schema 1 had no folded tags, schema 2 no
+// lanes of an mpu's TP, schema 3 no expert tensor parallelism): DeepSpeed
 // v0.14 checkpoints of models with deepspeed.moe.layer.MoE layers under ZeRO-1/2, as atoms,
 // resharded to any DP size that the expert-parallel size divides; also those of MoE layers in a
 // PipelineModule (DeepSpeed 0.19, below), at their pipeline degree, merged onto one stage or
@@ -99,6 +99,19 @@
 // file under every lane whose ranks hold it (DeepSpeed's own save at T' > E' lacks lanes its load
 // reads; ucp writes them).
 //
+// With expert tensor parallelism (enable_expert_tensor_parallelism; Megatron's experts are then its
+// ParallelMLP, split over the TP ranks) DeepSpeed makes the expert groups inside each lane's dense
+// data-parallel group (utils/groups.py, _create_expert_data_and_model_parallel): lane t's rank
+// d·T + t is expert-parallel rank d mod E (d div (D/E) in the other order) and partition d div E
+// of D/E (d mod (D/E)), and every lane's expert-data-parallel rank 0 writes that lane's slices of
+// its experts (so every lane's model states and expert files are there). No file records it: at
+// T > 1 the expert group's partition_count, D/E instead of W/E, tells; at T = 1 (one layout either
+// way) Megatron's saved args' enable_expert_tensor_parallelism, which must agree at T > 1 too. The
+// index reads each lane as a T = 1 stage of D ranks, each expert's atoms whole by the same rules
+// as the dense ones (Megatron's naming splits an expert's dense_h_to_4h on dim 0), and records
+// expert_tp; a reshard keeps it: each lane's expert group and expert files its slices at T', E'
+// dividing D'.
+//
 // Atoms: per parameter (an expert's under its GLOBAL name, the expert files' name; an AutoEP
 // expert's rows of each fused parameter), "fp32", every per-parameter optimizer state, "step"
 // (the group's 0-d step) and "bit16" (the module tensor or the expert file's).
@@ -137,7 +150,7 @@ namespace ucp {
 class DeepSpeedMoeAdapter final : public FrameworkAdapter {
  public:
   static constexpr std::string_view kName = "deepspeed-moe";
-  static constexpr uint32_t kSchema = 3;
+  static constexpr uint32_t kSchema = 4;
 
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }
@@ -148,7 +161,8 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
   // Per pipeline stage: the model states, one optimizer file per DP rank, every expert file
   // num_experts names and the expp_rank files there (whether a release writes them is in no
   // file; a rank writes its own before its optimizer file). kFailedPrecondition until each
-  // stage's model states are a complete archive.
+  // stage's model states are a complete archive; over an mpu's TP also until rank 0's optimizer
+  // file is (it tells whether the lanes split the experts).
   Result<std::vector<std::string>> ExpectedFiles(const std::string& tag_dir) const override;
 
   // Validates the tag as the header says: kNotFound naming a missing file, kCorrupt naming the

@@ -81,6 +81,30 @@ TEST(FoldedGridTest, DataBeforeExpertRunsOfWOverERanksAreOneExpertRank) {
   EXPECT_THAT(default_order.ExpertHolders(0, 1), IsEmpty());
 }
 
+// With expert tensor parallelism the expert groups lie within each TP lane's dense-data-parallel
+// group: _get_expert_parallel_ranks' own example (world 16, TP 2, E 4): expert-parallel groups
+// [0,2,4,6], [8,10,12,14], [1,3,5,7], [9,11,13,15]; expert-data-parallel groups [0,8], [2,10], ...
+TEST(FoldedGridTest, ExpertTensorParallelismOrdersEachLanesDenseRanks) {
+  const FoldedGrid grid{16, 2, 4, false, true};
+  EXPECT_EQ(grid.ExpertDp(), 2u);
+  EXPECT_THAT((std::vector<uint32_t>{grid.ExpertRank(0), grid.ExpertRank(2), grid.ExpertRank(6),
+                                     grid.ExpertRank(8), grid.ExpertRank(3), grid.ExpertRank(9)}),
+              ElementsAre(0, 1, 3, 0, 1, 0));
+  EXPECT_THAT(
+      (std::vector<uint32_t>{grid.ExpertDpRank(2), grid.ExpertDpRank(10), grid.ExpertDpRank(11)}),
+      ElementsAre(0, 1, 1));
+  EXPECT_EQ(grid.ExpertMember(1, 1, 0), 10u);
+  EXPECT_EQ(grid.ExpertMember(1, 1, 1), 11u);
+  EXPECT_THAT(grid.ExpertHolders(1, 1), ElementsAre(3, 11));
+
+  // use_data_before_expert_parallelism's order, over a lane's 8 dense ranks at E 4: runs of 2.
+  const FoldedGrid data_before{16, 2, 4, true, true};
+  EXPECT_THAT((std::vector<uint32_t>{data_before.ExpertRank(2), data_before.ExpertRank(4),
+                                     data_before.ExpertDpRank(2), data_before.ExpertDpRank(4)}),
+              ElementsAre(0, 1, 1, 0));
+  EXPECT_EQ(data_before.ExpertMember(3, 1, 1), 15u);
+}
+
 class ReadFoldedGridTest : public ::testing::Test {
  protected:
   struct Record {
