@@ -143,7 +143,8 @@ report.check(status != 0 and "ep=2: the tag has no experts" in err,
 # A tag of two model-parallel ranks: a pipeline or tensor parallelism, told apart only where the
 # model states record checkpoint_parallel_dimensions (DeepSpeed 0.19; a pipeline with MoE layers
 # writes no layer files there, each stage's dense tensors in its own model states). The pipeline
-# is read stage by stage, the TP ranks as lanes; neither copy has mp rank 1's optimizer files.
+# is read stage by stage, the TP ranks as lanes; neither copy has mp rank 1's optimizer files. Both
+# at once need mp_world_size tp_degree x pp_degree.
 for name, dimensions, words in (
         ("mp2_pipeline", {"pp_degree": 2, "tp_degree": 1},
          "zero_pp_rank_0_mp_rank_01_optim_states.pt: not found (dp_world_size 4 in "
@@ -152,8 +153,7 @@ for name, dimensions, words in (
          "zero_pp_rank_0_mp_rank_01_optim_states.pt: not found (dp_world_size 4 in "
          "mp_rank_01_model_states.pt)"),
         ("mp2_tensor_pipeline", {"pp_degree": 2, "tp_degree": 2},
-         "checkpoint_parallel_dimensions: MoE with both tensor and pipeline parallelism is not "
-         "supported"),
+         "mp_world_size: 2, but checkpoint_parallel_dimensions records tp_degree 2 and pp_degree 2"),
         ("mp2_unrecorded", None,
          "mp_rank_00_model_states.pt: mp_world_size 2: MoE with tensor or pipeline parallelism, "
          "and the tag does not record which")):

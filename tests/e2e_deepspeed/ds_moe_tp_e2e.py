@@ -40,8 +40,17 @@ And in WORK/moe_tp_data_before, a save of its own:
            writers are the ranks of expert-data-parallel rank 0, ranks 0 and 2): ucp writes
            mp_rank_01 and lane 1's expert files too, and refuses DeepSpeed's, naming the file.
 
-Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before --work DIR --tools DIR --lib LIBUCP
-                         --ucp UCP_CLI --deepspeed VERSION [--required]
+And each with a save of its own (WORK/moe_tp_<step>):
+
+  expert_tp  expert tensor parallelism (train_moe_tp.py --expert_tp): a T=2 x DP=2 save at E=2
+           whose lanes hold slices of every expert, resharded to T=1 x DP=2 at E=2 and
+           T=4 x DP=1 at E=1 (check_target; DeepSpeed's own save there lacks nothing), resumed
+           live at the latter under the preload (step_expert_tp).
+  pipeline  MoE in a T=2 x PP=2 x DP=1 pipeline (train_moe_3d.py) at E=2, resharded at its pp
+           to T=1 x DP=2 at E=2 and E=1 and back, resumed live at the first (step_pipeline).
+
+Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before|expert_tp|pipeline --work DIR
+                         --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION [--required]
 Exit status 77 with the reason when that DeepSpeed is not importable (ds_e2e.py's rule).
 """
 import argparse
@@ -61,6 +70,7 @@ import ds_objects  # noqa: E402
 import harness  # noqa: E402
 
 TRAINER = os.path.join(HERE, 'train_moe_tp.py')
+PIPELINE_TRAINER = os.path.join(HERE, 'train_moe_3d.py')
 SAVE_AT, STEPS = 3, 6
 SAVE = (2, 2, 2)  # (tp, dp, ep)
 # |Δloss| allowed against the uninterrupted run: float32 sums over other TP and DP splits.
@@ -72,6 +82,10 @@ DATA_BEFORE_SAVE, DATA_BEFORE_TARGET = (1, 4, 2), (2, 2, 2)
 # The expert_tp step's targets (E' must divide D' there) and its live resume.
 EXPERT_TP_TARGETS = [(1, 2, 2), (4, 1, 1)]
 EXPERT_TP_RESUME = (4, 1, 1)
+# The pipeline step's save, targets and live resume (tp, pp, dp, ep).
+PIPELINE_SAVE = (2, 2, 1, 2)
+PIPELINE_TARGETS = [(1, 2, 2, 2), (1, 2, 2, 1)]
+PIPELINE_RESUME = (1, 2, 2, 2)
 
 
 def name_of(grid):
@@ -219,7 +233,7 @@ def check_refusals(args, report, saved):
     """What ucp refuses of such tags, naming the reason: a save lacking a TP rank's model states
     (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, an expert
     group partitioned as expert tensor parallelism does where the Megatron args say the run had
-    none, a pipeline beside TP, and a TP degree the rules do not divide."""
+    none, another pp, and a TP degree the rules do not divide."""
     def copy(name):
         tag = harness.copy_tag(saved, os.path.join(args.work, 'refused', name, TAG))
         shutil.rmtree(os.path.join(tag, '.ucp'), ignore_errors=True)
@@ -251,8 +265,8 @@ def check_refusals(args, report, saved):
     cases.append(('an expert group partitioned as the args do not say', ['index', tag],
                   'args/enable_expert_tensor_parallelism: False, but'))
     out = os.path.join(args.work, 'refused', 'out')
-    cases.append(('a pipeline', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
-                  'MoE with both tensor and pipeline parallelism is not supported'))
+    cases.append(('another pp', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
+                  'MoE over TP lanes saved at pp=1 to another pp is not supported'))
     cases.append(('tp=3', ['reshard', saved, '--to', 'tp=3,dp=1,ep=1', '--out', out],
                   'does not split evenly'))
     for what, command, words in cases:
@@ -412,17 +426,112 @@ def step_expert_tp(args, env):
     report.exit()
 
 
+def pipeline_name(grid):
+    tp, pp, dp, ep = grid
+    return f'tp{tp}pp{pp}dp{dp}ep{ep}'
+
+
+def pipeline_to(grid):
+    tp, pp, dp, ep = grid
+    return f'tp={tp},pp={pp},dp={dp},ep={ep}'
+
+
+def launch_pipeline(args, env, grid, name, extra):
+    """train_moe_3d.py at `grid` (tp, pp, dp, ep) through STEPS; returns (status, seconds,
+    output)."""
+    tp, pp, dp, ep = grid
+    command = [sys.executable, 'launch.py', str(tp * pp * dp), ds_e2e.PORT, PIPELINE_TRAINER,
+               '--tp', str(tp), '--pp', str(pp), '--ep', str(ep), '--steps', str(STEPS), '--out',
+               os.path.join(args.work, name + '.json')] + extra
+    log = os.path.join(args.work, name + '.log')
+    return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
+                                  STEPS, ds_e2e.save_dir_of(extra))
+
+
+def step_pipeline(args, env):
+    """MoE in a tensor- and pipeline-parallel model (train_moe_3d.py: train_3d.py's GPT pipeline,
+    each transformer layer's MLP an MoE): a T=2 x PP=2 x DP=1 save at E=2 (4 ranks; each stage's
+    files under mp ranks stage * T + t) saved without and with the preload (the same bytes and
+    losses, indexed at save), resharded to each of PIPELINE_TARGETS at its pp (DeepSpeed's strict
+    load of ucp's files there saved again before it trains equals them, its steps within
+    TOLERANCE of the uninterrupted run, and back = the save: TP1 x PP2 to TP2 x PP2 too), resumed
+    live at PIPELINE_RESUME under the preload, and another pp refused."""
+    def run(name, run_env, save_dir):
+        return launch_pipeline(args, run_env, PIPELINE_SAVE, name,
+                               ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+    tag_dir, _, _ = ds_e2e.save_with_and_without_preload(
+        args, env, args.work, 'T=2 x PP=2 x DP=1 MoE at E=2', run)
+    full = losses(os.path.join(args.work, 'plain.json'))
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    report = harness.Report('moe_tp pipeline')
+    for grid in PIPELINE_TARGETS:
+        name = pipeline_name(grid)
+        out = reshard(args, tag_dir, pipeline_to(grid), 'reshard_' + name)
+        resave = os.path.join(args.work, 'resave_' + name)
+        shutil.rmtree(resave, ignore_errors=True)
+        status, _, output = launch_pipeline(args, env, grid, 'load_' + name,
+                                            ['--load_dir', os.path.dirname(out), '--save_dir',
+                                             resave, '--save_at', str(SAVE_AT)])
+        if status != 0:
+            fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
+        got = losses(os.path.join(args.work, f'load_{name}.json'))
+        print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
+        worst = max(abs(got[s] - full[s]) for s in steps)
+        report.check(sorted(got) == steps and worst <= TOLERANCE,
+                     f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
+        compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave')
+        back = reshard(args, out, pipeline_to(PIPELINE_SAVE), f'reshard_{name}_back')
+        compare(report, tag_dir, back, f'{name} -> {pipeline_name(PIPELINE_SAVE)}')
+        print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there; max |Δloss| '
+              f'{worst:.3g}; back = the save')
+    print_losses('losses uninterrupted', {s: full[s] for s in steps})
+    out = os.path.join(args.work, 'refused')
+    shutil.rmtree(out, ignore_errors=True)
+    status, _, err = harness.run_ucp(args.ucp, 'reshard', tag_dir, '--to', 'tp=1,pp=1,dp=4,ep=2',
+                                     '--out', out)
+    report.check(status != 0 and 'saved at pp=2 to another pp is not supported' in err,
+                 f'pp=1: not refused as expected: {err}')
+    print(f'refused, pp=1: {err.strip()}')
+
+    # A plain load_checkpoint at PIPELINE_RESUME under the preload, told the grid by
+    # UCP_TOPOLOGY: bit-identical to DeepSpeed's strict load of ucp's files there.
+    tp, pp, dp, ep = PIPELINE_RESUME
+    name = pipeline_name(PIPELINE_RESUME)
+    logs = os.path.join(args.work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp},pp={pp},ep={ep}')
+    status, seconds, output = launch_pipeline(args, run_env, PIPELINE_RESUME, 'preload',
+                                              ['--load_dir', os.path.join(args.work, 'ckpt')])
+    if status != 0:
+        fail(f'plain load_checkpoint at {name} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
+    got = losses(os.path.join(args.work, 'preload.json'))
+    want = losses(os.path.join(args.work, f'load_{name}.json'))
+    print_losses(f'losses preload at {name} ({seconds:.1f} s)', got)
+    report.check({s: float32_bits(v) for s, v in got.items()} ==
+                 {s: float32_bits(v) for s, v in want.items()},
+                 'the resume under the preload differs from DeepSpeed\'s load of ucp\'s files')
+    resharded = os.path.join(args.work, 'reshard_' + name, TAG)
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    ds_e2e.check_served(os.path.join(tag_dir, '.ucp', 'views', f'tp{tp}-pp{pp}-dp{dp}-ep{ep}'),
+                        resharded, served, pipeline_to(PIPELINE_RESUME), logs)
+    report.exit()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('step', choices=['save', 'reshard', 'preload', 'data_before', 'expert_tp'])
+    parser.add_argument('step', choices=['save', 'reshard', 'preload', 'data_before', 'expert_tp',
+                                         'pipeline'])
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
-    if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
-        ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
+    for trainer in ('train_tp.py', 'train_3d.py'):
+        if not os.path.isfile(os.path.join(args.tools, trainer)):
+            ds_e2e.skip(f'no DeepSpeed trainer {trainer} at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    if args.step in ('data_before', 'expert_tp'):  # each a save of its own
+    if args.step in ('data_before', 'expert_tp', 'pipeline'):  # each a save of its own
         args.work = os.path.join(args.work, 'moe_tp_' + args.step)
-        {'data_before': step_data_before, 'expert_tp': step_expert_tp}[args.step](args, env)
+        {'data_before': step_data_before, 'expert_tp': step_expert_tp,
+         'pipeline': step_pipeline}[args.step](args, env)
         return
     args.work = os.path.join(args.work, 'moe_tp')
     if args.step != 'save' and not os.path.isfile(os.path.join(args.work, 'save.json')):

@@ -199,8 +199,8 @@ struct ExpertFiles {
 };
 
 // Stage `mp`'s expert files of a tag of `stages` pipeline stages (`model`: the stage's model
-// states), or with `lanes` > 0 a tag of that many TP lanes': every expert file under an mp rank
-// below `lanes`.
+// states); with `lanes` > 0 each stage has that many TP lanes, and its expert files are those under
+// its mp ranks mp·lanes .. mp·lanes + lanes - 1 (lanes_of: by lane).
 Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing& listing,
                                     const TorchArchiveReader& model, uint32_t mp, uint32_t stages,
                                     uint32_t lanes = 0) {
@@ -215,13 +215,14 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
                                  "an expert file of an mp rank above 0: MoE with tensor "
                                  "parallelism is not supported");
     }
-    const uint32_t mp_ranks = std::max(stages, lanes);
+    const uint32_t per_stage = std::max(lanes, 1u);
+    const uint32_t mp_ranks = stages * per_stage;
     if (parsed->mp >= mp_ranks) {
       return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " +
                              std::to_string(parsed->mp) + " >= mp_world_size " +
                              std::to_string(mp_ranks) + " (a file of another save)");
     }
-    if (parsed->mp != mp && lanes == 0) continue;
+    if (parsed->mp / per_stage != mp) continue;  // another stage's
     if (parsed->kind == FileKind::kExpertOptimStates) {
       files.optim.insert(parsed->dp);
       continue;
@@ -234,7 +235,9 @@ Result<ExpertFiles> ListExpertFiles(const std::string& tag_dir, const TagListing
           ListText(counts) + " of " + model.path() + " (a file of another save)");
     }
     files.model.insert({parsed->layer, parsed->expert});
-    if (lanes > 0) files.lanes_of[{parsed->layer, parsed->expert}].push_back(parsed->mp);
+    if (lanes > 0) {
+      files.lanes_of[{parsed->layer, parsed->expert}].push_back(parsed->mp % per_stage);
+    }
   }
   for (auto& [expert, held_by] : files.lanes_of) std::sort(held_by.begin(), held_by.end());
   return files;
@@ -255,10 +258,10 @@ std::pair<bool, bool> ExpertLanes(const deepspeed::FoldedGrid& grid, bool mpu, u
   return {t == grid.TpRank(grid.ExpertMember(e, 0, t)), !grid.ExpertHolders(t, e).empty()};
 }
 
-// A lanes tag's expert files against its grid (ExpertLanes), and no expp_rank file there
-// (DeepSpeed 0.19 writes none).
+// A lanes stage's expert files against its grid (ExpertLanes; its lane t is mp rank first_mp + t),
+// and no expp_rank file there (DeepSpeed 0.19 writes none).
 Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& files,
-                              const deepspeed::FoldedGrid& grid, bool mpu) {
+                              const deepspeed::FoldedGrid& grid, bool mpu, uint32_t first_mp) {
   for (uint32_t layer = 0; layer < files.num_experts.size(); ++layer) {
     if (files.num_experts[layer] % grid.ep != 0) {
       return Status::Corrupt(Prefix(tag_dir) + "MoE layer " + std::to_string(layer) + "'s " +
@@ -275,7 +278,7 @@ Status CheckFoldedExpertFiles(const std::string& tag_dir, const ExpertFiles& fil
         const auto [required, allowed] = ExpertLanes(grid, mpu, t, g / per_rank);
         const bool there = std::find(held_by.begin(), held_by.end(), t) != held_by.end();
         if (there ? allowed : !required) continue;
-        const std::string name = tag_dir + "/" + ExpertModelStatesName(layer, g, t);
+        const std::string name = tag_dir + "/" + ExpertModelStatesName(layer, g, first_mp + t);
         const std::string save = std::string(mpu ? "a save" : "a folded save") + " at tp " +
                                  std::to_string(grid.tp) + ", ep " + std::to_string(grid.ep);
         if (required) return Status::NotFound(Prefix(name) + "not found (" + save + " writes it)");
@@ -413,15 +416,16 @@ int64_t RecordedDegree(const TorchArchiveReader& model, const char* key) {
   return node != nullptr && node->kind() == Kind::kInt ? node->AsInt64().value_or(0) : 0;
 }
 
-// The TP lanes of a native MoE tag whose model states `model` give mp_world_size `mp` (AutoEP's
-// folded layout is read by ReadFoldedGrid before): tp_degree of checkpoint_parallel_dimensions,
-// an mpu's tensor parallelism (Megatron-DeepSpeed's), where it is above 1; 1 for a tag of one
-// rank that carries Megatron's TP rules (universal_checkpoint_info of no AutoTP affine map and no
-// AutoEP layers) and records tp_degree 1, which the lanes read to place the parameters at another
-// degree; else nullopt.
-// kUnsupported with a pipeline as well; kCorrupt where mp_world_size is not the degree.
+// The TP lanes of each pipeline stage of a native MoE tag whose model states `model` give
+// mp_world_size `mp` (AutoEP's folded layout is read by ReadFoldedGrid before): tp_degree of
+// checkpoint_parallel_dimensions, an mpu's tensor parallelism (Megatron-DeepSpeed's, or a
+// PipelineModule's grid), where it is above 1; 1 for a tag of one TP rank that carries Megatron's
+// TP rules (universal_checkpoint_info of no AutoTP affine map and no AutoEP layers) and records
+// tp_degree 1, which the lanes read to place the parameters at another degree; else nullopt.
+// kCorrupt where mp_world_size is not tp_degree x pp_degree.
 Result<std::optional<uint32_t>> MpuLanes(const TorchArchiveReader& model, int64_t mp) {
   const int64_t tp = RecordedDegree(model, "tp_degree");
+  const int64_t pp = std::max<int64_t>(RecordedDegree(model, "pp_degree"), 1);
   if (tp <= 1) {
     // AutoEP records its layers there too (ds_autoep_layers: None in a native save).
     const Value* autoep = OptionalField(model, kAutoEpLayers);
@@ -429,17 +433,14 @@ Result<std::optional<uint32_t>> MpuLanes(const TorchArchiveReader& model, int64_
                        !deepspeed::HasAutoTpMaps(model) &&
                        (autoep == nullptr || autoep->kind() == Kind::kNone);
     // Only a release that records the axes (0.19) is read so: 0.14's expp_rank files have no lanes.
-    if (mp == 1 && rules && tp == 1) return std::optional<uint32_t>(1);
+    if (mp == pp && rules && tp == 1) return std::optional<uint32_t>(1);
     return std::optional<uint32_t>();
   }
-  if (RecordedDegree(model, "pp_degree") > 1) {
-    return Status::Unsupported(Prefix(model.path()) + "checkpoint_parallel_dimensions: MoE with " +
-                               "both tensor and pipeline parallelism is not supported");
-  }
-  if (mp != tp || tp > kMaxStages) {
+  if (mp != tp * pp || tp > kMaxStages || pp > kMaxStages) {
     return FieldError(model, "mp_world_size",
-                      std::to_string(mp) + ", but checkpoint_parallel_dimensions/tp_degree is " +
-                          std::to_string(tp));
+                      std::to_string(mp) +
+                          ", but checkpoint_parallel_dimensions records tp_degree " +
+                          std::to_string(tp) + " and pp_degree " + std::to_string(pp));
   }
   return std::optional<uint32_t>(static_cast<uint32_t>(tp));
 }
@@ -580,11 +581,12 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     if (!folded.is_object() || !folded.contains("degree") ||
         !folded["degree"].is_number_unsigned() ||
         folded["degree"].get<uint64_t>() < (common.mpu_tp ? 1 : 2) ||
-        folded["degree"].get<uint64_t>() != c.topology.tp || c.topology.pp != 1 ||
-        common.fused == common.mpu_tp || (common.expert_tp && !common.mpu_tp)) {
+        folded["degree"].get<uint64_t>() != c.topology.tp ||
+        (c.topology.pp != 1 && !common.mpu_tp) || common.fused == common.mpu_tp ||
+        (common.expert_tp && !common.mpu_tp)) {
       return Status::Corrupt(what +
                              "folded_tp: not the index's TP degree of one AutoEP stage, or of "
-                             "one native MoE stage (mpu)");
+                             "native MoE stages (mpu)");
     }
     common.folded_tp = c.topology.tp;
     if (folded.contains("vocab")) {
@@ -630,12 +632,12 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     const bool expert = c.files[f].role == kExpertStatesRole;
     if (!expert && c.files[f].role != kExpertOptimRole) continue;
     const std::optional<deepspeed::FileName> parsed = ParseFileName(c.files[f].path);
-    // A folded tag's one stage holds its expert files under every TP lane.
+    // A stage of TP lanes holds its expert files under each of its lanes' mp ranks.
     if (!parsed || parsed->mp >= pp * common.folded_tp) {
       return Status::Corrupt("deepspeed: index: " + c.files[f].path +
                              ": not an expert file of a stage below pp " + std::to_string(pp));
     }
-    (expert ? expert_files : expp_files)[parsed->mp % pp].push_back(f);
+    (expert ? expert_files : expp_files)[parsed->mp / common.folded_tp].push_back(f);
   }
   std::vector<IndexFacts> stages;
   size_t next_group = 0;
@@ -652,7 +654,7 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     }
     if (groups > layouts.size() - next_group || facts.expert_group >= groups ||
         facts.model_file >= c.files.size() || facts.optim_file >= c.files.size() ||
-        c.files[facts.model_file].path != ModelStatesName(mp) ||
+        c.files[facts.model_file].path != ModelStatesName(mp * common.folded_tp) ||
         c.files[facts.optim_file].role != kOptimRole) {
       return Status::Corrupt(what + "stage " + std::to_string(mp) +
                              ": groups, expert_group or files inconsistent with the index");
@@ -997,6 +999,9 @@ struct MoeTag {
   uint32_t world() const { return folded ? folded->world : dp; }
   uint32_t tp() const { return folded ? folded->tp : 1; }
   bool expert_tp() const { return folded && folded->expert_tp; }
+  // The mp rank of pipeline stage s's TP lane t (DeepSpeed's grid: s·T + t), and of them all.
+  uint32_t MpRank(uint32_t s, uint32_t t) const { return s * tp() + t; }
+  uint32_t MpRanks() const { return static_cast<uint32_t>(stages.size()) * tp(); }
   uint32_t ExpertRankOf(uint32_t r) const {
     return folded ? folded->ExpertRank(r) : order.ExpertRank(r);
   }
@@ -1075,9 +1080,9 @@ Result<std::vector<const RankFile*>> FoldedOptimFiles(const MoeTag& tag, const T
   const uint32_t tp = tag.tp();
   std::vector<const RankFile*> by_rank(tag.world());
   for (uint32_t t = 0; t < tp; ++t) {
-    UCP_ASSIGN_OR_RETURN(
-        const std::vector<const RankFile*> lane,
-        OptimFilesByRank(tag.dir, listing, tag.dp, stage.lanes[t].model_name, t, tp));
+    UCP_ASSIGN_OR_RETURN(const std::vector<const RankFile*> lane,
+                         OptimFilesByRank(tag.dir, listing, tag.dp, stage.lanes[t].model_name,
+                                          tag.MpRank(stage.mp, t), tag.MpRanks()));
     for (uint32_t d = 0; d < tag.dp; ++d) by_rank[tag.folded->Rank(d, t)] = lane[d];
   }
   for (const RankFile* file : by_rank) {
@@ -1211,7 +1216,8 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
                       "no group with moe True, but the tag holds expert files");
   }
   if (tag.folded) {
-    UCP_RETURN_IF_ERROR(CheckFoldedExpertFiles(tag_dir, stage.experts, *tag.folded, tag.mpu_tp));
+    UCP_RETURN_IF_ERROR(CheckFoldedExpertFiles(tag_dir, stage.experts, *tag.folded, tag.mpu_tp,
+                                               tag.MpRank(stage.mp, 0)));
   }
   if (tag.folded && !tag.mpu_tp) {
     for (uint32_t g = 0; g < world; ++g) {
@@ -1228,17 +1234,18 @@ Status ReadStage(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   return Status::Ok();
 }
 
-// A tag's model states of TP lanes 1 .. T-1 (lane 0's read), each written by rank t: the same
-// sizes, and a folded tag's its folding dict.
+// A stage's model states of TP lanes 1 .. T-1 (lane 0's read), each written by the stage's rank
+// t: the same sizes, and a folded tag's its folding dict.
 Status ReadFoldedLanes(const TagListing& listing, MoeTag& tag, MoeStage& stage) {
   const deepspeed::FoldedGrid& grid = *tag.folded;
   if (!tag.mpu_tp) {
     UCP_RETURN_IF_ERROR(CheckFolding(stage.model(), deepspeed::kDenseFamily, grid, 0, 0, 0));
   }
   for (uint32_t t = 1; t < grid.tp; ++t) {
-    const auto name = listing.model_states.find(t);
+    const uint32_t mp = tag.MpRank(stage.mp, t);
+    const auto name = listing.model_states.find(mp);
     if (name == listing.model_states.end()) {
-      return Status::NotFound(Prefix(tag.dir) + ModelStatesName(t) + ": not found (tp_degree " +
+      return Status::NotFound(Prefix(tag.dir) + ModelStatesName(mp) + ": not found (tp_degree " +
                               std::to_string(grid.tp) + " in " + stage.model_name() + ")" +
                               (tag.mpu_tp ? std::string(kMpuModelStatesWriters) : std::string()));
     }
@@ -1249,11 +1256,11 @@ Status ReadFoldedLanes(const TagListing& listing, MoeTag& tag, MoeStage& stage) 
     const TorchArchiveReader& model = lane.model.emplace(std::move(opened));
     UCP_ASSIGN_OR_RETURN(const int64_t mp_world_size, IntField(model, "mp_world_size"));
     UCP_ASSIGN_OR_RETURN(const uint32_t dp, DpWorldSize(model));
-    if (mp_world_size != grid.tp || dp != tag.dp) {
+    if (mp_world_size != tag.MpRanks() || dp != tag.dp) {
       return FieldError(model, "mp_world_size",
                         std::to_string(mp_world_size) + " with dp_world_size " +
                             std::to_string(dp) + ", but " + stage.model_name() + " has " +
-                            std::to_string(grid.tp) + " and " + std::to_string(tag.dp) +
+                            std::to_string(tag.MpRanks()) + " and " + std::to_string(tag.dp) +
                             " (a file of another save)");
     }
     if (!tag.mpu_tp) {
@@ -1272,15 +1279,16 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
   UCP_RETURN_IF_ERROR(RefuseListing(tag_dir, listing));
   tag.stages.resize(1);
   // Growing a deque at its end keeps references to its elements.
-  for (uint32_t mp = 0; mp < tag.stages.size(); ++mp) {
+  for (uint32_t s = 0; s < tag.stages.size(); ++s) {
+    const uint32_t mp = tag.MpRank(s, 0);  // tag.tp() is 1 until stage 0 is read
     const auto name = listing.model_states.find(mp);
     if (name == listing.model_states.end()) {
       return Status::NotFound(Prefix(tag_dir) + ModelStatesName(mp) +
-                              ": not found (mp_world_size " + std::to_string(tag.stages.size()) +
+                              ": not found (mp_world_size " + std::to_string(tag.MpRanks()) +
                               " in " + tag.stages.front().model_name() + ")");
     }
-    MoeStage& stage = tag.stages[mp];
-    stage.mp = mp;
+    MoeStage& stage = tag.stages[s];
+    stage.mp = s;
     MoeLane& lane = stage.lanes.emplace_back();
     lane.model_name = name->second;
     UCP_ASSIGN_OR_RETURN(TorchArchiveReader opened,
@@ -1293,21 +1301,22 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
       UCP_ASSIGN_OR_RETURN(const std::optional<uint32_t> mpu_tp,
                            tag.folded ? std::optional<uint32_t>() : MpuLanes(model, mp_world_size));
       if (mpu_tp) {
-        // The expert-parallel size comes from the expert group's name (ReadStage).
+        // The expert-parallel size comes from the expert group's name (ReadStage); MpuLanes
+        // checked that mp_world_size is the lanes of every stage.
         tag.folded = deepspeed::FoldedGrid{tag.dp * *mpu_tp, *mpu_tp, 0};
         tag.mpu_tp = true;
+        tag.stages.resize(static_cast<size_t>(mp_world_size / *mpu_tp));
       } else if (!tag.folded) {
         UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
         tag.stages.resize(stages);
       }
-    } else if (mp_world_size != static_cast<int64_t>(tag.stages.size())) {
+    } else if (mp_world_size != static_cast<int64_t>(tag.MpRanks())) {
       return FieldError(model, "mp_world_size",
                         std::to_string(mp_world_size) + ", but " + tag.stages.front().model_name() +
-                            " has " + std::to_string(tag.stages.size()) +
-                            " (a file of another save)");
+                            " has " + std::to_string(tag.MpRanks()) + " (a file of another save)");
     }
   }
-  const uint32_t mp_ranks = std::max<uint32_t>(tag.stages.size(), tag.tp());
+  const uint32_t mp_ranks = tag.MpRanks();
   for (const auto& [mp, name] : listing.model_states) {
     if (mp >= mp_ranks) {
       return Status::Corrupt(Prefix(tag_dir + "/" + name) + "mp rank " + std::to_string(mp) +
@@ -1315,7 +1324,9 @@ Status ReadSave(const std::string& tag_dir, MoeTag& tag) {
                              tag.stages.front().model_name() + " (a file of another save)");
     }
   }
-  if (tag.folded) UCP_RETURN_IF_ERROR(ReadFoldedLanes(listing, tag, tag.stages.front()));
+  for (MoeStage& stage : tag.stages) {
+    if (tag.folded) UCP_RETURN_IF_ERROR(ReadFoldedLanes(listing, tag, stage));
+  }
   for (MoeStage& stage : tag.stages) UCP_RETURN_IF_ERROR(ReadStage(listing, tag, stage));
   return Status::Ok();
 }
@@ -1342,8 +1353,10 @@ Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
     const std::vector<uint32_t> mps =
         lanes == stage.experts.lanes_of.end() ? std::vector<uint32_t>{stage.mp} : lanes->second;
     size_t first_file_tensors = 0;
+    // A lanes stage's file of lane t is its mp rank s·T + t's; a pipeline stage's its own.
+    const auto file_mp = [&](uint32_t mp) { return tag.folded ? tag.MpRank(stage.mp, mp) : mp; };
     for (const uint32_t mp : mps) {
-      const std::string name = ExpertModelStatesName(layer, expert, mp);
+      const std::string name = ExpertModelStatesName(layer, expert, file_mp(mp));
       UCP_ASSIGN_OR_RETURN(TorchArchiveReader reader,
                            TorchArchiveReader::Open(tag.dir + "/" + name));
       stage.expert_readers.push_back(std::move(reader));
@@ -1395,10 +1408,10 @@ Status ReadExpertTensors(MoeTag& tag, MoeStage& stage) {
       if (mp == mps.front()) {
         first_file_tensors = tensors;
       } else if (tensors != first_file_tensors) {
-        return Status::Corrupt(Prefix(tag.dir + "/" + name) + std::to_string(tensors) +
-                               " tensors, but " +
-                               ExpertModelStatesName(layer, expert, mps.front()) + " holds " +
-                               std::to_string(first_file_tensors) + " (a file of another save)");
+        return Status::Corrupt(
+            Prefix(tag.dir + "/" + name) + std::to_string(tensors) + " tensors, but " +
+            ExpertModelStatesName(layer, expert, file_mp(mps.front())) + " holds " +
+            std::to_string(first_file_tensors) + " (a file of another save)");
       }
     }
   }
@@ -1592,11 +1605,12 @@ void AddStageFiles(const MoeTag& tag, const MoeStage& stage, const std::vector<F
     std::string role(kModelRole);
     std::optional<RankCoordinates> rank;
     if (i < stage.optim_file) {
-      if (tag.folded) rank = RankCoordinates{0, static_cast<uint32_t>(i - begin), 0};
+      if (tag.folded) rank = RankCoordinates{0, static_cast<uint32_t>(i - begin), stage.mp};
     } else if (i < optim_end) {
       const uint32_t r = static_cast<uint32_t>(i - stage.optim_file);
       role = kOptimRole;
-      rank = tag.folded ? RankCoordinates{r / tp, r % tp, 0} : RankCoordinates{r, 0, stage.mp};
+      rank =
+          tag.folded ? RankCoordinates{r / tp, r % tp, stage.mp} : RankCoordinates{r, 0, stage.mp};
     } else {
       role = i + stage.experts.optim.size() >= end ? kExpertOptimRole : kExpertStatesRole;
     }
@@ -3000,22 +3014,28 @@ struct FoldedLayout {
   Partitioning expert_partition;
   // expert_tp: [TP rank][expert-parallel rank] (rank 0's names are the local ones).
   std::vector<std::vector<TargetGroup>> expert_slices;
+  // The pipeline's stages, and the mp rank of this stage's lane 0 (DeepSpeed's grid: s·T').
+  uint32_t pp = 1;
+  uint32_t first_mp = 0;
 };
 
-// The grid of TP lanes a target names, once DeepSpeed can run the tag's model there: one stage,
-// world = tp · dp, an expert-parallel size dividing the world and every layer's experts (AutoEP
-// folds over AutoTP only at one above 1).
+// The grid of TP lanes of each stage a target names, once DeepSpeed can run the tag's model there:
+// the tag's `stages` (one, but for native MoE in a pipeline), world = tp · dp a stage, an
+// expert-parallel size dividing that world (with expert tensor parallelism dp) and every layer's
+// experts (AutoEP folds over AutoTP only at one above 1).
 Result<deepspeed::FoldedGrid> CheckFoldedTarget(const AtomIndex& index, const IndexFacts& facts,
-                                                const Topology& target) {
+                                                const Topology& target, uint32_t stages) {
   const std::string at = "deepspeed: tp=" + std::to_string(target.tp) +
                          ",pp=" + std::to_string(target.pp) + ",dp=" + std::to_string(target.dp);
-  if (target.pp != 1) {
+  if (target.pp != stages) {
     return Status::Unsupported(
-        at + (facts.mpu_tp ? ": MoE with both tensor and pipeline parallelism is not supported"
+        at + (facts.mpu_tp ? ": MoE over TP lanes saved at pp=" + std::to_string(stages) +
+                                 " to another pp is not supported (each stage is resharded "
+                                 "alike at its own pp)"
                            : ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)"));
   }
-  if (target.dp == 0 || (target.world != 0 && target.world != target.dp * target.tp)) {
-    return Status::InvalidArgument(at + ": the world of a grid of TP lanes is tp · dp, not " +
+  if (target.dp == 0 || (target.world != 0 && target.world != target.dp * target.tp * stages)) {
+    return Status::InvalidArgument(at + ": the world of a grid of TP lanes is tp · dp · pp, not " +
                                    std::to_string(target.world));
   }
   deepspeed::FoldedGrid grid{target.dp * target.tp, target.tp,
@@ -3089,15 +3109,17 @@ Result<FoldedLayout> FoldedLayoutAt(const AtomIndex& index, const std::string& t
 // (universal_checkpoint_info's padded_vocab_size; Megatron pads by the degree) and Megatron's
 // arguments where the client saved them.
 Status SetMpuTpDegree(pickle::Graph& graph, Value* root, const deepspeed::FoldedGrid& grid,
-                      const std::optional<Vocab>& vocab, const TorchArchiveReader& reader) {
-  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(grid.tp), reader.path()));
+                      uint32_t pp, const std::optional<Vocab>& vocab,
+                      const TorchArchiveReader& reader) {
+  UCP_RETURN_IF_ERROR(
+      SetDictItem(root, "mp_world_size", graph.Int(int64_t{grid.tp} * pp), reader.path()));
   Value* dimensions = root->Get("checkpoint_parallel_dimensions");
   if (dimensions == nullptr || dimensions->kind() != Kind::kDict) {
     return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
   }
   UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(grid.tp), reader.path()));
-  return deepspeed::SetMegatronTopology(graph, root, vocab,
-                                        {grid.DenseDp(), grid.tp, 1, grid.world}, reader.path());
+  return deepspeed::SetMegatronTopology(
+      graph, root, vocab, {grid.DenseDp(), grid.tp, pp, grid.world * pp}, reader.path());
 }
 
 // The model states of TP rank t (written by rank t, dense DP rank 0): lane 0's with the dense
@@ -3110,7 +3132,7 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
                              const TorchArchiveReader& reader, const FoldedLayout& at, uint32_t t,
                              OutputPlan& plan) {
   ArchiveOutput out;
-  out.path = ModelStatesName(t);
+  out.path = ModelStatesName(at.first_mp + t);
   pickle::Graph& graph = out.graph;
   Value* root = graph.Import(reader.root());
   graph.set_root(root);
@@ -3130,7 +3152,7 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
         SetLocalExpertShapes(graph, root, reader, facts.expert_group, local, facts.fused));
   }
   if (facts.mpu_tp) {
-    UCP_RETURN_IF_ERROR(SetMpuTpDegree(graph, root, at.grid, facts.vocab, reader));
+    UCP_RETURN_IF_ERROR(SetMpuTpDegree(graph, root, at.grid, at.pp, facts.vocab, reader));
     UCP_ASSIGN_OR_RETURN(out.storages,
                          CollectStorages(root, reader, facts.model_file, std::move(replaced)));
     plan.archives.push_back(std::move(out));
@@ -3231,7 +3253,7 @@ Status PlanFoldedOptimStates(const AtomIndex& index, const std::string& tag_dir,
     UCP_ASSIGN_OR_RETURN(
         ArchiveOutput out,
         PlanPartitionedOptimFile(reader, facts.optim_file,
-                                 OptimName(facts.prefix, grid.DenseRank(rank), t),
+                                 OptimName(facts.prefix, grid.DenseRank(rank), at.first_mp + t),
                                  /*elastic=*/false, facts.groups.size(), group_of, counts, edit));
     plan.archives.push_back(std::move(out));
   }
@@ -3266,7 +3288,7 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
       UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
       for (uint32_t t = 0; t < at.grid.tp; ++t) {
         ArchiveOutput out;
-        out.path = ExpertModelStatesName(parsed->layer, parsed->expert, t);
+        out.path = ExpertModelStatesName(parsed->layer, parsed->expert, at.first_mp + t);
         Value* root = out.graph.Import(reader.root());
         out.graph.set_root(root);
         std::map<std::string, std::vector<Segment>> replaced;
@@ -3282,7 +3304,8 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
       // Under each lane whose ranks hold the expert, as they read it; no folding dict.
       for (uint32_t t = 0; t < at.grid.tp; ++t) {
         if (at.grid.ExpertHolders(t, parsed->expert / per_rank).empty()) continue;
-        plan.copies.push_back({ExpertModelStatesName(parsed->layer, parsed->expert, t), file});
+        plan.copies.push_back(
+            {ExpertModelStatesName(parsed->layer, parsed->expert, at.first_mp + t), file});
       }
       continue;
     }
@@ -3291,7 +3314,7 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
       const std::vector<uint32_t> writers = at.grid.ExpertWriters(t, parsed->expert / per_rank);
       if (writers.empty()) continue;
       ArchiveOutput out;
-      out.path = ExpertModelStatesName(parsed->layer, parsed->expert, t);
+      out.path = ExpertModelStatesName(parsed->layer, parsed->expert, at.first_mp + t);
       Value* root = out.graph.Import(reader.root());
       out.graph.set_root(root);
       UCP_RETURN_IF_ERROR(SetFolding(out.graph, root, reader, at.grid, writers.front()));
@@ -3302,21 +3325,29 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
   return Status::Ok();
 }
 
-// A folded tag's files at another folded grid (T' > 1): every lane's model states, every rank's
-// optimizer file, and each expert's files under the lanes of its writers there.
+// A tag of TP lanes at another grid of lanes (a folded one's at T' > 1; an mpu's at any T', each
+// pipeline stage at the same pp alike, its files under mp ranks s·T' + t): every lane's model
+// states, every rank's optimizer file, and each expert's files under the lanes of its writers.
 Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& tag_dir,
-                                     const IndexFacts& facts, const Topology& target) {
-  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(index, facts, target));
-  // Read once: the split rule and every lane's model states come from it.
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
-                       OpenSource(index, tag_dir, facts.model_file));
-  UCP_ASSIGN_OR_RETURN(const FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, model, grid));
+                                     const std::vector<IndexFacts>& stages,
+                                     const Topology& target) {
+  const uint32_t pp = static_cast<uint32_t>(stages.size());
+  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid,
+                       CheckFoldedTarget(index, stages.front(), target, pp));
   OutputPlan plan;
-  for (uint32_t t = 0; t < grid.tp; ++t) {
-    UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, facts, model, at, t, plan));
+  for (const IndexFacts& facts : stages) {
+    // Read once: the split rule and every lane's model states come from it.
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
+                         OpenSource(index, tag_dir, facts.model_file));
+    UCP_ASSIGN_OR_RETURN(FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, model, grid));
+    at.pp = pp;
+    at.first_mp = facts.mp * grid.tp;
+    for (uint32_t t = 0; t < grid.tp; ++t) {
+      UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, facts, model, at, t, plan));
+    }
+    UCP_RETURN_IF_ERROR(PlanFoldedExpertFiles(index, tag_dir, facts, at, plan));
+    UCP_RETURN_IF_ERROR(PlanFoldedOptimStates(index, tag_dir, facts, at, plan));
   }
-  UCP_RETURN_IF_ERROR(PlanFoldedExpertFiles(index, tag_dir, facts, at, plan));
-  UCP_RETURN_IF_ERROR(PlanFoldedOptimStates(index, tag_dir, facts, at, plan));
   return plan;
 }
 
@@ -3344,17 +3375,19 @@ Result<uint32_t> ExpertParallelSizeOf(const TorchArchiveReader& model) {
   return static_cast<uint32_t>(experts / local.size());
 }
 
-// The files of a save of TP lanes (mp_rank_00's model states `model`; `mpu`: an mpu's TP): every
-// lane's model states, every rank's optimizer file, and each expert's files under the lanes of its
-// writers.
+// The files of a stage of TP lanes (its lane 0's model states `model`, mp rank `first_mp`;
+// `mpu`: an mpu's TP): every lane's model states, every rank's optimizer file, and each expert's
+// files under the lanes of its writers.
 Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid, bool mpu,
                                              const TorchArchiveReader& model,
-                                             const std::string& prefix) {
+                                             const std::string& prefix, uint32_t first_mp = 0) {
   UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, ReadNumExperts(model));
   std::vector<std::string> files;
-  for (uint32_t t = 0; t < grid.tp; ++t) files.push_back(ModelStatesName(t));
+  for (uint32_t t = 0; t < grid.tp; ++t) files.push_back(ModelStatesName(first_mp + t));
   for (uint32_t t = 0; t < grid.tp; ++t) {
-    for (uint32_t d = 0; d < grid.DenseDp(); ++d) files.push_back(OptimName(prefix, d, t));
+    for (uint32_t d = 0; d < grid.DenseDp(); ++d) {
+      files.push_back(OptimName(prefix, d, first_mp + t));
+    }
   }
   for (uint32_t layer = 0; layer < num_experts.size(); ++layer) {
     if (num_experts[layer] % grid.ep != 0) {
@@ -3367,7 +3400,7 @@ Result<std::vector<std::string>> FoldedFiles(const deepspeed::FoldedGrid& grid, 
     for (uint32_t g = 0; g < num_experts[layer]; ++g) {
       for (uint32_t t = 0; t < grid.tp; ++t) {
         if (ExpertLanes(grid, mpu, t, g / per_rank).first) {
-          files.push_back(ExpertModelStatesName(layer, g, t));
+          files.push_back(ExpertModelStatesName(layer, g, first_mp + t));
         }
       }
     }
@@ -3413,7 +3446,21 @@ Result<std::vector<std::string>> DeepSpeedMoeAdapter::ExpectedFiles(
                                  std::to_string(ep) + " (from " + model.path() + ")" +
                                  std::string(kMpuModelStatesWriters));
     }
-    return FoldedFiles(grid, true, model, prefix);
+    // Each pipeline stage's lanes (MpuLanes checked mp_world_size = tp x stages).
+    std::vector<std::string> files;
+    for (uint32_t first_mp = 0; first_mp < mp_world_size; first_mp += mpu_tp) {
+      std::optional<TorchArchiveReader> stage_model;
+      if (first_mp > 0) {
+        UCP_ASSIGN_OR_RETURN(stage_model,
+                             OpenWrittenModelStates(tag_dir, ModelStatesName(first_mp),
+                                                    listing.model_states.contains(first_mp)));
+      }
+      UCP_ASSIGN_OR_RETURN(
+          const std::vector<std::string> stage,
+          FoldedFiles(grid, true, first_mp > 0 ? *stage_model : model, prefix, first_mp));
+      files.insert(files.end(), stage.begin(), stage.end());
+    }
+    return files;
   }
   UCP_ASSIGN_OR_RETURN(const uint32_t stages, PipelineStages(model, mp_world_size));
   std::vector<std::string> files;
@@ -3460,7 +3507,7 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
   // An mpu's TP lanes are written by the same rules at any TP degree, 1 included.
   if ((stages.front().folded_tp > 1 && target.tp > 1) || stages.front().mpu_tp) {
-    return PlanFoldedReshard(index, tag_dir, stages.front(), target);
+    return PlanFoldedReshard(index, tag_dir, stages, target);
   }
   if (stages.front().folded_tp > 1 && target.pp != 1) {
     return Status::Unsupported(Prefix(tag_dir) +

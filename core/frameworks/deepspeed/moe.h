@@ -64,9 +64,9 @@
 // replayed, and those that give the saved stages must agree at the target (else refused as
 // ambiguous, unless the target names the trainer's: Topology::partition). A target stage without
 // an MoE layer is refused (DeepSpeed sets up no such MoE pipeline). Each target stage's model
-// states keep only its layers' entries. Tensor
-// parallelism beside a pipeline, a tag of several mp ranks that does not record which axis they are
-// (0.14) and AutoEP in a pipeline are refused.
+// states keep only its layers' entries. A tag of several mp ranks that does not record which axis
+// they are (0.14) and AutoEP in a pipeline are refused. With an mpu's TP beside the pipeline
+// (below) each stage is a grid of lanes.
 //
 // AutoEP with AutoTP (DeepSpeed 0.19's folded layout; folding.h has its files): one stage of T TP
 // lanes, read lane by lane. Each lane's dense group is laid out over its dense-data-parallel ranks
@@ -98,6 +98,14 @@
 // vocabulary size and Megatron's args at T', the expert group named ep_size_<E'>, and each expert's
 // file under every lane whose ranks hold it (DeepSpeed's own save at T' > E' lacks lanes its load
 // reads; ucp writes them).
+//
+// In a pipeline (a PipelineModule whose grid is the mpu; checkpoint_parallel_dimensions {pp P,
+// tp T}, mp_world_size P·T) each stage is such a grid of lanes, its files under mp ranks s·T + t
+// (DeepSpeed's grid: the model axis fastest), its MoE layers numbered from 0 as in any MoE pipeline
+// and its expert groups runs within the stage's D·T ranks; a tag of one TP rank per stage that
+// records Megatron's rules is read so too. The index lists the stages one after another, each with
+// its lanes (adapter_state "stages" and "folded_tp"); PlanReshard writes each stage alike at the
+// same pp (any T', D', E'); another pp is refused (its lanes are not restaged yet).
 //
 // With expert tensor parallelism (enable_expert_tensor_parallelism; Megatron's experts are then its
 // ParallelMLP, split over the TP ranks) DeepSpeed makes the expert groups inside each lane's dense
