@@ -455,7 +455,8 @@ def step_pipeline(args, env):
     losses, indexed at save), resharded to each of PIPELINE_TARGETS at its pp (DeepSpeed's strict
     load of ucp's files there saved again before it trains equals them, its steps within
     TOLERANCE of the uninterrupted run, and back = the save: TP1 x PP2 to TP2 x PP2 too), resumed
-    live at PIPELINE_RESUME under the preload, and another pp refused."""
+    live at PIPELINE_RESUME under the preload, and another pp refused (for ucp's T=1 files too,
+    whose padded vocabulary the lanes keep unpadded)."""
     def run(name, run_env, save_dir):
         return launch_pipeline(args, run_env, PIPELINE_SAVE, name,
                                ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
@@ -492,6 +493,15 @@ def step_pipeline(args, env):
     report.check(status != 0 and 'saved at pp=2 to another pp is not supported' in err,
                  f'pp=1: not refused as expected: {err}')
     print(f'refused, pp=1: {err.strip()}')
+    # ucp's T=1 x PP=2 files: stages of one TP lane (their padded vocabulary kept unpadded in the
+    # atoms), so not restaged either.
+    one_lane = os.path.join(args.work, 'reshard_' + pipeline_name(PIPELINE_TARGETS[0]), TAG)
+    shutil.rmtree(out, ignore_errors=True)
+    status, _, err = harness.run_ucp(args.ucp, 'reshard', one_lane, '--to', 'tp=1,pp=1,dp=4,ep=2',
+                                     '--out', out)
+    report.check(status != 0 and 'a padded vocabulary (67 padded to 68) to another pp is not '
+                 'supported' in err, f'one lane per stage to pp=1: not refused as expected: {err}')
+    print(f'refused, one lane per stage to pp=1: {err.strip()}')
 
     # A plain load_checkpoint at PIPELINE_RESUME under the preload, told the grid by
     # UCP_TOPOLOGY: bit-identical to DeepSpeed's strict load of ucp's files there.

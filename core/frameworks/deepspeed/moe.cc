@@ -2858,6 +2858,12 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   if (!restaged_from.empty()) {
     UCP_RETURN_IF_ERROR(
         RestageModelStates(index, tag_dir, restaged_from, facts, out.graph, root, reader, resized));
+    // A pipeline of one TP rank per stage that records Megatron's rules: its args at the target.
+    if (facts.mpu_tp) {
+      const uint32_t pp = facts.target_stages;
+      UCP_RETURN_IF_ERROR(deepspeed::SetMegatronTopology(
+          out.graph, root, facts.vocab, {at.order.dp, 1, pp, at.order.dp * pp}, reader.path()));
+    }
   }
   if (facts.folded_tp == 1) {
     UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
@@ -3505,8 +3511,23 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
-  // An mpu's TP lanes are written by the same rules at any TP degree, 1 included.
-  if ((stages.front().folded_tp > 1 && target.tp > 1) || stages.front().mpu_tp) {
+  // An mpu's TP lanes are written by the same rules at any TP degree, 1 included. A pipeline of
+  // one lane per stage restaged at tp 1 is written as any MoE pipeline: its atoms are the module's
+  // tensors but for a padded vocabulary's, which the lanes keep unpadded.
+  const IndexFacts& first = stages.front();
+  const bool restaged_lanes =
+      first.mpu_tp && first.folded_tp == 1 && target.tp == 1 && target.pp != stages.size();
+  if (restaged_lanes && first.vocab && first.vocab->padded != first.vocab->original) {
+    return Status::Unsupported(
+        Prefix(tag_dir) + "pp=" + std::to_string(target.pp) +
+        ": a pipeline of one TP rank whose model states record Megatron's rules and a padded "
+        "vocabulary (" +
+        std::to_string(first.vocab->original) + " padded to " +
+        std::to_string(first.vocab->padded) +
+        ") to another pp is not supported (its stages are read as TP lanes, which are not "
+        "restaged yet)");
+  }
+  if ((first.folded_tp > 1 && target.tp > 1) || (first.mpu_tp && !restaged_lanes)) {
     return PlanFoldedReshard(index, tag_dir, stages, target);
   }
   if (stages.front().folded_tp > 1 && target.pp != 1) {

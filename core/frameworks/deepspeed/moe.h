@@ -105,7 +105,9 @@
 // and its expert groups runs within the stage's D·T ranks; a tag of one TP rank per stage that
 // records Megatron's rules is read so too. The index lists the stages one after another, each with
 // its lanes (adapter_state "stages" and "folded_tp"); PlanReshard writes each stage alike at the
-// same pp (any T', D', E'); another pp is refused (its lanes are not restaged yet).
+// same pp (any T', D', E'); another pp is refused (its lanes are not restaged yet), but for stages
+// of one TP rank without a padded vocabulary (whose atoms are then the module's tensors), which
+// are restaged at tp 1 as any MoE pipeline, Megatron's args set at the target.
 //
 // With expert tensor parallelism (enable_expert_tensor_parallelism; Megatron's experts are then its
 // ParallelMLP, split over the TP ranks) DeepSpeed makes the expert groups inside each lane's dense
