@@ -88,22 +88,29 @@ PIPELINE_TARGETS = [(1, 2, 2, 2), (1, 2, 2, 1)]
 PIPELINE_RESUME = (1, 2, 2, 2)
 
 
+# A grid is (tp, dp, ep) for train_moe_tp.py, (tp, pp, dp, ep) for train_moe_3d.py's pipeline.
+def axes_of(grid):
+    return list(zip(('tp', 'dp', 'ep') if len(grid) == 3 else ('tp', 'pp', 'dp', 'ep'), grid))
+
+
 def name_of(grid):
-    tp, dp, ep = grid
-    return f'tp{tp}dp{dp}ep{ep}'
+    return ''.join(f'{axis}{size}' for axis, size in axes_of(grid))
 
 
 def to_of(grid):
-    tp, dp, ep = grid
-    return f'tp={tp},dp={dp},ep={ep}'
+    return ','.join(f'{axis}={size}' for axis, size in axes_of(grid))
 
 
 def launch(args, env, grid, name, extra):
-    """train_moe_tp.py at `grid` through STEPS; returns (status, seconds, output)."""
-    tp, dp, ep = grid
-    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, TRAINER, '--tp', str(tp),
-               '--ep', str(ep), '--steps', str(STEPS), '--out',
-               os.path.join(args.work, name + '.json')] + extra
+    """train_moe_tp.py (train_moe_3d.py for a pipeline's grid) at `grid` through STEPS; returns
+    (status, seconds, output)."""
+    sizes = dict(axes_of(grid))
+    trainer, ranks, flags = TRAINER, sizes['tp'] * sizes['dp'], []
+    if 'pp' in sizes:
+        trainer, ranks, flags = PIPELINE_TRAINER, ranks * sizes['pp'], ['--pp', str(sizes['pp'])]
+    command = [sys.executable, 'launch.py', str(ranks), ds_e2e.PORT, trainer, '--tp',
+               str(sizes['tp']), '--ep', str(sizes['ep']), '--steps', str(STEPS), '--out',
+               os.path.join(args.work, name + '.json')] + flags + extra
     log = os.path.join(args.work, name + '.log')
     return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
                                   STEPS, ds_e2e.save_dir_of(extra))
@@ -276,13 +283,11 @@ def check_refusals(args, report, saved):
         print(f'refused, {what}: {err.strip()}')
 
 
-def check_target(args, env, report, saved, source, grid, full, extra=(), data_before=False,
-                 expert_tp=False):
+def check_target(args, env, report, saved, source, grid, full, extra=(), beyond=None):
     """`ucp reshard` of `saved` (at grid `source`) to `grid`: DeepSpeed's strict load of ucp's
     files there (run with `extra` arguments), saved again before it trains, equals them but for
-    the files its save lacks (beyond_deepspeed; none with `expert_tp`, where every rank of
-    expert-data-parallel rank 0 in its lane writes), its steps after SAVE_AT are within TOLERANCE
-    of `full`'s, and ucp's files resharded back to `source` are the save."""
+    the files `beyond` names, which its save lacks (beyond_deepspeed), its steps after SAVE_AT are
+    within TOLERANCE of `full`'s, and ucp's files resharded back to `source` are the save."""
     name = name_of(grid)
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     out = reshard(args, saved, to_of(grid), 'reshard_' + name)
@@ -298,7 +303,7 @@ def check_target(args, env, report, saved, source, grid, full, extra=(), data_be
     worst = max(abs(got[s] - full[s]) for s in steps)
     report.check(sorted(got) == steps and worst <= TOLERANCE,
                  f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
-    beyond = {} if expert_tp else beyond_deepspeed(grid, data_before)
+    beyond = beyond or {}
     compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave', beyond)
     back = reshard(args, out, to_of(source), f'reshard_{name}_back')
     compare(report, saved, back, f'{name} -> {name_of(source)}')
@@ -312,7 +317,7 @@ def step_reshard(args, env):
     full = losses(os.path.join(args.work, 'plain.json'))
     report = harness.Report('moe_tp reshard')
     for grid in TARGETS:
-        check_target(args, env, report, saved, SAVE, grid, full)
+        check_target(args, env, report, saved, SAVE, grid, full, beyond=beyond_deepspeed(grid))
     print_losses('losses uninterrupted', {s: full[s] for s in range(SAVE_AT + 1, STEPS + 1)})
     check_refusals(args, report, saved)
     report.exit()
@@ -335,7 +340,8 @@ def step_data_before(args, env):
     print(f'{name_of(DATA_BEFORE_SAVE)} in the data-before-expert order: {seconds:.1f} s')
     report = harness.Report('moe_tp data before expert')
     check_target(args, env, report, os.path.join(args.work, 'ckpt', TAG), DATA_BEFORE_SAVE,
-                 DATA_BEFORE_TARGET, losses(os.path.join(args.work, 'plain.json')), order, True)
+                 DATA_BEFORE_TARGET, losses(os.path.join(args.work, 'plain.json')), order,
+                 beyond_deepspeed(DATA_BEFORE_TARGET, data_before=True))
     # DeepSpeed's own save at the target (its resave there) lacks lane 1: refused, naming it.
     resave = os.path.join(args.work, 'resave_' + name_of(DATA_BEFORE_TARGET), TAG)
     status, _, err = harness.run_ucp(args.ucp, 'index', resave)
@@ -412,7 +418,8 @@ def step_expert_tp(args, env):
     report = harness.Report('moe_tp expert tensor parallelism')
     full = losses(os.path.join(args.work, 'plain.json'))
     for grid in EXPERT_TP_TARGETS:
-        check_target(args, env, report, tag_dir, SAVE, grid, full, expert_tp, expert_tp=True)
+        # Every lane's expert-data-parallel rank 0 writes: DeepSpeed's save lacks nothing.
+        check_target(args, env, report, tag_dir, SAVE, grid, full, expert_tp)
     out = os.path.join(args.work, 'refused')
     shutil.rmtree(out, ignore_errors=True)
     status, _, err = harness.run_ucp(args.ucp, 'reshard', tag_dir, '--to', 'tp=4,dp=1,ep=2',
@@ -426,28 +433,6 @@ def step_expert_tp(args, env):
     report.exit()
 
 
-def pipeline_name(grid):
-    tp, pp, dp, ep = grid
-    return f'tp{tp}pp{pp}dp{dp}ep{ep}'
-
-
-def pipeline_to(grid):
-    tp, pp, dp, ep = grid
-    return f'tp={tp},pp={pp},dp={dp},ep={ep}'
-
-
-def launch_pipeline(args, env, grid, name, extra):
-    """train_moe_3d.py at `grid` (tp, pp, dp, ep) through STEPS; returns (status, seconds,
-    output)."""
-    tp, pp, dp, ep = grid
-    command = [sys.executable, 'launch.py', str(tp * pp * dp), ds_e2e.PORT, PIPELINE_TRAINER,
-               '--tp', str(tp), '--pp', str(pp), '--ep', str(ep), '--steps', str(STEPS), '--out',
-               os.path.join(args.work, name + '.json')] + extra
-    log = os.path.join(args.work, name + '.log')
-    return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
-                                  STEPS, ds_e2e.save_dir_of(extra))
-
-
 def step_pipeline(args, env):
     """MoE in a tensor- and pipeline-parallel model (train_moe_3d.py: train_3d.py's GPT pipeline,
     each transformer layer's MLP an MoE): a T=2 x PP=2 x DP=1 save at E=2 (4 ranks; each stage's
@@ -458,33 +443,15 @@ def step_pipeline(args, env):
     live at PIPELINE_RESUME under the preload, and another pp refused (for ucp's T=1 files too,
     whose padded vocabulary the lanes keep unpadded)."""
     def run(name, run_env, save_dir):
-        return launch_pipeline(args, run_env, PIPELINE_SAVE, name,
-                               ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
+        return launch(args, run_env, PIPELINE_SAVE, name,
+                      ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
     tag_dir, _, _ = ds_e2e.save_with_and_without_preload(
         args, env, args.work, 'T=2 x PP=2 x DP=1 MoE at E=2', run)
     full = losses(os.path.join(args.work, 'plain.json'))
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     report = harness.Report('moe_tp pipeline')
     for grid in PIPELINE_TARGETS:
-        name = pipeline_name(grid)
-        out = reshard(args, tag_dir, pipeline_to(grid), 'reshard_' + name)
-        resave = os.path.join(args.work, 'resave_' + name)
-        shutil.rmtree(resave, ignore_errors=True)
-        status, _, output = launch_pipeline(args, env, grid, 'load_' + name,
-                                            ['--load_dir', os.path.dirname(out), '--save_dir',
-                                             resave, '--save_at', str(SAVE_AT)])
-        if status != 0:
-            fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
-        got = losses(os.path.join(args.work, f'load_{name}.json'))
-        print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
-        worst = max(abs(got[s] - full[s]) for s in steps)
-        report.check(sorted(got) == steps and worst <= TOLERANCE,
-                     f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
-        compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave')
-        back = reshard(args, out, pipeline_to(PIPELINE_SAVE), f'reshard_{name}_back')
-        compare(report, tag_dir, back, f'{name} -> {pipeline_name(PIPELINE_SAVE)}')
-        print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there; max |Δloss| '
-              f'{worst:.3g}; back = the save')
+        check_target(args, env, report, tag_dir, PIPELINE_SAVE, grid, full)
     print_losses('losses uninterrupted', {s: full[s] for s in steps})
     out = os.path.join(args.work, 'refused')
     shutil.rmtree(out, ignore_errors=True)
@@ -495,7 +462,7 @@ def step_pipeline(args, env):
     print(f'refused, pp=1: {err.strip()}')
     # ucp's T=1 x PP=2 files: stages of one TP lane (their padded vocabulary kept unpadded in the
     # atoms), so not restaged either.
-    one_lane = os.path.join(args.work, 'reshard_' + pipeline_name(PIPELINE_TARGETS[0]), TAG)
+    one_lane = os.path.join(args.work, 'reshard_' + name_of(PIPELINE_TARGETS[0]), TAG)
     shutil.rmtree(out, ignore_errors=True)
     status, _, err = harness.run_ucp(args.ucp, 'reshard', one_lane, '--to', 'tp=1,pp=1,dp=4,ep=2',
                                      '--out', out)
@@ -503,28 +470,9 @@ def step_pipeline(args, env):
                  'supported' in err, f'one lane per stage to pp=1: not refused as expected: {err}')
     print(f'refused, one lane per stage to pp=1: {err.strip()}')
 
-    # A plain load_checkpoint at PIPELINE_RESUME under the preload, told the grid by
-    # UCP_TOPOLOGY: bit-identical to DeepSpeed's strict load of ucp's files there.
     tp, pp, dp, ep = PIPELINE_RESUME
-    name = pipeline_name(PIPELINE_RESUME)
-    logs = os.path.join(args.work, 'logs_preload')
-    shutil.rmtree(logs, ignore_errors=True)
-    run_env = dict(preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp},pp={pp},ep={ep}')
-    status, seconds, output = launch_pipeline(args, run_env, PIPELINE_RESUME, 'preload',
-                                              ['--load_dir', os.path.join(args.work, 'ckpt')])
-    if status != 0:
-        fail(f'plain load_checkpoint at {name} under the preload exited {status}:\n'
-             f'{output[-3000:]}\nucp logs:\n{log_tail(logs)}')
-    got = losses(os.path.join(args.work, 'preload.json'))
-    want = losses(os.path.join(args.work, f'load_{name}.json'))
-    print_losses(f'losses preload at {name} ({seconds:.1f} s)', got)
-    report.check({s: float32_bits(v) for s, v in got.items()} ==
-                 {s: float32_bits(v) for s, v in want.items()},
-                 'the resume under the preload differs from DeepSpeed\'s load of ucp\'s files')
-    resharded = os.path.join(args.work, 'reshard_' + name, TAG)
-    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
-    ds_e2e.check_served(os.path.join(tag_dir, '.ucp', 'views', f'tp{tp}-pp{pp}-dp{dp}-ep{ep}'),
-                        resharded, served, pipeline_to(PIPELINE_RESUME), logs)
+    check_live_resume(args, env, PIPELINE_RESUME, f'tp={tp},pp={pp},ep={ep}',
+                      f'tp{tp}-pp{pp}-dp{dp}-ep{ep}')
     report.exit()
 
 

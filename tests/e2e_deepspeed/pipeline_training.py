@@ -1,22 +1,31 @@
 """The training loop of this folder's PipelineModule trainers (train_pipe_tied.py,
-train_moe_pipe.py), run from ../shared/tools/deepspeed-cpu: its train.py gives the data."""
+train_moe_pipe.py, train_moe_3d.py), run from ../shared/tools/deepspeed-cpu: its train.py gives
+the data."""
 import json
 
 import deepspeed.comm as dist
 import train as T  # the shared trainer's fixed global batches (the caller put it on sys.path)
 
 
-def train(engine, args, micro, gas, world):
+def train(engine, args, micro, gas, world, save=None):
     """Loads args.load_dir if given, then trains through args.steps: each step this rank's DP
     slice of train.py's global batch in `gas` micro batches of `micro`; saves tag
-    global_step<N> to args.save_dir at each step of args.save_at. Rank 0 prints
+    global_step<N> to args.save_dir at each step of args.save_at (`save(N)` where given), and
+    before any step where the loaded step is one (what the load gave). Rank 0 prints
     `STEP n loss x` and writes {"losses": {step: loss}} to args.out."""
+    def save_step(step):
+        if save is not None:
+            save(step)
+        else:
+            engine.save_checkpoint(args.save_dir, tag=f'global_step{step}')
     dp_rank = engine.grid.get_data_parallel_rank()
     rank = dist.get_rank()
     start = 0
     if args.load_dir:
         engine.load_checkpoint(args.load_dir)
         start = engine.global_steps
+        if args.save_dir and start in args.save_at:
+            save_step(start)
     losses = {}
     per = micro * gas
     for step in range(start + 1, args.steps + 1):
@@ -28,7 +37,7 @@ def train(engine, args, micro, gas, world):
         if rank == 0:
             print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
         if args.save_dir and step in args.save_at:
-            engine.save_checkpoint(args.save_dir, tag=f'global_step{step}')
+            save_step(step)
     if rank == 0 and args.out:
         with open(args.out, 'w') as f:
             json.dump({'args': vars(args), 'world': world, 'losses': losses}, f, indent=1)

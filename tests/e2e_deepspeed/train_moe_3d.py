@@ -23,7 +23,6 @@ replicated). DP = NPROC / (T * P); E must divide DP * T (with --expert_tp, DP). 
 {"losses": ...}.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -38,9 +37,9 @@ import train_tp as TPM  # noqa: E402  (tensor-parallel building blocks)
 import train_3d as M3  # noqa: E402  (the pipeline's layers, grid and record of the TP layout)
 from train_moe_pipe import ExpertMLP, init_experts  # noqa: E402  (this folder's)
 from train_moe_tp import TPExpertMLP, init_tp_experts  # noqa: E402  (this folder's)
+import pipeline_training  # noqa: E402  (this folder's, the loop)
 
 import deepspeed  # noqa: E402
-import deepspeed.comm as dist  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 from deepspeed.pipe import PipelineModule, LayerSpec  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
@@ -166,7 +165,6 @@ def main():
         "steps_per_print": 1000000,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
-    rank = tdist.get_rank()
 
     def save(step):
         megatron_args = argparse.Namespace(
@@ -178,30 +176,7 @@ def main():
         engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
                                client_state={'checkpoint_version': 2.0, 'args': megatron_args})
 
-    start = 0
-    if args.load_dir:
-        engine.load_checkpoint(args.load_dir)
-        start = engine.global_steps
-        if start in args.save_at:  # DeepSpeed's own files of what it loaded
-            save(start)
-    losses = {}
-    for step in range(start + 1, args.steps + 1):
-        x, y = T.global_batch(step, args.vocab, args.seq)
-        per = micro * GAS
-        xs = x[mpu.dp_rank * per:(mpu.dp_rank + 1) * per]
-        ys = y[mpu.dp_rank * per:(mpu.dp_rank + 1) * per]
-        batches = iter([(xs[i * micro:(i + 1) * micro], ys[i * micro:(i + 1) * micro])
-                        for i in range(GAS)])
-        losses[step] = float(engine.train_batch(data_iter=batches))
-        if rank == 0:
-            print(f'STEP {step} loss {losses[step]:.8f}', flush=True)
-        if args.save_dir and step in args.save_at:
-            save(step)
-    if rank == 0 and args.out:
-        with open(args.out, 'w') as f:
-            json.dump({'tp': mpu.tp, 'pp': mpu.pp, 'dp': mpu.dp, 'ep': args.ep, 'losses': losses},
-                      f, indent=1)
-    dist.barrier()
+    pipeline_training.train(engine, args, micro, GAS, tdist.get_world_size(), save)
 
 
 if __name__ == '__main__':
