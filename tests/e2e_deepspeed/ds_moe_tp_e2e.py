@@ -276,6 +276,12 @@ def check_refusals(args, report, saved):
                   'MoE over TP lanes saved at pp=1 to another pp is not supported'))
     cases.append(('tp=3', ['reshard', saved, '--to', 'tp=3,dp=1,ep=1', '--out', out],
                   'does not split evenly'))
+    check_refused(report, args, cases, out)
+
+
+def check_refused(report, args, cases, out):
+    """Each of `cases`, (what, ucp's arguments, words), fails naming the reason: its error holds
+    the words. `out`: the output folder the arguments name, emptied before each."""
     for what, command, words in cases:
         shutil.rmtree(out, ignore_errors=True)
         status, _, err = harness.run_ucp(args.ucp, *command)
@@ -421,12 +427,10 @@ def step_expert_tp(args, env):
         # Every lane's expert-data-parallel rank 0 writes: DeepSpeed's save lacks nothing.
         check_target(args, env, report, tag_dir, SAVE, grid, full, expert_tp)
     out = os.path.join(args.work, 'refused')
-    shutil.rmtree(out, ignore_errors=True)
-    status, _, err = harness.run_ucp(args.ucp, 'reshard', tag_dir, '--to', 'tp=4,dp=1,ep=2',
-                                     '--out', out)
-    report.check(status != 0 and 'the dense-data-parallel size 1 is not a multiple of the '
-                 'expert-parallel size 2' in err, f'tp=4,dp=1,ep=2: not refused as expected: {err}')
-    print(f'refused, tp=4,dp=1,ep=2: {err.strip()}')
+    check_refused(report, args, [('tp=4,dp=1,ep=2', ['reshard', tag_dir, '--to', 'tp=4,dp=1,ep=2',
+                                                     '--out', out],
+                                  'the dense-data-parallel size 1 is not a multiple of the '
+                                  'expert-parallel size 2')], out)
     tp, dp, ep = EXPERT_TP_RESUME
     check_live_resume(args, env, EXPERT_TP_RESUME, f'tp={tp},ep={ep}', f'tp{tp}-pp1-dp{dp}-ep{ep}',
                       expert_tp)
@@ -454,21 +458,14 @@ def step_pipeline(args, env):
         check_target(args, env, report, tag_dir, PIPELINE_SAVE, grid, full)
     print_losses('losses uninterrupted', {s: full[s] for s in steps})
     out = os.path.join(args.work, 'refused')
-    shutil.rmtree(out, ignore_errors=True)
-    status, _, err = harness.run_ucp(args.ucp, 'reshard', tag_dir, '--to', 'tp=1,pp=1,dp=4,ep=2',
-                                     '--out', out)
-    report.check(status != 0 and 'saved at pp=2 to another pp is not supported' in err,
-                 f'pp=1: not refused as expected: {err}')
-    print(f'refused, pp=1: {err.strip()}')
-    # ucp's T=1 x PP=2 files: stages of one TP lane (their padded vocabulary kept unpadded in the
-    # atoms), so not restaged either.
+    # ucp's T=1 x PP=2 files too: stages of one TP lane, their padded vocabulary kept unpadded in
+    # the atoms.
     one_lane = os.path.join(args.work, 'reshard_' + name_of(PIPELINE_TARGETS[0]), TAG)
-    shutil.rmtree(out, ignore_errors=True)
-    status, _, err = harness.run_ucp(args.ucp, 'reshard', one_lane, '--to', 'tp=1,pp=1,dp=4,ep=2',
-                                     '--out', out)
-    report.check(status != 0 and 'a padded vocabulary (67 padded to 68) to another pp is not '
-                 'supported' in err, f'one lane per stage to pp=1: not refused as expected: {err}')
-    print(f'refused, one lane per stage to pp=1: {err.strip()}')
+    pp1 = ['--to', 'tp=1,pp=1,dp=4,ep=2', '--out', out]
+    check_refused(report, args, [
+        ('pp=1', ['reshard', tag_dir] + pp1, 'saved at pp=2 to another pp is not supported'),
+        ('one lane per stage to pp=1', ['reshard', one_lane] + pp1,
+         'a padded vocabulary (67 padded to 68) to another pp is not supported')], out)
 
     tp, pp, dp, ep = PIPELINE_RESUME
     check_live_resume(args, env, PIPELINE_RESUME, f'tp={tp},pp={pp},ep={ep}',
