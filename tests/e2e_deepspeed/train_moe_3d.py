@@ -36,7 +36,7 @@ import train as T  # noqa: E402  (the shared trainer: data, gloo shims)
 import train_tp as TPM  # noqa: E402  (tensor-parallel building blocks)
 import train_3d as M3  # noqa: E402  (the pipeline's layers, grid and record of the TP layout)
 from train_moe_pipe import ExpertMLP, init_experts  # noqa: E402  (this folder's)
-from train_moe_tp import TPExpertMLP, init_tp_experts  # noqa: E402  (this folder's)
+from train_moe_tp import TPExpertMLP, add_arguments, init_tp_experts, save  # noqa: E402
 import pipeline_training  # noqa: E402  (this folder's, the loop)
 
 import deepspeed  # noqa: E402
@@ -85,26 +85,8 @@ def uc_info(vocab, vp):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument('--tp', type=int, default=2)
+    add_arguments(p)  # train_moe_tp.py's
     p.add_argument('--pp', type=int, default=2)
-    p.add_argument('--ep', type=int, default=2)
-    p.add_argument('--experts', type=int, default=4)
-    p.add_argument('--expert_tp', action='store_true',
-                   help='enable_expert_tensor_parallelism (train_moe_tp.py\'s TPExpertMLP)')
-    p.add_argument('--steps', type=int, default=6)
-    p.add_argument('--save_dir', default=None)
-    p.add_argument('--save_at', type=int, nargs='*', default=[])
-    p.add_argument('--load_dir', default=None)
-    p.add_argument('--out', default=None)
-    p.add_argument('--vocab', type=int, default=67)
-    p.add_argument('--vocab_div', type=int, default=4,
-                   help='pad vocab to a multiple of vocab_div*TP')
-    p.add_argument('--d', type=int, default=32)
-    p.add_argument('--nlayer', type=int, default=2)
-    p.add_argument('--nhead', type=int, default=4)
-    p.add_argument('--seq', type=int, default=16)
-    p.add_argument('--seed', type=int, default=1234)
-    p.add_argument('--local_rank', type=int, default=-1)
     args = p.parse_args()
     T.install_gloo_shim(bf16=False)
     deepspeed.init_distributed(dist_backend='gloo')
@@ -166,17 +148,8 @@ def main():
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
 
-    def save(step):
-        megatron_args = argparse.Namespace(
-            num_layers=args.nlayer, hidden_size=args.d, num_attention_heads=args.nhead,
-            seq_length=args.seq, padded_vocab_size=vp, make_vocab_size_divisible_by=args.vocab_div,
-            tensor_model_parallel_size=mpu.tp, pipeline_model_parallel_size=mpu.pp,
-            data_parallel_size=mpu.dp, num_experts=[args.experts],
-            enable_expert_tensor_parallelism=args.expert_tp)
-        engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
-                               client_state={'checkpoint_version': 2.0, 'args': megatron_args})
-
-    pipeline_training.train(engine, args, micro, GAS, tdist.get_world_size(), save)
+    pipeline_training.train(engine, args, micro, GAS, tdist.get_world_size(),
+                            lambda step: save(engine, args, step, mpu, vp, mpu.pp))
 
 
 if __name__ == '__main__':

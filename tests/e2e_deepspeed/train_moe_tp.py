@@ -145,28 +145,25 @@ def uc_info(vocab, vp):
     return info
 
 
-def save(engine, args, step, mpu, padded_vocab):
+def save(engine, args, step, mpu, padded_vocab, pp=1):
     """The tag global_step<step>, with Megatron-DeepSpeed's client state: its checkpoint_version
-    and a Megatron-like args Namespace of this run's sizes."""
+    and a Megatron-like args Namespace of this run's sizes (`pp` pipeline stages)."""
     megatron_args = argparse.Namespace(
         num_layers=args.nlayer, hidden_size=args.d, num_attention_heads=args.nhead,
         seq_length=args.seq, padded_vocab_size=padded_vocab,
         make_vocab_size_divisible_by=args.vocab_div, tensor_model_parallel_size=mpu.tp,
-        pipeline_model_parallel_size=1, data_parallel_size=mpu.dp, num_experts=[args.experts],
+        pipeline_model_parallel_size=pp, data_parallel_size=mpu.dp, num_experts=[args.experts],
         enable_expert_tensor_parallelism=args.expert_tp)
     engine.save_checkpoint(args.save_dir, tag=f'global_step{step}',
                            client_state={'checkpoint_version': 2.0, 'args': megatron_args})
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_arguments(p):
+    """The arguments this trainer shares with train_moe_3d.py: the grid, the experts, the run and
+    the model's sizes."""
     p.add_argument('--tp', type=int, default=2)
     p.add_argument('--ep', type=int, default=2)
-    p.add_argument('--stage', type=int, choices=[1, 2], default=1)
-    p.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     p.add_argument('--experts', type=int, default=4)
-    p.add_argument('--data_before_expert', action='store_true',
-                   help='the ds_config\'s use_data_before_expert_parallelism')
     p.add_argument('--expert_tp', action='store_true',
                    help='enable_expert_tensor_parallelism: each expert a TPExpertMLP')
     p.add_argument('--steps', type=int, default=6)
@@ -183,6 +180,15 @@ def main():
     p.add_argument('--seq', type=int, default=16)
     p.add_argument('--seed', type=int, default=1234)
     p.add_argument('--local_rank', type=int, default=-1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    p.add_argument('--stage', type=int, choices=[1, 2], default=1)
+    p.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
+    p.add_argument('--data_before_expert', action='store_true',
+                   help='the ds_config\'s use_data_before_expert_parallelism')
     args = p.parse_args()
     T.install_gloo_shim(bf16=args.dtype == 'bf16')
     deepspeed.init_distributed(dist_backend='gloo')
