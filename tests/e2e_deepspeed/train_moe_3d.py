@@ -6,16 +6,17 @@ The model is ../shared/tools/deepspeed-cpu/train_3d.py's untied GPTModelPipe (it
 PipeModelDataParallelTopology: rank = stage * DP * TP + dp_rank * TP + tp_rank; a vocabulary-
 parallel embedding and output layer, column/row-parallel attention) with each transformer layer's
 MLP a deepspeed.moe.layer.MoE of --experts whole experts at expert-parallel size --ep, top-1,
-placed one transformer layer per stage ('type:MoELayerPipe'). The engine's grid is the mpu, so
-DeepSpeed builds the expert-parallel groups within each stage as runs of --ep consecutive ranks
-across its TP ranks, and writes each stage's files under mp ranks stage * TP + tp_rank. The gating
+placed by partition_method --partition (default 'type:MoELayerPipe': the transformer layers spread
+evenly over the stages). The engine's grid is the mpu, so DeepSpeed builds the expert-parallel
+groups within each stage as runs of --ep consecutive ranks across its TP ranks, and writes each
+stage's files under mp ranks stage * TP + tp_rank. The gating
 drops no token; the gate and every GLOBAL expert get weights of their own from generators seeded
 by their layer and id, so the function does not depend on the TP, PP, DP or EP layout. The global
 batch of every step is train.py's, in 2 micro-batches.
 
 Run from ../shared/tools/deepspeed-cpu (train.py, train_tp.py and train_3d.py are imported):
-  launch.py NPROC PORT train_moe_3d.py --tp T --pp P --ep E [--expert_tp] --steps N
-            [--save_dir DIR --save_at STEP ...] [--load_dir DIR] --out JSON
+  launch.py NPROC PORT train_moe_3d.py --tp T --pp P --ep E [--expert_tp] [--partition METHOD]
+            --steps N [--save_dir DIR --save_at STEP ...] [--load_dir DIR] --out JSON
 A --save_at step that is the loaded one saves what the load gave, before any step. Each save's
 client state is Megatron-DeepSpeed's (checkpoint_version, a Megatron-like `args` of the run's
 sizes), and the module records universal_checkpoint_info (train_3d.py's patterns, the gates
@@ -87,6 +88,8 @@ def main():
     p = argparse.ArgumentParser()
     add_arguments(p)  # train_moe_tp.py's
     p.add_argument('--pp', type=int, default=2)
+    p.add_argument('--partition', default='type:MoELayerPipe',
+                   help="PipelineModule's partition_method")
     args = p.parse_args()
     T.install_gloo_shim(bf16=False)
     deepspeed.init_distributed(dist_backend='gloo')
@@ -117,7 +120,7 @@ def main():
         return F.cross_entropy(out.float().reshape(-1, args.vocab), y.reshape(-1))
 
     model = PipelineModule(layers=specs, loss_fn=loss_fn, topology=mpu.topo,
-                           partition_method='type:MoELayerPipe', activation_checkpoint_interval=0)
+                           partition_method=args.partition, activation_checkpoint_interval=0)
     del full
     # The expert-parallel groups are runs of E consecutive ranks of the stage (dp_rank * TP +
     # tp_rank; with expert tensor parallelism of its TP rank's DP ranks), so this rank holds global
