@@ -47,7 +47,8 @@ And each with a save of its own (WORK/moe_tp_<step>):
            T=4 x DP=1 at E=1 (check_target; DeepSpeed's own save there lacks nothing), resumed
            live at the latter under the preload (step_expert_tp).
   pipeline  MoE in a T=2 x PP=2 x DP=1 pipeline (train_moe_3d.py) at E=2, resharded at its pp
-           to T=1 x DP=2 at E=2 and E=1 and back, resumed live at the first (step_pipeline).
+           to T=1 x DP=2 at E=2 and E=1, and onto one stage at T=2 x DP=2 and T=1 x DP=4, and
+           back; resumed live on one stage (step_pipeline).
 
 Usage: ds_moe_tp_e2e.py save|reshard|preload|data_before|expert_tp|pipeline --work DIR
                          --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION [--required]
@@ -84,8 +85,8 @@ EXPERT_TP_TARGETS = [(1, 2, 2), (4, 1, 1)]
 EXPERT_TP_RESUME = (4, 1, 1)
 # The pipeline step's save, targets and live resume (tp, pp, dp, ep).
 PIPELINE_SAVE = (2, 2, 1, 2)
-PIPELINE_TARGETS = [(1, 2, 2, 2), (1, 2, 2, 1)]
-PIPELINE_RESUME = (1, 2, 2, 2)
+PIPELINE_TARGETS = [(1, 2, 2, 2), (1, 2, 2, 1), (2, 1, 2, 2), (1, 1, 4, 2)]
+PIPELINE_RESUME = (2, 1, 2, 2)
 
 
 # A grid is (tp, dp, ep) for train_moe_tp.py, (tp, pp, dp, ep) for train_moe_3d.py's pipeline.
@@ -240,7 +241,8 @@ def check_refusals(args, report, saved):
     """What ucp refuses of such tags, naming the reason: a save lacking a TP rank's model states
     (DeepSpeed's own at T > E), lanes holding unlike copies of a replicated parameter, an expert
     group partitioned as expert tensor parallelism does where the Megatron args say the run had
-    none, another pp, and a TP degree the rules do not divide."""
+    none, a pipeline of a model whose layers are not numbered, and a TP degree the rules do not
+    divide."""
     def copy(name):
         tag = harness.copy_tag(saved, os.path.join(args.work, 'refused', name, TAG))
         shutil.rmtree(os.path.join(tag, '.ucp'), ignore_errors=True)
@@ -272,8 +274,9 @@ def check_refusals(args, report, saved):
     cases.append(('an expert group partitioned as the args do not say', ['index', tag],
                   'args/enable_expert_tensor_parallelism: False, but'))
     out = os.path.join(args.work, 'refused', 'out')
-    cases.append(('another pp', ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
-                  'MoE over TP lanes saved at pp=1 to another pp is not supported'))
+    cases.append(('pp=2 of a model that is no PipelineModule',
+                  ['reshard', saved, '--to', 'tp=2,pp=2,dp=1', '--out', out],
+                  'word_embeddings.weight names no numbered layer'))
     cases.append(('tp=3', ['reshard', saved, '--to', 'tp=3,dp=1,ep=1', '--out', out],
                   'does not split evenly'))
     check_refused(report, args, cases, out)
@@ -289,11 +292,12 @@ def check_refused(report, args, cases, out):
         print(f'refused, {what}: {err.strip()}')
 
 
-def check_target(args, env, report, saved, source, grid, full, extra=(), beyond=None):
+def check_target(args, env, report, saved, source, grid, full, extra=(), beyond=None, back=None):
     """`ucp reshard` of `saved` (at grid `source`) to `grid`: DeepSpeed's strict load of ucp's
     files there (run with `extra` arguments), saved again before it trains, equals them but for
     the files `beyond` names, which its save lacks (beyond_deepspeed), its steps after SAVE_AT are
-    within TOLERANCE of `full`'s, and ucp's files resharded back to `source` are the save."""
+    within TOLERANCE of `full`'s, and ucp's files resharded back to `source` (`back`: that
+    --to) are the save."""
     name = name_of(grid)
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     out = reshard(args, saved, to_of(grid), 'reshard_' + name)
@@ -311,7 +315,7 @@ def check_target(args, env, report, saved, source, grid, full, extra=(), beyond=
                  f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
     beyond = beyond or {}
     compare(report, os.path.join(resave, TAG), out, f'{name} vs DeepSpeed\'s resave', beyond)
-    back = reshard(args, out, to_of(source), f'reshard_{name}_back')
+    back = reshard(args, out, back or to_of(source), f'reshard_{name}_back')
     compare(report, saved, back, f'{name} -> {name_of(source)}')
     print(f'{name}: ucp\'s files = DeepSpeed\'s strict load and resave there'
           f'{f" (and the {len(beyond)} files it lacks)" if beyond else ""}; max |Δloss| '
@@ -441,11 +445,13 @@ def step_pipeline(args, env):
     """MoE in a tensor- and pipeline-parallel model (train_moe_3d.py: train_3d.py's GPT pipeline,
     each transformer layer's MLP an MoE): a T=2 x PP=2 x DP=1 save at E=2 (4 ranks; each stage's
     files under mp ranks stage * T + t) saved without and with the preload (the same bytes and
-    losses, indexed at save), resharded to each of PIPELINE_TARGETS at its pp (DeepSpeed's strict
-    load of ucp's files there saved again before it trains equals them, its steps within
-    TOLERANCE of the uninterrupted run, and back = the save: TP1 x PP2 to TP2 x PP2 too), resumed
-    live at PIPELINE_RESUME under the preload, and another pp refused (for ucp's T=1 files too,
-    whose padded vocabulary the lanes keep unpadded)."""
+    losses, indexed at save), resharded to each of PIPELINE_TARGETS, at its pp and onto one stage
+    (DeepSpeed's strict load of ucp's files there saved again before it trains equals them, its
+    steps within TOLERANCE of the uninterrupted run, and back = the save: from one stage split
+    again where the trainer's 'type:' placement puts the layers, which `--to` names since
+    'parameters' gives the saved stages too), ucp's T=1 x PP=2 files (stages of one TP lane whose
+    padded vocabulary the atoms keep unpadded) onto one stage as the save is, four stages refused
+    (a stage would hold no MoE layer), and resumed live on one stage under the preload."""
     def run(name, run_env, save_dir):
         return launch(args, run_env, PIPELINE_SAVE, name,
                       ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
@@ -454,18 +460,20 @@ def step_pipeline(args, env):
     full = losses(os.path.join(args.work, 'plain.json'))
     steps = list(range(SAVE_AT + 1, STEPS + 1))
     report = harness.Report('moe_tp pipeline')
+    _, pp, _, _ = PIPELINE_SAVE
     for grid in PIPELINE_TARGETS:
-        check_target(args, env, report, tag_dir, PIPELINE_SAVE, grid, full)
+        back = None if grid[1] == pp else to_of(PIPELINE_SAVE) + ',partition=type'
+        check_target(args, env, report, tag_dir, PIPELINE_SAVE, grid, full, back=back)
     print_losses('losses uninterrupted', {s: full[s] for s in steps})
-    out = os.path.join(args.work, 'refused')
-    # ucp's T=1 x PP=2 files too: stages of one TP lane, their padded vocabulary kept unpadded in
-    # the atoms.
     one_lane = os.path.join(args.work, 'reshard_' + name_of(PIPELINE_TARGETS[0]), TAG)
-    pp1 = ['--to', 'tp=1,pp=1,dp=4,ep=2', '--out', out]
+    one_stage = name_of(PIPELINE_TARGETS[-1])
+    got = reshard(args, one_lane, to_of(PIPELINE_TARGETS[-1]), 'reshard_one_lane_' + one_stage)
+    compare(report, os.path.join(args.work, 'reshard_' + one_stage, TAG), got,
+            f'{name_of(PIPELINE_TARGETS[0])} -> {one_stage} vs the save\'s')
+    out = os.path.join(args.work, 'refused')
     check_refused(report, args, [
-        ('pp=1', ['reshard', tag_dir] + pp1, 'saved at pp=2 to another pp is not supported'),
-        ('one lane per stage to pp=1', ['reshard', one_lane] + pp1,
-         'a padded vocabulary (67 padded to 68) to another pp is not supported')], out)
+        ('pp=4', ['reshard', tag_dir, '--to', 'tp=1,pp=4,dp=1,ep=1,partition=type', '--out', out],
+         'stage 2 holds no MoE layer')], out)
 
     tp, pp, dp, ep = PIPELINE_RESUME
     check_live_resume(args, env, PIPELINE_RESUME, f'tp={tp},pp={pp},ep={ep}',

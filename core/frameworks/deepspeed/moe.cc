@@ -2167,15 +2167,22 @@ Status SliceTensors(const AtomIndex& index, const std::map<std::string, ShardMap
   return Status::Ok();
 }
 
+// A param_shapes entry's value `saved` for `shape`: AutoEP saves each shape as a tuple, other
+// saves a torch.Size (kept so).
+Value* ShapeNodeLike(pickle::Graph& graph, const Value* saved, const Shape& shape) {
+  if (saved->kind() != Kind::kTuple) return SizeNode(graph, shape);
+  std::vector<Value*> extents;
+  for (const uint64_t extent : shape) extents.push_back(graph.Int(static_cast<int64_t>(extent)));
+  return graph.Tuple(std::move(extents));
+}
+
 // A folded tag's lane-0 model states (imported into `graph` as its root from `reader`) with the
-// dense parameters at TP rank t of degree tp (`maps` at tp; at tp 1 every parameter whole): each
-// split parameter's module tensor its slice (SliceTensors), and each dense param_shapes entry the
-// slice's shape. Returns the replaced storages' bytes.
+// dense parameters at TP rank t (`at`: its SliceShapesAt of `maps`; at tp 1 every parameter
+// whole): each split parameter's module tensor its slice (SliceTensors), and each dense
+// param_shapes entry the slice's shape. Returns the replaced storages' bytes.
 Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
-    const AtomIndex& index, const std::map<std::string, ShardMap>& maps,
-    const std::optional<Vocab>& vocab, uint32_t tp, uint32_t t, const TorchArchiveReader& reader,
-    pickle::Graph& graph) {
-  UCP_ASSIGN_OR_RETURN(const SliceShapes at, SliceShapesAt(index, maps, vocab, tp, t));
+    const AtomIndex& index, const std::map<std::string, ShardMap>& maps, const SliceShapes& at,
+    uint32_t t, const TorchArchiveReader& reader, pickle::Graph& graph) {
   Value* root = graph.root();
   // The dense group's param_shapes (the first: the expert group comes after it).
   Value* shapes = root->Get("param_shapes");
@@ -2185,20 +2192,11 @@ Result<std::map<std::string, std::vector<Segment>>> SliceDenseModule(
       module->kind() != Kind::kObject) {
     return FieldError(reader, "param_shapes/0 or module", "not an OrderedDict");
   }
-  // AutoEP saves each shape as a tuple (a torch.Size where a release writes one: kept so).
   for (pickle::Mutation& mutation : dense_shapes->mutable_mutations()) {
     if (mutation.op != pickle::Mutation::Op::kSetItem) continue;
     const auto shape = at.local.find(KeyText(mutation.first));
-    if (shape == at.local.end()) continue;
-    if (mutation.second->kind() != Kind::kTuple) {
-      mutation.second = SizeNode(graph, shape->second);
-      continue;
-    }
-    std::vector<Value*> extents;
-    for (const uint64_t extent : shape->second) {
-      extents.push_back(graph.Int(static_cast<int64_t>(extent)));
-    }
-    mutation.second = graph.Tuple(std::move(extents));
+    if (shape != at.local.end())
+      mutation.second = ShapeNodeLike(graph, mutation.second, shape->second);
   }
   std::map<std::string, std::vector<Segment>> replaced;
   UCP_RETURN_IF_ERROR(SliceTensors(index, maps, at, t, module, "module/", reader, graph, replaced));
@@ -2235,7 +2233,9 @@ Result<std::map<std::string, std::vector<Segment>>> UnfoldModelStates(
     return key != "universal_checkpoint_version" && key != "expert_parameter_patterns" &&
            key != kAutoEpLayers;
   });
-  return SliceDenseModule(index, facts.folded_maps, std::nullopt, 1, 0, reader, graph);
+  UCP_ASSIGN_OR_RETURN(const SliceShapes whole,
+                       SliceShapesAt(index, facts.folded_maps, std::nullopt, 1, 0));
+  return SliceDenseModule(index, facts.folded_maps, whole, 0, reader, graph);
 }
 
 // mp_rank_00_model_states.pt as ds_to_universal writes it for an AutoEP tag: the model states
@@ -2507,7 +2507,10 @@ Result<uint64_t> LayerOf(const std::string& name, uint32_t pp) {
   return *layer;
 }
 
-Result<MoePipelineLayers> ReadPipelineLayers(const std::vector<IndexFacts>& stages, uint32_t pp) {
+// `lane0`: TP lane 0's slice of each parameter it names (a stage of TP lanes builds its layers of
+// those, so the 'parameters' method counts them); the others whole.
+Result<MoePipelineLayers> ReadPipelineLayers(const std::vector<IndexFacts>& stages, uint32_t pp,
+                                             const std::map<std::string, Shape>& lane0) {
   MoePipelineLayers out;
   for (const IndexFacts& stage : stages) {
     std::vector<uint64_t> moe_layers;  // the stage's
@@ -2515,7 +2518,9 @@ Result<MoePipelineLayers> ReadPipelineLayers(const std::vector<IndexFacts>& stag
       const GroupLayout& layout = g == stage.expert_group ? stage.local : stage.groups[g];
       for (size_t i = 0; i < layout.names.size(); ++i) {
         UCP_ASSIGN_OR_RETURN(const uint64_t layer, LayerOf(layout.names[i], pp));
-        UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(layout.shapes[i]));
+        const auto slice = lane0.find(layout.names[i]);
+        UCP_ASSIGN_OR_RETURN(const uint64_t numel,
+                             NumElements(slice != lane0.end() ? slice->second : layout.shapes[i]));
         out.source_stage[layer] = stage.mp;
         out.count = std::max(out.count, layer + 1);
         const std::string& name = layout.names[i];
@@ -2631,17 +2636,25 @@ Result<IndexFacts> SplitStage(const IndexFacts& merged, const MoePipelineLayers&
   return facts;
 }
 
+// TP lane 0's slice shapes (SliceShapesAt's `local`) at the saved and the target TP degree, for
+// the 'parameters' method's weights; empty maps: every parameter whole.
+struct LaneZeroShapes {
+  std::map<std::string, Shape> saved;
+  std::map<std::string, Shape> target;
+};
+
 // A pipeline's stages at another pp (the tag's own pp keeps them): merged (MergeStages), then,
 // at pp > 1, split at the boundaries of the partition method that reproduces the saved stages
 // (ChoosePartition: 'uniform', 'parameters' with every MoE layer's local experts at the source's
-// and the target's E, 'type:'; only `partition`'s where the user names one). Each target stage
-// keeps its layers' parameters in the merged order, and its MoE layers' expert files renumbered
-// from 0 (its model states: RestageModelStates). kUnsupported for AutoEP, a model that is no
-// PipelineModule of numbered layers, an ambiguous or unknown placement and a stage left without
-// parameters or without an MoE layer.
+// and the target's E and each parameter as `lane0` slices it there, 'type:'; only `partition`'s
+// where the user names one). Each target stage keeps its layers' parameters in the merged order,
+// and its MoE layers' expert files renumbered from 0 (its model states: RestageModelStates).
+// kUnsupported for AutoEP, a model that is no PipelineModule of numbered layers, an ambiguous or
+// unknown placement and a stage left without parameters or without an MoE layer.
 Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
                                               const std::vector<IndexFacts>& stages, uint32_t pp,
-                                              uint32_t ep, LayerPartition partition) {
+                                              uint32_t ep, LayerPartition partition,
+                                              const LaneZeroShapes& lane0 = {}) {
   if (stages.front().fused) {
     return Status::Unsupported("deepspeed: pp=" + std::to_string(pp) +
                                ": AutoEP layers in a pipeline are not supported");
@@ -2651,12 +2664,14 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
     merged.target_stages = 1;  // holds every entry (HoldsEntry): no layer range
     return std::vector<IndexFacts>{std::move(merged)};
   }
-  UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp));
+  UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp, lane0.saved));
+  UCP_ASSIGN_OR_RETURN(const MoePipelineLayers target_layers,
+                       ReadPipelineLayers(stages, pp, lane0.target));
   UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages, pp));
   std::vector<PartitionMethod> methods = {{LayerPartition::kUniform, "'uniform'", {}, {}},
                                           {LayerPartition::kParameters, "'parameters'",
                                            LayerWeights(layers, merged.num_experts, merged.ep),
-                                           LayerWeights(layers, merged.num_experts, ep)}};
+                                           LayerWeights(target_layers, merged.num_experts, ep)}};
   for (PartitionMethod& method : TypeMethods(layers.signature, layers.count)) {
     methods.push_back(std::move(method));
   }
@@ -2745,11 +2760,20 @@ Status RefuseSharedOrFrozen(const TorchArchiveReader& stage) {
   return Status::Ok();
 }
 
+// A TP lane's slices for a restaged stage of TP lanes: TP rank t's (`shapes`, SliceShapesAt's) of
+// the parameters `maps` splits.
+struct RestagedLane {
+  const std::map<std::string, ShardMap>& maps;
+  const SliceShapes& shapes;
+  uint32_t t = 0;
+};
+
 // Stage 0's model states (`root`, read by `reader`) made those of a restaged stage (`target`,
 // RestageStages), as DeepSpeed writes a PipelineModule's stage: of stage 0's module tensors,
 // param_shapes and buffer_names entries those of its layers, then those of the later stages'
 // (the module tensors each in a storage of its own, from its bit16 atom, keys after the
-// template's, in `storages`); num_experts its MoE layers'; mp_world_size and
+// template's, in `storages`; with `lane` its slice of each parameter the lane's maps split, and
+// the param_shapes entry the slice's); num_experts its MoE layers'; mp_world_size and
 // checkpoint_parallel_dimensions' pp_degree the target's stages. kUnsupported for shared or
 // frozen parameters of a stage that is not kept whole (at pp = 1 every later stage's), and at
 // pp > 1 for a tag that does not record its axes (DeepSpeed 0.14: the stages written could not
@@ -2757,7 +2781,14 @@ Status RefuseSharedOrFrozen(const TorchArchiveReader& stage) {
 Status RestageModelStates(const AtomIndex& index, const std::string& tag_dir,
                           const std::vector<IndexFacts>& stages, const IndexFacts& target,
                           pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
-                          std::map<std::string, std::vector<Segment>>& storages) {
+                          std::map<std::string, std::vector<Segment>>& storages,
+                          const std::optional<RestagedLane>& lane = std::nullopt) {
+  // The lane's slice of a parameter its maps split; nullptr: the parameter whole.
+  const auto split = [&lane](const std::string& name) -> const ShardMap* {
+    if (!lane) return nullptr;
+    const auto map = lane->maps.find(name);
+    return map == lane->maps.end() || map->second.rule != Rule::kSplit ? nullptr : &map->second;
+  };
   Value* module = root->Get("module");
   Value* shapes = root->Get("param_shapes");
   Value* buffers = root->Get("buffer_names");
@@ -2791,10 +2822,18 @@ Status RestageModelStates(const AtomIndex& index, const std::string& tag_dir,
                                " bit16: missing (a module tensor of " + stage.path() + ")");
       }
       const std::string key = std::to_string(next_key++);
-      UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom->shape));
-      UCP_ASSIGN_OR_RETURN(Value * tensor, TensorLike(graph, *saved, key, atom->shape, numel));
-      UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
-      UCP_ASSIGN_OR_RETURN(storages[key], PlanRegion(index, *atom, whole));
+      const ShardMap* map = split(name);
+      const Shape& shape = map != nullptr ? lane->shapes.local.at(name) : atom->shape;
+      UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(shape));
+      UCP_ASSIGN_OR_RETURN(Value * tensor, TensorLike(graph, *saved, key, shape, numel));
+      if (map != nullptr) {
+        UCP_RETURN_IF_ERROR(AppendSliceSegments(index, *atom, *map,
+                                                lane->shapes.geometries.at(name), lane->t, 0, numel,
+                                                storages[key]));
+      } else {
+        UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom->shape));
+        UCP_ASSIGN_OR_RETURN(storages[key], PlanRegion(index, *atom, whole));
+      }
       module->mutable_mutations().push_back(
           {pickle::Mutation::Op::kSetItem, graph.Str(name), tensor});
     }
@@ -2808,10 +2847,13 @@ Status RestageModelStates(const AtomIndex& index, const std::string& tag_dir,
       }
       for (const pickle::Mutation& item : stage_group->mutations()) {
         if (item.op != pickle::Mutation::Op::kSetItem) continue;
-        UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, KeyText(item.first)));
+        const std::string name = KeyText(item.first);
+        UCP_ASSIGN_OR_RETURN(const bool held, HoldsEntry(target, name));
         if (!held) continue;
-        group->mutable_mutations().push_back(
-            {item.op, graph.Import(item.first), graph.Import(item.second)});
+        Value* shape = graph.Import(item.second);
+        if (split(name) != nullptr)
+          shape = ShapeNodeLike(graph, shape, lane->shapes.local.at(name));
+        group->mutable_mutations().push_back({item.op, graph.Import(item.first), shape});
       }
     }
     UCP_ASSIGN_OR_RETURN(const Value* stage_buffers, Field(stage, "buffer_names"));
@@ -2858,12 +2900,6 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
   if (!restaged_from.empty()) {
     UCP_RETURN_IF_ERROR(
         RestageModelStates(index, tag_dir, restaged_from, facts, out.graph, root, reader, resized));
-    // A pipeline of one TP rank per stage that records Megatron's rules: its args at the target.
-    if (facts.mpu_tp) {
-      const uint32_t pp = facts.target_stages;
-      UCP_RETURN_IF_ERROR(deepspeed::SetMegatronTopology(
-          out.graph, root, facts.vocab, {at.order.dp, 1, pp, at.order.dp * pp}, reader.path()));
-    }
   }
   if (facts.folded_tp == 1) {
     UCP_RETURN_IF_ERROR(ResizeModuleBuffers(out.graph, reader, facts.model_file, dense, facts.dp,
@@ -3026,21 +3062,19 @@ struct FoldedLayout {
 };
 
 // The grid of TP lanes of each stage a target names, once DeepSpeed can run the tag's model there:
-// the tag's `stages` (one, but for native MoE in a pipeline), world = tp · dp a stage, an
-// expert-parallel size dividing that world (with expert tensor parallelism dp) and every layer's
-// experts (AutoEP folds over AutoTP only at one above 1).
+// any pp for native MoE over an mpu's TP (AutoEP: the tag's one stage), world = tp · dp a stage,
+// an expert-parallel size dividing that world (with expert tensor parallelism dp) and every
+// layer's experts (AutoEP folds over AutoTP only at one above 1).
 Result<deepspeed::FoldedGrid> CheckFoldedTarget(const AtomIndex& index, const IndexFacts& facts,
-                                                const Topology& target, uint32_t stages) {
+                                                const Topology& target) {
   const std::string at = "deepspeed: tp=" + std::to_string(target.tp) +
                          ",pp=" + std::to_string(target.pp) + ",dp=" + std::to_string(target.dp);
-  if (target.pp != stages) {
-    return Status::Unsupported(
-        at + (facts.mpu_tp ? ": MoE over TP lanes saved at pp=" + std::to_string(stages) +
-                                 " to another pp is not supported (each stage is resharded "
-                                 "alike at its own pp)"
-                           : ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)"));
+  if (target.pp != 1 && !facts.mpu_tp) {
+    return Status::Unsupported(at +
+                               ": AutoEP with AutoTP in a pipeline (DeepSpeed does not fold one)");
   }
-  if (target.dp == 0 || (target.world != 0 && target.world != target.dp * target.tp * stages)) {
+  if (target.pp == 0 || target.dp == 0 ||
+      (target.world != 0 && target.world != target.dp * target.tp * target.pp)) {
     return Status::InvalidArgument(at + ": the world of a grid of TP lanes is tp · dp · pp, not " +
                                    std::to_string(target.world));
   }
@@ -3129,12 +3163,15 @@ Status SetMpuTpDegree(pickle::Graph& graph, Value* root, const deepspeed::Folded
 }
 
 // The model states of TP rank t (written by rank t, dense DP rank 0): lane 0's with the dense
-// parameters' slices at the target's (SliceDenseModule), dp_world_size the dense DP, the local
-// experts' shapes; with an mpu's TP the degree where Megatron records it (SetMpuTpDegree); folded,
-// the TP degree and AutoTP's affine map at it (the fused experts' entries at the target's experts
-// per rank), AutoEP's layers for rank t, autoep_size, and the folding dict of rank t. `reader`: the
-// tag's lane-0 model states.
-Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
+// parameters' slices at the target's (SliceDenseModule), restaged where `restaged_from` names the
+// pipeline's saved stages (RestageModelStates, at lane t's slices), dp_world_size the dense DP,
+// the local experts' shapes; with an mpu's TP the degree where Megatron records it
+// (SetMpuTpDegree); folded, the TP degree and AutoTP's affine map at it (the fused experts'
+// entries at the target's experts per rank), AutoEP's layers for rank t, autoep_size, and the
+// folding dict of rank t. `reader`: the lane-0 model states of the stage `facts` is (restaged:
+// of saved stage 0).
+Status PlanFoldedModelStates(const AtomIndex& index, const std::string& tag_dir,
+                             const IndexFacts& facts, const std::vector<IndexFacts>& restaged_from,
                              const TorchArchiveReader& reader, const FoldedLayout& at, uint32_t t,
                              OutputPlan& plan) {
   ArchiveOutput out;
@@ -3142,9 +3179,15 @@ Status PlanFoldedModelStates(const AtomIndex& index, const IndexFacts& facts,
   pickle::Graph& graph = out.graph;
   Value* root = graph.Import(reader.root());
   graph.set_root(root);
+  UCP_ASSIGN_OR_RETURN(const SliceShapes shapes,
+                       SliceShapesAt(index, at.maps, facts.vocab, at.grid.tp, t));
   using Replaced = std::map<std::string, std::vector<Segment>>;
   UCP_ASSIGN_OR_RETURN(Replaced replaced,
-                       SliceDenseModule(index, at.maps, facts.vocab, at.grid.tp, t, reader, graph));
+                       SliceDenseModule(index, at.maps, shapes, t, reader, graph));
+  if (!restaged_from.empty()) {
+    UCP_RETURN_IF_ERROR(RestageModelStates(index, tag_dir, restaged_from, facts, graph, root,
+                                           reader, replaced, RestagedLane{at.maps, shapes, t}));
+  }
   UCP_RETURN_IF_ERROR(
       SetDictItem(root, "dp_world_size", graph.Int(at.grid.DenseDp()), reader.path()));
   const GroupLayout& local = at.experts.local;
@@ -3281,9 +3324,10 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
                          SliceShapesAt(index, at.maps, facts.vocab, at.grid.tp, t));
   }
   std::set<std::pair<uint32_t, uint32_t>> written;
-  for (const uint32_t file : facts.expert_files) {
-    const std::optional<deepspeed::FileName> parsed =
-        ParseFileName(index.contents().files[file].path);
+  for (size_t i = 0; i < facts.expert_files.size(); ++i) {
+    const uint32_t file = facts.expert_files[i];
+    // The layer as the stage numbers it at the target (restaged: RestageStages').
+    const std::optional<deepspeed::FileName> parsed = ParseFileName(facts.expert_names[i]);
     if (!parsed || !written.insert({parsed->layer, parsed->expert}).second) continue;
     if (parsed->layer >= facts.num_experts.size()) {
       return Status::Corrupt("deepspeed: index: " + index.contents().files[file].path +
@@ -3331,25 +3375,42 @@ Status PlanFoldedExpertFiles(const AtomIndex& index, const std::string& tag_dir,
   return Status::Ok();
 }
 
-// A tag of TP lanes at another grid of lanes (a folded one's at T' > 1; an mpu's at any T', each
-// pipeline stage at the same pp alike, its files under mp ranks s·T' + t): every lane's model
-// states, every rank's optimizer file, and each expert's files under the lanes of its writers.
+// A tag of TP lanes at another grid of lanes (a folded one's at T' > 1; an mpu's at any T' and
+// pp, each stage alike, its files under mp ranks s·T' + t; at another pp the stages restaged,
+// RestageStages, with each lane's slices): every lane's model states, every rank's optimizer
+// file, and each expert's files under the lanes of its writers.
 Result<OutputPlan> PlanFoldedReshard(const AtomIndex& index, const std::string& tag_dir,
                                      const std::vector<IndexFacts>& stages,
                                      const Topology& target) {
-  const uint32_t pp = static_cast<uint32_t>(stages.size());
-  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid,
-                       CheckFoldedTarget(index, stages.front(), target, pp));
+  const IndexFacts& first = stages.front();
+  UCP_ASSIGN_OR_RETURN(const deepspeed::FoldedGrid grid, CheckFoldedTarget(index, first, target));
+  const bool restaged = target.pp != stages.size();
+  std::vector<IndexFacts> restaged_stages;
+  if (restaged) {
+    // Megatron's rules are of any degree: the saved maps split at the target's too.
+    LaneZeroShapes lane0;
+    UCP_ASSIGN_OR_RETURN(const SliceShapes saved,
+                         SliceShapesAt(index, first.folded_maps, first.vocab, first.folded_tp, 0));
+    UCP_ASSIGN_OR_RETURN(const SliceShapes at_target,
+                         SliceShapesAt(index, first.folded_maps, first.vocab, grid.tp, 0));
+    lane0.saved = saved.local;
+    lane0.target = at_target.local;
+    UCP_ASSIGN_OR_RETURN(restaged_stages,
+                         RestageStages(index, stages, target.pp, grid.ep, target.partition, lane0));
+  }
+  const std::vector<IndexFacts> kept;  // no restaging: PlanFoldedModelStates keeps each stage
+  const std::vector<IndexFacts>& restaged_from = restaged ? stages : kept;
   OutputPlan plan;
-  for (const IndexFacts& facts : stages) {
+  for (const IndexFacts& facts : restaged ? restaged_stages : stages) {
     // Read once: the split rule and every lane's model states come from it.
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                          OpenSource(index, tag_dir, facts.model_file));
     UCP_ASSIGN_OR_RETURN(FoldedLayout at, FoldedLayoutAt(index, tag_dir, facts, model, grid));
-    at.pp = pp;
+    at.pp = target.pp;
     at.first_mp = facts.mp * grid.tp;
     for (uint32_t t = 0; t < grid.tp; ++t) {
-      UCP_RETURN_IF_ERROR(PlanFoldedModelStates(index, facts, model, at, t, plan));
+      UCP_RETURN_IF_ERROR(
+          PlanFoldedModelStates(index, tag_dir, facts, restaged_from, model, at, t, plan));
     }
     UCP_RETURN_IF_ERROR(PlanFoldedExpertFiles(index, tag_dir, facts, at, plan));
     UCP_RETURN_IF_ERROR(PlanFoldedOptimStates(index, tag_dir, facts, at, plan));
@@ -3511,23 +3572,9 @@ Result<OutputPlan> DeepSpeedMoeAdapter::PlanReshard(const AtomIndex& index,
                                                     const std::string& tag_dir,
                                                     const Topology& target) const {
   UCP_ASSIGN_OR_RETURN(const std::vector<IndexFacts> stages, ReadFacts(index));
-  // An mpu's TP lanes are written by the same rules at any TP degree, 1 included. A pipeline of
-  // one lane per stage restaged at tp 1 is written as any MoE pipeline: its atoms are the module's
-  // tensors but for a padded vocabulary's, which the lanes keep unpadded.
+  // An mpu's TP lanes are written by the same rules at any TP degree and pp, 1 included.
   const IndexFacts& first = stages.front();
-  const bool restaged_lanes =
-      first.mpu_tp && first.folded_tp == 1 && target.tp == 1 && target.pp != stages.size();
-  if (restaged_lanes && first.vocab && first.vocab->padded != first.vocab->original) {
-    return Status::Unsupported(
-        Prefix(tag_dir) + "pp=" + std::to_string(target.pp) +
-        ": a pipeline of one TP rank whose model states record Megatron's rules and a padded "
-        "vocabulary (" +
-        std::to_string(first.vocab->original) + " padded to " +
-        std::to_string(first.vocab->padded) +
-        ") to another pp is not supported (its stages are read as TP lanes, which are not "
-        "restaged yet)");
-  }
-  if ((first.folded_tp > 1 && target.tp > 1) || (first.mpu_tp && !restaged_lanes)) {
+  if ((first.folded_tp > 1 && target.tp > 1) || first.mpu_tp) {
     return PlanFoldedReshard(index, tag_dir, stages, target);
   }
   if (stages.front().folded_tp > 1 && target.pp != 1) {

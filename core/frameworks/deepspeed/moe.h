@@ -105,9 +105,11 @@
 // and its expert groups runs within the stage's D·T ranks; a tag of one TP rank per stage that
 // records Megatron's rules is read so too. The index lists the stages one after another, each with
 // its lanes (adapter_state "stages" and "folded_tp"); PlanReshard writes each stage alike at the
-// same pp (any T', D', E'); another pp is refused (its lanes are not restaged yet), but for stages
-// of one TP rank without a padded vocabulary (whose atoms are then the module's tensors), which
-// are restaged at tp 1 as any MoE pipeline, Megatron's args set at the target.
+// same pp (any T', D', E'), and at another pp restages them as above, the 'parameters' method
+// counting each parameter as TP lane 0 holds it at either degree: each target stage's lanes are
+// then written as a stage of the tag would be, their model states stage 0's lane 0's with the
+// stage's module entries (each lane's slices of the atoms) and param_shapes, and each expert's
+// files under its layer's number within the target stage.
 //
 // With expert tensor parallelism (enable_expert_tensor_parallelism; Megatron's experts are then its
 // ParallelMLP, split over the TP ranks) DeepSpeed makes the expert groups inside each lane's dense
@@ -182,9 +184,10 @@ class DeepSpeedMoeAdapter final : public FrameworkAdapter {
 
   // The files DeepSpeed writes at DP size target.dp and expert-parallel size target.ep (0: the
   // source's): kInvalidArgument when that E does not divide target.dp or a layer's experts
-  // (DeepSpeed cannot run there), kUnsupported for tp > 1 (but a folded tag's: another folded
-  // grid, E > 1 dividing tp · dp, at pp 1), a pp other than the tag's and 1, and a change of E on a
-  // tag of DeepSpeed before 0.15.4.
+  // (DeepSpeed cannot run there), kUnsupported for tp > 1 (but a tag of TP lanes': an mpu's at any
+  // pp, AutoEP's folded grid at E > 1 dividing tp · dp and pp 1), a pp at which the saved stages'
+  // placement is ambiguous or unknown (above), and a change of E on a tag of DeepSpeed before
+  // 0.15.4.
   Result<OutputPlan> PlanReshard(const AtomIndex& index, const std::string& tag_dir,
                                  const Topology& target) const override;
 
