@@ -3,7 +3,9 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "core/format/torch_archive_writer.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/plan/copy_plan.h"
 #include "core/util/checked.h"
 
 namespace ucp::deepspeed {
@@ -47,6 +49,45 @@ bool Contains(const std::string& name, std::initializer_list<std::string_view> p
     if (name.find(part) != std::string::npos) return true;
   }
   return false;
+}
+
+// The entries ds_to_universal writes beside a parameter's merged tensor for its shard map (the
+// SubparamShape object from the client's universal_checkpoint_info entry).
+Status AddUniversalMapEntries(pickle::Graph& graph, const ShardMap& map,
+                              const TorchArchiveReader& model,
+                              std::vector<std::pair<Value*, Value*>>& entries) {
+  // ds_to_universal concatenates a parameter no pattern names on dim 0.
+  if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
+  switch (map.universal) {
+    case UniversalForm::kNone:
+      break;
+    case UniversalForm::kCatDim:
+      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+      break;
+    case UniversalForm::kNSubParams:
+      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
+      entries.emplace_back(graph.Str("param_n_sub_params"),
+                           graph.Int(static_cast<int64_t>(map.sub_params.size())));
+      break;
+    case UniversalForm::kSubParamShape: {
+      const std::string field =
+          std::string(kInfo) + "/parameter_with_sub_params/" + std::to_string(map.sub_param_shape);
+      std::vector<std::pair<Value*, Value*>> fields;
+      for (const char* key : {"patterns", "shape", "partition_dim"}) {
+        UCP_ASSIGN_OR_RETURN(const Value* value, Field(model, field + "/" + key));
+        fields.emplace_back(graph.Str(key), graph.Import(value));
+      }
+      Value* object =
+          graph.Object(pickle::Construction::kNewObj,
+                       graph.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
+                       graph.Tuple({}));
+      object->mutable_mutations().push_back(
+          {pickle::Mutation::Op::kBuild, graph.Dict(std::move(fields)), nullptr});
+      entries.emplace_back(graph.Str("sub_param_shape"), object);
+      break;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -315,6 +356,47 @@ Status SetMegatronTopology(pickle::Graph& graph, Value* root, const std::optiona
     }
   }
   return Status::Ok();
+}
+
+Result<ArchiveOutput> UniversalShardedAtom(const AtomIndex& index, const ShardMap& map,
+                                           const std::optional<Vocab>& vocab, bool vocabulary,
+                                           const TorchArchiveReader& model, const Atom& atom,
+                                           bool requires_grad) {
+  ArchiveOutput out;
+  out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
+  UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+  uint64_t storage_numel = numel;
+  if (map.vocab) {
+    if (!vocab) {
+      return Status::Corrupt("deepspeed: index: " + atom.param +
+                             ": a vocabulary parameter of a tag without the vocabulary's sizes");
+    }
+    // ds_to_universal keeps the merged tensor's storage, padding rows included.
+    const std::optional<uint64_t> padded =
+        atom.shape[0] == 0 ? std::nullopt : CheckedMul(numel / atom.shape[0], vocab->padded);
+    if (!padded) {
+      return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
+    }
+    storage_numel = *padded;
+  }
+  TensorNodeSpec spec;
+  spec.storage_key = "0";
+  spec.dtype = atom.dtype;
+  spec.storage_numel = storage_numel;
+  spec.shape = atom.shape;
+  spec.requires_grad = requires_grad;
+  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
+  pickle::Graph& graph = out.graph;
+  std::vector<std::pair<Value*, Value*>> entries;
+  UCP_RETURN_IF_ERROR(AddUniversalMapEntries(graph, map, model, entries));
+  if (map.vocab || vocabulary) entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+  entries.emplace_back(graph.Str("param"), tensor);
+  graph.set_root(graph.Dict(std::move(entries)));
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  AppendZeros(segments, (storage_numel - numel) * ItemSize(atom.dtype));
+  out.storages.push_back({"0", std::move(segments)});
+  return out;
 }
 
 }  // namespace ucp::deepspeed

@@ -16,6 +16,7 @@
 #include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
+#include "core/plan/executor.h"
 #include "core/util/status.h"
 
 namespace ucp::deepspeed {
@@ -71,5 +72,14 @@ Result<Vocab> ReadVocab(const TorchArchiveReader& r, const Patterns& patterns, u
 Status SetMegatronTopology(pickle::Graph& graph, pickle::Value* root,
                            const std::optional<Vocab>& vocab, const Topology& target,
                            const std::string& where);
+
+// zero/<param>/<state>.pt as ds_to_universal writes atom `atom` of a TP-sharded parameter: its
+// merged tensor (a vocabulary parameter's storage keeping the padding rows of `vocab`, zeros),
+// the entries its shard map `map` gives (the SubparamShape object from `model`'s
+// universal_checkpoint_info), and 'vocab_tensor' where the map or `vocabulary` says so.
+Result<ArchiveOutput> UniversalShardedAtom(const AtomIndex& index, const ShardMap& map,
+                                           const std::optional<Vocab>& vocab, bool vocabulary,
+                                           const TorchArchiveReader& model, const Atom& atom,
+                                           bool requires_grad);
 
 }  // namespace ucp::deepspeed

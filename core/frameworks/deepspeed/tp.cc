@@ -120,7 +120,6 @@ using deepspeed::TargetGroupAt;
 using deepspeed::TpLayerStatesName;
 using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
-using deepspeed::UniversalForm;
 using deepspeed::UniversalModuleAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::VersionAtLeast;
@@ -1797,91 +1796,6 @@ Status CheckGridTarget(const Topology& target) {
 // ---------------------------------------------------------------------------------------------
 // PlanUniversalExport's parts.
 
-// The entries ds_to_universal writes beside a parameter's merged tensor for its shard map (the
-// SubparamShape object from the client's universal_checkpoint_info entry).
-Status AddUniversalMapEntries(pickle::Graph& graph, const ShardMap& map,
-                              const TorchArchiveReader& model,
-                              std::vector<std::pair<Value*, Value*>>& entries) {
-  // ds_to_universal concatenates a parameter no pattern names on dim 0.
-  if (map.rule == Rule::kUnnamed) entries.emplace_back(graph.Str("cat_dim"), graph.Int(0));
-  switch (map.universal) {
-    case UniversalForm::kNone:
-      break;
-    case UniversalForm::kCatDim:
-      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
-      break;
-    case UniversalForm::kNSubParams:
-      entries.emplace_back(graph.Str("cat_dim"), graph.Int(map.dim));
-      entries.emplace_back(graph.Str("param_n_sub_params"),
-                           graph.Int(static_cast<int64_t>(map.sub_params.size())));
-      break;
-    case UniversalForm::kSubParamShape: {
-      const std::string field =
-          std::string(kInfo) + "/parameter_with_sub_params/" + std::to_string(map.sub_param_shape);
-      std::vector<std::pair<Value*, Value*>> fields;
-      for (const char* key : {"patterns", "shape", "partition_dim"}) {
-        UCP_ASSIGN_OR_RETURN(const Value* value, Field(model, field + "/" + key));
-        fields.emplace_back(graph.Str(key), graph.Import(value));
-      }
-      Value* object =
-          graph.Object(pickle::Construction::kNewObj,
-                       graph.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
-                       graph.Tuple({}));
-      object->mutable_mutations().push_back(
-          {pickle::Mutation::Op::kBuild, graph.Dict(std::move(fields)), nullptr});
-      entries.emplace_back(graph.Str("sub_param_shape"), object);
-      break;
-    }
-  }
-  return Status::Ok();
-}
-
-// zero/<param>/<state>.pt of a TP-sharded atom: its merged tensor (a vocabulary parameter's
-// storage keeping the padding rows) and its shard map's entries.
-Result<ArchiveOutput> UniversalShardedAtom(const AtomIndex& index, const IndexFacts& facts,
-                                           const TorchArchiveReader& model, const Atom& atom,
-                                           bool requires_grad) {
-  const auto found = facts.maps.find(atom.param);
-  if (found == facts.maps.end()) {
-    return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
-                           atom.param);
-  }
-  const ShardMap& map = found->second;
-  ArchiveOutput out;
-  out.path = "zero/" + atom.param + "/" + atom.state + ".pt";
-  UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-  uint64_t storage_numel = numel;
-  if (map.vocab) {
-    // ds_to_universal keeps the merged tensor's storage, padding rows included.
-    const std::optional<uint64_t> padded =
-        atom.shape[0] == 0 ? std::nullopt : CheckedMul(numel / atom.shape[0], facts.vocab->padded);
-    if (!padded) {
-      return Status::OutOfRange("deepspeed: " + atom.param + ": padded size overflows");
-    }
-    storage_numel = *padded;
-  }
-  TensorNodeSpec spec;
-  spec.storage_key = "0";
-  spec.dtype = atom.dtype;
-  spec.storage_numel = storage_numel;
-  spec.shape = atom.shape;
-  spec.requires_grad = requires_grad;
-  UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-  pickle::Graph& graph = out.graph;
-  std::vector<std::pair<Value*, Value*>> entries;
-  UCP_RETURN_IF_ERROR(AddUniversalMapEntries(graph, map, model, entries));
-  if (map.vocab || facts.vocabulary.contains(atom.param)) {
-    entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
-  }
-  entries.emplace_back(graph.Str("param"), tensor);
-  graph.set_root(graph.Dict(std::move(entries)));
-  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-  AppendZeros(segments, (storage_numel - numel) * ItemSize(atom.dtype));
-  out.storages.push_back({"0", std::move(segments)});
-  return out;
-}
-
 // Module tensors without optimizer state, where the release writes them: a frozen parameter
 // whole from its atom (rank 0's module holds only its slice), the others (alike on every TP
 // rank) from rank 0's model states; then the model-states files, copied.
@@ -2068,7 +1982,15 @@ Result<OutputPlan> DeepSpeedTpAdapter::PlanUniversalExport(const AtomIndex& inde
       plan.archives.push_back(std::move(out));
       continue;
     }
-    UCP_ASSIGN_OR_RETURN(ArchiveOutput out, UniversalShardedAtom(index, facts, model, atom, grad));
+    const auto map = facts.maps.find(atom.param);
+    if (map == facts.maps.end()) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                             atom.param);
+    }
+    UCP_ASSIGN_OR_RETURN(
+        ArchiveOutput out,
+        deepspeed::UniversalShardedAtom(index, map->second, facts.vocab,
+                                        facts.vocabulary.contains(atom.param), model, atom, grad));
     plan.archives.push_back(std::move(out));
   }
 
