@@ -12,6 +12,7 @@
 #include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/megatron_rules.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/plan/copy_plan.h"
 #include "core/tag/file_hashing.h"
@@ -83,6 +84,7 @@ using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TensorLike;
 using deepspeed::UniversalAtomArchive;
+using deepspeed::Vocab;
 using deepspeed::WholeGeometry;
 using deepspeed::Zero3ModelStatesName;
 using deepspeed::ZeroStageOf;
@@ -290,17 +292,31 @@ struct OptimStates {
   std::vector<std::vector<int64_t>> group_members;  // param_groups[pg]['params']
 };
 
-// mp_world_size of a ZeRO-3 model-states file: AutoTP's degree. kUnsupported above 1 without
-// AutoTP's affine map (nothing else tells how the parameters were split).
+// Whether model states `r` record Megatron's TP rules: universal_checkpoint_info of a run without
+// AutoTP (no affine map, no ds_config tensor_parallel.autotp_size) or AutoEP's layers
+// (ds_autoep_layers, None in other saves).
+bool RecordsMegatronRules(const TorchArchiveReader& r) {
+  const Value* autoep = OptionalField(r, kAutoEpLayers);
+  return OptionalField(r, std::string(deepspeed::kUniversalCheckpointInfo)) != nullptr &&
+         !HasAutoTpMaps(r) &&
+         OptionalField(r, "ds_config/tensor_parallel/autotp_size") == nullptr &&
+         (autoep == nullptr || autoep->kind() == Kind::kNone);
+}
+
+// mp_world_size of a ZeRO-3 model-states file: the TP degree (ZeRO-3 has no pipeline), AutoTP's
+// or an mpu's. kUnsupported above 1 without AutoTP's affine map or Megatron's rules: nothing else
+// tells how the parameters were split.
 Result<uint32_t> TpDegree(const TorchArchiveReader& r) {
   UCP_ASSIGN_OR_RETURN(const int64_t mp, IntField(r, "mp_world_size"));
   if (mp < 1 || mp > kMaxTpDegree) {
     return FieldError(r, "mp_world_size", "outside [1, " + std::to_string(kMaxTpDegree) + "]");
   }
-  if (mp > 1 && !HasAutoTpMaps(r)) {
-    return Status::Unsupported(Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
-                               " without AutoTP's universal_checkpoint_info/affine_map: nothing "
-                               "says how the parameters were split over the TP ranks");
+  if (mp > 1 && !HasAutoTpMaps(r) && !RecordsMegatronRules(r)) {
+    return Status::Unsupported(
+        Prefix(r.path()) + "mp_world_size " + std::to_string(mp) +
+        " without AutoTP's universal_checkpoint_info/affine_map or Megatron's patterns (the "
+        "universal_checkpoint_info of a run without AutoTP): nothing says how the parameters were "
+        "split over the TP ranks");
   }
   return static_cast<uint32_t>(mp);
 }
@@ -579,10 +595,14 @@ Result<OptimStates> ReadOptimStates(const std::string& tag_dir, const RankFile& 
 
 struct IndexFacts {
   uint32_t dp = 0;
-  uint32_t tp = 1;                         // AutoTP's degree
-  std::set<std::string> vocabulary;        // tp > 1: AutoTP's vocabulary parameters
-  std::map<std::string, ShardMap> maps;    // tp > 1: how each parameter's slices make it
-  std::map<std::string, Geometry> slices;  // tp > 1: each parameter's slices at tp
+  uint32_t tp = 1;             // AutoTP's degree, or an mpu's (megatron)
+  bool megatron = false;       // the split is Megatron's rules' (at tp 1 too), not AutoTP's
+  std::optional<Vocab> vocab;  // megatron: the vocabulary's sizes where one is padded
+  // tp > 1 or megatron: the vocabulary parameters, how each parameter's slices make it, and its
+  // slices at tp.
+  std::set<std::string> vocabulary;
+  std::map<std::string, ShardMap> maps;
+  std::map<std::string, Geometry> slices;
   std::string prefix;
   uint64_t sub_group_size = kDefaultSubGroupSize;
   std::vector<GroupLayout> flat_groups;  // of TP rank 0's slices' shapes (RankGroups: another's)
@@ -612,8 +632,10 @@ Slice SliceOf(const IndexFacts& facts, const std::string& name, uint32_t t, cons
   if (const auto rows = facts.expert_slices.find(name); rows != facts.expert_slices.end()) {
     return {&facts.expert_maps.at(name), &rows->second, t};
   }
-  if (facts.tp == 1) return {&kWhole, &whole, 0};
-  return {&facts.maps.at(name), &facts.slices.at(name), t};
+  // At tp 1 a parameter is whole, but a vocabulary Megatron pads there (FactsAtTp's slices).
+  const auto slices = facts.slices.find(name);
+  if (facts.tp == 1 && slices == facts.slices.end()) return {&kWhole, &whole, 0};
+  return {&facts.maps.at(name), &slices->second, t};
 }
 
 // Partition r of state `state` of a flat group of holder t (a TP rank, or for AutoEP's experts
@@ -657,6 +679,22 @@ Status ReadTpFacts(const nlohmann::json& state, IndexFacts& facts) {
     UCP_ASSIGN_OR_RETURN(ShardMap map, MapFromJson(name, json));
     facts.maps.emplace(name, std::move(map));
   }
+  const auto megatron = tp_state->find("megatron");
+  if (megatron == tp_state->end() || !megatron->is_boolean()) {
+    return Status::Corrupt("deepspeed: index adapter_state.tp: megatron missing or not a bool");
+  }
+  facts.megatron = megatron->get<bool>();
+  if (const auto vocab = tp_state->find("vocab"); vocab != tp_state->end()) {
+    for (const char* key : {"original", "padded", "divisible_by"}) {
+      if (!vocab->is_object() || !vocab->contains(key) || !(*vocab)[key].is_number_unsigned() ||
+          (*vocab)[key].get<uint64_t>() == 0) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp: vocab/" + std::string(key) +
+                               " missing or mistyped");
+      }
+    }
+    facts.vocab = Vocab{(*vocab)["original"].get<uint64_t>(), (*vocab)["padded"].get<uint64_t>(),
+                        (*vocab)["divisible_by"].get<uint64_t>()};
+  }
   return Status::Ok();
 }
 
@@ -698,7 +736,7 @@ Result<Shape> RecordTpSlices(const std::string& name, const Shape& shape, IndexF
     return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " + name);
   }
   UCP_ASSIGN_OR_RETURN(Geometry geometry, GeometryAt(name, map->second, shape, facts.tp,
-                                                     std::nullopt, map->second.blocks));
+                                                     facts.vocab, map->second.blocks));
   Shape local = geometry.local;
   facts.slices.emplace(name, std::move(geometry));
   return local;
@@ -737,7 +775,7 @@ Status ReadFlatGroups(const AtomIndex& index, const nlohmann::json& state, Index
         shape.front() /= facts.placement.ep;
         ++fused;
       }
-      if (facts.tp > 1) {
+      if (facts.tp > 1 || facts.megatron) {
         UCP_ASSIGN_OR_RETURN(shape, RecordTpSlices(name, shape, facts));
       }
       shapes.push_back(std::move(shape));
@@ -763,7 +801,7 @@ Status ReadFrozenFacts(const AtomIndex& index, const nlohmann::json& state, Inde
     if (!name.is_string()) return BadAdapterState();
     frozen_names.push_back(name.get<std::string>());
     UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, frozen_names.back(), kFrozenState));
-    if (facts.tp > 1) {
+    if (facts.tp > 1 || facts.megatron) {
       UCP_RETURN_IF_ERROR(RecordTpSlices(frozen_names.back(), shape, facts).status());
     }
     frozen_shapes.push_back(std::move(shape));
@@ -815,7 +853,8 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   facts.prefix = state["file_prefix"].get<std::string>();
   if (facts.prefix != "" && facts.prefix != "bf16_") return BadAdapterState();
   facts.sub_group_size = state["sub_group_size"].get<uint64_t>();
-  if (facts.tp > 1) UCP_RETURN_IF_ERROR(ReadTpFacts(state, facts));
+  // A tag of one TP rank records its TP state where Megatron's rules place it at another degree.
+  if (facts.tp > 1 || state.contains("tp")) UCP_RETURN_IF_ERROR(ReadTpFacts(state, facts));
   UCP_RETURN_IF_ERROR(ReadAutoEpFacts(state, facts));
   UCP_RETURN_IF_ERROR(ReadFlatGroups(index, state, facts));
   UCP_RETURN_IF_ERROR(ReadFrozenFacts(index, state, facts));
@@ -823,9 +862,10 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   return facts;
 }
 
-// An AutoTP tag's facts at TP degree `tp`: each parameter's slices there (frozen ones' too), as
-// AutoTP splits it by `rule`, and the flat groups of TP rank 0's slices' shapes (the whole
-// parameters at tp = 1). The source's files stay as they are.
+// A TP tag's facts at TP degree `tp`: each parameter's slices there (frozen ones' too), as AutoTP
+// splits it by `rule` (Megatron's rules split at any degree: equal parts, the vocabulary padded
+// for tp), and the flat groups of TP rank 0's slices' shapes (the whole parameters at tp = 1). The
+// source's files stay as they are.
 Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpSplitRule& rule) {
   IndexFacts out = facts;
   out.tp = tp;
@@ -835,13 +875,13 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
     const Geometry& saved = facts.slices.at(name);
     const Shape& whole = saved.atom;
     ShardMap& map = out.maps.at(name);
-    if (map.rule == Rule::kSplit) {
+    if (map.rule == Rule::kSplit && !facts.megatron) {
       UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks,
                            BlocksAtDegree(name, whole.at(map.dim), SplitBlocks(saved), tp, rule));
       SetBlocks(map, std::move(blocks));
     }
     UCP_ASSIGN_OR_RETURN(Geometry geometry,
-                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
+                         GeometryAt(name, map, whole, tp, facts.vocab, map.blocks));
     Shape local = geometry.local;
     out.slices.emplace(name, std::move(geometry));
     return local;
@@ -1154,10 +1194,58 @@ Status CheckSubGroups(const std::vector<TpRank>& ranks, const ExpertPlacement& p
   return Status::Ok();
 }
 
-// How each parameter's TP slices make it, the frozen ones' too: AutoTP's maps at tp > 1; at
-// tp = 1 every parameter is its one slice.
-Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks) {
+// How Megatron's rules (universal_checkpoint_info's patterns, as an mpu's TP records them) make
+// each parameter of TP rank 0's `layouts` at degree tp, and the padded vocabulary (`vocab`) where
+// a rule names one. kUnsupported for a parameter no rule names and one averaged over the ranks:
+// ZeRO-3's files keep one slice of each, so their TP ranks' copies cannot be compared or averaged.
+Result<AutoTpMaps> MegatronMaps(const TorchArchiveReader& head, uint32_t tp,
+                                const std::vector<const GroupLayout*>& layouts,
+                                std::optional<Vocab>& vocab) {
+  UCP_ASSIGN_OR_RETURN(const deepspeed::Patterns patterns, deepspeed::ReadPatterns(head));
+  AutoTpMaps out;
+  for (const GroupLayout* layout : layouts) {
+    for (size_t k = 0; k < layout->names.size(); ++k) {
+      const std::string& name = layout->names[k];
+      UCP_ASSIGN_OR_RETURN(const deepspeed::Resolved resolved,
+                           deepspeed::Resolve(head, patterns, name, layout->shapes[k], tp));
+      if (!resolved.map || resolved.map->rule == Rule::kAveraged) {
+        return Status::Unsupported(
+            Prefix(head.path()) + name +
+            (resolved.map ? ": averaged over the TP ranks (parameter_to_average_patterns)"
+                          : ": no rule of universal_checkpoint_info names it") +
+            "; under ZeRO-3 ucp reads one TP rank's copy of a parameter that is not split");
+      }
+      if (resolved.map->vocab && !vocab) {
+        UCP_ASSIGN_OR_RETURN(vocab, deepspeed::ReadVocab(head, patterns, tp));
+      }
+      if (resolved.map->vocab) out.vocabulary.insert(name);
+      out.maps.emplace(name, *resolved.map);
+      out.whole_shapes.emplace(name, resolved.atom);
+    }
+  }
+  return out;
+}
+
+// How each parameter's TP slices make it, the frozen ones' too (`megatron`: by Megatron's rules):
+// Megatron's rules (MegatronMaps, which set `vocab`) where the model states record them, at tp = 1
+// too, so that they place the save at another degree, unless they do not name every parameter or
+// the vocabulary is padded there (ds_to_universal keeps a ZeRO-3 save's padding rows at tp = 1,
+// which the rules' atoms drop); AutoTP's maps at tp > 1; else at tp = 1 every parameter is its one
+// slice.
+Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, std::optional<Vocab>& vocab,
+                             bool& megatron) {
   const ModelStates& head = ranks[0].models.front();
+  megatron = RecordsMegatronRules(head.reader);
+  if (megatron) {
+    std::vector<const GroupLayout*> layouts;
+    for (const GroupLayout& group : head.flat_groups) layouts.push_back(&group);
+    layouts.push_back(&head.frozen);
+    Result<AutoTpMaps> maps = MegatronMaps(head.reader, head.tp, layouts, vocab);
+    if (head.tp > 1) return maps;
+    megatron = maps.ok() && (!vocab || vocab->padded == vocab->original);
+    if (megatron) return maps;
+    vocab.reset();
+  }
   std::vector<std::string> names;
   for (const GroupLayout& group : head.flat_groups) {
     names.insert(names.end(), group.names.begin(), group.names.end());
@@ -1288,8 +1376,16 @@ Result<uint32_t> CheckReshardTarget(const IndexFacts& facts, const Topology& tar
     }
   }
   const uint32_t tp = target.tp;
-  if (facts.tp == 1) {
-    UCP_RETURN_IF_ERROR(CheckTarget(target));  // a tag without AutoTP's maps stays at tp = 1
+  if (facts.tp == 1 && !facts.megatron) {
+    if (tp > 1) {
+      return Status::Unsupported(
+          "deepspeed: tp=" + std::to_string(tp) +
+          ": a ZeRO-3 tag of one TP rank is placed at another TP degree only by Megatron's rules "
+          "(universal_checkpoint_info's patterns) naming every parameter, and without a "
+          "vocabulary padded at tp 1 (whose padding rows DeepSpeed's conversion keeps there and "
+          "the rules drop); this tag records no such rules or pads its vocabulary");
+    }
+    UCP_RETURN_IF_ERROR(CheckTarget(target));
   } else {
     if (tp == 0 || (target.world != 0 && target.world % tp != 0)) {
       return Status::InvalidArgument("deepspeed: world=" + std::to_string(target.world) +
@@ -1348,7 +1444,7 @@ Result<ReshardLayout> LayoutAtTarget(const AtomIndex& index, const std::string& 
   // At another TP degree each parameter's slices, and so the flat groups, are those at `tp`.
   const bool reshaped = tp != facts.tp;
   AutoTpSplitRule rule;
-  if (reshaped) {
+  if (reshaped && !facts.megatron) {
     UCP_ASSIGN_OR_RETURN(const TorchArchiveReader head,
                          OpenSource(index, tag_dir, facts.model_file));
     UCP_ASSIGN_OR_RETURN(rule, ReadAutoTpSplitRule(head, tag_dir));
@@ -1403,6 +1499,21 @@ Result<ReshardLayout> LayoutAtTarget(const AtomIndex& index, const std::string& 
                        std::move(uneven)};
 }
 
+// An mpu's TP degree where the model states (imported into `graph` as `root` from `reader`) record
+// it: mp_world_size, checkpoint_parallel_dimensions' tp_degree, universal_checkpoint_info's
+// padded_vocab_size (Megatron pads by the degree) and Megatron's arguments where the client saved
+// them (SetMegatronTopology).
+Status SetMegatronTpDegree(pickle::Graph& graph, Value* root, const std::optional<Vocab>& vocab,
+                           const ReshardLayout& to, const TorchArchiveReader& reader) {
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(to.tp), reader.path()));
+  if (Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+      dimensions != nullptr && dimensions->kind() == Kind::kDict) {
+    UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(to.tp), reader.path()));
+  }
+  return deepspeed::SetMegatronTopology(graph, root, vocab, {to.m, to.tp, 1, to.m * to.tp},
+                                        reader.path());
+}
+
 // Phase 3 of PlanReshard: every target rank's model states.
 Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const ReshardLayout& to, OutputPlan& plan) {
@@ -1430,7 +1541,11 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
         UCP_RETURN_IF_ERROR(RegroupShapes(out.graph, root, to.rank_groups[t], reader,
                                           to.reshaped || to.experts_resized));
       }
-      if (to.reshaped) UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, to.tp, reader, to.uneven));
+      if (to.reshaped && facts.megatron) {
+        UCP_RETURN_IF_ERROR(SetMegatronTpDegree(out.graph, root, facts.vocab, to, reader));
+      } else if (to.reshaped) {
+        UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, to.tp, reader, to.uneven));
+      }
       if (to.ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
         UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, to.at.placement.order, r, reader));
         UCP_RETURN_IF_ERROR(
@@ -1587,7 +1702,9 @@ struct Zero3Tag {
   ExpertPlacement placement;
   RankGrid grid;
   std::vector<TpRank> ranks;
-  AutoTpMaps slices;  // how each parameter's TP slices make it
+  AutoTpMaps slices;           // how each parameter's TP slices make it
+  bool megatron = false;       // the slices are Megatron's rules' (RecordsMegatronRules)
+  std::optional<Vocab> vocab;  // Megatron's rules: the vocabulary's sizes where one is padded
 
   // The index's files: every rank's model states, then its optimizer states, each TP rank's in
   // DP rank order.
@@ -1635,7 +1752,7 @@ Result<Zero3Tag> ReadTag(const std::string& tag_dir) {
   UCP_ASSIGN_OR_RETURN(tag.grid, GridOf(tag_dir, listing, head));
   UCP_ASSIGN_OR_RETURN(tag.ranks, ReadRanks(tag_dir, tag.grid, std::move(head), tag.placement));
   UCP_RETURN_IF_ERROR(CheckSubGroups(tag.ranks, tag.placement));
-  UCP_ASSIGN_OR_RETURN(tag.slices, SliceMaps(tag.ranks));
+  UCP_ASSIGN_OR_RETURN(tag.slices, SliceMaps(tag.ranks, tag.vocab, tag.megatron));
   return tag;
 }
 
@@ -1720,19 +1837,20 @@ Status AddTrainableAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords
         Shape whole = slices.whole_shapes.at(name);
         if (experts && !whole.empty()) whole.front() = placement.experts.at(name);
         const uint32_t degree = experts ? placement.ep : tp;
-        UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                             GeometryAt(name, map, whole, degree, std::nullopt, map.blocks));
+        UCP_ASSIGN_OR_RETURN(
+            const Geometry geometry,
+            GeometryAt(name, map, whole, degree, experts ? std::nullopt : tag.vocab, map.blocks));
         for (uint32_t t = 0; t < tp; ++t) {
           if (layouts[t].params.shapes[k] != LocalShape(geometry, t)) {
-            return FieldError(
-                ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
-                ShapeText(layouts[t].params.shapes[k]) + ", but " +
-                    (experts ? "ds_autoep_layers gives each expert-parallel rank "
-                             : "AutoTP's affine map gives TP rank " + std::to_string(t) + " ") +
-                    "a slice of " + ShapeText(LocalShape(geometry, t)));
+            return FieldError(ranks[t].models.front().reader, "param_shapes/" + gs + "/" + name,
+                              ShapeText(layouts[t].params.shapes[k]) + ", but " +
+                                  (experts ? "ds_autoep_layers gives each expert-parallel rank "
+                                           : "universal_checkpoint_info gives TP rank " +
+                                                 std::to_string(t) + " ") +
+                                  "a slice of " + ShapeText(LocalShape(geometry, t)));
           }
         }
-        if (tp > 1) records.shard_maps[name] = MapJson(map);
+        if (tp > 1 || tag.megatron) records.shard_maps[name] = MapJson(map);
         // Who holds the parameter's slices: every expert-parallel rank its rows, partitioned over
         // its expert-data-parallel ranks; every TP rank of a split its slice, over its DP ranks.
         const uint32_t holders = experts ? placement.ep : map.rule == Rule::kSplit ? tp : 1;
@@ -1795,15 +1913,15 @@ Status AddFrozenAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& r
     const ShardMap& map = slices.maps.at(name);
     const Shape& whole = slices.whole_shapes.at(name);
     UCP_ASSIGN_OR_RETURN(const Geometry geometry,
-                         GeometryAt(name, map, whole, tp, std::nullopt, map.blocks));
-    if (tp > 1) records.shard_maps[name] = MapJson(map);
+                         GeometryAt(name, map, whole, tp, tag.vocab, map.blocks));
+    if (tp > 1 || tag.megatron) records.shard_maps[name] = MapJson(map);
     Atom atom{name, std::string(kFrozenState), ms.frozen_fragments[k]->dtype, whole, {}};
     for (uint32_t t = 0; t < (map.rule == Rule::kSplit ? tp : 1); ++t) {
       const std::vector<ModelStates>& models = ranks[t].models;
       if (models.front().frozen.shapes[k] != LocalShape(geometry, t)) {
         return FieldError(models.front().reader, "frozen_param_shapes/" + name,
                           ShapeText(models.front().frozen.shapes[k]) +
-                              ", but AutoTP's affine map gives TP rank " + std::to_string(t) +
+                              ", but universal_checkpoint_info gives TP rank " + std::to_string(t) +
                               " a slice of " + ShapeText(LocalShape(geometry, t)));
       }
       std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
@@ -1864,10 +1982,16 @@ void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records
       {"flat_groups", std::move(records.flat_groups)},
       {"frozen_params", std::move(records.frozen_params)},
   };
-  if (tag.tp > 1) {
+  if (tag.tp > 1 || tag.megatron) {
     c.adapter_state["tp"] = {{"degree", tag.tp},
                              {"params", std::move(records.shard_maps)},
-                             {"vocabulary", tag.slices.vocabulary}};
+                             {"vocabulary", tag.slices.vocabulary},
+                             {"megatron", tag.megatron}};
+    if (tag.vocab) {
+      c.adapter_state["tp"]["vocab"] = {{"original", tag.vocab->original},
+                                        {"padded", tag.vocab->padded},
+                                        {"divisible_by", tag.vocab->divisible_by}};
+    }
   }
   if (tag.placement.ep != 0) {
     c.adapter_state["autoep"] = {{"ep", tag.placement.ep},
@@ -1951,6 +2075,11 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
                                             facts.flat_groups[g].names, requires_grad));
   }
 
+  // Megatron's rules at tp > 1: rank (0, 0)'s model states hold the entries some maps name.
+  std::optional<TorchArchiveReader> megatron_model;
+  if (facts.megatron && facts.tp > 1) {
+    UCP_ASSIGN_OR_RETURN(megatron_model, OpenSource(index, tag_dir, facts.model_file));
+  }
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.shape.empty() || atom.state == kFrozenState) continue;
@@ -1970,14 +2099,28 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
       plan.archives.push_back(std::move(out));
       continue;
     }
-    if (facts.tp == 1) {  // a bare 1-d tensor
+    if (facts.tp == 1) {  // a bare 1-d tensor, also where Megatron's rules are recorded
       UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
                            UniversalAtomArchive(index, atom, {numel}, grad, false));
       plan.archives.push_back(std::move(out));
       continue;
     }
-    // With AutoTP ds_to_universal merges the slices as its ZeRO-1/2 path does: {'param': the
-    // whole parameter}, marked 'vocab_tensor' first where vocabulary_parameter_patterns names it.
+    // With Megatron's rules ds_to_universal merges the slices as its ZeRO-1/2 path does.
+    if (megatron_model) {
+      const auto map = facts.maps.find(atom.param);
+      if (map == facts.maps.end()) {
+        return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                               atom.param);
+      }
+      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                           deepspeed::UniversalShardedAtom(index, map->second, facts.vocab,
+                                                           facts.vocabulary.contains(atom.param),
+                                                           *megatron_model, atom, grad));
+      plan.archives.push_back(std::move(out));
+      continue;
+    }
+    // With AutoTP: {'param': the whole parameter}, marked 'vocab_tensor' first where
+    // vocabulary_parameter_patterns names it.
     UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
                          UniversalAtomArchive(index, atom, atom.shape, grad, false));
     pickle::Graph& graph = out.graph;

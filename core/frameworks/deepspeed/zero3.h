@@ -65,7 +65,7 @@ namespace ucp {
 class DeepSpeedZero3Adapter final : public FrameworkAdapter {
  public:
   static constexpr std::string_view kName = "deepspeed-zero3";
-  static constexpr uint32_t kSchema = 1;
+  static constexpr uint32_t kSchema = 2;
 
   std::string_view name() const override { return kName; }
   uint32_t schema() const override { return kSchema; }

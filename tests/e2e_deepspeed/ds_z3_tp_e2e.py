@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""ZeRO-3 with a Megatron-style mpu's tensor parallelism, end to end under LD_PRELOAD=libucp.so
+(CPU, gloo), with the release under test.
+
+../shared/tools/deepspeed-cpu/train_tp.py --stage 3: a GPT of column/row-parallel attention and
+MLP and a vocabulary-parallel embedding and output layer (VOCAB tokens: padded to 72 at TP=2 and
+80 at TP=4, not at TP=1, where a padded vocabulary keeps a ZeRO-3 save of one TP rank at tp 1), the
+mpu given to deepspeed.initialize, universal_checkpoint_info recording Megatron's patterns (no
+AutoTP affine map). DeepSpeed writes zero_pp_rank_<dp>_mp_rank_<tp>_{model,optim}_states.pt, each
+parameter's TP slice partitioned over the DP ranks. Its ds_to_universal converts the save, but its
+universal load of the conversion at another TP size is wrong (0.19.8, by hand with 67 tokens: at
+T=1 x DP=4 every parameter after the padded embedding sits 12 elements early in rank 0's flat
+group, steps 4..6 4.20902395 4.20460224 4.20231104 where the run gives 4.14673376 3.99525166
+3.96607852; at T=2 x DP=1 it stops, "start (32352) + length (6912) exceeds dimension size
+(32880)"), so the oracles are the uninterrupted run's losses and round trips.
+
+One CTest test, in WORK/z3_tp:
+  1. A T=2 x DP=2 run saves global_step3 without and with the preload: the same bytes and losses,
+     indexed at save.
+  2. `ucp export --format deepspeed-universal` = ds_to_universal's files, every object and bit.
+  3. `ucp reshard` to each of TARGETS: DeepSpeed's plain (strict) load of ucp's files there trains
+     steps 4..6 within TOLERANCE of the uninterrupted run, and ucp's files resharded back to
+     T=2 x DP=2 are the save, every object and bit but the run's micro batch.
+  4. A plain load_checkpoint at RESUME under the preload, told the TP degree by UCP_TOPOLOGY:
+     losses bit-identical to DeepSpeed's load of `ucp reshard`'s files there, every file served
+     `ucp reshard`'s.
+
+Usage: ds_z3_tp_e2e.py --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
+                       [--required]
+"""
+import argparse
+import os
+import shutil
+import sys
+
+import ds_e2e
+from ds_e2e import fail, float32_bits, losses, print_losses
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'deepspeed'))
+import harness  # noqa: E402
+
+TAG = 'global_step3'
+VOCAB = 68
+SAVE_AT, STEPS = 3, 6
+SAVE = (2, 2)  # (tp, dp)
+TARGETS = [(1, 4), (4, 1), (2, 1)]
+RESUME = (1, 4)
+# |Δloss| allowed against the uninterrupted run: float32 sums over other TP and DP splits.
+TOLERANCE = 1e-5
+
+
+def name_of(grid):
+    return f'tp{grid[0]}dp{grid[1]}'
+
+
+def launch(args, env, grid, name, extra):
+    """train_tp.py --stage 3 at `grid` through STEPS; returns (status, seconds, output)."""
+    tp, dp = grid
+    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, 'train_tp.py', '--tp',
+               str(tp), '--stage', '3', '--vocab', str(VOCAB), '--steps', str(STEPS), '--out',
+               os.path.join(args.work, name + '.json')] + extra
+    log = os.path.join(args.work, name + '.log')
+    return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
+                                  STEPS, ds_e2e.save_dir_of(extra))
+
+
+def reshard(args, source, grid, name):
+    out = os.path.join(args.work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to',
+                                            f'tp={grid[0]},dp={grid[1]}', '--out', out)
+    if status != 0:
+        fail(f'ucp reshard {source} to {name_of(grid)} exited {status}: {output[-2000:]}')
+    return os.path.join(out, TAG)
+
+
+def compare(report, expected, got, what):
+    """The tag `got` holds `expected`'s .pt files, every object and bit but the run's micro
+    batch."""
+    names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
+    have = sorted(n for n in os.listdir(got) if n.endswith('.pt'))
+    report.check(have == names, f'{what}: files {have}, expected {names}')
+    for name in names:
+        report.diffs(harness.compare_files(os.path.join(expected, name), os.path.join(got, name),
+                                           harness.RUN_CONFIG_FIELDS), f'{what}/{name}')
+
+
+def check_export(report, args, env, tag_dir):
+    universal = os.path.join(args.work, 'universal', TAG)
+    shutil.rmtree(os.path.dirname(universal), ignore_errors=True)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
+    export = os.path.join(args.work, 'export')
+    shutil.rmtree(export, ignore_errors=True)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
+        names = harness.compare_export(report, 'export', universal, export)
+        print(f'ucp export = ds_to_universal: {len(names)} files')
+
+
+def check_target(report, args, env, tag_dir, grid, full):
+    """DeepSpeed's plain load of ucp's files at `grid` trains within TOLERANCE of `full`, and
+    those files resharded back to SAVE are the save. Returns the load's losses."""
+    name = name_of(grid)
+    out = reshard(args, tag_dir, grid, 'reshard_' + name)
+    status, _, output = launch(args, env, grid, 'load_' + name,
+                               ['--load_dir', os.path.dirname(out)])
+    if status != 0:
+        fail(f'DeepSpeed\'s load of ucp\'s {name} files exited {status}:\n{output[-3000:]}')
+    got = losses(os.path.join(args.work, f'load_{name}.json'))
+    print_losses(f'losses {name} (DeepSpeed\'s load of ucp\'s files)', got)
+    steps = list(range(SAVE_AT + 1, STEPS + 1))
+    worst = max(abs(got[s] - full[s]) for s in steps)
+    report.check(sorted(got) == steps and worst <= TOLERANCE,
+                 f'{name}: max |Δloss| {worst:.3g} against the uninterrupted run')
+    back = reshard(args, out, SAVE, f'reshard_{name}_back')
+    compare(report, tag_dir, back, f'{name} -> {name_of(SAVE)}')
+    print(f'{name}: max |Δloss| {worst:.3g}; back = the save')
+    return got
+
+
+def check_live_resume(args, env, oracle):
+    """A plain load_checkpoint of WORK/ckpt at RESUME under the preload, told the TP degree by
+    UCP_TOPOLOGY: losses bit-identical to `oracle` (DeepSpeed's load of ucp's files there), every
+    file it reads that the save lacks served as `ucp reshard` wrote it."""
+    tp, dp = RESUME
+    logs = os.path.join(args.work, 'logs_preload')
+    shutil.rmtree(logs, ignore_errors=True)
+    run_env = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp}')
+    tag_dir = os.path.join(args.work, 'ckpt', TAG)
+    status, seconds, output = launch(args, run_env, RESUME, 'preload',
+                                     ['--load_dir', os.path.dirname(tag_dir)])
+    if status != 0:
+        fail(f'plain load_checkpoint at {name_of(RESUME)} under the preload exited {status}:\n'
+             f'{output[-3000:]}\nucp logs:\n{ds_e2e.log_tail(logs)}')
+    got = losses(os.path.join(args.work, 'preload.json'))
+    print_losses(f'losses {name_of(RESUME)} under the preload ({seconds:.1f} s)', got)
+    if {s: float32_bits(v) for s, v in got.items()} != \
+            {s: float32_bits(v) for s, v in oracle.items()}:
+        fail('the resume under the preload differs from DeepSpeed\'s load of ucp\'s files')
+    print('losses bit-identical to DeepSpeed\'s load of `ucp reshard`\'s files')
+    resharded = os.path.join(args.work, 'reshard_' + name_of(RESUME), TAG)
+    served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
+    ds_e2e.check_served(os.path.join(tag_dir, '.ucp', 'views', f'tp{tp}-pp1-dp{dp}'), resharded,
+                        served, f'tp={tp},dp={dp}', logs)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    ds_e2e.add_run_arguments(parser)
+    args = ds_e2e.parse_run_arguments(parser)
+    if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
+        ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
+    env = ds_e2e.trainer_environment(args)
+    args.work = os.path.join(args.work, 'z3_tp')
+
+    def run(name, run_env, save_dir):
+        return launch(args, run_env, SAVE, name, ['--save_dir', save_dir, '--save_at',
+                                                  str(SAVE_AT)])
+    tag_dir, _, _ = ds_e2e.save_with_and_without_preload(args, env, args.work,
+                                                         'T=2 x DP=2 ZeRO-3', run)
+    full = losses(os.path.join(args.work, 'plain.json'))
+    report = harness.Report('z3 tp')
+    check_export(report, args, env, tag_dir)
+    loaded = {grid: check_target(report, args, env, tag_dir, grid, full) for grid in TARGETS}
+    print_losses('losses uninterrupted', {s: full[s] for s in range(SAVE_AT + 1, STEPS + 1)})
+    check_live_resume(args, env, loaded[RESUME])
+    report.exit()
+
+
+if __name__ == '__main__':
+    main()
