@@ -33,7 +33,16 @@
 // says how the slices make each parameter (autotp.h): an atom is the whole parameter, made of
 // the DP pieces of every TP rank's slice (of TP rank 0's where every rank holds it whole), and
 // the index keeps each rule in adapter_state["tp"] = {"degree": T, "params": {<name>: shard map
-// (tp_shards.h MapJson)}, "vocabulary": [<names>]}.
+// (tp_shards.h MapJson)}, "vocabulary": [<names>], "megatron": false}.
+//
+// With an mpu's TP (Megatron-DeepSpeed's ZeRO-3 with TP) the same holds, the model states'
+// universal_checkpoint_info recording Megatron's patterns instead (and no ds_config
+// tensor_parallel.autotp_size): the maps are megatron_rules.h's, the vocabulary's atoms unpadded,
+// and adapter_state["tp"] says "megatron": true with the vocabulary's sizes ("vocab"). A save of
+// one TP rank whose patterns name every parameter, its vocabulary not padded there, is read so too
+// (degree 1), so that it can be split; else whole, as any tp = 1 save. A reshard to T' writes the
+// rules' slices at T' and the Megatron records of the degree (mp_world_size, tp_degree,
+// padded_vocab_size, the client's args); the universal export at T > 1 is deepspeed-tp's.
 //
 // With AutoEP (DeepSpeed 0.19, ds_autoep_layers of checkpoint_format zero3_partitioned) each
 // expert-parallel rank e's fused expert parameters ("<experts module>.w1", ... of n rows: its
@@ -45,10 +54,11 @@
 // index keeps adapter_state["autoep"] = {"ep": E, "data_before_expert": bool, "experts":
 // {<fused parameter>: its layer's experts}}.
 //
-// Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map; AutoTP layouts
-// autotp.h refuses; frozen parameters with AutoTP; a target TP degree that does not divide a
-// split (tp > 1 at all for a tag without AutoTP's maps); AutoEP with AutoTP, frozen AutoEP
-// expert parameters.
+// Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map or Megatron's
+// patterns; AutoTP layouts autotp.h refuses; with Megatron's rules at tp > 1 a parameter no
+// pattern names or one averaged over the ranks; frozen parameters with AutoTP; a target TP degree
+// that does not divide a split (tp > 1 at all for a tag of one TP rank read whole); AutoEP with
+// AutoTP, frozen AutoEP expert parameters.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
