@@ -56,9 +56,9 @@
 //
 // Refused with kUnsupported: pp > 1; mp_world_size > 1 without an affine map or Megatron's
 // patterns; AutoTP layouts autotp.h refuses; with Megatron's rules at tp > 1 a parameter no
-// pattern names or one averaged over the ranks; frozen parameters with AutoTP; a target TP degree
-// that does not divide a split (tp > 1 at all for a tag of one TP rank read whole); AutoEP with
-// AutoTP, frozen AutoEP expert parameters.
+// pattern names or one averaged over the ranks; a target TP degree that does not divide a split
+// (tp > 1 at all for a tag of one TP rank read whole); AutoEP with AutoTP, frozen AutoEP expert
+// parameters.
 //
 // Thread-safety: stateless; every method may be called concurrently.
 #pragma once
