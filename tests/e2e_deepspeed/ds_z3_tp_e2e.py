@@ -24,6 +24,8 @@ One CTest test, in WORK/z3_tp:
   4. A plain load_checkpoint at RESUME under the preload, told the TP degree by UCP_TOPOLOGY:
      losses bit-identical to DeepSpeed's load of `ucp reshard`'s files there, every file served
      `ucp reshard`'s.
+  5. A T=1 x DP=2 save of 67 tokens (padded to 68 at tp 1): its export = ds_to_universal's (the
+     bare tensors of a save of one TP rank, padding rows included), and tp=2 refused by name.
 
 Usage: ds_z3_tp_e2e.py --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deepspeed VERSION
                        [--required]
@@ -120,6 +122,36 @@ def check_target(report, args, env, tag_dir, grid, full):
     return got
 
 
+def check_padded_one_rank(report, args, env):
+    """A ZeRO-3 save of one TP rank whose vocabulary is padded there is read whole: its export is
+    ds_to_universal's, and ucp refuses to split it, naming the padding."""
+    save_dir = os.path.join(args.work, 'padded_tp1')
+    status, _, output = ds_e2e.run_launcher(
+        [sys.executable, 'launch.py', '2', ds_e2e.PORT, 'train_tp.py', '--tp', '1', '--stage', '3',
+         '--vocab', '67', '--steps', str(SAVE_AT), '--save_dir', save_dir, '--save_at',
+         str(SAVE_AT)], args.tools, env, os.path.join(args.work, 'padded_tp1.log'))
+    if status != 0:
+        fail(f'the T=1 x DP=2 save of 67 tokens exited {status}:\n{output[-3000:]}')
+    tag_dir = os.path.join(save_dir, TAG)
+    universal = os.path.join(args.work, 'padded_tp1_universal', TAG)
+    shutil.rmtree(os.path.dirname(universal), ignore_errors=True)
+    ds_e2e.ds_to_universal(env, tag_dir, universal)
+    export = os.path.join(args.work, 'padded_tp1_export')
+    shutil.rmtree(export, ignore_errors=True)
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if report.check(status == 0, f'ucp export of the T=1 save exited {status}: {output[-2000:]}'):
+        names = harness.compare_export(report, 'padded tp1 export', universal, export)
+        print(f'T=1, 67 tokens: ucp export = ds_to_universal: {len(names)} files')
+    out = os.path.join(args.work, 'padded_tp1_refused')
+    shutil.rmtree(out, ignore_errors=True)
+    status, err = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to', 'tp=2,dp=1',
+                                         '--out', out)
+    report.check(status != 0 and 'pads its vocabulary' in err,
+                 f'T=1, 67 tokens, to tp=2: not refused as expected: {err}')
+    print(f'refused, T=1 with a padded vocabulary to tp=2: {err.strip()}')
+
+
 def check_live_resume(args, env, oracle):
     """A plain load_checkpoint of WORK/ckpt at RESUME under the preload, told the TP degree by
     UCP_TOPOLOGY: losses bit-identical to `oracle` (DeepSpeed's load of ucp's files there), every
@@ -166,6 +198,7 @@ def main():
     loaded = {grid: check_target(report, args, env, tag_dir, grid, full) for grid in TARGETS}
     print_losses('losses uninterrupted', {s: full[s] for s in range(SAVE_AT + 1, STEPS + 1)})
     check_live_resume(args, env, loaded[RESUME])
+    check_padded_one_rank(report, args, env)
     report.exit()
 
 
