@@ -88,17 +88,19 @@ def compare(report, expected, got, what):
                                            harness.RUN_CONFIG_FIELDS), f'{what}/{name}')
 
 
-def check_export(report, args, env, tag_dir):
-    universal = os.path.join(args.work, 'universal', TAG)
+def check_export(report, args, env, tag_dir, name='export'):
+    """`ucp export --format deepspeed-universal` of `tag_dir` = ds_to_universal's files, in
+    WORK/<name> and WORK/<name>_universal."""
+    universal = os.path.join(args.work, name + '_universal', TAG)
     shutil.rmtree(os.path.dirname(universal), ignore_errors=True)
     ds_e2e.ds_to_universal(env, tag_dir, universal)
-    export = os.path.join(args.work, 'export')
+    export = os.path.join(args.work, name)
     shutil.rmtree(export, ignore_errors=True)
     status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
                                             'deepspeed-universal', '--out', export)
-    if report.check(status == 0, f'ucp export exited {status}: {output[-2000:]}'):
-        names = harness.compare_export(report, 'export', universal, export)
-        print(f'ucp export = ds_to_universal: {len(names)} files')
+    if report.check(status == 0, f'ucp export of {tag_dir} exited {status}: {output[-2000:]}'):
+        names = harness.compare_export(report, name, universal, export)
+        print(f'{name}: ucp export = ds_to_universal: {len(names)} files')
 
 
 def check_target(report, args, env, tag_dir, grid, full):
@@ -133,16 +135,7 @@ def check_padded_one_rank(report, args, env):
     if status != 0:
         fail(f'the T=1 x DP=2 save of 67 tokens exited {status}:\n{output[-3000:]}')
     tag_dir = os.path.join(save_dir, TAG)
-    universal = os.path.join(args.work, 'padded_tp1_universal', TAG)
-    shutil.rmtree(os.path.dirname(universal), ignore_errors=True)
-    ds_e2e.ds_to_universal(env, tag_dir, universal)
-    export = os.path.join(args.work, 'padded_tp1_export')
-    shutil.rmtree(export, ignore_errors=True)
-    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
-                                            'deepspeed-universal', '--out', export)
-    if report.check(status == 0, f'ucp export of the T=1 save exited {status}: {output[-2000:]}'):
-        names = harness.compare_export(report, 'padded tp1 export', universal, export)
-        print(f'T=1, 67 tokens: ucp export = ds_to_universal: {len(names)} files')
+    check_export(report, args, env, tag_dir, 'padded_tp1_export')
     out = os.path.join(args.work, 'padded_tp1_refused')
     shutil.rmtree(out, ignore_errors=True)
     status, err = harness.run_ucp_output(args.ucp, 'reshard', tag_dir, '--to', 'tp=2,dp=1',
