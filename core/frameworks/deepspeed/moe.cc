@@ -2665,8 +2665,12 @@ Result<std::vector<IndexFacts>> RestageStages(const AtomIndex& index,
     return std::vector<IndexFacts>{std::move(merged)};
   }
   UCP_ASSIGN_OR_RETURN(const MoePipelineLayers layers, ReadPipelineLayers(stages, pp, lane0.saved));
-  UCP_ASSIGN_OR_RETURN(const MoePipelineLayers target_layers,
-                       ReadPipelineLayers(stages, pp, lane0.target));
+  // Counted again only where TP lane 0 holds other slices at the target (another TP degree).
+  std::optional<MoePipelineLayers> recounted;
+  if (lane0.target != lane0.saved) {
+    UCP_ASSIGN_OR_RETURN(recounted, ReadPipelineLayers(stages, pp, lane0.target));
+  }
+  const MoePipelineLayers& target_layers = recounted ? *recounted : layers;
   UCP_ASSIGN_OR_RETURN(const IndexFacts merged, MergeStages(index, stages, pp));
   std::vector<PartitionMethod> methods = {{LayerPartition::kUniform, "'uniform'", {}, {}},
                                           {LayerPartition::kParameters, "'parameters'",
