@@ -212,9 +212,11 @@ Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const 
     if (!vocab) return Status::Corrupt("deepspeed: " + name + ": a vocabulary without its sizes");
     UCP_ASSIGN_OR_RETURN(const uint64_t padded, PaddedVocab(*vocab, tp));
     g.sub_params = {padded};
-    if (atom[0] != vocab->original) {
+    if (atom[0] < vocab->original || atom[0] > padded) {
       return Status::Corrupt("deepspeed: " + name + ": " + std::to_string(atom[0]) +
-                             " rows, but the vocabulary has " + std::to_string(vocab->original));
+                             " rows, but the vocabulary has " + std::to_string(vocab->original) +
+                             ", padded to " + std::to_string(padded) +
+                             " at tp=" + std::to_string(tp));
     }
   }
   uint64_t local = 0;

@@ -113,8 +113,10 @@ Geometry WholeGeometry(uint32_t tp, const Shape& shape);
 
 // The geometry of `map`'s slices of an atom of shape `atom` at TP degree `tp`: equal parts of each
 // sub-parameter, or the `blocks` given (one sub-parameter, not a vocabulary: each rank's extent,
-// tp of them, none empty, summing to the atom's). kUnsupported for an unnamed parameter at tp > 1
-// and for sub-parameters that do not split evenly; kCorrupt for blocks that do not fit.
+// tp of them, none empty, summing to the atom's). A vocabulary is padded to `vocab`'s size at tp,
+// its atom holding the original rows or some of the padding rows after them (a ZeRO-3 save of one
+// TP rank keeps them): the rows past the atom's are zeros. kUnsupported for an unnamed parameter
+// at tp > 1 and for sub-parameters that do not split evenly; kCorrupt for blocks that do not fit.
 Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
                             uint32_t tp, const std::optional<Vocab>& vocab,
                             const std::vector<uint64_t>& blocks = {});

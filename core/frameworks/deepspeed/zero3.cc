@@ -1228,10 +1228,8 @@ Result<AutoTpMaps> MegatronMaps(const TorchArchiveReader& head, uint32_t tp,
 
 // How each parameter's TP slices make it, the frozen ones' too (`megatron`: by Megatron's rules):
 // Megatron's rules (MegatronMaps, which set `vocab`) where the model states record them, at tp = 1
-// too, so that they place the save at another degree, unless they do not name every parameter or
-// the vocabulary is padded there (ds_to_universal keeps a ZeRO-3 save's padding rows at tp = 1,
-// which the rules' atoms drop); AutoTP's maps at tp > 1; else at tp = 1 every parameter is its one
-// slice.
+// too, so that they place the save at another degree, unless they do not name every parameter;
+// AutoTP's maps at tp > 1; else at tp = 1 every parameter is its one slice.
 Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, std::optional<Vocab>& vocab,
                              bool& megatron) {
   const ModelStates& head = ranks[0].models.front();
@@ -1242,8 +1240,13 @@ Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, std::optional<Voc
     layouts.push_back(&head.frozen);
     Result<AutoTpMaps> maps = MegatronMaps(head.reader, head.tp, layouts, vocab);
     if (head.tp > 1) return maps;
-    megatron = maps.ok() && (!vocab || vocab->padded == vocab->original);
-    if (megatron) return maps;
+    megatron = maps.ok();
+    if (megatron) {
+      // ds_to_universal keeps a ZeRO-3 save's padding rows at tp = 1 (at tp > 1 it drops them),
+      // so there a vocabulary atom holds them: rows past them are padding at the target.
+      for (const std::string& name : maps->vocabulary) maps->whole_shapes[name][0] = vocab->padded;
+      return maps;
+    }
     vocab.reset();
   }
   std::vector<std::string> names;
@@ -1381,9 +1384,9 @@ Result<uint32_t> CheckReshardTarget(const IndexFacts& facts, const Topology& tar
       return Status::Unsupported(
           "deepspeed: tp=" + std::to_string(tp) +
           ": a ZeRO-3 tag of one TP rank is placed at another TP degree only by Megatron's rules "
-          "(universal_checkpoint_info's patterns) naming every parameter, and without a "
-          "vocabulary padded at tp 1 (whose padding rows DeepSpeed's conversion keeps there and "
-          "the rules drop); this tag records no such rules or pads its vocabulary");
+          "(universal_checkpoint_info's patterns) naming every parameter; this tag's index "
+          "records none (an index ucp wrote before it read a vocabulary padded at tp 1 so: "
+          "rebuild it with `ucp index`)");
     }
     UCP_RETURN_IF_ERROR(CheckTarget(target));
   } else {

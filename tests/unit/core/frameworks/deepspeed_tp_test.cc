@@ -13,6 +13,7 @@
 
 #include "core/format/pickle_value.h"
 #include "core/format/torch_archive_reader.h"
+#include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/frameworks/framework_adapter.h"
 #include "core/plan/copy_plan.h"
 #include "core/plan/executor.h"
@@ -275,6 +276,38 @@ TEST(DeepSpeedTpSplitTest, ReadsDeepSpeedsTp1Resaves) {
     EXPECT_EQ(params["layers.0.attention.dense.weight"]["dim"], 1);
     EXPECT_EQ(params["layers.0.attention.query_key_value.weight"]["dim"], 0);
     EXPECT_EQ(params["final_layernorm.weight"]["rule"], "replicated");
+  }
+}
+
+// A vocabulary's atom holds its original rows, or with them the padding rows a ZeRO-3 save of one
+// TP rank keeps (67 tokens padded to 68 at tp 1): at tp=2 (72 rows) rank 1's rows past the atom's
+// are padding, and an atom of fewer rows than the vocabulary's or more than its padding is corrupt.
+TEST(DeepSpeedTpVocabTest, AtomMayHoldThePaddingRowsOfOneTpRank) {
+  using deepspeed::Geometry;
+  using deepspeed::GlobalRun;
+  using deepspeed::Rule;
+  deepspeed::ShardMap map;
+  map.rule = Rule::kSplit;
+  map.sub_params = {67};
+  map.vocab = true;
+  const deepspeed::Vocab vocab{67, 68, 4};
+  for (const uint64_t rows : {67u, 68u}) {
+    SCOPED_TRACE(rows);
+    Result<Geometry> geometry = deepspeed::GeometryAt("wte", map, {rows, 3}, 2, vocab);
+    ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+    EXPECT_EQ(deepspeed::LocalShape(*geometry, 1), (Shape{36, 3}));
+    Result<std::vector<GlobalRun>> runs = deepspeed::MapLocalRange(map, *geometry, 1, 0, 36 * 3);
+    ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+    ASSERT_EQ(runs->size(), 2u);
+    ASSERT_TRUE(runs->front().region);
+    EXPECT_EQ(runs->front().region->Runs(), (std::vector<FlatRange>{{36 * 3, rows * 3}}));
+    EXPECT_FALSE(runs->back().region);
+    EXPECT_EQ(runs->back().count, (72 - rows) * 3);
+  }
+  for (const uint64_t rows : {66u, 73u}) {
+    EXPECT_EQ(deepspeed::GeometryAt("wte", map, {rows, 3}, 2, vocab).status().code(),
+              StatusCode::kCorrupt)
+        << rows;
   }
 }
 
