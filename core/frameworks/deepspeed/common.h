@@ -270,6 +270,23 @@ std::vector<size_t> RoundRobinOrder(size_t n, uint32_t parts);
 // The optimizer's own parameter order, from a flat order saved at `dp` ranks: original[i] is the
 // flat position of the optimizer's i-th parameter (the identity without round_robin).
 std::vector<size_t> OptimizerOrder(size_t n, bool round_robin, uint32_t dp);
+// `flat`, a group's items in the flat order of a round-robin save at `dp` ranks, in the
+// optimizer's own order.
+template <typename T>
+std::vector<T> InOptimizerOrder(const std::vector<T>& flat, uint32_t dp) {
+  std::vector<T> out;
+  out.reserve(flat.size());
+  for (const size_t position : OptimizerOrder(flat.size(), true, dp)) out.push_back(flat[position]);
+  return out;
+}
+// `items`, in the optimizer's own order, in the flat order of a round-robin save at `dp` ranks.
+template <typename T>
+std::vector<T> InRoundRobinOrder(const std::vector<T>& items, uint32_t dp) {
+  std::vector<T> out;
+  out.reserve(items.size());
+  for (const size_t i : RoundRobinOrder(items.size(), dp)) out.push_back(items[i]);
+  return out;
+}
 
 // One entry of param_slice_mappings: `numel` elements of parameter `name` at element `start` of
 // the rank's partition (DeepSpeed's fragment_address).

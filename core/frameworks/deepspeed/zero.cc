@@ -35,6 +35,8 @@ using deepspeed::FlatSegments;
 using deepspeed::GroupLayout;
 using deepspeed::GroupSettings;
 using deepspeed::GroupStatesField;
+using deepspeed::InOptimizerOrder;
+using deepspeed::InRoundRobinOrder;
 using deepspeed::IndexedLayout;
 using deepspeed::IntField;
 using deepspeed::kAlignmentFactor;
@@ -51,7 +53,6 @@ using deepspeed::OpenSource;
 using deepspeed::OpenWrittenModelStates;
 using deepspeed::OptimFilePrefix;
 using deepspeed::OptimFilesByRank;
-using deepspeed::OptimizerOrder;
 using deepspeed::OptimName;
 using deepspeed::OptimStates;
 using deepspeed::OptionalField;
@@ -69,7 +70,6 @@ using deepspeed::ReadOptimStates;
 using deepspeed::RefuseExpertParallel;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
-using deepspeed::RoundRobinOrder;
 using deepspeed::SavablePartition;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeText;
@@ -96,14 +96,8 @@ constexpr char kZero3Refusal[] =
 Result<GroupLayout> Relayout(const GroupLayout& source, bool round_robin, uint32_t source_dp,
                              uint32_t dp) {
   if (!round_robin) return MakeLayout(source.names, source.shapes);
-  const std::vector<size_t> original = OptimizerOrder(source.names.size(), true, source_dp);
-  std::vector<std::string> names;
-  std::vector<Shape> shapes;
-  for (const size_t i : RoundRobinOrder(source.names.size(), dp)) {
-    names.push_back(source.names[original[i]]);
-    shapes.push_back(source.shapes[original[i]]);
-  }
-  return MakeLayout(std::move(names), std::move(shapes));
+  return MakeLayout(InRoundRobinOrder(InOptimizerOrder(source.names, source_dp), dp),
+                    InRoundRobinOrder(InOptimizerOrder(source.shapes, source_dp), dp));
 }
 
 // The index's layout of every group (source flat order) and the facts PlanReshard needs.

@@ -47,6 +47,20 @@ TEST(DeepSpeedCommonTest, OrderStatesAsLeavesOtherKeysForTheCheckToName) {
 const std::map<uint64_t, uint32_t> kThreeAndThree = {{0, 0}, {1, 0}, {2, 0},
                                                      {3, 1}, {4, 1}, {5, 1}};
 
+// DeepSpeed's _round_robin_reorder over 2 ranks takes the optimizer's parameters 0, 2, 4, then
+// 1, 3; a save at 2 ranks read back to the optimizer's order and laid out at 3 ranks is the
+// order a save at 3 ranks has.
+TEST(DeepSpeedCommonTest, RoundRobinOrdersGoBetweenDpSizesThroughTheOptimizersOrder) {
+  const std::vector<std::string> optimizer = {"a", "b", "c", "d", "e"};
+  const std::vector<std::string> at2 = InRoundRobinOrder(optimizer, 2);
+  EXPECT_EQ(at2, (std::vector<std::string>{"a", "c", "e", "b", "d"}));
+  EXPECT_EQ(InOptimizerOrder(at2, 2), optimizer);
+  EXPECT_EQ(InRoundRobinOrder(InOptimizerOrder(at2, 2), 3),
+            (std::vector<std::string>{"a", "d", "b", "e", "c"}));
+  EXPECT_EQ(InRoundRobinOrder(optimizer, 1), optimizer);
+  EXPECT_EQ(InRoundRobinOrder(optimizer, 8), optimizer);
+}
+
 TEST(DeepSpeedCommonTest, ChoosePartitionPlacesByTheMethodThatGivesTheSavedStages) {
   // 'uniform' gives [0, 3, 6]; weights heavy at the front give [0, 1, 6] and are no candidate.
   const std::vector<PartitionMethod> methods = {
