@@ -31,6 +31,7 @@ Usage: ds_z3_tp_e2e.py --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI --deeps
                        [--required]
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -50,11 +51,13 @@ TOLERANCE = 1e-5
 
 class Case:
     """A save at `save` (tp, dp) of `vocab` tokens in WORK/<work>, resharded to each of `targets`
-    and resumed under the preload at `resume`."""
+    and resumed under the preload at `resume`; ZeRO stage `stage`, `config` (where given) merged
+    into the trainer's DeepSpeed config."""
 
-    def __init__(self, work, save, vocab, targets, resume):
+    def __init__(self, work, save, vocab, targets, resume, stage=3, config=None):
         self.work, self.save, self.vocab = work, save, vocab
         self.targets, self.resume = targets, resume
+        self.stage, self.config = stage, config
 
 
 CASES = [Case('tp2dp2', (2, 2), 68, [(1, 4), (4, 1), (2, 1)], (1, 4)),
@@ -66,11 +69,14 @@ def name_of(grid):
 
 
 def launch(args, env, case, grid, name, extra):
-    """train_tp.py --stage 3 at `grid` through STEPS; returns (status, seconds, output)."""
+    """train_tp.py at `grid` through STEPS; returns (status, seconds, output)."""
     tp, dp = grid
-    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT, 'train_tp.py', '--tp',
-               str(tp), '--stage', '3', '--vocab', str(case.vocab), '--steps', str(STEPS),
-               '--out', os.path.join(args.work, name + '.json')] + extra
+    script = ['train_tp.py']
+    if case.config:
+        script = [ds_e2e.WITH_DS_CONFIG, json.dumps(case.config)] + script
+    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT] + script + [
+        '--tp', str(tp), '--stage', str(case.stage), '--vocab', str(case.vocab), '--steps',
+        str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
     log = os.path.join(args.work, name + '.log')
     return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
                                   STEPS, ds_e2e.save_dir_of(extra))
@@ -159,17 +165,18 @@ def check_live_resume(args, env, case, oracle):
                         served, f'tp={tp},dp={dp}', logs)
 
 
-def check_case(report, args, env, case):
-    """Steps 1-4 of the module's docstring for `case`, in WORK/<case.work>."""
+def check_case(report, args, env, case, export_check=check_export):
+    """Steps 1-4 of the module's docstring for `case`, in WORK/<case.work>; step 2 by
+    `export_check(report, args, env, tag_dir)`."""
     args = argparse.Namespace(**dict(vars(args), work=os.path.join(args.work, case.work)))
-    label = f'T={case.save[0]} x DP={case.save[1]} ZeRO-3, {case.vocab} tokens'
+    label = f'T={case.save[0]} x DP={case.save[1]} ZeRO-{case.stage}, {case.vocab} tokens'
 
     def run(name, run_env, save_dir):
         return launch(args, run_env, case, case.save, name,
                       ['--save_dir', save_dir, '--save_at', str(SAVE_AT)])
     tag_dir, _, _ = ds_e2e.save_with_and_without_preload(args, env, args.work, label, run)
     full = losses(os.path.join(args.work, 'plain.json'))
-    check_export(report, args, env, tag_dir)
+    export_check(report, args, env, tag_dir)
     loaded = {grid: check_target(report, args, env, case, tag_dir, grid, full)
               for grid in case.targets}
     print_losses('losses uninterrupted', {s: full[s] for s in range(SAVE_AT + 1, STEPS + 1)})

@@ -49,6 +49,8 @@ using deepspeed::GeometryAt;
 using deepspeed::GroupLayout;
 using deepspeed::GroupSettings;
 using deepspeed::HasAutoTpMaps;
+using deepspeed::InOptimizerOrder;
+using deepspeed::InRoundRobinOrder;
 using deepspeed::IntField;
 using deepspeed::kAlignmentFactor;
 using deepspeed::kLayerRole;
@@ -165,11 +167,6 @@ Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::s
     return FieldError(r, "mp_world_size", std::to_string(mp) + " is not in [1, 65536]");
   }
   ms.mp = static_cast<uint32_t>(mp);
-  if (ms.round_robin) {
-    return Status::Unsupported(Prefix(r.path()) +
-                               "ds_config: round_robin_gradients with tensor parallelism is "
-                               "not supported");
-  }
   if (const Value* node = OptionalField(r, "module")) {
     for (const auto& [key, value] : NamedChildren(node))
       ms.module[key] = {r.TensorAt(value), name, r.path(), "module/" + key};
@@ -273,7 +270,11 @@ struct IndexFacts {
   // at the target's degree; and the parameters vocabulary_parameter_patterns names.
   bool autotp = false;
   std::set<std::string> vocabulary;
-  std::vector<std::vector<std::string>> groups;  // parameter names, flat-buffer order
+  // DeepSpeed's ZeRO optimizer with round_robin_gradients: its flat buffers round-robin over the
+  // DP ranks (TargetGroups lays them out so at the target's).
+  bool round_robin = false;
+  // Parameter names: the optimizer's own order (the flat buffer's, without round robin).
+  std::vector<std::vector<std::string>> groups;
   // Frozen parameters split over the TP ranks: in `module` alone, each its own storage; their
   // bit16 atoms are what the target's module entries hold.
   std::vector<std::string> frozen;
@@ -421,6 +422,19 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.groups.push_back(group.params);
   }
+  if (const auto round_robin = state.find("round_robin_gradients"); round_robin != state.end()) {
+    if (!round_robin->is_boolean()) {
+      return Status::Corrupt("deepspeed: index adapter_state.round_robin_gradients: not a bool");
+    }
+    facts.round_robin = round_robin->get<bool>();
+  }
+  if (facts.round_robin) {
+    if (state.contains("pipeline")) {
+      return Status::Corrupt(
+          "deepspeed: index adapter_state: round_robin_gradients with a pipeline");
+    }
+    for (std::vector<std::string>& names : facts.groups) names = InOptimizerOrder(names, facts.dp);
+  }
   if (state.contains("pipeline")) {
     UCP_RETURN_IF_ERROR(ReadPipelineFacts(index, state["pipeline"], facts));
   } else if (facts.pp != 1) {
@@ -437,8 +451,11 @@ Result<std::vector<TargetGroup>> TargetGroups(const AtomIndex& index, const Inde
                                               const Topology& target, uint32_t t) {
   std::vector<TargetGroup> out;
   for (const std::vector<std::string>& names : stage) {
-    UCP_ASSIGN_OR_RETURN(TargetGroup group, TargetGroupAt(index, facts.maps, facts.vocab, names,
-                                                          target.tp, t, target.dp));
+    UCP_ASSIGN_OR_RETURN(
+        TargetGroup group,
+        TargetGroupAt(index, facts.maps, facts.vocab,
+                      facts.round_robin ? InRoundRobinOrder(names, target.dp) : names, target.tp, t,
+                      target.dp));
     out.push_back(std::move(group));
   }
   return out;
@@ -1054,7 +1071,7 @@ Result<ArchiveOutput> PlanOptimFile(const AtomIndex& index, const IndexFacts& fa
     RankGroupPart group;
     group.part = PlanRankPart(p, r, layout.total, /*elastic=*/false, facts.bf16_optimizer);
     group.padding = p.padding_of(r);
-    group.mappings = ExpectedMappings(layout, p, r, /*round_robin=*/false);
+    group.mappings = ExpectedMappings(layout, p, r, facts.round_robin);
     group.params = layout.names.size();
     group.segments_of = [&, g](const std::string& state, uint64_t begin, uint64_t end) {
       return SliceFlatSegments(index, facts.maps, groups[g], t, state, begin, end);
@@ -1313,6 +1330,9 @@ struct TpIndexTag {
   Patterns patterns;
   int64_t zero_stage = 1;
   uint32_t world = 1;  // dp × tp × pp
+  // ZeRO's round_robin_gradients (DeepSpeed's BF16 optimizer ignores it): each group's flat order
+  // round-robin over the DP ranks, as param_shapes lists it.
+  bool round_robin = false;
 };
 
 // Each file's number in the index, by name.
@@ -1358,6 +1378,12 @@ Result<TpIndexTag> ReadTpTag(const std::string& tag_dir) {
   }
   const OptimStates& first = grid.stages[0].optim[0][0];
   tag.zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
+  tag.round_robin = ms0.round_robin && !first.bf16_optimizer;
+  if (tag.round_robin && !grid.layer_names.empty()) {
+    return Status::Unsupported(Prefix(ms0.reader.path()) +
+                               "ds_config/zero_optimization/round_robin_gradients: with pipeline "
+                               "layer files (PipelineModule) is not supported");
+  }
   const std::optional<uint64_t> world = CheckedMul(uint64_t{grid.dp}, uint64_t{grid.tp} * grid.pp);
   if (!world || *world > std::numeric_limits<uint32_t>::max()) {
     return FieldError(ms0.reader, "dp_world_size",
@@ -1765,6 +1791,7 @@ Status AddTpCarried(const std::string& tag_dir, const TpIndexTag& tag, const Sha
       {"alignment_factor", kAlignmentFactor},
       {"fp32_padding_stripped", !first.bf16_optimizer},
       {"zero_stage", tag.zero_stage},
+      {"round_robin_gradients", tag.round_robin},
       {"tp", std::move(tp_state)},
   };
   if (!pipeline.is_null()) c.adapter_state["pipeline"] = std::move(pipeline);
@@ -1842,10 +1869,7 @@ bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
   const auto model = listing->model_states.find(0);
   if (model == listing->model_states.end()) return false;
   Result<TorchArchiveReader> reader = TorchArchiveReader::Open(tag_dir + "/" + model->second);
-  if (!reader.ok() || !CarriesRules(*reader)) return false;
-  const Value* round_robin =
-      OptionalField(*reader, "ds_config/zero_optimization/round_robin_gradients");
-  return round_robin == nullptr || round_robin->kind() != Kind::kBool || !round_robin->bool_value();
+  return reader.ok() && CarriesRules(*reader);
 }
 
 Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(

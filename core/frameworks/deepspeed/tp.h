@@ -73,8 +73,12 @@
 // Atoms: as deepspeed_zero.h, per parameter of the full (merged, vocabulary-unpadded) shape:
 // "fp32", every optimizer state, "bit16" (the module) and "step".
 //
+// With zero_optimization.round_robin_gradients (ZeRO-1/2) every TP rank's flat buffers are
+// round-robin over the DP ranks, as deepspeed_zero.h says: read in param_shapes' order, written
+// in the target DP size's round-robin order with DeepSpeed's param_slice_mappings of that mode.
+//
 // Refused with kUnsupported: a pipeline tag to a pp its saved stages do not place it at, ZeRO-3,
-// round_robin_gradients, averaged parameters whose slices differ (their mean is no byte range of
+// round_robin_gradients with pipeline layer files, averaged parameters whose slices differ (their mean is no byte range of
 // the files), uneven splits, a tied module whose layer file is not the one candidate.
 //
 // Thread-safety: stateless; every method may be called concurrently.
@@ -100,8 +104,8 @@ class DeepSpeedTpAdapter final : public FrameworkAdapter {
   // True when every pipeline layer file of `tag_dir` names a TP rank; else when it holds neither
   // pipeline layer files nor ZeRO-3 model states, and either
   // files of more than one TP rank (mp_rank_XX_model_states.pt, XX > 0) or one TP rank whose
-  // mp_rank_00_model_states.pt holds universal_checkpoint_info without round_robin_gradients
-  // (this reads that file's pickle, never tensor data).
+  // mp_rank_00_model_states.pt holds universal_checkpoint_info (this reads that file's pickle,
+  // never tensor data).
   bool Recognizes(const std::string& tag_dir) const override;
 
   // mp_rank_<t>_model_states.pt for t < mp_world_size and

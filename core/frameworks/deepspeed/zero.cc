@@ -177,11 +177,6 @@ Status RefuseTensorParallel(const AtomIndex& index, const std::string& tag_dir, 
         "split over TP ranks, on which dimension, or replicated, so a TP=1 tag without it cannot "
         "be split (Megatron-DeepSpeed saves it in the client state)");
   }
-  if (const Value* rr = OptionalField(model, "ds_config/zero_optimization/round_robin_gradients");
-      rr != nullptr && rr->kind() == Kind::kBool && rr->bool_value()) {
-    return Status::Unsupported(what +
-                               "round_robin_gradients with tensor parallelism is not supported");
-  }
   return Status::FailedPrecondition(
       what +
       "the tag carries universal_checkpoint_info, but this index was built by the "
