@@ -50,33 +50,54 @@ TOLERANCE = 1e-5
 
 
 class Case:
-    """A save at `save` (tp, dp) of `vocab` tokens in WORK/<work>, resharded to each of `targets`
-    and resumed under the preload at `resume`; ZeRO stage `stage`, `config` (where given) merged
-    into the trainer's DeepSpeed config."""
+    """A save at `save` of `vocab` tokens in WORK/<work>, resharded to each of `targets` and
+    resumed under the preload at `resume`, each grid (tp, dp) or (tp, pp, dp); ZeRO stage `stage`,
+    `config` (where given) merged into the DeepSpeed config of `trainer`, run with
+    `trainer_args` besides the grid's."""
 
-    def __init__(self, work, save, vocab, targets, resume, stage=3, config=None):
+    def __init__(self, work, save, vocab, targets, resume, stage=3, config=None,
+                 trainer='train_tp.py', trainer_args=()):
         self.work, self.save, self.vocab = work, save, vocab
         self.targets, self.resume = targets, resume
         self.stage, self.config = stage, config
+        self.trainer, self.trainer_args = trainer, list(trainer_args)
 
 
 CASES = [Case('tp2dp2', (2, 2), 68, [(1, 4), (4, 1), (2, 1)], (1, 4)),
          Case('padded_tp1', (1, 2), 67, [(2, 1), (4, 1)], (4, 1))]
 
 
+def axes(grid):
+    """[(axis, degree)] of a grid (tp, dp) or (tp, pp, dp)."""
+    return list(zip(('tp', 'dp') if len(grid) == 2 else ('tp', 'pp', 'dp'), grid))
+
+
 def name_of(grid):
-    return f'tp{grid[0]}dp{grid[1]}'
+    return ''.join(f'{axis}{degree}' for axis, degree in axes(grid))
+
+
+def spec_of(grid, without=()):
+    """`ucp reshard --to`'s and UCP_TOPOLOGY's form of `grid`, leaving out the axes `without`."""
+    return ','.join(f'{axis}={degree}' for axis, degree in axes(grid) if axis not in without)
+
+
+def world_of(grid):
+    world = 1
+    for degree in grid:
+        world *= degree
+    return world
 
 
 def launch(args, env, case, grid, name, extra):
-    """train_tp.py at `grid` through STEPS; returns (status, seconds, output)."""
-    tp, dp = grid
-    script = ['train_tp.py']
+    """The case's trainer at `grid` through STEPS; returns (status, seconds, output)."""
+    script = [case.trainer]
     if case.config:
         script = [ds_e2e.WITH_DS_CONFIG, json.dumps(case.config)] + script
-    command = [sys.executable, 'launch.py', str(tp * dp), ds_e2e.PORT] + script + [
-        '--tp', str(tp), '--stage', str(case.stage), '--vocab', str(case.vocab), '--steps',
-        str(STEPS), '--out', os.path.join(args.work, name + '.json')] + extra
+    degrees = [f'--{axis}={degree}' for axis, degree in axes(grid) if axis != 'dp']
+    command = [sys.executable, 'launch.py', str(world_of(grid)), ds_e2e.PORT] + script + \
+        degrees + case.trainer_args + [
+            '--stage', str(case.stage), '--vocab', str(case.vocab), '--steps', str(STEPS),
+            '--out', os.path.join(args.work, name + '.json')] + extra
     log = os.path.join(args.work, name + '.log')
     return ds_e2e.run_past_flakes(lambda: ds_e2e.run_launcher(command, args.tools, env, log),
                                   STEPS, ds_e2e.save_dir_of(extra))
@@ -85,8 +106,8 @@ def launch(args, env, case, grid, name, extra):
 def reshard(args, source, grid, name):
     out = os.path.join(args.work, name)
     shutil.rmtree(out, ignore_errors=True)
-    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to',
-                                            f'tp={grid[0]},dp={grid[1]}', '--out', out)
+    status, output = harness.run_ucp_output(args.ucp, 'reshard', source, '--to', spec_of(grid),
+                                            '--out', out)
     if status != 0:
         fail(f'ucp reshard {source} to {name_of(grid)} exited {status}: {output[-2000:]}')
     return os.path.join(out, TAG)
@@ -141,12 +162,14 @@ def check_target(report, args, env, case, tag_dir, grid, full):
 
 def check_live_resume(args, env, case, oracle):
     """A plain load_checkpoint of WORK/ckpt at the case's resume grid under the preload, told the
-    TP degree by UCP_TOPOLOGY: losses bit-identical to `oracle` (DeepSpeed's load of ucp's files
-    there), every file it reads that the save lacks served as `ucp reshard` wrote it."""
-    tp, dp = case.resume
+    TP (and pp) degree by UCP_TOPOLOGY: losses bit-identical to `oracle` (DeepSpeed's load of
+    ucp's files there), every file it reads that the save lacks served as `ucp reshard` wrote
+    it."""
+    degrees = dict(axes(case.resume))
     logs = os.path.join(args.work, 'logs_preload')
     shutil.rmtree(logs, ignore_errors=True)
-    run_env = dict(ds_e2e.preload_env(env, args.lib, logs), UCP_TOPOLOGY=f'tp={tp}')
+    run_env = dict(ds_e2e.preload_env(env, args.lib, logs),
+                   UCP_TOPOLOGY=spec_of(case.resume, without=('dp',)))
     tag_dir = os.path.join(args.work, 'ckpt', TAG)
     status, seconds, output = launch(args, run_env, case, case.resume, 'preload',
                                      ['--load_dir', os.path.dirname(tag_dir)])
@@ -161,15 +184,16 @@ def check_live_resume(args, env, case, oracle):
     print('losses bit-identical to DeepSpeed\'s load of `ucp reshard`\'s files')
     resharded = os.path.join(args.work, 'reshard_' + name_of(case.resume), TAG)
     served = sorted(n for n in os.listdir(resharded) if n.endswith('.pt'))
-    ds_e2e.check_served(os.path.join(tag_dir, '.ucp', 'views', f'tp{tp}-pp1-dp{dp}'), resharded,
-                        served, f'tp={tp},dp={dp}', logs)
+    view = f'tp{degrees["tp"]}-pp{degrees.get("pp", 1)}-dp{degrees["dp"]}'
+    ds_e2e.check_served(os.path.join(tag_dir, '.ucp', 'views', view), resharded, served,
+                        spec_of(case.resume), logs)
 
 
 def check_case(report, args, env, case, export_check=check_export):
     """Steps 1-4 of the module's docstring for `case`, in WORK/<case.work>; step 2 by
     `export_check(report, args, env, tag_dir)`."""
     args = argparse.Namespace(**dict(vars(args), work=os.path.join(args.work, case.work)))
-    label = f'T={case.save[0]} x DP={case.save[1]} ZeRO-{case.stage}, {case.vocab} tokens'
+    label = f'{name_of(case.save)} ZeRO-{case.stage}, {case.vocab} tokens'
 
     def run(name, run_env, save_dir):
         return launch(args, run_env, case, case.save, name,

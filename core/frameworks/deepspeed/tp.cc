@@ -341,6 +341,30 @@ Status ReadPipelineFacts(const AtomIndex& index, const nlohmann::json& pipeline,
   return Status::Ok();
 }
 
+// A round-robin tag's groups, read in their flat order, put in the optimizer's own order: each
+// stage's, and the groups over all stages, each parameter where the first stage that lists it
+// does (its owner).
+void PutInOptimizerOrder(IndexFacts& facts) {
+  if (!facts.pipeline) {
+    for (std::vector<std::string>& names : facts.groups) names = InOptimizerOrder(names, facts.dp);
+    return;
+  }
+  for (std::vector<std::vector<std::string>>& stage : facts.stages) {
+    for (std::vector<std::string>& names : stage) names = InOptimizerOrder(names, facts.dp);
+  }
+  for (size_t g = 0; g < facts.groups.size(); ++g) {
+    const std::set<std::string> owned(facts.groups[g].begin(), facts.groups[g].end());
+    std::set<std::string> placed;
+    std::vector<std::string> names;
+    for (const std::vector<std::vector<std::string>>& stage : facts.stages) {
+      for (const std::string& name : stage[g]) {
+        if (owned.contains(name) && placed.insert(name).second) names.push_back(name);
+      }
+    }
+    facts.groups[g] = std::move(names);
+  }
+}
+
 Result<IndexFacts> ReadFacts(const AtomIndex& index) {
   const AtomIndexContents& c = index.contents();
   UCP_RETURN_IF_ERROR(CheckIndexAdapter(index, DeepSpeedTpAdapter::kName));
@@ -428,19 +452,13 @@ Result<IndexFacts> ReadFacts(const AtomIndex& index) {
     }
     facts.round_robin = round_robin->get<bool>();
   }
-  if (facts.round_robin) {
-    if (state.contains("pipeline")) {
-      return Status::Corrupt(
-          "deepspeed: index adapter_state: round_robin_gradients with a pipeline");
-    }
-    for (std::vector<std::string>& names : facts.groups) names = InOptimizerOrder(names, facts.dp);
-  }
   if (state.contains("pipeline")) {
     UCP_RETURN_IF_ERROR(ReadPipelineFacts(index, state["pipeline"], facts));
   } else if (facts.pp != 1) {
     return Status::Corrupt("deepspeed: index adapter_state: pp=" + std::to_string(facts.pp) +
                            " without pipeline");
   }
+  if (facts.round_robin) PutInOptimizerOrder(facts);
   return facts;
 }
 
@@ -1379,11 +1397,6 @@ Result<TpIndexTag> ReadTpTag(const std::string& tag_dir) {
   const OptimStates& first = grid.stages[0].optim[0][0];
   tag.zero_stage = ms0.config_stage.value_or(first.zero_stage.value_or(1));
   tag.round_robin = ms0.round_robin && !first.bf16_optimizer;
-  if (tag.round_robin && !grid.layer_names.empty()) {
-    return Status::Unsupported(Prefix(ms0.reader.path()) +
-                               "ds_config/zero_optimization/round_robin_gradients: with pipeline "
-                               "layer files (PipelineModule) is not supported");
-  }
   const std::optional<uint64_t> world = CheckedMul(uint64_t{grid.dp}, uint64_t{grid.tp} * grid.pp);
   if (!world || *world > std::numeric_limits<uint32_t>::max()) {
     return FieldError(ms0.reader, "dp_world_size",

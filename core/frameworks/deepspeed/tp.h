@@ -75,10 +75,11 @@
 //
 // With zero_optimization.round_robin_gradients (ZeRO-1/2) every TP rank's flat buffers are
 // round-robin over the DP ranks, as deepspeed_zero.h says: read in param_shapes' order, written
-// in the target DP size's round-robin order with DeepSpeed's param_slice_mappings of that mode.
+// in the target DP size's round-robin order with DeepSpeed's param_slice_mappings of that mode
+// (a pipeline's stages each so).
 //
 // Refused with kUnsupported: a pipeline tag to a pp its saved stages do not place it at, ZeRO-3,
-// round_robin_gradients with pipeline layer files, averaged parameters whose slices differ (their mean is no byte range of
+// averaged parameters whose slices differ (their mean is no byte range of
 // the files), uneven splits, a tied module whose layer file is not the one candidate.
 //
 // Thread-safety: stateless; every method may be called concurrently.
