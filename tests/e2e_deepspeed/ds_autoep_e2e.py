@@ -32,7 +32,8 @@ converter and its universal load.
      group a run of consecutive ranks), set in the trainer's config file: a DP=4 E=2 save
      resharded to DP=2 E=1 = DeepSpeed's resave there, and back to DP=4 E=2 = the save.
   7. bf16 (ZeRO-1's bf16_ optimizer files): `ucp export` = ds_to_universal, the router's unused
-     gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to.
+     gate (a bfloat16 module tensor) widened to the float32 DeepSpeed converts it to. Frozen
+     experts (check_frozen_experts): exported whole, resharded to DP=2 E=1 and back.
   8. What ucp does not read is refused by name: another checkpoint_format, experts not placed
      in consecutive runs. AutoEP with AutoTP (DeepSpeed's folded layout, --tp 2; check_folded):
      indexed at save, exported to the T=1 universal checkpoint that DeepSpeed resumes bit for
@@ -298,6 +299,50 @@ def check_bf16_export(report, args, env, work):
         report.check(gate.dtype == torch.float32, f'bf16: the gate exported as {gate.dtype}')
     check_export(report, args, 'bf16', tag_dir, universal, os.path.join(work, 'bf16_export'),
                  extra=gate_widened)
+
+
+def check_frozen_experts(report, args, env, work):
+    """A ZeRO-1 DP=4 E=2 save whose layer-0 experts' down projection is frozen (train_autoep.py
+    --freeze: AutoEP's fused w2, in the expert files alone). DeepSpeed 0.19.8's ds_to_universal
+    fails on it ("AutoEP expert parameter model.layers.0.mlp.experts.w2 is missing from
+    checkpoint parameter shapes", by hand): ucp's export writes the frozen tensor whole as
+    zero/<w2>/fp32.pt in the fused form, every expert's rows those of its file; DeepSpeed's plain
+    load of `ucp reshard`'s DP=2 E=1 files trains steps 4..6 as the uninterrupted run (step 4
+    exactly, then within RESUME_TOLERANCE); those files back at DP=4 E=2 are the save."""
+    frozen = ['--freeze', r'layers\.0\.mlp\.experts\.down_proj']
+    fused = 'model.layers.0.mlp.experts.w2'
+    tag_dir, run = run_trainer(args, env, work, 'frozen', DP, EP,
+                               frozen + ['--save_step', str(STEPS)], steps=RESUME_STEPS)
+    export = os.path.join(work, 'frozen_export')
+    status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
+                                            'deepspeed-universal', '--out', export)
+    if report.check(status == 0, f'frozen: ucp export exited {status}: {output[-2000:]}'):
+        entry = ds_objects.load(os.path.join(export, 'zero', fused, 'fp32.pt'))
+        rows = [ds_objects.load(os.path.join(tag_dir, f'layer_0_expert_{g}_mp_rank_00_model_'
+                                             'states.pt'))[f'{fused}.{g}'] for g in range(4)]
+        report.check(sorted(entry) == ['cat_dim', 'ep_num_experts', 'is_expert_param', 'param'] and
+                     entry['ep_num_experts'] == 4 and not entry['param'].requires_grad and
+                     torch.equal(entry['param'], torch.stack(rows)),
+                     f'frozen: the export\'s {fused} is not the expert files\' rows: {entry}')
+    out, back = os.path.join(work, 'frozen_dp2ep1'), os.path.join(work, 'frozen_back')
+    if not reshard(report, args, tag_dir, out, 2, 1):
+        return
+    config = os.path.join(work, 'ds_config_frozen_dp2ep1.json')
+    with open(config, 'w') as f:
+        json.dump({'expert_parallel': {'enabled': True, 'autoep_size': 1}}, f)
+    _, got = run_trainer(args, env, work, 'frozen_load_dp2ep1', 2, None,
+                         frozen + ['--deepspeed_config', config, '--load_dir', out, '--load_tag',
+                                   TAG], steps=RESUME_STEPS, save=False)
+    steps = list(range(STEPS + 1, RESUME_STEPS + 1))
+    ds_e2e.print_losses('losses frozen dp2ep1 (DeepSpeed\'s load of ucp\'s files)', got)
+    report.check(sorted(got) == steps and
+                 ds_e2e.float32_bits(got[steps[0]]) == ds_e2e.float32_bits(run[steps[0]]) and
+                 all(abs(got[s] - run[s]) <= RESUME_TOLERANCE for s in steps),
+                 f'frozen: losses at dp2ep1 {got} are not the uninterrupted run\'s {run}')
+    if reshard(report, args, os.path.join(out, TAG), back, DP, EP):
+        same_as_save(report, 'frozen: dp2ep1 -> dp4ep2', tag_dir, back)
+    print('frozen experts: ucp export holds them; dp2ep1 trains as the uninterrupted run; back = '
+          'the save')
 
 
 def check_zero3(report, args, env, work):
@@ -748,6 +793,7 @@ def main():
         check_live_resume(report, args, env, work, tag_dir, dp, ep, resumed[(dp, ep)])
     check_data_before_expert(report, args, env, work)
     check_bf16_export(report, args, env, work)
+    check_frozen_experts(report, args, env, work)
     check_refusals(report, args, tag_dir, work)
     check_folded(report, args, env, work)
     check_zero3(report, args, env, work)

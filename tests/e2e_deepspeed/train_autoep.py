@@ -20,7 +20,7 @@ given"); the loss does not use the recorded router logits, so that step is skipp
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
 Usage: train_autoep.py [--ep E] [--tp T] [--zero_stage S] [--dtype fp32|bf16]
-         [--deepspeed_config JSON] --steps N
+         [--deepspeed_config JSON] [--freeze REGEX] --steps N
          [--save_dir DIR [--save_step K]] [--load_dir DIR --load_tag TAG [--universal]]
          --out JSON
   Trains up to global step N (from the loaded step, or 0) and saves global_step<K> to
@@ -30,10 +30,13 @@ Usage: train_autoep.py [--ep E] [--tp T] [--zero_stage S] [--dtype fp32|bf16]
   tensor-parallel size T, default 1, with "preset_model": "mixtral": DeepSpeed 0.19.8 then folds
   the experts, each expert whole on its tensor-parallel ranks), then the entries of the
   --deepspeed_config file merged in (a nested object into the section of its name), as a trainer
-  that takes its config from a file states it on its command line.
+  that takes its config from a file states it on its command line. --freeze: the model's
+  parameters whose names REGEX matches (re.search) are frozen before deepspeed.initialize, which
+  carries the flag to AutoEP's fused expert tensors.
 """
 import argparse
 import json
+import re
 import sys
 
 import deepspeed
@@ -72,6 +75,7 @@ def main():
     parser.add_argument('--tp', type=int, default=1)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--deepspeed_config')
+    parser.add_argument('--freeze')
     parser.add_argument('--zero_stage', type=int, choices=(1, 2, 3), default=1)
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
@@ -104,6 +108,9 @@ def main():
         with open(args.deepspeed_config) as f:
             config = merged(config, json.load(f))
     mixtral = model()
+    for name, parameter in mixtral.named_parameters():
+        if args.freeze and re.search(args.freeze, name):
+            parameter.requires_grad_(False)
     engine, _, _, _ = deepspeed.initialize(model=mixtral, model_parameters=mixtral.parameters(),
                                            config=config)
     if args.load_dir:

@@ -495,7 +495,10 @@ struct IndexFacts {
   size_t expert_group = 0;     // in `groups`
   std::string prefix;
   bool bf16_optimizer = false;
-  bool fused = false;               // AutoEP's fused experts (MoeTag::fused)
+  bool fused = false;  // AutoEP's fused experts (MoeTag::fused)
+  // AutoEP's frozen fused expert parameters, by name: their experts (each "<name>.<G>" a bit16
+  // atom of expert G's rows, in no group).
+  std::map<std::string, uint32_t> frozen_experts;
   bool data_before_expert = false;  // the rank order (ExpertRankOrder)
   std::vector<GroupLayout> groups;  // the stage's: dense as indexed; the expert group: all EP ranks
   GroupLayout local;                // the expert group of one EP rank, under local names
@@ -569,6 +572,19 @@ Result<std::vector<IndexFacts>> ReadFacts(const AtomIndex& index) {
     if (!state.contains(key)) continue;
     if (!state[key].is_boolean()) return Status::Corrupt(what + key + ": not a bool");
     *flag = state[key].get<bool>();
+  }
+  if (state.contains("frozen_experts")) {
+    const nlohmann::json& frozen = state["frozen_experts"];
+    if (!frozen.is_object() || !common.fused) {
+      return Status::Corrupt(what + "frozen_experts: not an object of an AutoEP index");
+    }
+    for (const auto& [name, experts] : frozen.items()) {
+      if (!experts.is_number_unsigned() || experts.get<uint64_t>() == 0 ||
+          experts.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+        return Status::Corrupt(what + "frozen_experts/" + name + ": not a count of experts");
+      }
+      common.frozen_experts[name] = experts.get<uint32_t>();
+    }
   }
   if (state.contains("folded_tp")) {
     const nlohmann::json& folded = state["folded_tp"];
@@ -1897,9 +1913,13 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
 }
 
 // Phase 5, per stage: its groups after the earlier stages' (experts under global names), each
-// parameter's atoms and bit16 atom; `seen`: every parameter so far.
+// parameter's atoms and bit16 atom; `seen`: every parameter so far. Then the frozen expert
+// tensors (in their experts' files alone, in no group; outside expert tensor parallelism, where
+// a file holds the whole tensor): a bit16 atom each, counted in `frozen_experts` by fused
+// parameter where AutoEP fuses them. A reshard carries them with their expert's file.
 Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::string>& seen,
-                      AtomIndexContents& c, nlohmann::json& tp_params) {
+                      AtomIndexContents& c, nlohmann::json& tp_params,
+                      nlohmann::json& frozen_experts) {
   const OptimStates& first = stage.ranks.front();
   for (size_t g = 0; g < stage.groups; ++g) {
     ParamGroup group =
@@ -1962,6 +1982,25 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
     }
     c.groups.push_back(std::move(group));
   }
+  if (tag.expert_tp()) return Status::Ok();
+  for (const auto& [name, expert] : stage.expert_tensors) {
+    if (!seen.insert(name).second) continue;
+    const TorchTensor& tensor = *expert.tensor;
+    if (!tensor.contiguous()) {
+      return Status::Corrupt(Prefix(tag.dir + "/" + tag.paths[expert.file]) + name +
+                             ": not contiguous");
+    }
+    UCP_ASSIGN_OR_RETURN(Region whole, Region::Whole(tensor.shape));
+    c.atoms.push_back({name,
+                       "bit16",
+                       tensor.dtype,
+                       tensor.shape,
+                       {{expert.file, tensor.file_offset(), tensor.dtype, whole}}});
+    if (tag.fused) {
+      nlohmann::json& count = frozen_experts[name.substr(0, name.rfind('.'))];
+      count = count.is_null() ? 1 : count.get<uint32_t>() + 1;
+    }
+  }
   return Status::Ok();
 }
 
@@ -2007,9 +2046,10 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   std::set<std::string> seen;
   nlohmann::json stages = nlohmann::json::array();
   nlohmann::json tp_params = nlohmann::json::object();
+  nlohmann::json frozen_experts = nlohmann::json::object();
   for (const MoeStage& stage : tag.stages) {
     AddStageFiles(tag, stage, digests, c);
-    UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c, tp_params));
+    UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c, tp_params, frozen_experts));
     AddStageCarried(tag, stage, c);
     stages.push_back({{"model_file", stage.first_lane().model_file},
                       {"optim_file", stage.optim_file},
@@ -2032,6 +2072,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
     c.adapter_state["stages"] = std::move(stages);
   }
   if (tag.fused) c.adapter_state["fused_experts"] = true;
+  if (!frozen_experts.empty()) c.adapter_state["frozen_experts"] = std::move(frozen_experts);
   if (tag.folded) {
     nlohmann::json& lanes = c.adapter_state["folded_tp"];
     lanes = {{"degree", tag.tp()}, {"params", tp_params}};
@@ -2049,12 +2090,14 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
 
 // zero/<fused>/<state>.pt of ds_to_universal for an AutoEP tag: the fused parameter whole, its
 // experts' rows one after another, as {'param': tensor, 'cat_dim': 0, 'is_expert_param': True,
-// 'ep_num_experts': E} (DeepSpeed's autoep_universal.py).
+// 'ep_num_experts': E} (DeepSpeed's autoep_universal.py). `module_copy`: state "bit16" of a
+// frozen fused parameter, written as zero/<fused>/fp32.pt, float32 (bfloat16 widened), as
+// ds_to_universal writes a module tensor outside the optimizer's groups.
 Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::string& fused,
                                          const std::string& state, uint32_t experts,
-                                         bool requires_grad) {
+                                         bool requires_grad, bool module_copy = false) {
   ArchiveOutput out;
-  out.path = "zero/" + fused + "/" + state + ".pt";
+  out.path = "zero/" + fused + "/" + (module_copy ? "fp32" : state) + ".pt";
   const Atom* first = index.Find(fused + ".0", state);
   if (first == nullptr) {
     return Status::Corrupt("deepspeed: index: " + fused + ".0 " + state + ": missing");
@@ -2070,12 +2113,24 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
                              ": missing, or unlike expert 0's");
     }
     UCP_ASSIGN_OR_RETURN(const Region region, Region::Whole(atom->shape));
-    UCP_ASSIGN_OR_RETURN(const std::vector<Segment> rows, PlanRegion(index, *atom, region));
+    UCP_ASSIGN_OR_RETURN(std::vector<Segment> rows, PlanRegion(index, *atom, region));
+    if (module_copy && dtype == DType::kBFloat16) {
+      for (Segment& segment : rows) {
+        segment.length *= 2;
+        segment.widen_bf16 = !segment.zero_fill();
+      }
+    } else if (module_copy && dtype != DType::kFloat32) {
+      return Status::Unsupported("deepspeed: index: " + fused + "." + std::to_string(g) +
+                                 "/bit16: " + std::string(TorchName(dtype)) +
+                                 "; the universal export writes a frozen expert tensor as float32 "
+                                 "in zero/" +
+                                 fused + "/fp32.pt, from float32 and bfloat16 only");
+    }
     AppendSegments(segments, rows);
   }
   TensorNodeSpec spec;
   spec.storage_key = "0";
-  spec.dtype = dtype;
+  spec.dtype = module_copy ? DType::kFloat32 : dtype;
   UCP_ASSIGN_OR_RETURN(spec.storage_numel, NumElements(whole));
   spec.shape = whole;
   spec.requires_grad = requires_grad;
@@ -2342,6 +2397,12 @@ Result<OutputPlan> PlanAutoEpUniversalExport(const AtomIndex& index, const std::
                                               requires_grad[fused + "/" + atom.state]));
       plan.archives.push_back(std::move(out));
     }
+  }
+  for (const auto& [fused, count] : facts.frozen_experts) {
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                         FusedExpertArchive(index, fused, "bit16", count, /*requires_grad=*/false,
+                                            /*module_copy=*/true));
+    plan.archives.push_back(std::move(out));
   }
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader model,
                        OpenSource(index, tag_dir, facts.model_file));

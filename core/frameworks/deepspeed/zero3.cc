@@ -387,8 +387,8 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& 
 
 // The placement of `head`'s flat groups (rank (0, 0)'s model states): from ds_autoep_layers where
 // it has them, every flat group of fused expert parameters (named "<experts module>.<w>") or of
-// none. kUnsupported for AutoEP with AutoTP and for frozen expert parameters (ds_to_universal
-// converts neither), kCorrupt naming the field otherwise.
+// none. kUnsupported for AutoEP with AutoTP (ds_to_universal does not convert it) and for frozen
+// expert parameters (DeepSpeed 0.19.8 does not save them), kCorrupt naming the field otherwise.
 Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
   const TorchArchiveReader& r = head.reader;
   ExpertPlacement placement;
@@ -441,8 +441,9 @@ Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
   for (const std::string& name : head.frozen.names) {
     if (layer_of(name)) {
       return Status::Unsupported(Prefix(r.path()) + "frozen_param_shapes/" + name +
-                                 ": a frozen AutoEP expert parameter under ZeRO-3 is not supported "
-                                 "(DeepSpeed's converter refuses it too)");
+                                 ": a frozen AutoEP expert parameter under ZeRO-3, which DeepSpeed "
+                                 "0.19.8 refuses to save (\"frozen fragments are not stored in "
+                                 "ZeRO optimizer shards\"); a tag of another writer");
     }
   }
   return placement;
