@@ -2004,6 +2004,111 @@ void AddCarried(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords& records
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// PlanUniversalExport's phases.
+
+// Whether each "<param>/<state>" of the flat groups requires grad in the template optimizer file
+// `reader`.
+Result<std::map<std::string, bool>> UniversalRequiresGrad(const TorchArchiveReader& reader,
+                                                          const IndexFacts& facts) {
+  const std::string osd(kOsd);
+  std::map<std::string, bool> requires_grad;
+  for (size_t g = 0; g < facts.flat_groups.size(); ++g) {
+    const std::string gs = std::to_string(g);
+    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/fp32_flat_groups/" + gs,
+                                            osd + "/" + osd + "/state/" + gs,
+                                            facts.flat_groups[g].names, requires_grad));
+  }
+  return requires_grad;
+}
+
+// zero/<param>/<state>.pt of `atom` as ds_to_universal writes it for the tag's layout: AutoEP's
+// fused expert parameter whole with its expert marks; at tp = 1 a bare 1-d tensor (also where
+// Megatron's rules are recorded); with Megatron's rules at tp > 1 (`megatron_model`: rank (0, 0)'s
+// model states) merged as its ZeRO-1/2 path merges slices; with AutoTP {'param': the whole
+// parameter}, marked 'vocab_tensor' first where vocabulary_parameter_patterns names it.
+Result<ArchiveOutput> UniversalZero3Atom(const AtomIndex& index, const IndexFacts& facts,
+                                         const std::optional<TorchArchiveReader>& megatron_model,
+                                         const Atom& atom, bool requires_grad) {
+  if (const auto experts = facts.placement.experts.find(atom.param);
+      experts != facts.placement.experts.end()) {
+    // ds_to_universal's AutoEP ZeRO-3 consolidation: every expert-parallel rank's rows in order.
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                         UniversalAtomArchive(index, atom, atom.shape, requires_grad, false));
+    pickle::Graph& graph = out.graph;
+    graph.set_root(graph.Dict({{graph.Str("param"), graph.root()},
+                               {graph.Str("cat_dim"), graph.Int(0)},
+                               {graph.Str("is_expert_param"), graph.Bool(true)},
+                               {graph.Str("ep_num_experts"), graph.Int(experts->second)}}));
+    return out;
+  }
+  if (facts.tp == 1) {
+    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
+    return UniversalAtomArchive(index, atom, {numel}, requires_grad, false);
+  }
+  if (megatron_model) {
+    const auto map = facts.maps.find(atom.param);
+    if (map == facts.maps.end()) {
+      return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
+                             atom.param);
+    }
+    return deepspeed::UniversalShardedAtom(index, map->second, facts.vocab,
+                                           facts.vocabulary.contains(atom.param), *megatron_model,
+                                           atom, requires_grad);
+  }
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
+                       UniversalAtomArchive(index, atom, atom.shape, requires_grad, false));
+  pickle::Graph& graph = out.graph;
+  std::vector<std::pair<Value*, Value*>> entries;
+  if (facts.vocabulary.contains(atom.param)) {
+    entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
+  }
+  entries.emplace_back(graph.Str("param"), graph.root());
+  graph.set_root(graph.Dict(std::move(entries)));
+  return out;
+}
+
+// zero/optimizer_state.pt: rank 0's whole optimizer_state_dict (the template `reader`'s), plus
+// its inner state_dict's param_groups (the same list object, pickled once).
+Result<ArchiveOutput> UniversalZero3OptimizerState(const TorchArchiveReader& reader,
+                                                   const IndexFacts& facts) {
+  const std::string osd(kOsd);
+  ArchiveOutput out;
+  out.path = "zero/optimizer_state.pt";
+  const Value* template_dict = reader.root()->Get(kOsd);
+  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
+    return FieldError(reader, kOsd, "missing");
+  }
+  Value* dict = out.graph.Import(template_dict);
+  Value* inner = dict->Get(kOsd);
+  Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
+  if (param_groups == nullptr) {
+    return FieldError(reader, osd + "/" + osd + "/param_groups", "missing");
+  }
+  dict->mutable_entries().emplace_back(out.graph.Str("param_groups"), param_groups);
+  out.graph.set_root(dict);
+  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(dict, reader, facts.optim_file, {}));
+  return out;
+}
+
+// Every rank's model states: copied, or with AutoEP as ds_to_universal saves them again
+// (UniversalZero3AutoEpModelStates).
+Status AddUniversalZero3ModelStates(const AtomIndex& index, const std::string& tag_dir,
+                                    const IndexFacts& facts, OutputPlan& plan) {
+  for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
+    const std::string path = Zero3ModelStatesName(i % facts.dp, i / facts.dp);
+    if (facts.placement.ep == 0) {
+      plan.copies.push_back({path, facts.model_files[i]});
+      continue;
+    }
+    UCP_ASSIGN_OR_RETURN(ArchiveOutput model,
+                         UniversalZero3AutoEpModelStates(index, tag_dir, facts.model_files[i]));
+    model.path = path;
+    plan.archives.push_back(std::move(model));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool DeepSpeedZero3Adapter::Recognizes(const std::string& tag_dir) const {
@@ -2069,16 +2174,9 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   UCP_ASSIGN_OR_RETURN(const IndexFacts facts, ReadFacts(index));
   UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
                        OpenSource(index, tag_dir, facts.optim_file));
-  const std::string osd(kOsd);
-
-  std::map<std::string, bool> requires_grad;  // "<param>/<state>"
-  for (size_t g = 0; g < facts.flat_groups.size(); ++g) {
-    const std::string gs = std::to_string(g);
-    UCP_RETURN_IF_ERROR(CollectRequiresGrad(reader, osd + "/fp32_flat_groups/" + gs,
-                                            osd + "/" + osd + "/state/" + gs,
-                                            facts.flat_groups[g].names, requires_grad));
-  }
-
+  // 1. Every parameter's states, as ds_to_universal writes each layout's.
+  using RequiresGrad = std::map<std::string, bool>;  // "<param>/<state>"
+  UCP_ASSIGN_OR_RETURN(RequiresGrad requires_grad, UniversalRequiresGrad(reader, facts));
   // Megatron's rules at tp > 1: rank (0, 0)'s model states hold the entries some maps name.
   std::optional<TorchArchiveReader> megatron_model;
   if (facts.megatron && facts.tp > 1) {
@@ -2087,85 +2185,15 @@ Result<OutputPlan> DeepSpeedZero3Adapter::PlanUniversalExport(const AtomIndex& i
   OutputPlan plan;
   for (const Atom& atom : index.atoms()) {
     if (atom.shape.empty() || atom.state == kFrozenState) continue;
-    UCP_ASSIGN_OR_RETURN(const uint64_t numel, NumElements(atom.shape));
-    const bool grad = requires_grad[atom.param + "/" + atom.state];
-    if (const auto experts = facts.placement.experts.find(atom.param);
-        experts != facts.placement.experts.end()) {
-      // ds_to_universal's AutoEP ZeRO-3 consolidation: the fused parameter whole, every
-      // expert-parallel rank's rows in order.
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           UniversalAtomArchive(index, atom, atom.shape, grad, false));
-      pickle::Graph& graph = out.graph;
-      graph.set_root(graph.Dict({{graph.Str("param"), graph.root()},
-                                 {graph.Str("cat_dim"), graph.Int(0)},
-                                 {graph.Str("is_expert_param"), graph.Bool(true)},
-                                 {graph.Str("ep_num_experts"), graph.Int(experts->second)}}));
-      plan.archives.push_back(std::move(out));
-      continue;
-    }
-    if (facts.tp == 1) {  // a bare 1-d tensor, also where Megatron's rules are recorded
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           UniversalAtomArchive(index, atom, {numel}, grad, false));
-      plan.archives.push_back(std::move(out));
-      continue;
-    }
-    // With Megatron's rules ds_to_universal merges the slices as its ZeRO-1/2 path does.
-    if (megatron_model) {
-      const auto map = facts.maps.find(atom.param);
-      if (map == facts.maps.end()) {
-        return Status::Corrupt("deepspeed: index adapter_state.tp.params: no shard map of " +
-                               atom.param);
-      }
-      UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                           deepspeed::UniversalShardedAtom(index, map->second, facts.vocab,
-                                                           facts.vocabulary.contains(atom.param),
-                                                           *megatron_model, atom, grad));
-      plan.archives.push_back(std::move(out));
-      continue;
-    }
-    // With AutoTP: {'param': the whole parameter}, marked 'vocab_tensor' first where
-    // vocabulary_parameter_patterns names it.
     UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
-                         UniversalAtomArchive(index, atom, atom.shape, grad, false));
-    pickle::Graph& graph = out.graph;
-    std::vector<std::pair<Value*, Value*>> entries;
-    if (facts.vocabulary.contains(atom.param)) {
-      entries.emplace_back(graph.Str("vocab_tensor"), graph.Bool(true));
-    }
-    entries.emplace_back(graph.Str("param"), graph.root());
-    graph.set_root(graph.Dict(std::move(entries)));
+                         UniversalZero3Atom(index, facts, megatron_model, atom,
+                                            requires_grad[atom.param + "/" + atom.state]));
     plan.archives.push_back(std::move(out));
   }
-
-  // zero/optimizer_state.pt: rank 0's whole optimizer_state_dict, plus its inner state_dict's
-  // param_groups (the same list object, pickled once).
-  ArchiveOutput out;
-  out.path = "zero/optimizer_state.pt";
-  const Value* template_dict = reader.root()->Get(kOsd);
-  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
-    return FieldError(reader, kOsd, "missing");
-  }
-  Value* dict = out.graph.Import(template_dict);
-  Value* inner = dict->Get(kOsd);
-  Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
-  if (param_groups == nullptr)
-    return FieldError(reader, osd + "/" + osd + "/param_groups", "missing");
-  dict->mutable_entries().emplace_back(out.graph.Str("param_groups"), param_groups);
-  out.graph.set_root(dict);
-  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(dict, reader, facts.optim_file, {}));
-  plan.archives.push_back(std::move(out));
-
-  for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
-    const std::string path = Zero3ModelStatesName(i % facts.dp, i / facts.dp);
-    if (facts.placement.ep == 0) {
-      plan.copies.push_back({path, facts.model_files[i]});
-      continue;
-    }
-    UCP_ASSIGN_OR_RETURN(ArchiveOutput model,
-                         UniversalZero3AutoEpModelStates(index, tag_dir, facts.model_files[i]));
-    model.path = path;
-    plan.archives.push_back(std::move(model));
-  }
+  // 2. zero/optimizer_state.pt, then the model states.
+  UCP_ASSIGN_OR_RETURN(ArchiveOutput optimizer, UniversalZero3OptimizerState(reader, facts));
+  plan.archives.push_back(std::move(optimizer));
+  UCP_RETURN_IF_ERROR(AddUniversalZero3ModelStates(index, tag_dir, facts, plan));
   return plan;
 }
 
