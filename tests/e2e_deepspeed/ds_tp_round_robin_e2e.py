@@ -29,7 +29,6 @@ One CTest test, the steps of ds_z3_tp_e2e.py for each case, in WORK/tp_round_rob
 Usage: ds_tp_round_robin_e2e.py --work DIR --tools DIR --lib LIBUCP --ucp UCP_CLI
                                 --deepspeed VERSION [--required]
 """
-import argparse
 import json
 import os
 import shutil
@@ -37,7 +36,6 @@ import sys
 
 import torch
 
-import ds_e2e
 import ds_z3_tp_e2e as z3
 from ds_z3_tp_e2e import Case
 
@@ -107,17 +105,7 @@ def check_export(report, args, env, tag_dir):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    ds_e2e.add_run_arguments(parser)
-    args = ds_e2e.parse_run_arguments(parser)
-    if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
-        ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
-    env = ds_e2e.trainer_environment(args)
-    args.work = os.path.join(args.work, 'tp_round_robin')
-    report = harness.Report('tp round robin')
-    for case in CASES:
-        z3.check_case(report, args, env, case, export_check=check_export)
-    report.exit()
+    z3.run_cases('tp_round_robin', CASES, check_export)
 
 
 if __name__ == '__main__':

@@ -207,18 +207,24 @@ def check_case(report, args, env, case, export_check=check_export):
     check_live_resume(args, env, case, loaded[case.resume])
 
 
-def main():
+def run_cases(work, cases, export_check=check_export):
+    """The test's command line read, check_case for each of `cases` in WORK/<work>; exits with
+    the report (skipped without the shared trainers)."""
     parser = argparse.ArgumentParser()
     ds_e2e.add_run_arguments(parser)
     args = ds_e2e.parse_run_arguments(parser)
     if not os.path.isfile(os.path.join(args.tools, 'train_tp.py')):
         ds_e2e.skip(f'no DeepSpeed trainer train_tp.py at {args.tools}')
     env = ds_e2e.trainer_environment(args)
-    args.work = os.path.join(args.work, 'z3_tp')
-    report = harness.Report('z3 tp')
-    for case in CASES:
-        check_case(report, args, env, case)
+    args.work = os.path.join(args.work, work)
+    report = harness.Report(work)
+    for case in cases:
+        check_case(report, args, env, case, export_check)
     report.exit()
+
+
+def main():
+    run_cases('z3_tp', CASES)
 
 
 if __name__ == '__main__':
