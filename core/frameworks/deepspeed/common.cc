@@ -577,11 +577,31 @@ Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file
   return Status::Ok();
 }
 
-Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom) {
+Result<std::vector<Segment>> Float32Segments(const AtomIndex& index, const Atom& atom) {
   const bool widen = atom.dtype == DType::kBFloat16;
   if (!widen && atom.dtype != DType::kFloat32) {
     return RefuseUnconvertible("index", atom.param + "/bit16", atom.param, atom.dtype);
   }
+  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
+  if (widen) {
+    for (Segment& segment : segments) {
+      segment.length *= 2;
+      segment.widen_bf16 = !segment.zero_fill();
+    }
+  }
+  return segments;
+}
+
+void SetExpertParamRoot(pickle::Graph& graph, Value* tensor, uint32_t experts) {
+  graph.set_root(graph.Dict({{graph.Str("param"), tensor},
+                             {graph.Str("cat_dim"), graph.Int(0)},
+                             {graph.Str("is_expert_param"), graph.Bool(true)},
+                             {graph.Str("ep_num_experts"), graph.Int(experts)}}));
+}
+
+Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom) {
+  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, Float32Segments(index, atom));
   ArchiveOutput out;
   out.path = "zero/" + atom.param + "/fp32.pt";
   TensorNodeSpec spec;
@@ -591,14 +611,6 @@ Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const A
   spec.shape = atom.shape;
   UCP_ASSIGN_OR_RETURN(Value * node, MakeTensorNode(out.graph, spec));
   SetModuleTensorRoot(out, node);
-  UCP_ASSIGN_OR_RETURN(const Region whole, Region::Whole(atom.shape));
-  UCP_ASSIGN_OR_RETURN(std::vector<Segment> segments, PlanRegion(index, atom, whole));
-  if (widen) {
-    for (Segment& segment : segments) {
-      segment.length *= 2;
-      segment.widen_bf16 = !segment.zero_fill();
-    }
-  }
   out.storages.push_back({"0", std::move(segments)});
   return out;
 }
@@ -1205,15 +1217,19 @@ Result<GroupLayout> IndexedLayout(const AtomIndex& index, const std::vector<std:
   return MakeLayout(names, std::move(shapes));
 }
 
-Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file) {
-  const std::string osd(kOsd);
-  ArchiveOutput out;
+Result<Value*> ImportOptimizerStateDict(const TorchArchiveReader& reader, ArchiveOutput& out) {
   out.path = "zero/optimizer_state.pt";
   const Value* template_dict = reader.root()->Get(kOsd);
   if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
     return FieldError(reader, kOsd, "missing");
   }
-  Value* dict = out.graph.Import(template_dict);
+  return out.graph.Import(template_dict);
+}
+
+Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file) {
+  const std::string osd(kOsd);
+  ArchiveOutput out;
+  UCP_ASSIGN_OR_RETURN(Value * dict, ImportOptimizerStateDict(reader, out));
   Value* base = dict->Get("base_optimizer_state");
   Value* param_groups = base == nullptr ? nullptr : base->Get("param_groups");
   if (param_groups == nullptr) {

@@ -217,6 +217,12 @@ Status AddUniversalModuleTensors(const TorchArchiveReader& reader, uint32_t file
 // bit16 atom is the whole parameter, merged from its TP slices): {'param': the atom} in float32
 // (a bfloat16 atom widened); kUnsupported for another dtype.
 Result<ArchiveOutput> UniversalModuleAtomArchive(const AtomIndex& index, const Atom& atom);
+// The bytes of module atom `atom` (its bit16 state) whole as float32, as .float() gives them: a
+// float32 atom's own, a bfloat16 one widened; kUnsupported for another dtype.
+Result<std::vector<Segment>> Float32Segments(const AtomIndex& index, const Atom& atom);
+// {'param': tensor, 'cat_dim': 0, 'is_expert_param': True, 'ep_num_experts': experts}, the
+// entry ds_to_universal writes for an AutoEP fused expert parameter, as the root of `graph`.
+void SetExpertParamRoot(pickle::Graph& graph, pickle::Value* tensor, uint32_t experts);
 // kUnsupported when `target` names an expert-parallel size above 1 (Topology::ep): a tag without
 // experts has none to place (at 1, as a trainer without MoE layers may state it, there is nothing
 // to do).
@@ -440,6 +446,10 @@ void OrderStatesAs(std::vector<StateTensor>& states, const std::vector<StateTens
 // `file`) without its partitioned entries (base_optimizer_state, single_partition_of_fp32_groups,
 // param_slice_mappings), plus the base optimizer's param_groups; kCorrupt when either is missing.
 Result<ArchiveOutput> UniversalOptimizerState(const TorchArchiveReader& reader, uint32_t file);
+// The start of zero/optimizer_state.pt: `out`'s path set, and `reader`'s optimizer_state_dict
+// imported into its graph (not yet its root); kCorrupt when the dict is missing.
+Result<pickle::Value*> ImportOptimizerStateDict(const TorchArchiveReader& reader,
+                                                ArchiveOutput& out);
 
 // A parameter group of the index without its params: the hyperparameters of `param_group` (a
 // torch param_groups entry, every key but params; none when null, as in an elastic file) and the

@@ -47,6 +47,7 @@ using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileKind;
 using deepspeed::FlatSegments;
+using deepspeed::Float32Segments;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
 using deepspeed::GroupExpectation;
@@ -107,6 +108,7 @@ using deepspeed::SetAutoEpLayers;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
+using deepspeed::SetExpertParamRoot;
 using deepspeed::SetFolding;
 using deepspeed::SetReplicatedShapes;
 using deepspeed::SetTpDegree;
@@ -1919,7 +1921,7 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
 // parameter where AutoEP fuses them. A reshard carries them with their expert's file.
 Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::string>& seen,
                       AtomIndexContents& c, nlohmann::json& tp_params,
-                      nlohmann::json& frozen_experts) {
+                      std::map<std::string, uint32_t>& frozen_experts) {
   const OptimStates& first = stage.ranks.front();
   for (size_t g = 0; g < stage.groups; ++g) {
     ParamGroup group =
@@ -1996,10 +1998,7 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
                        tensor.dtype,
                        tensor.shape,
                        {{expert.file, tensor.file_offset(), tensor.dtype, whole}}});
-    if (tag.fused) {
-      nlohmann::json& count = frozen_experts[name.substr(0, name.rfind('.'))];
-      count = count.is_null() ? 1 : count.get<uint32_t>() + 1;
-    }
+    if (tag.fused) ++frozen_experts[name.substr(0, name.rfind('.'))];
   }
   return Status::Ok();
 }
@@ -2046,7 +2045,7 @@ Result<AtomIndex> MakeIndex(const MoeTag& tag, const IndexOptions& options) {
   std::set<std::string> seen;
   nlohmann::json stages = nlohmann::json::array();
   nlohmann::json tp_params = nlohmann::json::object();
-  nlohmann::json frozen_experts = nlohmann::json::object();
+  std::map<std::string, uint32_t> frozen_experts;
   for (const MoeStage& stage : tag.stages) {
     AddStageFiles(tag, stage, digests, c);
     UCP_RETURN_IF_ERROR(AddStageGroups(tag, stage, seen, c, tp_params, frozen_experts));
@@ -2112,19 +2111,12 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
       return Status::Corrupt("deepspeed: index: " + fused + "." + std::to_string(g) + " " + state +
                              ": missing, or unlike expert 0's");
     }
-    UCP_ASSIGN_OR_RETURN(const Region region, Region::Whole(atom->shape));
-    UCP_ASSIGN_OR_RETURN(std::vector<Segment> rows, PlanRegion(index, *atom, region));
-    if (module_copy && dtype == DType::kBFloat16) {
-      for (Segment& segment : rows) {
-        segment.length *= 2;
-        segment.widen_bf16 = !segment.zero_fill();
-      }
-    } else if (module_copy && dtype != DType::kFloat32) {
-      return Status::Unsupported("deepspeed: index: " + fused + "." + std::to_string(g) +
-                                 "/bit16: " + std::string(TorchName(dtype)) +
-                                 "; the universal export writes a frozen expert tensor as float32 "
-                                 "in zero/" +
-                                 fused + "/fp32.pt, from float32 and bfloat16 only");
+    std::vector<Segment> rows;
+    if (module_copy) {
+      UCP_ASSIGN_OR_RETURN(rows, Float32Segments(index, *atom));
+    } else {
+      UCP_ASSIGN_OR_RETURN(const Region region, Region::Whole(atom->shape));
+      UCP_ASSIGN_OR_RETURN(rows, PlanRegion(index, *atom, region));
     }
     AppendSegments(segments, rows);
   }
@@ -2135,11 +2127,7 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
   spec.shape = whole;
   spec.requires_grad = requires_grad;
   UCP_ASSIGN_OR_RETURN(Value * tensor, MakeTensorNode(out.graph, spec));
-  pickle::Graph& graph = out.graph;
-  graph.set_root(graph.Dict({{graph.Str("param"), tensor},
-                             {graph.Str("cat_dim"), graph.Int(0)},
-                             {graph.Str("is_expert_param"), graph.Bool(true)},
-                             {graph.Str("ep_num_experts"), graph.Int(experts)}}));
+  SetExpertParamRoot(out.graph, tensor, experts);
   out.storages.push_back({"0", std::move(segments)});
   return out;
 }

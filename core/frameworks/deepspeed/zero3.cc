@@ -2035,11 +2035,7 @@ Result<ArchiveOutput> UniversalZero3Atom(const AtomIndex& index, const IndexFact
     // ds_to_universal's AutoEP ZeRO-3 consolidation: every expert-parallel rank's rows in order.
     UCP_ASSIGN_OR_RETURN(ArchiveOutput out,
                          UniversalAtomArchive(index, atom, atom.shape, requires_grad, false));
-    pickle::Graph& graph = out.graph;
-    graph.set_root(graph.Dict({{graph.Str("param"), graph.root()},
-                               {graph.Str("cat_dim"), graph.Int(0)},
-                               {graph.Str("is_expert_param"), graph.Bool(true)},
-                               {graph.Str("ep_num_experts"), graph.Int(experts->second)}}));
+    deepspeed::SetExpertParamRoot(out.graph, out.graph.root(), experts->second);
     return out;
   }
   if (facts.tp == 1) {
@@ -2074,12 +2070,7 @@ Result<ArchiveOutput> UniversalZero3OptimizerState(const TorchArchiveReader& rea
                                                    const IndexFacts& facts) {
   const std::string osd(kOsd);
   ArchiveOutput out;
-  out.path = "zero/optimizer_state.pt";
-  const Value* template_dict = reader.root()->Get(kOsd);
-  if (template_dict == nullptr || template_dict->kind() != Kind::kDict) {
-    return FieldError(reader, kOsd, "missing");
-  }
-  Value* dict = out.graph.Import(template_dict);
+  UCP_ASSIGN_OR_RETURN(Value * dict, deepspeed::ImportOptimizerStateDict(reader, out));
   Value* inner = dict->Get(kOsd);
   Value* param_groups = inner == nullptr ? nullptr : inner->Get("param_groups");
   if (param_groups == nullptr) {
