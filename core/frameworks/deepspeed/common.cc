@@ -353,6 +353,13 @@ Result<std::vector<OutputStorage>> CollectStorages(
   }
   return storages;
 }
+void EraseKey(Value* dict, std::string_view key) {
+  if (dict == nullptr || dict->kind() != Kind::kDict) return;
+  std::erase_if(dict->mutable_entries(), [&](const std::pair<Value*, Value*>& entry) {
+    return entry.first->kind() == Kind::kStr && entry.first->data() == key;
+  });
+}
+
 Status SetDictItem(Value* dict, std::string_view key, Value* value, const std::string& where) {
   if (dict == nullptr || dict->kind() != Kind::kDict) {
     return Status::Corrupt(Prefix(where) + "not a dict where " + std::string(key) + " belongs");

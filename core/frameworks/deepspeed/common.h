@@ -143,6 +143,8 @@ const pickle::Value* PidTuple(const pickle::Value* node);
 Result<std::vector<OutputStorage>> CollectStorages(
     pickle::Value* root, const TorchArchiveReader& template_reader, uint32_t file,
     std::map<std::string, std::vector<Segment>> replaced);
+// Erases str key `key` from dict `dict` where it has it.
+void EraseKey(pickle::Value* dict, std::string_view key);
 // Replaces the value of str key `key` of dict `dict` (kCorrupt naming `where` when missing).
 Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* value,
                    const std::string& where);

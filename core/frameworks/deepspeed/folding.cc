@@ -6,6 +6,7 @@
 
 #include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/tp_shards.h"
 
 namespace ucp::deepspeed {
 
@@ -125,6 +126,30 @@ Status SetZeroPartition(pickle::Graph& graph, pickle::Value* dict, const FoldedG
 }
 
 }  // namespace
+
+Status UnfoldAutoTp(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader) {
+  EraseKey(root, kFolding);
+  EraseKey(root->Get("ds_config"), "tensor_parallel");
+  if (root->Get("mp_world_size") == nullptr) return Status::Ok();  // an optimizer file
+  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(1), reader.path()));
+  pickle::Value* dimensions = root->Get("checkpoint_parallel_dimensions");
+  if (dimensions == nullptr || dimensions->kind() != pickle::Kind::kDict) {
+    return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
+  }
+  UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(1), reader.path()));
+  pickle::Value* info = root->Get(kUniversalCheckpointInfo);
+  if (info == nullptr || info->kind() != pickle::Kind::kDict) {
+    return FieldError(reader, kUniversalCheckpointInfo, "not a dict");
+  }
+  std::erase_if(info->mutable_entries(),
+                [](const std::pair<pickle::Value*, pickle::Value*>& entry) {
+                  const std::string key =
+                      entry.first->kind() == pickle::Kind::kStr ? entry.first->data() : "";
+                  return key != "universal_checkpoint_version" &&
+                         key != "expert_parameter_patterns" && key != kAutoEpLayers;
+                });
+  return Status::Ok();
+}
 
 Status SetFolding(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader,
                   const FoldedGrid& grid, uint32_t writer) {

@@ -101,4 +101,11 @@ Status CheckFolding(const TorchArchiveReader& reader, std::string_view family,
 Status SetFolding(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader,
                   const FoldedGrid& grid, uint32_t writer);
 
+// A file of a folded save (`root`, imported into `graph` from `reader`) as a run at tp 1 over the
+// same ranks writes it: no folding dict, no ds_config tensor_parallel section, and of model states
+// mp_world_size and tp_degree 1 and of universal_checkpoint_info only what AutoEP records at tp 1
+// (its version, expert patterns and layers: AutoTP records nothing there). kCorrupt naming the
+// file and the field for model states without those dicts.
+Status UnfoldAutoTp(pickle::Graph& graph, pickle::Value* root, const TorchArchiveReader& reader);
+
 }  // namespace ucp::deepspeed

@@ -39,6 +39,7 @@ using deepspeed::ChosenPartition;
 using deepspeed::CollectGroupRequiresGrad;
 using deepspeed::CollectStorages;
 using deepspeed::DpWorldSize;
+using deepspeed::EraseKey;
 using deepspeed::ExpectedMappings;
 using deepspeed::ExpertModelStatesName;
 using deepspeed::ExpertOptimName;
@@ -2132,14 +2133,6 @@ Result<ArchiveOutput> FusedExpertArchive(const AtomIndex& index, const std::stri
   return out;
 }
 
-// Erases `key` from dict `dict` where it has it.
-void EraseKey(Value* dict, std::string_view key) {
-  if (dict == nullptr || dict->kind() != Kind::kDict) return;
-  std::erase_if(dict->mutable_entries(), [&](const std::pair<Value*, Value*>& entry) {
-    return entry.first->kind() == Kind::kStr && entry.first->data() == key;
-  });
-}
-
 // TP rank t's geometry and slice shape, at degree tp, of each parameter `maps` names (at tp 1
 // every one whole).
 struct SliceShapes {
@@ -2257,25 +2250,9 @@ Result<std::map<std::string, std::vector<Segment>>> UnfoldModelStates(
     const AtomIndex& index, const IndexFacts& facts, const TorchArchiveReader& reader,
     pickle::Graph& graph) {
   Value* root = graph.root();
-  EraseKey(root, deepspeed::kFolding);
+  UCP_RETURN_IF_ERROR(deepspeed::UnfoldAutoTp(graph, root, reader));
   UCP_RETURN_IF_ERROR(SetDictItem(root, "dp_world_size",
                                   graph.Int(int64_t{facts.dp} * facts.folded_tp), reader.path()));
-  UCP_RETURN_IF_ERROR(SetDictItem(root, "mp_world_size", graph.Int(1), reader.path()));
-  Value* dimensions = root->Get("checkpoint_parallel_dimensions");
-  if (dimensions == nullptr || dimensions->kind() != Kind::kDict) {
-    return FieldError(reader, "checkpoint_parallel_dimensions", "not a dict");
-  }
-  UCP_RETURN_IF_ERROR(SetDictItem(dimensions, "tp_degree", graph.Int(1), reader.path()));
-  EraseKey(root->Get("ds_config"), "tensor_parallel");
-  Value* info = root->Get(deepspeed::kUniversalCheckpointInfo);
-  if (info == nullptr || info->kind() != Kind::kDict) {
-    return FieldError(reader, deepspeed::kUniversalCheckpointInfo, "not a dict");
-  }
-  std::erase_if(info->mutable_entries(), [](const std::pair<Value*, Value*>& entry) {
-    const std::string key = entry.first->kind() == Kind::kStr ? entry.first->data() : "";
-    return key != "universal_checkpoint_version" && key != "expert_parameter_patterns" &&
-           key != kAutoEpLayers;
-  });
   UCP_ASSIGN_OR_RETURN(const SliceShapes whole,
                        SliceShapesAt(index, facts.folded_maps, std::nullopt, 1, 0));
   return SliceDenseModule(index, facts.folded_maps, whole, 0, reader, graph);
@@ -3073,8 +3050,7 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
       UCP_RETURN_IF_ERROR(
           SetConfigValue(graph, root, "expert_parallel", "autoep_size", at.order.ep, reader));
       if (facts.folded_tp > 1) {  // as a tp 1 run writes it
-        EraseKey(root, deepspeed::kFolding);
-        EraseKey(root->Get("ds_config"), "tensor_parallel");
+        UCP_RETURN_IF_ERROR(deepspeed::UnfoldAutoTp(graph, root, reader));
       }
       // AutoEP's universal load at another size keeps the saved name (ReadSave), and so do its
       // saves, which ucp's files are.
