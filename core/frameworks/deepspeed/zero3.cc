@@ -12,6 +12,7 @@
 #include "core/frameworks/deepspeed/autoep.h"
 #include "core/frameworks/deepspeed/autotp.h"
 #include "core/frameworks/deepspeed/common.h"
+#include "core/frameworks/deepspeed/folding.h"
 #include "core/frameworks/deepspeed/megatron_rules.h"
 #include "core/frameworks/deepspeed/tp_shards.h"
 #include "core/plan/copy_plan.h"
@@ -27,6 +28,7 @@ using deepspeed::AutoTpMaps;
 using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
 using deepspeed::BlocksAtDegree;
+using deepspeed::CheckFolding;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
 using deepspeed::CollectRequiresGrad;
@@ -230,24 +232,43 @@ Value** MutableEntry(Value* node, std::string_view key) {
   return nullptr;
 }
 
-// How a tag's flat groups are partitioned. Without AutoEP every flat group is over all DP ranks.
-// AutoEP (DeepSpeed 0.19, checkpoint_format zero3_partitioned) gives each expert-parallel rank e
-// its layers' experts [e·n, (e+1)·n) as fused parameters of n rows ("<experts module>.w1", ...,
-// the same names on every rank), in flat groups of their own that ZeRO-3 partitions over e's
-// expert-data-parallel ranks alone (dp / ep of them, ExpertRankOrder).
+// How a tag's flat groups are partitioned. Without AutoEP every flat group is over the DP ranks of
+// its TP rank. AutoEP (DeepSpeed 0.19, checkpoint_format zero3_partitioned) gives each
+// expert-parallel rank e its layers' experts [e·n, (e+1)·n) as fused parameters of n rows
+// ("<experts module>.w1", ..., the same names on every rank), in flat groups of their own that
+// ZeRO-3 partitions over e's expert-data-parallel ranks alone (ExpertRankOrder). With AutoTP
+// DeepSpeed folds the expert ranks over the whole world (folding.h's grid): rank (t, r), TP rank t
+// of DP rank r, is world rank r·tp + t, and the experts are not split over TP.
 struct ExpertPlacement {
   uint32_t ep = 0;  // 0: no AutoEP layers
-  ExpertRankOrder order;
+  uint32_t tp = 1;
+  ExpertRankOrder order;                    // over the world's dp·tp ranks
   std::map<std::string, uint32_t> experts;  // fused expert parameter → its layer's experts
   std::vector<bool> expert_groups;          // per flat group: of fused expert parameters
 
+  uint32_t Dp() const { return order.dp / tp; }
+  uint32_t WorldRank(uint32_t t, uint32_t r) const { return r * tp + t; }
   bool IsExpertGroup(size_t g) const { return g < expert_groups.size() && expert_groups[g]; }
-  uint32_t PartitionCount(size_t g) const {
-    return IsExpertGroup(g) ? order.dp / order.ep : order.dp;
+  uint32_t PartitionCount(size_t g) const { return IsExpertGroup(g) ? order.dp / order.ep : Dp(); }
+  uint32_t PartitionRank(size_t g, uint32_t t, uint32_t r) const {
+    return IsExpertGroup(g) ? order.IndexInGroup(WorldRank(t, r)) : r;
   }
-  uint32_t PartitionRank(size_t g, uint32_t r) const {
-    return IsExpertGroup(g) ? order.IndexInGroup(r) : r;
+  // The world ranks over which rank (t, r)'s flat group g is partitioned, in partition order.
+  std::vector<uint64_t> PartitionRanks(size_t g, uint32_t t, uint32_t r) const {
+    std::vector<uint64_t> ranks;
+    const uint32_t e = order.ExpertRank(WorldRank(t, r));
+    for (uint32_t q = 0; q < PartitionCount(g); ++q) {
+      ranks.push_back(IsExpertGroup(g) ? order.Rank(e, q) : WorldRank(t, q));
+    }
+    return ranks;
   }
+  // Whose slice rank (t, r)'s flat group g holds: of an expert group the expert-parallel rank's
+  // rows, else TP rank t's slices.
+  uint32_t Holder(size_t g, uint32_t t, uint32_t r) const {
+    return IsExpertGroup(g) ? order.ExpertRank(WorldRank(t, r)) : t;
+  }
+  // The (TP rank, DP rank) of world rank w.
+  std::pair<uint32_t, uint32_t> Coordinates(uint32_t w) const { return {w % tp, w / tp}; }
 };
 
 // How expert-parallel rank e's rows of a fused expert parameter of `experts` rows make it: a
@@ -387,28 +408,35 @@ Result<ModelStates> ReadModelStates(const std::string& tag_dir, const RankFile& 
 
 // The placement of `head`'s flat groups (rank (0, 0)'s model states): from ds_autoep_layers where
 // it has them, every flat group of fused expert parameters (named "<experts module>.<w>") or of
-// none. kUnsupported for AutoEP with AutoTP (ds_to_universal does not convert it) and for frozen
-// expert parameters (DeepSpeed 0.19.8 does not save them), kCorrupt naming the field otherwise.
+// none; with AutoTP, DeepSpeed's folded grid (its folding dict). kUnsupported for frozen expert
+// parameters (DeepSpeed 0.19.8 does not save them) and a fold DeepSpeed does not make, kCorrupt
+// naming the field otherwise.
 Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
   const TorchArchiveReader& r = head.reader;
   ExpertPlacement placement;
-  placement.order = {head.dp, 1, false};
+  placement.tp = head.tp;
+  const uint32_t world = head.dp * head.tp;
+  placement.order = {world, 1, false};
   placement.expert_groups.assign(head.flat_groups.size(), false);
   const Value* layers = OptionalField(r, kAutoEpLayers);
   if (layers == nullptr || layers->kind() == Kind::kNone) return placement;
-  if (head.tp > 1) {
-    return Status::Unsupported(Prefix(r.path()) + std::string(kAutoEpLayers) +
-                               " with mp_world_size " + std::to_string(head.tp) +
-                               ": AutoEP with AutoTP under ZeRO-3 is not supported (DeepSpeed's "
-                               "converter refuses it too)");
-  }
   UCP_ASSIGN_OR_RETURN(const std::vector<uint32_t> num_experts, deepspeed::ReadNumExperts(r));
   std::vector<std::string> modules;
   UCP_ASSIGN_OR_RETURN(placement.ep,
-                       ReadAutoEpLayers(r, num_experts, head.dp, kAutoEpZero3Format, modules));
+                       ReadAutoEpLayers(r, num_experts, world, kAutoEpZero3Format, modules));
   const Value* order = OptionalField(r, "ds_config/" + std::string(kDataBeforeExpert));
-  placement.order = {head.dp, placement.ep,
+  placement.order = {world, placement.ep,
                      order != nullptr && order->kind() == Kind::kBool && order->bool_value()};
+  if (head.tp > 1) {
+    UCP_ASSIGN_OR_RETURN(const std::optional<deepspeed::FoldedGrid> grid,
+                         deepspeed::ReadFoldedGrid(r));
+    if (!grid || grid->ep != placement.ep || placement.order.data_before_expert) {
+      return FieldError(r, deepspeed::kFolding,
+                        "not DeepSpeed's fold of AutoEP's expert-parallel size " +
+                            std::to_string(placement.ep) + " over AutoTP's " +
+                            std::to_string(head.tp) + " ranks");
+    }
+  }
   // The layer whose experts module holds `name` directly ("<module>.<w>"), or nullopt.
   const auto layer_of = [&](const std::string& name) -> std::optional<size_t> {
     for (size_t layer = 0; layer < modules.size(); ++layer) {
@@ -449,26 +477,33 @@ Result<ExpertPlacement> ReadExpertPlacement(const ModelStates& head) {
   return placement;
 }
 
-// Rank r's record of its place in `placement`: every AutoEP layer's ep_rank and
-// expert_data_parallel_rank in its model states `ms`, and each flat group's partition_count,
-// partition_rank and partition_ranks in its optimizer states `os` (DeepSpeed loads a ZeRO-3 AutoEP
-// tag only where these are its own).
-Status CheckRankPlacement(const ExpertPlacement& placement, uint32_t r, const ModelStates& ms,
-                          const TorchArchiveReader& os, size_t flat_groups) {
+// Rank (t, r)'s record of its place in `placement`: every AutoEP layer's ep_rank and
+// expert_data_parallel_rank in its model states `ms`, each flat group's partition_count,
+// partition_rank and partition_ranks in its optimizer states `os`, and where AutoTP folds the grid
+// both files' folding dicts (DeepSpeed loads a ZeRO-3 AutoEP tag only where these are its own).
+Status CheckRankPlacement(const ExpertPlacement& placement, uint32_t t, uint32_t r,
+                          const ModelStates& ms, const TorchArchiveReader& os, size_t flat_groups) {
   const ExpertRankOrder& order = placement.order;
+  const uint32_t w = placement.WorldRank(t, r);
+  if (placement.tp > 1) {
+    const deepspeed::FoldedGrid grid{order.dp, placement.tp, order.ep};
+    UCP_RETURN_IF_ERROR(
+        CheckFolding(ms.reader, deepspeed::kDenseFamily, grid, t, order.ExpertRank(w), r));
+    UCP_RETURN_IF_ERROR(CheckFolding(os, deepspeed::kZeroFamily, grid, t, order.ExpertRank(w), r));
+  }
   UCP_ASSIGN_OR_RETURN(const Value* layers, Field(ms.reader, kAutoEpLayers));
   if (layers->kind() != Kind::kList) return FieldError(ms.reader, kAutoEpLayers, "not a list");
   for (size_t i = 0; i < layers->items().size(); ++i) {
     const std::string field = std::string(kAutoEpLayers) + "/" + std::to_string(i);
     for (const auto& [key, expected] :
-         {std::pair{"ep_rank", order.ExpertRank(r)},
-          std::pair{"expert_data_parallel_rank", order.IndexInGroup(r)}}) {
+         {std::pair{"ep_rank", order.ExpertRank(w)},
+          std::pair{"expert_data_parallel_rank", order.IndexInGroup(w)}}) {
       UCP_ASSIGN_OR_RETURN(const int64_t value, IntField(ms.reader, field + "/" + key));
       if (value != expected) {
         return FieldError(ms.reader, field + "/" + key,
-                          std::to_string(value) + ", but DP rank " + std::to_string(r) +
-                              " is expert-parallel rank " + std::to_string(order.ExpertRank(r)) +
-                              ", index " + std::to_string(order.IndexInGroup(r)) +
+                          std::to_string(value) + ", but rank " + std::to_string(w) +
+                              " is expert-parallel rank " + std::to_string(order.ExpertRank(w)) +
+                              ", index " + std::to_string(order.IndexInGroup(w)) +
                               " of its expert-data-parallel group");
       }
     }
@@ -481,22 +516,21 @@ Status CheckRankPlacement(const ExpertPlacement& placement, uint32_t r, const Mo
   for (size_t g = 0; g < flat_groups; ++g) {
     const std::string field = root + "/" + std::to_string(g);
     const uint32_t count = placement.PartitionCount(g);
+    const uint32_t rank = placement.PartitionRank(g, t, r);
     std::vector<int64_t> ranks;
-    for (uint32_t q = 0; q < count; ++q) {
-      ranks.push_back(placement.IsExpertGroup(g) ? order.Rank(order.ExpertRank(r), q) : q);
-    }
+    for (const uint64_t q : placement.PartitionRanks(g, t, r))
+      ranks.push_back(static_cast<int64_t>(q));
     UCP_ASSIGN_OR_RETURN(const int64_t saved_count, IntField(os, field + "/partition_count"));
     UCP_ASSIGN_OR_RETURN(const int64_t saved_rank, IntField(os, field + "/partition_rank"));
     UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> saved_ranks,
                          deepspeed::IntListField(os, field + "/partition_ranks"));
-    if (saved_count != count || saved_rank != placement.PartitionRank(g, r) ||
-        saved_ranks != ranks) {
-      return FieldError(
-          os, field,
-          "partition_count " + std::to_string(saved_count) + ", partition_rank " +
-              std::to_string(saved_rank) + ", partition_ranks " + deepspeed::ListText(saved_ranks) +
-              "; DP rank " + std::to_string(r) + "'s are " + std::to_string(count) + ", " +
-              std::to_string(placement.PartitionRank(g, r)) + ", " + deepspeed::ListText(ranks));
+    if (saved_count != count || saved_rank != rank || saved_ranks != ranks) {
+      return FieldError(os, field,
+                        "partition_count " + std::to_string(saved_count) + ", partition_rank " +
+                            std::to_string(saved_rank) + ", partition_ranks " +
+                            deepspeed::ListText(saved_ranks) + "; rank " + std::to_string(w) +
+                            "'s are " + std::to_string(count) + ", " + std::to_string(rank) + ", " +
+                            deepspeed::ListText(ranks));
     }
   }
   return Status::Ok();
@@ -701,7 +735,8 @@ Status ReadTpFacts(const nlohmann::json& state, IndexFacts& facts) {
 
 // adapter_state.autoep where the tag has AutoEP layers: the expert placement.
 Status ReadAutoEpFacts(const nlohmann::json& state, IndexFacts& facts) {
-  facts.placement.order = {facts.dp, 1, false};
+  facts.placement.tp = facts.tp;
+  facts.placement.order = {facts.dp * facts.tp, 1, false};
   const auto autoep = state.find("autoep");
   if (autoep == state.end()) return Status::Ok();
   const auto bad_autoep = [] {
@@ -715,9 +750,9 @@ Status ReadAutoEpFacts(const nlohmann::json& state, IndexFacts& facts) {
     return bad_autoep();
   }
   const uint64_t ep = (*autoep)["ep"].get<uint64_t>();
-  if (ep == 0 || facts.dp % ep != 0) return bad_autoep();
+  if (ep == 0 || (facts.dp * facts.tp) % ep != 0) return bad_autoep();
   facts.placement.ep = static_cast<uint32_t>(ep);
-  facts.placement.order = {facts.dp, facts.placement.ep,
+  facts.placement.order = {facts.dp * facts.tp, facts.placement.ep,
                            (*autoep)["data_before_expert"].get<bool>()};
   for (const auto& [name, experts] : (*autoep)["experts"].items()) {
     if (!experts.is_number_unsigned() || experts.get<uint64_t>() % ep != 0 ||
@@ -771,12 +806,11 @@ Status ReadFlatGroups(const AtomIndex& index, const nlohmann::json& state, Index
       UCP_ASSIGN_OR_RETURN(Shape shape, AtomShape(index, name, "fp32"));
       if (const auto experts = facts.placement.experts.find(name);
           experts != facts.placement.experts.end()) {
-        // An expert-parallel rank's rows of it.
+        // An expert-parallel rank's rows of it, not split over TP.
         if (shape.empty() || shape.front() != experts->second) return BadAdapterState();
         shape.front() /= facts.placement.ep;
         ++fused;
-      }
-      if (facts.tp > 1 || facts.megatron) {
+      } else if (facts.tp > 1 || facts.megatron) {
         UCP_ASSIGN_OR_RETURN(shape, RecordTpSlices(name, shape, facts));
       }
       shapes.push_back(std::move(shape));
@@ -889,8 +923,12 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
   };
   for (GroupLayout& group : out.flat_groups) {
     std::vector<Shape> shapes;
-    for (const std::string& name : group.names) {
-      UCP_ASSIGN_OR_RETURN(Shape shape, reslice(name));
+    for (size_t k = 0; k < group.names.size(); ++k) {
+      if (facts.placement.experts.contains(group.names[k])) {  // not split over TP
+        shapes.push_back(group.shapes[k]);
+        continue;
+      }
+      UCP_ASSIGN_OR_RETURN(Shape shape, reslice(group.names[k]));
       shapes.push_back(std::move(shape));
     }
     UCP_ASSIGN_OR_RETURN(group, MakeLayout(group.names, std::move(shapes)));
@@ -923,8 +961,11 @@ Result<std::vector<GroupLayout>> RankGroups(const IndexFacts& facts,
   std::vector<GroupLayout> out;
   for (const GroupLayout& group : groups) {
     std::vector<Shape> shapes;
-    for (const std::string& name : group.names) {
-      shapes.push_back(LocalShape(facts.slices.at(name), t));
+    for (size_t k = 0; k < group.names.size(); ++k) {
+      const auto slices = facts.slices.find(group.names[k]);
+      // AutoEP's experts are not split over TP.
+      shapes.push_back(slices == facts.slices.end() ? group.shapes[k]
+                                                    : LocalShape(slices->second, t));
     }
     UCP_ASSIGN_OR_RETURN(GroupLayout layout, MakeLayout(group.names, std::move(shapes)));
     out.push_back(std::move(layout));
@@ -955,7 +996,7 @@ Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t 
     if (names.empty()) continue;
     // AutoEP's experts are partitioned over the expert-data-parallel ranks alone.
     const uint32_t parts =
-        facts.placement.experts.contains(names.front()) ? dp / facts.placement.ep : dp;
+        facts.placement.experts.contains(names.front()) ? dp * facts.tp / facts.placement.ep : dp;
     size_t next = 0;
     for (const size_t count : SubGroupSizes(numels, parts, facts.sub_group_size)) {
       members[pg].push_back(out.size());
@@ -1136,8 +1177,8 @@ Result<std::vector<TpRank>> ReadRanks(const std::string& tag_dir, const RankGrid
       UCP_ASSIGN_OR_RETURN(OptimStates os,
                            ReadOptimStates(tag_dir, *grid.optims[t][r], ms, placement));
       if (placement.ep != 0) {
-        UCP_RETURN_IF_ERROR(
-            CheckRankPlacement(placement, r, ranks[t].models[r], os.reader, ms.flat_groups.size()));
+        UCP_RETURN_IF_ERROR(CheckRankPlacement(placement, t, r, ranks[t].models[r], os.reader,
+                                               ms.flat_groups.size()));
       }
       const OptimStates& head_os = t == 0 && r == 0 ? os : ranks[0].optims.front();
       for (size_t g = 0; g < os.states.size(); ++g) {
@@ -1230,9 +1271,10 @@ Result<AutoTpMaps> MegatronMaps(const TorchArchiveReader& head, uint32_t tp,
 // How each parameter's TP slices make it, the frozen ones' too (`megatron`: by Megatron's rules):
 // Megatron's rules (MegatronMaps, which set `vocab`) where the model states record them, at tp = 1
 // too, so that they place the save at another degree, unless they do not name every parameter;
-// AutoTP's maps at tp > 1; else at tp = 1 every parameter is its one slice.
-Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, std::optional<Vocab>& vocab,
-                             bool& megatron) {
+// AutoTP's maps at tp > 1, but for AutoEP's fused experts, which it does not split; else at
+// tp = 1 every parameter is its one slice.
+Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, const ExpertPlacement& placement,
+                             std::optional<Vocab>& vocab, bool& megatron) {
   const ModelStates& head = ranks[0].models.front();
   megatron = RecordsMegatronRules(head.reader);
   if (megatron) {
@@ -1250,37 +1292,36 @@ Result<AutoTpMaps> SliceMaps(const std::vector<TpRank>& ranks, std::optional<Voc
     }
     vocab.reset();
   }
-  std::vector<std::string> names;
-  for (const GroupLayout& group : head.flat_groups) {
-    names.insert(names.end(), group.names.begin(), group.names.end());
-  }
-  if (head.tp == 1) {
-    AutoTpMaps whole;
-    const auto add = [&whole](const GroupLayout& group) {
-      for (size_t k = 0; k < group.names.size(); ++k) {
-        whole.maps.emplace(group.names[k], ShardMap{});
-        whole.whole_shapes.emplace(group.names[k], group.shapes[k]);
+  // Each parameter of `group` whole in `out` (at tp = 1, or AutoEP's experts), or else named in
+  // `split`.
+  const auto add = [&](const GroupLayout& group, AutoTpMaps& out, std::vector<std::string>& split) {
+    for (size_t k = 0; k < group.names.size(); ++k) {
+      if (head.tp > 1 && !placement.experts.contains(group.names[k])) {
+        split.push_back(group.names[k]);
+        continue;
       }
-    };
-    for (const GroupLayout& group : head.flat_groups) add(group);
-    add(head.frozen);
-    return whole;
-  }
-  names.insert(names.end(), head.frozen.names.begin(), head.frozen.names.end());
-  return ReadAutoTpMaps(head.reader, head.tp, names);
+      out.maps.emplace(group.names[k], ShardMap{});
+      out.whole_shapes.emplace(group.names[k], group.shapes[k]);
+    }
+  };
+  AutoTpMaps whole;
+  std::vector<std::string> split;
+  for (const GroupLayout& group : head.flat_groups) add(group, whole, split);
+  add(head.frozen, whole, split);
+  if (split.empty()) return whole;
+  UCP_ASSIGN_OR_RETURN(AutoTpMaps maps, ReadAutoTpMaps(head.reader, head.tp, split));
+  maps.maps.merge(whole.maps);
+  maps.whole_shapes.merge(whole.whole_shapes);
+  return maps;
 }
 
-// A model-states file as ds_to_universal writes it for an AutoEP tag under ZeRO-3 (unlike
-// ZeRO-1/2's, moe.cc's UniversalAutoEpModelStates, no digest of the layers): loaded and
-// saved again with universal_checkpoint_info's expert_parameter_patterns its own pattern and its
-// ds_autoep_layers the file's own list (one object, pickled once).
-Result<ArchiveOutput> UniversalZero3AutoEpModelStates(const AtomIndex& index,
-                                                      const std::string& tag_dir, uint32_t file) {
-  UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
-  ArchiveOutput out;
-  pickle::Graph& graph = out.graph;
-  Value* root = graph.Import(reader.root());
-  graph.set_root(root);
+// A model-states file (`root`, imported into `graph` from `reader`) as ds_to_universal writes it
+// for an AutoEP tag under ZeRO-3 (unlike ZeRO-1/2's, moe.cc's UniversalAutoEpModelStates, no
+// digest of the layers): loaded and saved again with universal_checkpoint_info's
+// expert_parameter_patterns its own pattern and its ds_autoep_layers the file's own list (one
+// object, pickled once).
+Status MarkUniversalZero3AutoEp(pickle::Graph& graph, Value* root,
+                                const TorchArchiveReader& reader) {
   Value* layers = root->Get(kAutoEpLayers);
   if (layers == nullptr || layers->kind() != Kind::kList) {
     return FieldError(reader, kAutoEpLayers, "not a list");
@@ -1307,16 +1348,17 @@ Result<ArchiveOutput> UniversalZero3AutoEpModelStates(const AtomIndex& index,
   };
   put("expert_parameter_patterns", graph.List({graph.Str(std::string(kZero3ExpertPattern))}));
   put(std::string(kAutoEpLayers), layers);
-  UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
-  return out;
+  return Status::Ok();
 }
 
-// ds_zero_partition_groups of DP rank r's optimizer states `dict` (imported from `reader`, the
+// ds_zero_partition_groups of rank (t, r)'s optimizer states `dict` (imported from `reader`, the
 // source's template) for the flat groups of `placement` (the target's): per flat group g the
 // source's entry of a flat group of its kind with sub_group g, partition_count, partition_rank and
-// partition_ranks r's at the target, and an expert group's group_names the target's group name.
+// partition_ranks (t, r)'s at the target, and an expert group's group_names the target's group
+// name.
 Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlacement& placement,
-                          uint32_t r, const IndexFacts& facts, const TorchArchiveReader& reader) {
+                          uint32_t t, uint32_t r, const IndexFacts& facts,
+                          const TorchArchiveReader& reader) {
   const std::string field = std::string(kOsd) + "/" + std::string(kPartitionGroups);
   Value** groups = MutableEntry(dict, kPartitionGroups);
   if (groups == nullptr || (*groups)->kind() != Kind::kList ||
@@ -1336,10 +1378,6 @@ Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlaceme
       return FieldError(reader, field,
                         "no flat group of the kind of target flat group " + std::to_string(g));
     }
-    std::vector<uint64_t> ranks;
-    for (uint32_t q = 0; q < placement.PartitionCount(g); ++q) {
-      ranks.push_back(experts ? order.Rank(order.ExpertRank(r), q) : q);
-    }
     Value* entry = graph.Dict(source->entries());
     const std::string where = reader.path();
     const auto integer = [&](uint64_t value) { return graph.Int(static_cast<int64_t>(value)); };
@@ -1347,8 +1385,9 @@ Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlaceme
     UCP_RETURN_IF_ERROR(
         SetDictItem(entry, "partition_count", integer(placement.PartitionCount(g)), where));
     UCP_RETURN_IF_ERROR(
-        SetDictItem(entry, "partition_rank", integer(placement.PartitionRank(g, r)), where));
-    UCP_RETURN_IF_ERROR(SetDictItem(entry, "partition_ranks", IntList(graph, ranks), where));
+        SetDictItem(entry, "partition_rank", integer(placement.PartitionRank(g, t, r)), where));
+    UCP_RETURN_IF_ERROR(SetDictItem(entry, "partition_ranks",
+                                    IntList(graph, placement.PartitionRanks(g, t, r)), where));
     if (experts) {
       UCP_RETURN_IF_ERROR(
           SetDictItem(entry, "group_names",
@@ -1367,19 +1406,31 @@ Status SetPartitionGroups(pickle::Graph& graph, Value* dict, const ExpertPlaceme
 // at the target (the tag's by default), 0 for a tag without AutoEP.
 Result<uint32_t> CheckReshardTarget(const IndexFacts& facts, const Topology& target) {
   const uint32_t ep = facts.placement.ep == 0 ? 0 : target.ep == 0 ? facts.placement.ep : target.ep;
+  const uint32_t tp = target.tp;
   if (ep == 0) {
     UCP_RETURN_IF_ERROR(RefuseExpertParallel(target));
   } else {
+    // With AutoTP DeepSpeed folds the expert ranks over the world (folding.h).
+    const uint64_t world = uint64_t{target.dp} * tp;
     for (const auto& [name, experts] : facts.placement.experts) {
-      if (target.dp % ep != 0 || experts % ep != 0) {
-        return Status::InvalidArgument("deepspeed: ep=" + std::to_string(ep) +
-                                       " does not divide dp=" + std::to_string(target.dp) +
-                                       " and the " + std::to_string(experts) + " experts of " +
-                                       name + ": DeepSpeed's AutoEP cannot run there");
+      if (world % ep != 0 || experts % ep != 0) {
+        return Status::InvalidArgument(
+            "deepspeed: ep=" + std::to_string(ep) + " does not divide the world " +
+            std::to_string(world) + " (tp=" + std::to_string(tp) +
+            " x dp=" + std::to_string(target.dp) + ") and the " + std::to_string(experts) +
+            " experts of " + name + ": DeepSpeed's AutoEP cannot run there");
       }
     }
+    if (tp > 1 && ep == 1) {
+      return Status::Unsupported("deepspeed: tp=" + std::to_string(tp) +
+                                 ",ep=1: DeepSpeed folds AutoEP over AutoTP only at an "
+                                 "expert-parallel size above 1");
+    }
+    if (tp > 1 && facts.tp == 1) {
+      return Status::Unsupported("deepspeed: tp=" + std::to_string(tp) +
+                                 ": an AutoEP tag saved at tp 1 records no AutoTP split");
+    }
   }
-  const uint32_t tp = target.tp;
   if (facts.tp == 1 && !facts.megatron) {
     if (tp > 1) {
       return Status::Unsupported(
@@ -1456,7 +1507,8 @@ Result<ReshardLayout> LayoutAtTarget(const AtomIndex& index, const std::string& 
   UCP_ASSIGN_OR_RETURN(IndexFacts at, reshaped ? FactsAtTp(facts, tp, rule) : facts);
   const uint32_t m = target.dp;
   const bool experts_resized = ep != facts.placement.ep;
-  at.placement.order = {m, ep == 0 ? 1 : ep, facts.placement.order.data_before_expert};
+  at.placement.tp = tp;
+  at.placement.order = {m * tp, ep == 0 ? 1 : ep, facts.placement.order.data_before_expert};
   if (ep != 0) UCP_RETURN_IF_ERROR(PlaceExpertsAt(index, at, ep));
   // Each TP rank's flat groups; DeepSpeed makes each rank's sub groups of its own slices, and
   // ucp writes one group structure for all (rank (0, 0)'s files are the templates).
@@ -1518,6 +1570,35 @@ Status SetMegatronTpDegree(pickle::Graph& graph, Value* root, const std::optiona
                                         reader.path());
 }
 
+// The folding dict of rank (t, r)'s file (`root`, imported from `reader`) at the target: where
+// AutoTP folds AutoEP there, the rank's place in DeepSpeed's grid (SetFolding); at tp 1, where a
+// run records none, with the rest of what AutoTP records (UnfoldAutoTp).
+Status SetFoldingAt(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                    const ReshardLayout& to, uint32_t t, uint32_t r) {
+  if (root->Get(deepspeed::kFolding) == nullptr) return Status::Ok();
+  if (to.tp == 1) return deepspeed::UnfoldAutoTp(graph, root, reader);
+  const ExpertPlacement& placement = to.at.placement;
+  return deepspeed::SetFolding(graph, root, reader,
+                               {placement.order.dp, placement.tp, placement.order.ep},
+                               placement.WorldRank(t, r));
+}
+
+// AutoTP's record in model states `root` (imported into `graph` from `reader`) at the target's TP
+// degree (SetTpDegree): with AutoEP's experts, which AutoTP records whole at their rows per
+// expert-parallel rank, at the target's; but AutoEP at tp 1, which SetFoldingAt unfolds as a run
+// there records it.
+Status SetAutoTpRecord(pickle::Graph& graph, Value* root, const TorchArchiveReader& reader,
+                       const ReshardLayout& to) {
+  if (to.ep == 0) return SetTpDegree(graph, root, to.tp, reader, to.uneven);
+  if (to.tp == 1) return Status::Ok();
+  std::map<std::string, Shape> expert_rows;
+  for (const auto& [name, geometry] : to.at.expert_slices) {
+    expert_rows[name] = LocalShape(geometry, 0);
+  }
+  UCP_RETURN_IF_ERROR(deepspeed::SetReplicatedShapes(graph, root, reader, expert_rows));
+  return SetTpDegree(graph, root, to.tp, reader, to.uneven);
+}
+
 // Phase 3 of PlanReshard: every target rank's model states.
 Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const IndexFacts& facts,
                        const ReshardLayout& to, OutputPlan& plan) {
@@ -1547,13 +1628,15 @@ Status PlanModelStates(const AtomIndex& index, const std::string& tag_dir, const
       }
       if (to.reshaped && facts.megatron) {
         UCP_RETURN_IF_ERROR(SetMegatronTpDegree(out.graph, root, facts.vocab, to, reader));
-      } else if (to.reshaped) {
-        UCP_RETURN_IF_ERROR(SetTpDegree(out.graph, root, to.tp, reader, to.uneven));
+      } else if (to.reshaped || (to.tp > 1 && to.experts_resized)) {
+        UCP_RETURN_IF_ERROR(SetAutoTpRecord(out.graph, root, reader, to));
       }
-      if (to.ep != 0) {  // rank r's place at (m, ep), as DeepSpeed's run there records it
-        UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, to.at.placement.order, r, reader));
+      if (to.ep != 0) {  // rank (t, r)'s place at (tp, m, ep), as DeepSpeed's run there records it
+        UCP_RETURN_IF_ERROR(SetAutoEpLayers(out.graph, root, to.at.placement.order,
+                                            to.at.placement.WorldRank(t, r), reader));
         UCP_RETURN_IF_ERROR(
             SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", to.ep, reader));
+        UCP_RETURN_IF_ERROR(SetFoldingAt(out.graph, root, reader, to, t, r));
       }
       // engine._get_shared_params fills the map on global rank 0 only.
       if (r > 0 || t > 0) {
@@ -1623,7 +1706,9 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
     if (to.ep != 0) {
       UCP_RETURN_IF_ERROR(
           SetConfigValue(out.graph, root, "expert_parallel", "autoep_size", to.ep, reader));
-      UCP_RETURN_IF_ERROR(SetPartitionGroups(out.graph, dict, to.at.placement, r, facts, reader));
+      UCP_RETURN_IF_ERROR(
+          SetPartitionGroups(out.graph, dict, to.at.placement, t, r, facts, reader));
+      UCP_RETURN_IF_ERROR(SetFoldingAt(out.graph, root, reader, to, t, r));
     }
     Value* inner = dict->Get(kOsd);
     Value* states = inner == nullptr ? nullptr : inner->Get("state");
@@ -1671,12 +1756,11 @@ Status PlanOptimStates(const AtomIndex& index, const std::string& tag_dir, const
           continue;
         }
         const std::string key = g == model ? tensor->storage->key : keys.Next();
-        const bool experts = to.at.placement.IsExpertGroup(g);
+        const ExpertPlacement& placement = to.at.placement;
         UCP_ASSIGN_OR_RETURN(
             replaced[key],
-            PartitionSegments(index, to.at, layout, state, to.at.placement.PartitionRank(g, r),
-                              ItemSize(tensor->dtype),
-                              experts ? to.at.placement.order.ExpertRank(r) : t));
+            PartitionSegments(index, to.at, layout, state, placement.PartitionRank(g, t, r),
+                              ItemSize(tensor->dtype), placement.Holder(g, t, r)));
         UCP_ASSIGN_OR_RETURN(
             *slot, TensorLike(out.graph, *tensor, key, {layout.partition}, layout.partition));
       }
@@ -1756,7 +1840,7 @@ Result<Zero3Tag> ReadTag(const std::string& tag_dir) {
   UCP_ASSIGN_OR_RETURN(tag.grid, GridOf(tag_dir, listing, head));
   UCP_ASSIGN_OR_RETURN(tag.ranks, ReadRanks(tag_dir, tag.grid, std::move(head), tag.placement));
   UCP_RETURN_IF_ERROR(CheckSubGroups(tag.ranks, tag.placement));
-  UCP_ASSIGN_OR_RETURN(tag.slices, SliceMaps(tag.ranks, tag.vocab, tag.megatron));
+  UCP_ASSIGN_OR_RETURN(tag.slices, SliceMaps(tag.ranks, tag.placement, tag.vocab, tag.megatron));
   return tag;
 }
 
@@ -1854,20 +1938,22 @@ Status AddTrainableAtoms(const Zero3Tag& tag, AtomIndexContents& c, IndexRecords
                                   "a slice of " + ShapeText(LocalShape(geometry, t)));
           }
         }
-        if (tp > 1 || tag.megatron) records.shard_maps[name] = MapJson(map);
+        if ((tp > 1 || tag.megatron) && !experts) records.shard_maps[name] = MapJson(map);
         // Who holds the parameter's slices: every expert-parallel rank its rows, partitioned over
         // its expert-data-parallel ranks; every TP rank of a split its slice, over its DP ranks.
         const uint32_t holders = experts ? placement.ep : map.rule == Rule::kSplit ? tp : 1;
         // Every DP piece of every holder's slice of the state that `tensor_of` gives.
         const auto add_pieces = [&](Atom& atom, const auto& tensor_of) -> Status {
           for (uint32_t h = 0; h < holders; ++h) {
-            const uint32_t t = experts ? 0 : h;
             std::vector<std::pair<uint32_t, const TorchTensor*>> per_rank;
             for (uint32_t q = 0; q < parts; ++q) {
-              const uint32_t r = experts ? placement.order.Rank(h, q) : q;
+              const auto [t, r] =
+                  experts ? placement.Coordinates(placement.order.Rank(h, q)) : std::pair{h, q};
               per_rank.emplace_back(tag.OptimFile(t, r), tensor_of(ranks[t].optims[r]));
             }
-            UCP_RETURN_IF_ERROR(AddPieceFragments(atom, layouts[t], k, per_rank, map, geometry, h));
+            // An expert group's layout is every TP rank's.
+            UCP_RETURN_IF_ERROR(
+                AddPieceFragments(atom, layouts[experts ? 0 : h], k, per_rank, map, geometry, h));
           }
           return Status::Ok();
         };
@@ -2083,19 +2169,45 @@ Result<ArchiveOutput> UniversalZero3OptimizerState(const TorchArchiveReader& rea
 }
 
 // Every rank's model states: copied, or with AutoEP as ds_to_universal saves them again
-// (UniversalZero3AutoEpModelStates).
+// (MarkUniversalZero3AutoEp). A tag of AutoEP folded over AutoTP (which ds_to_universal does not
+// convert) has them as a run at tp 1 over its ranks writes them, the reshard's there, as ucp's
+// ZeRO-1/2 folded export has: DeepSpeed's universal load runs at tp 1 (a folded run refuses model
+// states of another grid than its own).
 Status AddUniversalZero3ModelStates(const AtomIndex& index, const std::string& tag_dir,
                                     const IndexFacts& facts, OutputPlan& plan) {
-  for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
-    const std::string path = Zero3ModelStatesName(i % facts.dp, i / facts.dp);
-    if (facts.placement.ep == 0) {
-      plan.copies.push_back({path, facts.model_files[i]});
-      continue;
+  const uint32_t ep = facts.placement.ep;
+  if (ep == 0) {
+    for (uint32_t i = 0; i < facts.model_files.size(); ++i) {
+      plan.copies.push_back(
+          {Zero3ModelStatesName(i % facts.dp, i / facts.dp), facts.model_files[i]});
     }
-    UCP_ASSIGN_OR_RETURN(ArchiveOutput model,
-                         UniversalZero3AutoEpModelStates(index, tag_dir, facts.model_files[i]));
-    model.path = path;
-    plan.archives.push_back(std::move(model));
+    return Status::Ok();
+  }
+  if (facts.tp > 1) {
+    const uint32_t world = facts.dp * facts.tp;
+    UCP_ASSIGN_OR_RETURN(const ReshardLayout to,
+                         LayoutAtTarget(index, tag_dir, facts, {world, 1, 1, world, 3, ep}, ep));
+    OutputPlan models;
+    UCP_RETURN_IF_ERROR(PlanModelStates(index, tag_dir, facts, to, models));
+    // Every one made from rank (0, 0)'s.
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader,
+                         OpenSource(index, tag_dir, facts.model_file));
+    for (ArchiveOutput& model : models.archives) {
+      UCP_RETURN_IF_ERROR(MarkUniversalZero3AutoEp(model.graph, model.graph.root(), reader));
+      plan.archives.push_back(std::move(model));
+    }
+    return Status::Ok();
+  }
+  for (uint32_t r = 0; r < facts.dp; ++r) {
+    const uint32_t file = facts.model_files[r];
+    UCP_ASSIGN_OR_RETURN(const TorchArchiveReader reader, OpenSource(index, tag_dir, file));
+    ArchiveOutput out;
+    out.path = Zero3ModelStatesName(r, 0);
+    Value* root = out.graph.Import(reader.root());
+    out.graph.set_root(root);
+    UCP_RETURN_IF_ERROR(MarkUniversalZero3AutoEp(out.graph, root, reader));
+    UCP_ASSIGN_OR_RETURN(out.storages, CollectStorages(root, reader, file, {}));
+    plan.archives.push_back(std::move(out));
   }
   return Status::Ok();
 }
