@@ -413,7 +413,10 @@ def check_zero3(report, args, env, work):
                  f'{output[-500:]}')
 
 
-FOLDED_ZERO3 = ZERO3 + ['--tp', '2']
+# Frozen dense parameters, one split over TP and one replicated: at another TP degree their
+# frozen_param_shapes entries are written as DeepSpeed writes them under AutoEP (tuples).
+FOLDED_FROZEN = ['--freeze', r'layers\.0\.input_layernorm|layers\.1\.self_attn\.q_proj']
+FOLDED_ZERO3 = ZERO3 + FOLDED_FROZEN + ['--tp', '2']
 
 
 def folded_zero3_gather(tag_dir):
@@ -428,7 +431,8 @@ def folded_zero3_gather(tag_dir):
     def load(name):
         return ds_objects.load(os.path.join(tag_dir, name))
     model0 = load('zero_pp_rank_0_mp_rank_00_model_states.pt')
-    tp, dense_dp, ep = model0['mp_world_size'], model0['dp_world_size'], model0['folding']['ep_size']
+    tp, dense_dp = model0['mp_world_size'], model0['dp_world_size']
+    ep = model0['folding']['ep_size']
     world = tp * dense_dp
     models = {(t, d): load(f'zero_pp_rank_{d}_mp_rank_{t:02d}_model_states.pt')
               for t in range(tp) for d in range(dense_dp)}
@@ -472,8 +476,8 @@ def folded_zero3_gather(tag_dir):
 
 def check_folded_zero3(report, args, env, work):
     """AutoEP folded over AutoTP under ZeRO-3 (--tp 2, which ds_to_universal refuses): a T=2 E=2
-    save at 4 ranks (dense DP 2, expert DP 2), saved at step 3 under the preload and trained on to
-    step 5.
+    save at 4 ranks (dense DP 2, expert DP 2; two dense parameters frozen, FOLDED_FROZEN), saved
+    at step 3 under the preload and trained on to step 5.
       - The index built at save is `ucp index`'s: each dense atom whole (AutoTP's logical shape),
         each fused expert parameter one atom of all its experts' rows.
       - `ucp export` = folded_zero3_gather, every parameter and state bit for bit; its model
@@ -521,8 +525,8 @@ def check_folded_zero3(report, args, env, work):
                                             'deepspeed-universal', '--out', export)
     if report.check(status == 0, f'folded ZeRO-3: ucp export exited {status}: {output[-2000:]}'):
         gathered = folded_zero3_gather(tag_dir)
-        # 17 dense parameters and 6 fused expert ones, 3 states each.
-        report.check(len(gathered) == 3 * (17 + 6), f'folded ZeRO-3: gathered {len(gathered)}')
+        # 15 trainable dense parameters and 6 fused expert ones, 3 states each.
+        report.check(len(gathered) == 3 * (15 + 6), f'folded ZeRO-3: gathered {len(gathered)}')
         for (name, state), expected in sorted(gathered.items()):
             path = os.path.join(export, 'zero', name, f'{state}.pt')
             got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
@@ -539,8 +543,9 @@ def check_folded_zero3(report, args, env, work):
         print(f'folded ZeRO-3: ucp export = the save gathered ({len(gathered)} tensors), its '
               'model states a tp 1 run\'s')
     resaved, loaded = run_trainer(args, env, work, 'folded_z3_universal_load', 4, 2,
-                                  ZERO3 + ['--load_dir', os.path.dirname(export), '--load_tag',
-                                           TAG, '--universal', '--save_step', str(STEPS)],
+                                  ZERO3 + FOLDED_FROZEN +
+                                  ['--load_dir', os.path.dirname(export), '--load_tag', TAG,
+                                   '--universal', '--save_step', str(STEPS)],
                                   steps=STEPS + 1)
     step = STEPS + 1
     report.check(step in loaded and abs(loaded[step] - uninterrupted[step]) <= RESUME_TOLERANCE,
@@ -571,12 +576,11 @@ def check_folded_zero3(report, args, env, work):
     with open(config, 'w') as f:
         json.dump({'tensor_parallel': {'autotp_size': 4},
                    'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
-    live_saved, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work,
-                                  'folded_z3_live', 4, None,
-                                  ZERO3 + ['--tp', '4', '--deepspeed_config', config,
-                                           '--load_dir', os.path.dirname(tag_dir),
-                                           '--load_tag', TAG, '--save_step', str(STEPS)],
-                                  steps=STEPS + 2)
+    live_saved, got = run_trainer(
+        args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_z3_live', 4, None,
+        ZERO3 + FOLDED_FROZEN + ['--tp', '4', '--deepspeed_config', config, '--load_dir',
+                                 os.path.dirname(tag_dir), '--load_tag', TAG, '--save_step',
+                                 str(STEPS)], steps=STEPS + 2)
     check_served(report, 'folded ZeRO-3: t4e2', got,
                  {s: v for s, v in uninterrupted.items() if s > STEPS},
                  os.path.join(tag_dir, '.ucp', 'views', 'tp4-pp1-dp1-ep2'),

@@ -937,6 +937,15 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
   return out;
 }
 
+// `shape` as the source wrote the shape `as`: a torch.Size, or a tuple (DeepSpeed 0.19's ZeRO-3
+// with AutoEP).
+Value* ShapeLike(pickle::Graph& graph, const Value& as, const Shape& shape) {
+  if (as.kind() != Kind::kTuple) return SizeNode(graph, shape);
+  std::vector<Value*> dims;
+  for (const uint64_t dim : shape) dims.push_back(graph.Int(static_cast<int64_t>(dim)));
+  return graph.Tuple(std::move(dims));
+}
+
 // frozen_param_shapes' entry of `name` in a model states' `root` set to `shape`: rank (0, 0)'s
 // file is every TP rank's template at another TP degree.
 Status SetFrozenShape(pickle::Graph& graph, Value* root, const std::string& name,
@@ -945,7 +954,7 @@ Status SetFrozenShape(pickle::Graph& graph, Value* root, const std::string& name
   if (shapes != nullptr && shapes->kind() == Kind::kObject) {
     for (pickle::Mutation& mutation : shapes->mutable_mutations()) {
       if (mutation.op == pickle::Mutation::Op::kSetItem && KeyText(mutation.first) == name) {
-        mutation.second = SizeNode(graph, shape);
+        mutation.second = ShapeLike(graph, *mutation.second, shape);
         return Status::Ok();
       }
     }
@@ -1039,17 +1048,8 @@ Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupL
       if (it == items.end()) return FieldError(reader, "param_shapes/" + group.names[k], "missing");
       dict->mutable_mutations().push_back(it->second);
       if (resized) {
-        // As the source wrote it: a torch.Size, or a tuple (DeepSpeed 0.19's ZeRO-3 with AutoEP).
         Value*& shape = dict->mutable_mutations().back().second;
-        if (shape->kind() == Kind::kTuple) {
-          std::vector<Value*> dims;
-          for (const uint64_t dim : group.shapes[k]) {
-            dims.push_back(graph.Int(static_cast<int64_t>(dim)));
-          }
-          shape = graph.Tuple(std::move(dims));
-        } else {
-          shape = SizeNode(graph, group.shapes[k]);
-        }
+        shape = ShapeLike(graph, *shape, group.shapes[k]);
       }
     }
     regrouped.push_back(dict);
