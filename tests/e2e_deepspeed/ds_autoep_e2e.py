@@ -90,6 +90,10 @@ TRAINER = os.path.join(HERE, 'train_autoep.py')
 TARGETS = ((2, 2), (2, 1), (4, 4))
 LIVE = ((2, 2), (2, 1))
 ZERO3 = ['--zero_stage', '3']
+# The folded saves' frozen dense parameters, one split over TP and one replicated: ZeRO-1/2 keeps
+# them in each lane's module alone (a split one's slices placed by AutoTP's affine map); ZeRO-3's
+# frozen_param_shapes at another TP degree are tuples, as DeepSpeed writes them under AutoEP.
+FOLDED_FROZEN = ['--freeze', r'layers\.0\.input_layernorm|layers\.1\.self_attn\.q_proj']
 # A resume at another DP and E against the uninterrupted run: the losses after the first resumed
 # step may differ by the rounding of an update summed in another order.
 RESUME_TOLERANCE = 1e-6
@@ -413,9 +417,6 @@ def check_zero3(report, args, env, work):
                  f'{output[-500:]}')
 
 
-# Frozen dense parameters, one split over TP and one replicated: at another TP degree their
-# frozen_param_shapes entries are written as DeepSpeed writes them under AutoEP (tuples).
-FOLDED_FROZEN = ['--freeze', r'layers\.0\.input_layernorm|layers\.1\.self_attn\.q_proj']
 FOLDED_ZERO3 = ZERO3 + FOLDED_FROZEN + ['--tp', '2']
 
 
@@ -688,7 +689,8 @@ def folded_gather(tag_dir):
                        name, state).view(local) for e in range(ep)])
     module = {}
     for name, tensor in model0['module'].items():
-        if name not in model0['param_shapes'][0]:
+        # Each dense parameter's, frozen ones' too (the router's unused gate has no AutoTP record).
+        if not any(re.fullmatch(pattern, name) for pattern in affine):
             continue
         whole = whole_shape(name)
         split = [d for d in range(len(whole)) if whole[d] != tensor.shape[d]]
@@ -698,20 +700,21 @@ def folded_gather(tag_dir):
 
 
 def check_folded_export(report, args, tag_dir, export):
-    """`ucp export` of a folded save against folded_gather: every dense and expert parameter's
-    fp32, exp_avg and exp_avg_sq bit for bit; the model states a tp 1 run's: every dense module
-    tensor whole (the lanes' slices joined), no folding dict, mp_world_size and tp_degree 1,
-    dp_world_size every rank, no ds_config tensor_parallel, and of universal_checkpoint_info
-    AutoEP's three entries."""
+    """`ucp export` of a folded save against folded_gather: every trained dense and expert
+    parameter's fp32, exp_avg and exp_avg_sq bit for bit; the model states a tp 1 run's: every
+    dense module tensor whole (the lanes' slices joined; the frozen ones' too), no folding dict,
+    mp_world_size and tp_degree 1, dp_world_size every rank, no ds_config tensor_parallel, and of
+    universal_checkpoint_info AutoEP's three entries."""
     status, output = harness.run_ucp_output(args.ucp, 'export', tag_dir, '--format',
                                             'deepspeed-universal', '--out', export)
     if not report.check(status == 0, f'folded: ucp export exited {status}: {output[-2000:]}'):
         return False
     gathered, module, world = folded_gather(tag_dir)
     failures = len(report.failures)
-    # 17 dense parameters (embedding, head, final norm, per layer q/k/v/o, router, 2 norms) and 6
-    # fused expert ones (w1/w2/w3 of 2 layers), 3 states each.
-    report.check(len(gathered) == 3 * (17 + 6), f'folded: gathered {len(gathered)} tensors')
+    # 17 dense parameters (embedding, head, final norm, per layer q/k/v/o, router, 2 norms) but
+    # the 2 frozen, and 6 fused expert ones (w1/w2/w3 of 2 layers), 3 states each; the module's 17.
+    report.check(len(gathered) == 3 * (15 + 6) and len(module) == 17,
+                 f'folded: gathered {len(gathered)} tensors, {len(module)} module tensors')
     for (name, state), expected in sorted(gathered.items()):
         path = os.path.join(export, 'zero', name, f'{state}.pt')
         got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
@@ -720,9 +723,13 @@ def check_folded_export(report, args, tag_dir, export):
                      f'folded export: {name}/{state} is not the gather of the lanes\' slices')
     states = ds_objects.load(os.path.join(export, 'mp_rank_00_model_states.pt'))
     for name, expected in module.items():
+        # A trained parameter's param_shapes entry is its whole shape; a frozen one has none.
+        listed = states['param_shapes'][0].get(name)
+        trained = (name, 'fp32') in gathered
         report.check(torch.equal(states['module'][name], expected) and
-                     list(states['param_shapes'][0][name]) == list(expected.shape),
-                     f'folded export: module/{name} is not the lanes\' slices joined')
+                     (list(listed) == list(expected.shape) if trained else listed is None),
+                     f'folded export: module/{name} is not the lanes\' slices joined, or its '
+                     f'param_shapes entry {listed} not its whole shape')
     report.check('folding' not in states and states['mp_world_size'] == 1 and
                  states['checkpoint_parallel_dimensions']['tp_degree'] == 1 and
                  states['dp_world_size'] == world and
@@ -741,8 +748,9 @@ def check_folded_export(report, args, tag_dir, export):
 
 def check_folded_refusals(report, args, tag_dir, work):
     """A folded tag's files that do not make its grid, or whose TP lanes hold unlike copies of a
-    parameter AutoTP replicates, are refused naming the file and the field; so are targets
-    DeepSpeed does not fold (E = 1, a pipeline, an E that does not divide the world)."""
+    parameter AutoTP replicates (trained or frozen), are refused naming the file and the field;
+    so are targets DeepSpeed does not fold (E = 1, a pipeline, an E that does not divide the
+    world)."""
     def variant(name, change):
         copy = harness.copy_tag(tag_dir, os.path.join(work, f'folded_{name}', TAG))
         shutil.rmtree(os.path.join(copy, '.ucp'), ignore_errors=True)
@@ -761,14 +769,23 @@ def check_folded_refusals(report, args, tag_dir, work):
         states = ds_objects.load(path)
         states['folding']['tp_rank'] = 0
         ds_objects.save(states, path)
-    def unlike_replica(copy):
-        path = os.path.join(copy, 'mp_rank_01_model_states.pt')
-        states = ds_objects.load(path)
-        states['module']['model.norm.weight'] += 1
-        ds_objects.save(states, path)
+
+    def edited_on_lane_1(name):
+        def edit(copy):
+            path = os.path.join(copy, 'mp_rank_01_model_states.pt')
+            states = ds_objects.load(path)
+            states['module'][name] += 1
+            ds_objects.save(states, path)
+        return edit
     for name, change, expected in (
-            ('unlike_replica', unlike_replica, 'model.norm.weight: AutoTP\'s affine map has every '
-             'TP rank hold it whole, but its bit16 of TP lane 1 differs from lane 0\'s'),
+            ('unlike_replica', edited_on_lane_1('model.norm.weight'),
+             'model.norm.weight: AutoTP\'s affine map has every TP rank hold it whole, but its '
+             'bit16 of TP lane 1 differs from lane 0\'s'),
+            # A frozen parameter (in the module alone) AutoTP replicates.
+            ('unlike_frozen', edited_on_lane_1('model.layers.0.input_layernorm.weight'),
+             'module/model.layers.0.input_layernorm.weight: not in the optimizer\'s groups (a '
+             'frozen parameter or a buffer) and its TP lanes\' copies differ, and AutoTP\'s affine '
+             'map does not split it'),
             ('without_expert', without_expert, 'layer_1_expert_2_mp_rank_01_model_states.pt: not '
              'found (a folded save at tp 2, ep 2 writes it)'),
             ('extra_expert', extra_expert, 'layer_0_expert_0_mp_rank_01_model_states.pt: no rank '
@@ -823,8 +840,8 @@ def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
     with open(config, 'w') as f:
         json.dump({'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
     _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_live', 2,
-                         None, ['--deepspeed_config', config, '--load_dir',
-                                os.path.dirname(tag_dir), '--load_tag', TAG],
+                         None, FOLDED_FROZEN + ['--deepspeed_config', config, '--load_dir',
+                                                os.path.dirname(tag_dir), '--load_tag', TAG],
                          steps=STEPS + 2, save=False)
     check_served(report, 'folded: tp1dp2ep2', got, oracle,
                  os.path.join(tag_dir, '.ucp', 'views', 'tp1-pp1-dp2-ep2'), resharded, logs)
@@ -835,9 +852,9 @@ def check_folded_live(report, args, env, work, tag_dir, oracle, resharded):
 
 
 def compare_folded(report, case, expected, got, racing=False):
-    """The folded tag folder `got` holds `expected`'s files, every object and bit alike but the run's
-    micro batch and, with `racing`, the expert files' zero_partition_rank (two ranks write each,
-    and whichever lands last gives it)."""
+    """The folded tag folder `got` holds `expected`'s files, every object and bit alike but the
+    run's micro batch and, with `racing`, the expert files' zero_partition_rank (two ranks write
+    each, and whichever lands last gives it)."""
     names = sorted(n for n in os.listdir(expected) if n.endswith('.pt'))
     report.check(sorted(n for n in os.listdir(got) if n.endswith('.pt')) == names,
                  f'{case}: files {sorted(os.listdir(got))} vs {names}')
@@ -867,8 +884,9 @@ def check_folded_grids(report, args, env, work, tag_dir, uninterrupted):
     if not reshard_to(report, args, tag_dir, 'tp=4,dp=1,ep=2', t4e2):
         return
     resaved, loaded = run_trainer(args, env, work, 'folded_t4e2_load', 4, 2,
-                                  ['--tp', '4', '--load_dir', t4e2, '--load_tag', TAG,
-                                   '--save_step', str(STEPS)], steps=STEPS + 2)
+                                  FOLDED_FROZEN + ['--tp', '4', '--load_dir', t4e2, '--load_tag',
+                                                   TAG, '--save_step', str(STEPS)],
+                                  steps=STEPS + 2)
     compare_folded(report, 'folded -> t4e2', resaved, os.path.join(t4e2, TAG))
     step = STEPS + 1
     report.check(step in loaded and abs(loaded[step] - uninterrupted[step]) < 1e-5,
@@ -889,8 +907,9 @@ def check_folded_grids(report, args, env, work, tag_dir, uninterrupted):
         json.dump({'tensor_parallel': {'autotp_size': 4},
                    'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
     _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_t4e2_live',
-                         4, None, ['--tp', '4', '--deepspeed_config', config, '--load_dir',
-                                   os.path.dirname(tag_dir), '--load_tag', TAG],
+                         4, None, FOLDED_FROZEN + ['--tp', '4', '--deepspeed_config', config,
+                                                   '--load_dir', os.path.dirname(tag_dir),
+                                                   '--load_tag', TAG],
                          steps=STEPS + 2, save=False)
     check_served(report, 'folded: t4e2', got, loaded,
                  os.path.join(tag_dir, '.ucp', 'views', 'tp4-pp1-dp1-ep2'),
@@ -903,10 +922,12 @@ def check_folded(report, args, env, work):
       - T=2 E=2 at 2 ranks under the preload writes DeepSpeed's files byte for byte, trains
         bit-identically to the run without it, and commits an index. (At a dense DP above 1 two
         ranks write each expert file and race, so the bytes are compared here.)
-      - T=2 E=2 at 4 ranks (dense DP 2, expert DP 2) saved at step 3 under the preload, trained on
-        to step 4: the index built at save is `ucp index`'s, each dense atom whole (AutoTP's
-        logical shape), each expert's rows an atom as at T=1; `ucp export` is the lanes' slices
-        gathered here (check_folded_export); DeepSpeed's universal load of it at T=1 (DP 2, E 2)
+      - T=2 E=2 at 4 ranks (dense DP 2, expert DP 2; FOLDED_FROZEN's two dense parameters frozen)
+        saved at step 3 under the preload, trained on to step 4: the index built at save is `ucp
+        index`'s, each dense atom whole (AutoTP's logical shape; a frozen one split over TP its
+        bit16 atom from the lanes' module slices), each expert's rows an atom as at T=1; `ucp
+        export` is the lanes' slices gathered here (check_folded_export); DeepSpeed's universal
+        load of it at T=1 (DP 2, E 2)
         trains step 4 bit-identically to the folded run's step 4; `ucp reshard` of the folded tag
         to T=1 DP=2 E=2 writes DeepSpeed's own files there (that universal load, saved again
         before it trains: every object and bit but its micro batch and load_universal); other
@@ -932,7 +953,7 @@ def check_folded(report, args, env, work):
     logs = os.path.join(work, 'logs_folded_w4')
     tag_dir, uninterrupted = run_trainer(
         args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_w4', 4, 2,
-        folded + ['--save_step', str(STEPS)], steps=STEPS + 1)
+        folded + FOLDED_FROZEN + ['--save_step', str(STEPS)], steps=STEPS + 1)
     index = os.path.join(tag_dir, '.ucp', 'index.json')
     if not report.check(os.path.isfile(index), f'folded W=4: no index committed at save:\n'
                         f'{ds_e2e.log_tail(logs)}'):
@@ -953,8 +974,9 @@ def check_folded(report, args, env, work):
     export = os.path.join(work, 'folded_export', TAG)
     if check_folded_export(report, args, tag_dir, export):
         resaved, loaded = run_trainer(args, env, work, 'folded_universal_load', 2, 2,
-                                      ['--load_dir', os.path.dirname(export), '--load_tag', TAG,
-                                       '--universal', '--save_step', str(STEPS)],
+                                      FOLDED_FROZEN + ['--load_dir', os.path.dirname(export),
+                                                       '--load_tag', TAG, '--universal',
+                                                       '--save_step', str(STEPS)],
                                       steps=STEPS + 2)
         step = STEPS + 1
         report.check(step in loaded and ds_e2e.float32_bits(loaded[step]) ==

@@ -979,6 +979,9 @@ struct MoeStage {
   std::vector<GroupLayout> local;                // per EP rank, local names
   std::vector<GroupLayout> global;               // per EP rank, global names
   Partitioning expert_p;
+  // TP lanes: the module tensors outside the groups whose lanes' copies differ (frozen parameters
+  // split over TP, which ZeRO-1/2 keeps in the module alone), each indexed as its bit16 atom.
+  std::vector<std::string> frozen_split;
 
   const MoeLane& first_lane() const { return lanes.front(); }
   const TorchArchiveReader& model() const { return *lanes.front().model; }
@@ -1725,6 +1728,30 @@ Result<std::optional<std::string>> DifferingLane(const MoeTag& tag, const MoeSta
   return std::optional<std::string>();
 }
 
+// The bit16 atom of parameter `name` (`shape` whole, its slices placed by `map` and `geometry`)
+// from `modules`: the module tensor of each lane holding a slice of it (lane t's slice t; lane 0's
+// alone where every lane holds it whole), each with its field for errors.
+Status AddModuleAtom(const MoeTag& tag, const std::string& name, const ShardMap& map,
+                     const Geometry& geometry, const Shape& shape,
+                     const std::vector<std::pair<TagTensor, std::string>>& modules,
+                     AtomIndexContents& c) {
+  const TagTensor& module0 = modules.front().first;
+  Atom bit16{name, "bit16", module0.tensor->dtype, shape, {}};
+  for (uint32_t t = 0; t < modules.size(); ++t) {
+    const auto& [module, field] = modules[t];
+    if (module.tensor->dtype != bit16.dtype || !module.tensor->contiguous()) {
+      return Status::Corrupt(Prefix(tag.dir + "/" + tag.paths[module.file]) + field +
+                             ": not contiguous, or its dtype differs from " +
+                             tag.paths[module0.file] + "'s");
+    }
+    UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
+                                          module.file, module.tensor->file_offset(),
+                                          module.tensor->dtype));
+  }
+  c.atoms.push_back(std::move(bit16));
+  return Status::Ok();
+}
+
 // Phase 5 of a tag of TP lanes, parameters of group g that each lane holds slices of (`lanes`:
 // where): each parameter's atoms whole (AutoTP's logical shape; a vocabulary's unpadded), from
 // every lane's slices where the rules split it and from lane 0's where every lane holds it whole
@@ -1810,20 +1837,47 @@ Status AddLaneAtoms(const MoeTag& tag, const MoeStage& stage, size_t g, const La
       }
       c.atoms.push_back(std::move(atom));
     }
-    const TagTensor module0 = slices.front().bit16(name);
-    Atom bit16{name, "bit16", module0.tensor->dtype, shape, {}};
+    std::vector<std::pair<TagTensor, std::string>> modules;
     for (uint32_t t = 0; t < split_lanes; ++t) {
-      const TagTensor module = slices[t].bit16(name);
-      if (module.tensor->dtype != bit16.dtype || !module.tensor->contiguous()) {
-        return Status::Corrupt(
-            Prefix(tag.dir + "/" + tag.paths[module.file]) + slices[t].field_prefix + name +
-            ": not contiguous, or its dtype differs from " + tag.paths[module0.file] + "'s");
-      }
-      UCP_RETURN_IF_ERROR(AddSliceFragments(bit16, map, geometry, t, 0, module.tensor->numel(),
-                                            module.file, module.tensor->file_offset(),
-                                            module.tensor->dtype));
+      modules.emplace_back(slices[t].bit16(name), slices[t].field_prefix + name);
     }
-    c.atoms.push_back(std::move(bit16));
+    UCP_RETURN_IF_ERROR(AddModuleAtom(tag, name, map, geometry, shape, modules, c));
+  }
+  return Status::Ok();
+}
+
+// A frozen parameter split over TP lanes (stage.frozen_split: in each lane's module alone): its
+// bit16 atom whole from the lanes' slices, by its map (`tp_params` gets it).
+Status AddFrozenSplitAtoms(const MoeTag& tag, const MoeStage& stage, std::set<std::string>& seen,
+                           AtomIndexContents& c, nlohmann::json& tp_params) {
+  for (const std::string& name : stage.frozen_split) {
+    if (!seen.insert(name).second) {
+      return FieldError(stage.model(), "module/" + name, "a parameter of a group, and frozen");
+    }
+    const ShardMap& map = tag.autotp.maps.at(name);
+    tp_params[name] = MapJson(map);
+    const Shape& shape = tag.autotp.whole_shapes.at(name);
+    UCP_ASSIGN_OR_RETURN(const Geometry geometry,
+                         GeometryAt(name, map, shape, tag.tp(), tag.vocab, map.blocks));
+    std::vector<std::pair<TagTensor, std::string>> modules;
+    for (uint32_t t = 0; t < tag.tp(); ++t) {
+      const MoeLane& lane = stage.lanes[t];
+      const TorchTensor* tensor = lane.module.at(name);
+      if (tensor->shape != LocalShape(geometry, t)) {
+        return FieldError(*lane.model, "module/" + name,
+                          ShapeText(tensor->shape) + ", but " + std::string(tag.RuleSource()) +
+                              " gives TP rank " + std::to_string(t) + " " +
+                              ShapeText(LocalShape(geometry, t)));
+      }
+      // A reshard writes the slice as the whole of the template's storage.
+      if (tensor->storage_offset != 0 || tensor->storage->numel != tensor->numel()) {
+        return Status::Unsupported(Prefix(lane.model->path()) + "module/" + name +
+                                   ": a frozen parameter split over the TP ranks that shares its "
+                                   "storage with other tensors; not supported");
+      }
+      modules.emplace_back(TagTensor{tensor, lane.model_file}, "module/" + name);
+    }
+    UCP_RETURN_IF_ERROR(AddModuleAtom(tag, name, map, geometry, shape, modules, c));
   }
   return Status::Ok();
 }
@@ -1867,12 +1921,32 @@ Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std:
   return Status::Ok();
 }
 
+// Whether lane `a`'s module tensor `name`, `x`, and lane `b`'s, `y`, are alike: dtype, shape and
+// bytes.
+Result<bool> SameTensorBytes(const std::string& name, const MoeLane& a, const TorchTensor* x,
+                             const MoeLane& b, const TorchTensor* y) {
+  if (x == y) return true;
+  if (x->dtype != y->dtype || x->shape != y->shape) return false;
+  for (const auto& [lane, tensor] : {std::pair{&a, x}, std::pair{&b, y}}) {
+    if (!tensor->contiguous()) {
+      return FieldError(*lane->model, "module/" + name,
+                        "not contiguous (a tensor outside the optimizer's groups)");
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const std::string left,
+                       ReadRange(a.model->path(), x->file_offset(), x->byte_size()));
+  UCP_ASSIGN_OR_RETURN(const std::string right,
+                       ReadRange(b.model->path(), y->file_offset(), y->byte_size()));
+  return left == right;
+}
+
 // Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter (and with expert
 // tensor parallelism each expert's). A folded tag's from AutoTP's record (lane 0's affine map):
 // AutoTP's two whole-rank layouts (replicated, or one split dimension), no vocabulary padding; an
-// mpu's TP from ResolveMpuMaps. Every lane's module tensor outside the groups (the router's unused
-// gate) whole and alike in shape on every lane (ds_to_universal and a reshard take lane 0's).
-Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
+// mpu's TP from ResolveMpuMaps. Every lane's module tensor outside the groups (buffers, the
+// router's unused gate) alike on every lane (ds_to_universal and a reshard take lane 0's), but
+// frozen parameters split over TP (stage.frozen_split), which the same record must split.
+Status ResolveFoldedMaps(MoeTag& tag, MoeStage& stage) {
   std::vector<std::string> names;
   std::set<std::string> grouped;
   for (size_t g = 0; g < stage.groups; ++g) {
@@ -1900,18 +1974,48 @@ Status ResolveFoldedMaps(MoeTag& tag, const MoeStage& stage) {
       }
     }
   }
+  // The module tensors outside the groups (buffers, the router's unused gate, frozen parameters):
+  // those alike on every lane are carried with lane 0's file; those whose lanes' copies differ
+  // are frozen parameters split over TP, placed by their rules.
+  std::vector<std::string> differing;
   for (const auto& [name, tensor] : stage.first_lane().module) {
     if (grouped.contains(name) || tensor == nullptr) continue;
+    bool alike = true;
     for (const MoeLane& lane : stage.lanes) {
       const auto it = lane.module.find(name);
-      if (it == lane.module.end() || it->second == nullptr || it->second->shape != tensor->shape ||
-          it->second->dtype != tensor->dtype) {
+      if (it == lane.module.end() || it->second == nullptr) {
         return FieldError(*lane.model, "module/" + name,
-                          "missing or unlike " + stage.model_name() +
-                              "'s (a tensor outside the groups must be whole on every TP rank)");
+                          "missing (" + stage.model_name() + " has it)");
       }
+      UCP_ASSIGN_OR_RETURN(const bool same,
+                           SameTensorBytes(name, stage.first_lane(), tensor, lane, it->second));
+      alike = alike && same;
+    }
+    if (!alike) differing.push_back(name);
+  }
+  if (differing.empty()) return Status::Ok();
+  const auto refuse = [&](const std::string& name, const std::string& why) {
+    return Status::Unsupported(Prefix(stage.model().path()) + "module/" + name +
+                               ": not in the optimizer's groups (a frozen parameter or a buffer) "
+                               "and its TP lanes' copies differ, " +
+                               why + "; ucp cannot place it at another size");
+  };
+  if (tag.stages.size() > 1) return refuse(differing.front(), "in a pipeline");
+  if (tag.mpu_tp) {
+    UCP_RETURN_IF_ERROR(ResolveMpuMaps(tag, stage, differing));
+  } else {
+    UCP_ASSIGN_OR_RETURN(deepspeed::AutoTpMaps frozen,
+                         ReadAutoTpMaps(stage.model(), tag.tp(), differing));
+    tag.autotp.maps.merge(frozen.maps);
+    tag.autotp.whole_shapes.merge(frozen.whole_shapes);
+  }
+  for (const std::string& name : differing) {
+    const ShardMap& map = tag.autotp.maps.at(name);
+    if (map.rule != Rule::kSplit || map.vocab) {
+      return refuse(name, "and " + std::string(tag.RuleSource()) + " does not split it");
     }
   }
+  stage.frozen_split = std::move(differing);
   return Status::Ok();
 }
 
@@ -1985,6 +2089,7 @@ Status AddStageGroups(const MoeTag& tag, const MoeStage& stage, std::set<std::st
     }
     c.groups.push_back(std::move(group));
   }
+  UCP_RETURN_IF_ERROR(AddFrozenSplitAtoms(tag, stage, seen, c, tp_params));
   if (tag.expert_tp()) return Status::Ok();
   for (const auto& [name, expert] : stage.expert_tensors) {
     if (!seen.insert(name).second) continue;
