@@ -448,6 +448,13 @@ Value* SizeNode(pickle::Graph& graph, const Shape& shape) {
   return graph.Object(pickle::Construction::kReduce, graph.Global("torch", "Size"),
                       graph.Tuple({graph.Tuple(std::move(dims))}));
 }
+Value* ShapeNodeLike(pickle::Graph& graph, const Value* saved, const Shape& shape) {
+  if (saved->kind() != Kind::kTuple) return SizeNode(graph, shape);
+  std::vector<Value*> extents;
+  for (const uint64_t extent : shape) extents.push_back(graph.Int(static_cast<int64_t>(extent)));
+  return graph.Tuple(std::move(extents));
+}
+
 Result<Value*> TensorLike(pickle::Graph& graph, const TorchTensor& tensor, std::string key,
                           Shape shape, uint64_t storage_numel) {
   TensorNodeSpec spec;

@@ -152,6 +152,9 @@ Status SetDictItem(pickle::Value* dict, std::string_view key, pickle::Value* val
 pickle::Value* IntList(pickle::Graph& graph, const std::vector<uint64_t>& values);
 // torch.Size((a, b, ...)) as torch pickles it.
 pickle::Value* SizeNode(pickle::Graph& graph, const Shape& shape);
+// A param_shapes (or frozen_param_shapes) entry's value `saved` for `shape`: AutoEP saves each
+// shape as a tuple, other saves a torch.Size (kept so).
+pickle::Value* ShapeNodeLike(pickle::Graph& graph, const pickle::Value* saved, const Shape& shape);
 // Writes a ZeRO-1/2 rank's partition fields into its optimizer_state_dict `dict`, one entry per
 // group: single_partition_of_fp32_groups (`fp32_partitions`), group_paddings, partition_count
 // (`partition_counts`: the ranks each group is partitioned over) and param_slice_mappings

@@ -113,9 +113,9 @@ using deepspeed::SetExpertParamRoot;
 using deepspeed::SetFolding;
 using deepspeed::SetReplicatedShapes;
 using deepspeed::SetTpDegree;
+using deepspeed::ShapeNodeLike;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
-using deepspeed::SizeNode;
 using deepspeed::SliceFlatSegments;
 using deepspeed::SliceMapping;
 using deepspeed::StateTemplates;
@@ -2306,15 +2306,6 @@ Status SliceTensors(const AtomIndex& index, const std::map<std::string, ShardMap
     }
   }
   return Status::Ok();
-}
-
-// A param_shapes entry's value `saved` for `shape`: AutoEP saves each shape as a tuple, other
-// saves a torch.Size (kept so).
-Value* ShapeNodeLike(pickle::Graph& graph, const Value* saved, const Shape& shape) {
-  if (saved->kind() != Kind::kTuple) return SizeNode(graph, shape);
-  std::vector<Value*> extents;
-  for (const uint64_t extent : shape) extents.push_back(graph.Int(static_cast<int64_t>(extent)));
-  return graph.Tuple(std::move(extents));
 }
 
 // A folded tag's lane-0 model states (imported into `graph` as its root from `reader`) with the

@@ -76,10 +76,10 @@ using deepspeed::SetBlocks;
 using deepspeed::SetConfigValue;
 using deepspeed::SetDictItem;
 using deepspeed::SetTpDegree;
+using deepspeed::ShapeNodeLike;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
-using deepspeed::SizeNode;
 using deepspeed::SplitBlocks;
 using deepspeed::StrField;
 using deepspeed::TagListing;
@@ -937,15 +937,6 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
   return out;
 }
 
-// `shape` as the source wrote the shape `as`: a torch.Size, or a tuple (DeepSpeed 0.19's ZeRO-3
-// with AutoEP).
-Value* ShapeLike(pickle::Graph& graph, const Value& as, const Shape& shape) {
-  if (as.kind() != Kind::kTuple) return SizeNode(graph, shape);
-  std::vector<Value*> dims;
-  for (const uint64_t dim : shape) dims.push_back(graph.Int(static_cast<int64_t>(dim)));
-  return graph.Tuple(std::move(dims));
-}
-
 // frozen_param_shapes' entry of `name` in a model states' `root` set to `shape`: rank (0, 0)'s
 // file is every TP rank's template at another TP degree.
 Status SetFrozenShape(pickle::Graph& graph, Value* root, const std::string& name,
@@ -954,7 +945,7 @@ Status SetFrozenShape(pickle::Graph& graph, Value* root, const std::string& name
   if (shapes != nullptr && shapes->kind() == Kind::kObject) {
     for (pickle::Mutation& mutation : shapes->mutable_mutations()) {
       if (mutation.op == pickle::Mutation::Op::kSetItem && KeyText(mutation.first) == name) {
-        mutation.second = ShapeLike(graph, *mutation.second, shape);
+        mutation.second = ShapeNodeLike(graph, mutation.second, shape);
         return Status::Ok();
       }
     }
@@ -1049,7 +1040,7 @@ Status RegroupShapes(pickle::Graph& graph, Value* root, const std::vector<GroupL
       dict->mutable_mutations().push_back(it->second);
       if (resized) {
         Value*& shape = dict->mutable_mutations().back().second;
-        shape = ShapeLike(graph, *shape, group.shapes[k]);
+        shape = ShapeNodeLike(graph, shape, group.shapes[k]);
       }
     }
     regrouped.push_back(dict);
