@@ -572,16 +572,8 @@ def check_folded_zero3(report, args, env, work):
         print('folded ZeRO-3: ucp reshard to t1 = DeepSpeed\'s resave after its universal load '
               'of ucp\'s export; to t2e2 = the save; to t4e2 and back = the save')
 
-    logs = os.path.join(work, 'logs_folded_z3_live')
-    config = os.path.join(work, 'ds_config_z3_t4e2.json')
-    with open(config, 'w') as f:
-        json.dump({'tensor_parallel': {'autotp_size': 4},
-                   'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
-    live_saved, got = run_trainer(
-        args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_z3_live', 4, None,
-        ZERO3 + FOLDED_FROZEN + ['--tp', '4', '--deepspeed_config', config, '--load_dir',
-                                 os.path.dirname(tag_dir), '--load_tag', TAG, '--save_step',
-                                 str(STEPS)], steps=STEPS + 2)
+    logs, live_saved, got = run_live_t4e2(args, env, work, 'folded_z3_live', tag_dir,
+                                          ZERO3 + FOLDED_FROZEN, save=True)
     check_served(report, 'folded ZeRO-3: t4e2', got,
                  {s: v for s, v in uninterrupted.items() if s > STEPS},
                  os.path.join(tag_dir, '.ucp', 'views', 'tp4-pp1-dp1-ep2'),
@@ -865,6 +857,25 @@ def compare_folded(report, case, expected, got, racing=False):
                                            allowed), f'{case}/{name}')
 
 
+def run_live_t4e2(args, env, work, name, tag_dir, extra, save):
+    """A plain load_checkpoint of the folded save `tag_dir` at T=4 E=2 under the preload, told the
+    grid by the trainer's --deepspeed_config file (autotp_size 4, autoep_size 2; its --tp 4 gives
+    its micro batch), with `extra` (the save's other trainer arguments), trained to step 5 and with
+    `save` saving what it loaded before it trains. Returns (ucp's log folder, the run's tag
+    folder, its losses)."""
+    logs = os.path.join(work, f'logs_{name}')
+    config = os.path.join(work, f'ds_config_{name}.json')
+    with open(config, 'w') as f:
+        json.dump({'tensor_parallel': {'autotp_size': 4},
+                   'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
+    saved, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, name, 4, None,
+                             extra + ['--tp', '4', '--deepspeed_config', config, '--load_dir',
+                                      os.path.dirname(tag_dir), '--load_tag', TAG] +
+                             (['--save_step', str(STEPS)] if save else []),
+                             steps=STEPS + 2, save=save)
+    return logs, saved, got
+
+
 def check_folded_grids(report, args, env, work, tag_dir, uninterrupted):
     """The folded T=2 E=2 save at 4 ranks resharded to other folded grids by `ucp reshard`:
       - to its own grid: the save, every object and bit (its racing expert files aside);
@@ -901,16 +912,8 @@ def check_folded_grids(report, args, env, work, tag_dir, uninterrupted):
     if len(report.failures) == failures:
         print('folded: ucp reshard to t2e2 = the save; to t4e2 = DeepSpeed\'s strict load and '
               'resave there; back = the save')
-    logs = os.path.join(work, 'logs_folded_t4e2_live')
-    config = os.path.join(work, 'ds_config_t4e2.json')
-    with open(config, 'w') as f:
-        json.dump({'tensor_parallel': {'autotp_size': 4},
-                   'expert_parallel': {'enabled': True, 'autoep_size': 2}}, f)
-    _, got = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_t4e2_live',
-                         4, None, FOLDED_FROZEN + ['--tp', '4', '--deepspeed_config', config,
-                                                   '--load_dir', os.path.dirname(tag_dir),
-                                                   '--load_tag', TAG],
-                         steps=STEPS + 2, save=False)
+    logs, _, got = run_live_t4e2(args, env, work, 'folded_t4e2_live', tag_dir, FOLDED_FROZEN,
+                                 save=False)
     check_served(report, 'folded: t4e2', got, loaded,
                  os.path.join(tag_dir, '.ucp', 'views', 'tp4-pp1-dp1-ep2'),
                  os.path.join(t4e2, TAG), logs)
