@@ -12,6 +12,10 @@ source's values; SAVEDIR/latest holds the tag.
 Round trips dp4 -> dp2 -> dp4 and dp4 -> dp1 -> dp4 must reproduce every tensor and every
 non-tensor object of the original, with no exception but one: the padding elements of a ZeRO-3
 original's flat partitions (uninitialised memory in a training save) must come back as zeros.
+
+DeepSpeed's BF16 optimizer ignores round_robin_gradients (its flat groups keep the parameters'
+order): z1_bf16_bf16opt's dp4 tag with the flag set in its config reshards to dp2 as DeepSpeed's
+resave there, every object but that config entry.
 """
 
 import re
@@ -79,4 +83,22 @@ for cfg in configs:
                 continue
             report.diffs(harness.compare_files(f"{original}/{name}", f"{second}/{TAG}/{name}"),
                          f"{what}: {name}")
+if "z1_bf16_bf16opt" in configs:
+    what = "z1_bf16_bf16opt with round_robin_gradients: dp4 -> dp2"
+    flagged = harness.copy_tag(f"{fixtures}/z1_bf16_bf16opt/dp4/{TAG}",
+                               f"{work}/round_robin_bf16opt/{TAG}")
+    states = ds_objects.load(f"{flagged}/mp_rank_00_model_states.pt")
+    states["ds_config"]["zero_optimization"]["round_robin_gradients"] = True
+    ds_objects.save(states, f"{flagged}/mp_rank_00_model_states.pt")
+    save_dir = f"{work}/round_robin_bf16opt_dp2"
+    if harness.reshard(report, ucp, flagged, "dp=2", save_dir, what):
+        expected = f"{fixtures}/z1_bf16_bf16opt/resaved/dp2_from_dp4/{TAG}"
+        for name in harness.files_under(expected):
+            want = ds_objects.load(f"{expected}/{name}")
+            if name == "mp_rank_00_model_states.pt":  # the config the source's run was given
+                want["ds_config"]["zero_optimization"]["round_robin_gradients"] = True
+            report.diffs(ds_objects.compare(want, ds_objects.load(f"{save_dir}/{TAG}/{name}"),
+                                            allowed=harness.RUN_CONFIG_FIELDS,
+                                            unordered=harness.UNORDERED_IN_RESAVES),
+                         f"{what}/{name}")
 report.exit()

@@ -219,6 +219,8 @@ Result<ZeroTag> ReadZeroTag(const std::string& tag_dir) {
   }
   // ReadModelStates admits no dp_world_size below 1; saying so also tells the compiler.
   if (ranks.empty()) return Status::Internal(Prefix(tag_dir) + "no optimizer files read");
+  // DeepSpeed's BF16 optimizer ignores round_robin_gradients: its flat groups keep the order.
+  if (ranks.front().bf16_optimizer) ms.round_robin = false;
   for (OptimStates& os : ranks) {
     OrderStatesAs(os, ranks.front());
     UCP_RETURN_IF_ERROR(CheckOptimStates(os, ms, ranks.front()));
