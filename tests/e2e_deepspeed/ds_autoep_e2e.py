@@ -359,22 +359,30 @@ def check_frozen_experts(report, args, env, work):
           'the save')
 
 
+def indexed_at_save(report, args, case, tag_dir, logs):
+    """The index the preload built at save of `tag_dir` (ucp's logs in `logs`), which must be
+    there and be what `ucp index` builds, byte for byte; None (a failure reported) otherwise."""
+    index = os.path.join(tag_dir, '.ucp', 'index.json')
+    if not report.check(os.path.isfile(index), f'{case}: no index built at save; ucp logs:\n'
+                        f'{ds_e2e.log_tail(logs)}'):
+        return None
+    at_save = harness.read_bytes(index)
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
+    if not report.check(status == 0 and harness.read_bytes(index) == at_save,
+                        f'{case}: ucp index exited {status} or wrote another index than the one '
+                        f'built at save: {output[-2000:]}'):
+        return None
+    with open(index) as f:
+        return json.load(f)
+
+
 def check_zero3(report, args, env, work):
     logs = os.path.join(work, 'logs_z3_save')
     tag_dir, _ = run_trainer(args, ds_e2e.preload_env(env, args.lib, logs), work, 'z3', DP, EP,
                              ZERO3)
-    index = os.path.join(tag_dir, '.ucp', 'index.json')
-    if not report.check(os.path.isfile(index), f'ZeRO-3: no index built at save; ucp logs:\n'
-                        f'{ds_e2e.log_tail(logs)}'):
+    contents = indexed_at_save(report, args, 'ZeRO-3', tag_dir, logs)
+    if contents is None:
         return
-    at_save = harness.read_bytes(index)
-    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
-    if not report.check(status == 0, f'ZeRO-3: ucp index exited {status}: {output[-2000:]}'):
-        return
-    report.check(harness.read_bytes(index) == at_save, 'ZeRO-3: the index built at save differs '
-                 'from ucp index\'s')
-    with open(index) as f:
-        contents = json.load(f)
     autoep = contents['adapter_state'].get('autoep', {})
     experts = {a['param']: a['shape'] for a in contents['atoms']
                if '.mlp.experts.' in a['param'] and a['state'] == 'fp32'}
@@ -499,17 +507,9 @@ def check_folded_zero3(report, args, env, work):
     tag_dir, uninterrupted = run_trainer(
         args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_z3', 4, 2,
         FOLDED_ZERO3 + ['--save_step', str(STEPS)], steps=STEPS + 2)
-    index = os.path.join(tag_dir, '.ucp', 'index.json')
-    if not report.check(os.path.isfile(index), f'folded ZeRO-3: no index built at save:\n'
-                        f'{ds_e2e.log_tail(logs)}'):
+    indexed = indexed_at_save(report, args, 'folded ZeRO-3', tag_dir, logs)
+    if indexed is None:
         return
-    at_save = harness.read_bytes(index)
-    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
-    report.check(status == 0 and harness.read_bytes(index) == at_save,
-                 f'folded ZeRO-3: ucp index exited {status} or wrote another index: '
-                 f'{output[-500:]}')
-    with open(index) as f:
-        indexed = json.load(f)
     shapes = {(a['param'], a['state']): a['shape'] for a in indexed['atoms']}
     q_proj = shapes.get(('model.layers.0.self_attn.q_proj.weight', 'fp32'))
     expert = shapes.get(('model.layers.1.mlp.experts.w2', 'fp32'))
@@ -528,12 +528,7 @@ def check_folded_zero3(report, args, env, work):
         gathered = folded_zero3_gather(tag_dir)
         # 15 trainable dense parameters and 6 fused expert ones, 3 states each.
         report.check(len(gathered) == 3 * (15 + 6), f'folded ZeRO-3: gathered {len(gathered)}')
-        for (name, state), expected in sorted(gathered.items()):
-            path = os.path.join(export, 'zero', name, f'{state}.pt')
-            got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
-            report.check(got is not None and got.dtype == expected.dtype and
-                         torch.equal(got, expected),
-                         f'folded ZeRO-3 export: {name}/{state} is not the gather of the save')
+        check_exported(report, 'folded ZeRO-3', export, gathered)
         states = [ds_objects.load(os.path.join(export, n)) for n in sorted(os.listdir(export))
                   if n.endswith('_model_states.pt')]
         report.check(len(states) == 4 and all(
@@ -631,6 +626,17 @@ def check_refusals(report, args, tag_dir, work):
                  f'{output[-500:]}')
 
 
+def check_exported(report, case, export, gathered):
+    """Each (name, state) of `gathered` (a test's own gather of a save) is export's
+    zero/<name>/<state>.pt 'param', dtype and bits."""
+    for (name, state), expected in sorted(gathered.items()):
+        path = os.path.join(export, 'zero', name, f'{state}.pt')
+        got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
+        report.check(got is not None and got.dtype == expected.dtype and
+                     torch.equal(got, expected),
+                     f'{case} export: {name}/{state} is not the gather of the save')
+
+
 def folded_gather(tag_dir):
     """Each parameter's universal tensors at tp 1, {(name, state): tensor}, gathered here from a
     folded save's files without ucp: a dense parameter's slices from each TP lane's optimizer
@@ -707,12 +713,7 @@ def check_folded_export(report, args, tag_dir, export):
     # the 2 frozen, and 6 fused expert ones (w1/w2/w3 of 2 layers), 3 states each; the module's 17.
     report.check(len(gathered) == 3 * (15 + 6) and len(module) == 17,
                  f'folded: gathered {len(gathered)} tensors, {len(module)} module tensors')
-    for (name, state), expected in sorted(gathered.items()):
-        path = os.path.join(export, 'zero', name, f'{state}.pt')
-        got = torch.load(path, weights_only=False)['param'] if os.path.isfile(path) else None
-        report.check(got is not None and got.dtype == expected.dtype and
-                     torch.equal(got, expected),
-                     f'folded export: {name}/{state} is not the gather of the lanes\' slices')
+    check_exported(report, 'folded', export, gathered)
     states = ds_objects.load(os.path.join(export, 'mp_rank_00_model_states.pt'))
     for name, expected in module.items():
         # A trained parameter's param_shapes entry is its whole shape; a frozen one has none.
@@ -957,16 +958,9 @@ def check_folded(report, args, env, work):
     tag_dir, uninterrupted = run_trainer(
         args, ds_e2e.preload_env(env, args.lib, logs), work, 'folded_w4', 4, 2,
         folded + FOLDED_FROZEN + ['--save_step', str(STEPS)], steps=STEPS + 1)
-    index = os.path.join(tag_dir, '.ucp', 'index.json')
-    if not report.check(os.path.isfile(index), f'folded W=4: no index committed at save:\n'
-                        f'{ds_e2e.log_tail(logs)}'):
+    indexed = indexed_at_save(report, args, 'folded W=4', tag_dir, logs)
+    if indexed is None:
         return
-    at_save = harness.read_bytes(index)
-    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
-    report.check(status == 0 and harness.read_bytes(index) == at_save,
-                 f'folded W=4: ucp index exited {status} or wrote another index: {output[-500:]}')
-    with open(index) as f:
-        indexed = json.load(f)
     shapes = {(a['param'], a['state']): a['shape'] for a in indexed['atoms']}
     folded_tp = indexed['adapter_state'].get('folded_tp', {}).get('degree')
     q_proj = shapes.get(('model.layers.0.self_attn.q_proj.weight', 'fp32'))
