@@ -1510,4 +1510,21 @@ Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t
   return bytes;
 }
 
+Result<bool> TensorsAlike(const std::vector<FileTensor>& copies) {
+  if (copies.size() < 2) return true;
+  const TorchTensor& first = *copies.front().tensor;
+  for (const FileTensor& copy : copies) {
+    if (copy.tensor->shape != first.shape || copy.tensor->dtype != first.dtype) return false;
+  }
+  UCP_ASSIGN_OR_RETURN(const std::string reference,
+                       ReadRange(copies.front().path, first.file_offset(), first.byte_size()));
+  for (size_t i = 1; i < copies.size(); ++i) {
+    const TorchTensor& tensor = *copies[i].tensor;
+    UCP_ASSIGN_OR_RETURN(const std::string bytes,
+                         ReadRange(copies[i].path, tensor.file_offset(), tensor.byte_size()));
+    if (bytes != reference) return false;
+  }
+  return true;
+}
+
 }  // namespace ucp::deepspeed

@@ -563,5 +563,13 @@ Result<ChosenPartition> ChoosePartition(uint64_t count,
 
 // `length` bytes of the file at `path` from `offset` (a tensor's, to compare copies of it).
 Result<std::string> ReadRange(const std::string& path, uint64_t offset, uint64_t length);
+// A tensor of the file at `path`.
+struct FileTensor {
+  std::string path;
+  const TorchTensor* tensor = nullptr;
+};
+// Whether every one of `copies` (each TP rank's of one module entry, say) is the first's: its
+// shape, dtype and bytes (byte_size() from file_offset()); the first's bytes read once.
+Result<bool> TensorsAlike(const std::vector<FileTensor>& copies);
 
 }  // namespace ucp::deepspeed

@@ -1921,25 +1921,6 @@ Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std:
   return Status::Ok();
 }
 
-// Whether lane `a`'s module tensor `name`, `x`, and lane `b`'s, `y`, are alike: dtype, shape and
-// bytes.
-Result<bool> SameTensorBytes(const std::string& name, const MoeLane& a, const TorchTensor* x,
-                             const MoeLane& b, const TorchTensor* y) {
-  if (x == y) return true;
-  if (x->dtype != y->dtype || x->shape != y->shape) return false;
-  for (const auto& [lane, tensor] : {std::pair{&a, x}, std::pair{&b, y}}) {
-    if (!tensor->contiguous()) {
-      return FieldError(*lane->model, "module/" + name,
-                        "not contiguous (a tensor outside the optimizer's groups)");
-    }
-  }
-  UCP_ASSIGN_OR_RETURN(const std::string left,
-                       ReadRange(a.model->path(), x->file_offset(), x->byte_size()));
-  UCP_ASSIGN_OR_RETURN(const std::string right,
-                       ReadRange(b.model->path(), y->file_offset(), y->byte_size()));
-  return left == right;
-}
-
 // Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter (and with expert
 // tensor parallelism each expert's). A folded tag's from AutoTP's record (lane 0's affine map):
 // AutoTP's two whole-rank layouts (replicated, or one split dimension), no vocabulary padding; an
@@ -1980,17 +1961,20 @@ Status ResolveFoldedMaps(MoeTag& tag, MoeStage& stage) {
   std::vector<std::string> differing;
   for (const auto& [name, tensor] : stage.first_lane().module) {
     if (grouped.contains(name) || tensor == nullptr) continue;
-    bool alike = true;
+    std::vector<deepspeed::FileTensor> copies;
     for (const MoeLane& lane : stage.lanes) {
       const auto it = lane.module.find(name);
       if (it == lane.module.end() || it->second == nullptr) {
         return FieldError(*lane.model, "module/" + name,
                           "missing (" + stage.model_name() + " has it)");
       }
-      UCP_ASSIGN_OR_RETURN(const bool same,
-                           SameTensorBytes(name, stage.first_lane(), tensor, lane, it->second));
-      alike = alike && same;
+      if (!it->second->contiguous()) {
+        return FieldError(*lane.model, "module/" + name,
+                          "not contiguous (a tensor outside the optimizer's groups)");
+      }
+      copies.push_back({lane.model->path(), it->second});
     }
+    UCP_ASSIGN_OR_RETURN(const bool alike, deepspeed::TensorsAlike(copies));
     if (!alike) differing.push_back(name);
   }
   if (differing.empty()) return Status::Ok();

@@ -44,6 +44,7 @@ using deepspeed::ExpectedMappings;
 using deepspeed::Field;
 using deepspeed::FieldError;
 using deepspeed::FileName;
+using deepspeed::FileTensor;
 using deepspeed::Geometry;
 using deepspeed::GeometryAt;
 using deepspeed::GroupLayout;
@@ -119,6 +120,7 @@ using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::TargetGroup;
 using deepspeed::TargetGroupAt;
+using deepspeed::TensorsAlike;
 using deepspeed::TpLayerStatesName;
 using deepspeed::TypeMethods;
 using deepspeed::UniversalAtomArchive;
@@ -492,22 +494,16 @@ Result<IndexFacts> AutoTpFactsAt(const AtomIndex& index, const IndexFacts& facts
 // buffer or a frozen parameter each rank keeps whole; false for one split over them.
 Result<bool> ModuleSlicesAlike(const TpTag& stage, const std::string& name) {
   const ModuleTensor& first = stage.models[0].module.at(name);
-  UCP_ASSIGN_OR_RETURN(
-      const std::string reference,
-      ReadRange(first.path, first.tensor->file_offset(), first.tensor->byte_size()));
+  std::vector<FileTensor> copies = {{first.path, first.tensor}};
   for (size_t t = 1; t < stage.models.size(); ++t) {
     const auto it = stage.models[t].module.find(name);
     if (it == stage.models[t].module.end() || it->second.tensor == nullptr) {
       return FieldError(stage.models[t].reader, "module/" + name,
                         "missing (" + first.file + " holds it)");
     }
-    const TorchTensor& tensor = *it->second.tensor;
-    if (tensor.shape != first.tensor->shape || tensor.dtype != first.tensor->dtype) return false;
-    UCP_ASSIGN_OR_RETURN(const std::string bytes,
-                         ReadRange(it->second.path, tensor.file_offset(), tensor.byte_size()));
-    if (bytes != reference) return false;
+    copies.push_back({it->second.path, it->second.tensor});
   }
-  return true;
+  return TensorsAlike(copies);
 }
 
 // Whether a model-states file holds the client's universal_checkpoint_info.

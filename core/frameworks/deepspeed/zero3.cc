@@ -246,10 +246,16 @@ struct ExpertPlacement {
   std::map<std::string, uint32_t> experts;  // fused expert parameter → its layer's experts
   std::vector<bool> expert_groups;          // per flat group: of fused expert parameters
 
-  uint32_t Dp() const { return order.dp / tp; }
-  uint32_t WorldRank(uint32_t t, uint32_t r) const { return r * tp + t; }
+  // DeepSpeed's folded grid of these ranks (at tp 1 its one lane).
+  deepspeed::FoldedGrid Grid() const { return {order.dp, tp, order.ep, order.data_before_expert}; }
+  uint32_t Dp() const { return Grid().DenseDp(); }
+  uint32_t WorldRank(uint32_t t, uint32_t r) const { return Grid().Rank(r, t); }
   bool IsExpertGroup(size_t g) const { return g < expert_groups.size() && expert_groups[g]; }
-  uint32_t PartitionCount(size_t g) const { return IsExpertGroup(g) ? order.dp / order.ep : Dp(); }
+  // The ranks an expert group is partitioned over: an expert-parallel rank's.
+  uint32_t ExpertPartitionCount() const { return order.dp / order.ep; }
+  uint32_t PartitionCount(size_t g) const {
+    return IsExpertGroup(g) ? ExpertPartitionCount() : Dp();
+  }
   uint32_t PartitionRank(size_t g, uint32_t t, uint32_t r) const {
     return IsExpertGroup(g) ? order.IndexInGroup(WorldRank(t, r)) : r;
   }
@@ -268,7 +274,9 @@ struct ExpertPlacement {
     return IsExpertGroup(g) ? order.ExpertRank(WorldRank(t, r)) : t;
   }
   // The (TP rank, DP rank) of world rank w.
-  std::pair<uint32_t, uint32_t> Coordinates(uint32_t w) const { return {w % tp, w / tp}; }
+  std::pair<uint32_t, uint32_t> Coordinates(uint32_t w) const {
+    return {Grid().TpRank(w), Grid().DenseRank(w)};
+  }
 };
 
 // How expert-parallel rank e's rows of a fused expert parameter of `experts` rows make it: a
@@ -486,7 +494,7 @@ Status CheckRankPlacement(const ExpertPlacement& placement, uint32_t t, uint32_t
   const ExpertRankOrder& order = placement.order;
   const uint32_t w = placement.WorldRank(t, r);
   if (placement.tp > 1) {
-    const deepspeed::FoldedGrid grid{order.dp, placement.tp, order.ep};
+    const deepspeed::FoldedGrid grid = placement.Grid();
     UCP_RETURN_IF_ERROR(
         CheckFolding(ms.reader, deepspeed::kDenseFamily, grid, t, order.ExpertRank(w), r));
     UCP_RETURN_IF_ERROR(CheckFolding(os, deepspeed::kZeroFamily, grid, t, order.ExpertRank(w), r));
@@ -995,8 +1003,9 @@ Result<std::vector<GroupLayout>> FlatGroupsAt(const IndexFacts& facts, uint32_t 
     }
     if (names.empty()) continue;
     // AutoEP's experts are partitioned over the expert-data-parallel ranks alone.
-    const uint32_t parts =
-        facts.placement.experts.contains(names.front()) ? dp * facts.tp / facts.placement.ep : dp;
+    const uint32_t parts = facts.placement.experts.contains(names.front())
+                               ? facts.placement.ExpertPartitionCount()
+                               : dp;
     size_t next = 0;
     for (const size_t count : SubGroupSizes(numels, parts, facts.sub_group_size)) {
       members[pg].push_back(out.size());
@@ -1569,9 +1578,7 @@ Status SetFoldingAt(pickle::Graph& graph, Value* root, const TorchArchiveReader&
   if (root->Get(deepspeed::kFolding) == nullptr) return Status::Ok();
   if (to.tp == 1) return deepspeed::UnfoldAutoTp(graph, root, reader);
   const ExpertPlacement& placement = to.at.placement;
-  return deepspeed::SetFolding(graph, root, reader,
-                               {placement.order.dp, placement.tp, placement.order.ep},
-                               placement.WorldRank(t, r));
+  return deepspeed::SetFolding(graph, root, reader, placement.Grid(), placement.WorldRank(t, r));
 }
 
 // AutoTP's record in model states `root` (imported into `graph` from `reader`) at the target's TP
