@@ -161,25 +161,42 @@ bool IndexBuilder::PollWait(const Pending& pending, std::chrono::milliseconds in
   return !wake_.wait_for(lock, interval, [&] { return Abandoned(pending); });
 }
 
-std::optional<SaveFiles> IndexBuilder::WaitForSave(const Pending& pending,
-                                                   const FrameworkAdapter& adapter,
-                                                   std::chrono::steady_clock::time_point give_up,
-                                                   std::vector<JournalRecord>* records) {
+std::optional<IndexBuilder::WrittenSave> IndexBuilder::WaitForSave(
+    const Pending& pending, std::chrono::steady_clock::time_point give_up,
+    std::vector<JournalRecord>* records) {
   const std::string& tag_dir = pending.event.tag_dir;
   std::string waiting;  // what the last poll still missed, for the give-up message
+  const FrameworkAdapter* previous = nullptr;
   for (std::chrono::milliseconds interval = kFirstPollInterval;;
        interval = std::min(2 * interval, kLastPollInterval)) {
-    Result<std::vector<std::string>> expected = adapter.ExpectedFiles(tag_dir);
+    // Detected again at every poll: until the files rank 0 writes first are complete (the model
+    // states, under an engine whose writers are not rank 0 alone), a TP tag reads as a TP=1 one.
+    Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_dir);
+    if (!adapter.ok()) {
+      UCP_LOG_INFO("index: {} commit of {}: {}; not indexed", pending.event.framework, tag_dir,
+                   adapter.status().message());
+      return std::nullopt;
+    }
+    if (previous != nullptr && previous != *adapter) {
+      UCP_LOG_INFO("index: {}: the files written since read as {}'s, not {}'s", tag_dir,
+                   (*adapter)->name(), previous->name());
+    }
+    previous = *adapter;
+    Result<std::vector<std::string>> expected = (*adapter)->ExpectedFiles(tag_dir);
     if (expected.ok()) {
       Result<SaveFiles> save = MatchThisSave(tag_dir, *expected, pending.event.commit_id, records);
       if (!save.ok()) {
         UCP_LOG_WARN("index: {}: {}; not indexed", tag_dir, save.status().message());
         return std::nullopt;
       }
-      if (save->missing.empty()) return std::move(save).value();
+      if (save->missing.empty()) return WrittenSave{*adapter, std::move(save).value()};
       waiting = "not closed yet: " + Joined(save->missing);
     } else if (expected.status().code() == StatusCode::kFailedPrecondition ||
                expected.status().code() == StatusCode::kNotFound) {
+      waiting = expected.status().message();
+    } else if (Result<const FrameworkAdapter*> now = DetectAdapter(tag_dir);
+               now.ok() && *now != *adapter) {
+      // Files written between the detection and ExpectedFiles's reading: the next poll follows.
       waiting = expected.status().message();
     } else {
       UCP_LOG_INFO("index: {}: {}; not indexed", tag_dir, expected.status().ToString());
@@ -209,19 +226,13 @@ bool IndexBuilder::Build(const Pending& pending) {
     }
     RemoveStaleIndex(tag_dir);
   }
-  Result<const FrameworkAdapter*> adapter = DetectAdapter(tag_dir);
-  if (!adapter.ok()) {
-    UCP_LOG_INFO("index: {} commit of {}: {}; not indexed", pending.event.framework, tag_dir,
-                 adapter.status().message());
-    return false;
-  }
   const auto give_up = std::chrono::steady_clock::now() + options_.wait;
   Result<AtomIndex> index = Status::Internal("not built");
   for (;;) {
     std::vector<JournalRecord> records;  // what `save` points into
-    const std::optional<SaveFiles> save = WaitForSave(pending, **adapter, give_up, &records);
+    const std::optional<WrittenSave> save = WaitForSave(pending, give_up, &records);
     if (!save) return false;
-    const SaveGeneration generation = GenerationOf(pending.event.commit_id, save->closes);
+    const SaveGeneration generation = GenerationOf(pending.event.commit_id, save->files.closes);
     if (const Status recorded = WriteSaveGeneration(tag_dir, generation); !recorded.ok()) {
       // Only a later save of the tag needs it, and it then waits for its own closes.
       UCP_LOG_WARN("index: {}", recorded.message());
@@ -229,13 +240,13 @@ bool IndexBuilder::Build(const Pending& pending) {
     IndexOptions index_options;
     index_options.threads = options_.threads;
     index_options.trust_journal = true;
-    index = (*adapter)->BuildIndex(tag_dir, index_options);
+    index = save->adapter->BuildIndex(tag_dir, index_options);
     if (!index.ok()) {
       UCP_LOG_WARN("index: {}: {}; not indexed, the checkpoint stays as written", tag_dir,
                    index.status().ToString());
       return false;
     }
-    const std::vector<std::string> changed = ChangedSince(tag_dir, save->closes);
+    const std::vector<std::string> changed = ChangedSince(tag_dir, save->files.closes);
     if (changed.empty()) break;
     UCP_LOG_INFO("index: {}: {} rewritten while indexed; waiting for the save again", tag_dir,
                  Joined(changed));

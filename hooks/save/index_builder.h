@@ -85,13 +85,19 @@ class IndexBuilder final : public CommitListener {
     uint64_t seq = 0;
   };
 
+  // A save whose every file is closed, and the adapter that reads it.
+  struct WrittenSave {
+    const FrameworkAdapter* adapter = nullptr;
+    SaveFiles files;
+  };
+
   void Run();
-  // Polls until every file `adapter` expects of the tag is closed by this save (MatchSave);
-  // nullopt, logged, when the build gives up, fails or is abandoned. `records` holds the journal
-  // records the result points into.
-  std::optional<SaveFiles> WaitForSave(const Pending& pending, const FrameworkAdapter& adapter,
-                                       std::chrono::steady_clock::time_point give_up,
-                                       std::vector<JournalRecord>* records);
+  // Polls until every file the tag's adapter expects is closed by this save (MatchSave); nullopt,
+  // logged, when no adapter reads the tag or the build gives up, fails or is abandoned. `records`
+  // holds the journal records the result points into.
+  std::optional<WrittenSave> WaitForSave(const Pending& pending,
+                                         std::chrono::steady_clock::time_point give_up,
+                                         std::vector<JournalRecord>* records);
   // Waits for the tag's files, builds and commits the index, logging the outcome; true when it
   // committed one.
   bool Build(const Pending& pending);

@@ -11,8 +11,9 @@ writes, from one training state of full (TP=1) tensors:
 variants: "ok" at tp2dp2, tp1dp2, tp2dp1, tp1dp1, tp2dp3 (the reshard oracles of each other);
 "ruled" at tp1dp2, tp1dp1, tp2dp2, tp2dp1, tp4dp2, tp4dp1: the same state with extra.scale named
 replicated, so that its TP=1 tags can be split (each other's oracles); "uncovered" and
-"averaged_differs" at tp2dp2 (tags ucp must refuse); "no_info" at tp1dp2: no
-universal_checkpoint_info at all (no rules to split a TP=1 tag by); "frozen" at tp2dp2, tp1dp2 and
+"averaged_differs" at tp2dp2 (tags ucp must refuse); "no_info" at tp1dp2 and tp2dp2: no
+universal_checkpoint_info at all (no rules to split a TP=1 tag by; a TP tag told by its names and
+its mp_world_size alone); "frozen" at tp2dp2, tp1dp2 and
 tp4dp1: the "ruled" state with three frozen parameters (FROZEN), which ZeRO-1 keeps only in each TP
 rank's module, each its own tensor: a row-parallel one and a column-parallel one split like the
 trained ones, a norm every rank holds whole; "frozen_uncovered" at tp2dp2: those and a frozen
@@ -231,7 +232,8 @@ def main():
     ruled = dict(INFO, tp_replicated_parameter_patterns=[r"final_norm\.weight", r"extra\.scale"])
     for tp, dp in ((1, 2), (1, 1), (2, 2), (2, 1), (4, 2), (4, 1)):
         write_tag(f"{out}/ruled/tp{tp}dp{dp}/global_step5", state, tp, dp, info=ruled)
-    write_tag(f"{out}/no_info/tp1dp2/global_step5", state, 1, 2, info=None)
+    for tp in (1, 2):
+        write_tag(f"{out}/no_info/tp{tp}dp2/global_step5", state, tp, 2, info=None)
     gen = torch.Generator().manual_seed(7)
     frozen = {name: torch.randn(shape, generator=gen) for name, shape, _ in FROZEN}
     for tp, dp in ((2, 2), (1, 2), (4, 1)):

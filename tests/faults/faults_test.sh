@@ -136,12 +136,13 @@ case "$case_name" in
     # PHASE:OP:KIND[:FIRST[:COUNT]] -> the index expected. Reads: the first few are the model
     # states' while the builder waits for the save (a failure there is retried at the next poll;
     # failing every time, the builder keeps waiting: `waits`, the host leaves without teardown),
-    # the 22nd is in the index build proper (each archive's opening read of its first bytes, the
-    # check for torch's legacy format, counts as one). Writes: the temporary index.json; syncs:
+    # the 33rd is in the index build proper (each archive's opening read of its first bytes, the
+    # check for torch's legacy format, counts as one; before it, the deepspeed-tp and
+    # deepspeed-zero12 adapters' detections and the builder's wait each open the model states). Writes: the temporary index.json; syncs:
     # its fsync, then the directory's after the rename.
     for entry in \
       index:read:EINTR:1:0=index index:read:short:1:0=index index:read:EIO=index \
-      index:read:EIO:1:0=waits index:read:EIO:22=none \
+      index:read:EIO:1:0=waits index:read:EIO:33=none \
       index:open:EINTR:1:0=index index:open:ENOSPC=none \
       index:write:EINTR:1:0=index index:write:short:1:0=index index:write:ENOSPC=none \
       index:write:EIO=none \

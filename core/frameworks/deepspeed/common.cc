@@ -204,6 +204,20 @@ Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
   return opened;
 }
 
+std::optional<TorchArchiveReader> WrittenRankZeroModelStates(const std::string& tag_dir,
+                                                             const TagListing& listing) {
+  const auto model = listing.model_states.find(0);
+  if (model == listing.model_states.end()) return std::nullopt;
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(tag_dir + "/" + model->second);
+  if (!reader.ok()) return std::nullopt;
+  return std::move(reader).value();
+}
+
+bool SaysTensorParallel(const TorchArchiveReader& model_states) {
+  const Result<int64_t> mp = IntField(model_states, "mp_world_size");
+  return mp.ok() && *mp > 1;
+}
+
 Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states) {
   UCP_ASSIGN_OR_RETURN(const int64_t dp, IntField(model_states, "dp_world_size"));
   if (dp <= 0 || dp > kMaxDpWorldSize) {

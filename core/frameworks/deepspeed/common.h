@@ -98,6 +98,12 @@ std::string TagName(const std::string& tag_dir);
 // last); kUnsupported, at once, for a file in torch's legacy serialization, which is never read.
 Result<TorchArchiveReader> OpenWrittenModelStates(const std::string& tag_dir,
                                                   const std::string& name, bool present);
+// TP rank 0's model states of a tag, once a complete archive: its other TP ranks' files may be
+// written after the commit, so until they are, only these tell a TP tag from a TP=1 one.
+std::optional<TorchArchiveReader> WrittenRankZeroModelStates(const std::string& tag_dir,
+                                                             const TagListing& listing);
+// Whether a model-states file says mp_world_size > 1.
+bool SaysTensorParallel(const TorchArchiveReader& model_states);
 // dp_world_size of a model-states file, kCorrupt outside [1, 2^24] (bounding the per-rank file
 // lists a corrupt value would make).
 Result<uint32_t> DpWorldSize(const TorchArchiveReader& model_states);

@@ -103,6 +103,7 @@ using deepspeed::Resolve;
 using deepspeed::Resolved;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::Rule;
+using deepspeed::SaysTensorParallel;
 using deepspeed::SetAutoTpSize;
 using deepspeed::SetDictItem;
 using deepspeed::SetMegatronTopology;
@@ -128,6 +129,7 @@ using deepspeed::UniversalModuleAtomArchive;
 using deepspeed::UniversalOptimizerState;
 using deepspeed::VersionAtLeast;
 using deepspeed::Vocab;
+using deepspeed::WrittenRankZeroModelStates;
 using pickle::Kind;
 using pickle::Value;
 
@@ -1874,11 +1876,10 @@ bool DeepSpeedTpAdapter::Recognizes(const std::string& tag_dir) const {
   for (const RankFile& entry : listing->optim) {
     if (entry.mp > 0) return true;
   }
-  // One TP rank: this adapter's when its model states carry the rules to split it by.
-  const auto model = listing->model_states.find(0);
-  if (model == listing->model_states.end()) return false;
-  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(tag_dir + "/" + model->second);
-  return reader.ok() && CarriesRules(*reader);
+  // TP rank 0's files alone: this adapter's when its model states say mp_world_size > 1 (the
+  // other ranks' files not written yet) or carry the rules to split a TP=1 tag by.
+  const std::optional<TorchArchiveReader> model = WrittenRankZeroModelStates(tag_dir, *listing);
+  return model && (SaysTensorParallel(*model) || CarriesRules(*model));
 }
 
 Result<std::vector<std::string>> DeepSpeedTpAdapter::ExpectedFiles(

@@ -71,6 +71,7 @@ using deepspeed::RefuseExpertParallel;
 using deepspeed::ResizeModuleBuffers;
 using deepspeed::RewrittenPartitionFields;
 using deepspeed::SavablePartition;
+using deepspeed::SaysTensorParallel;
 using deepspeed::SetDictItem;
 using deepspeed::ShapeText;
 using deepspeed::StateNumel;
@@ -81,6 +82,7 @@ using deepspeed::TagListing;
 using deepspeed::TagName;
 using deepspeed::UniversalAtomArchive;
 using deepspeed::UniversalOptimizerState;
+using deepspeed::WrittenRankZeroModelStates;
 using pickle::Kind;
 using pickle::Value;
 
@@ -455,12 +457,15 @@ bool DeepSpeedZeroAdapter::Recognizes(const std::string& tag_dir) const {
       !listing->expert_files.empty()) {
     return false;
   }
-  // Tensor-parallel tags (mp ranks > 0 without pipeline layer files) are DeepSpeedTpAdapter's.
+  // Tensor-parallel tags (mp ranks > 0 without pipeline layer files) are DeepSpeedTpAdapter's,
+  // told by the model states while only TP rank 0's files are written.
   const bool tensor_parallel =
       (!listing->model_states.empty() && listing->model_states.rbegin()->first > 0) ||
       std::any_of(listing->optim.begin(), listing->optim.end(),
                   [](const RankFile& entry) { return entry.mp > 0; });
-  return !tensor_parallel && (!listing->model_states.empty() || !listing->optim.empty());
+  if (tensor_parallel || (listing->model_states.empty() && listing->optim.empty())) return false;
+  const std::optional<TorchArchiveReader> model = WrittenRankZeroModelStates(tag_dir, *listing);
+  return !model || !SaysTensorParallel(*model);
 }
 
 Result<std::vector<std::string>> DeepSpeedZeroAdapter::ExpectedFiles(

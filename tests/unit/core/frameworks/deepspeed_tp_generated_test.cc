@@ -245,6 +245,30 @@ TEST_F(DeepSpeedTpGeneratedTest, RefusesToSplitAnUnnamedParameterOfATp1Tag) {
   EXPECT_EQ(found, 1u);
 }
 
+// A save may be committed before its other TP ranks' files are written: TP rank 0's files alone
+// are named as a TP=1 tag's, and only its model states (mp_world_size 2) tell the tag this
+// adapter's, as the whole tag is, though it carries no universal_checkpoint_info. Before the
+// model states are written the files read as a TP=1 ZeRO tag's.
+TEST_F(DeepSpeedTpGeneratedTest, TpRankZerosFilesAloneAreThisAdapters) {
+  const DeepSpeedZeroAdapter zero12;
+  const std::string whole = Tag("no_info", "tp2dp2");
+  const TempDir partial;
+  const std::string optim = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  fs::create_symlink(whole + "/" + optim, partial.path() + "/" + optim);
+  EXPECT_FALSE(Adapter().Recognizes(partial.path()));
+  EXPECT_TRUE(zero12.Recognizes(partial.path()));
+
+  const std::string model = "mp_rank_00_model_states.pt";
+  fs::create_symlink(whole + "/" + model, partial.path() + "/" + model);
+  for (const std::string& tag : {partial.path(), whole}) {
+    EXPECT_TRUE(Adapter().Recognizes(tag)) << tag;
+    EXPECT_FALSE(zero12.Recognizes(tag)) << tag;
+    Result<const FrameworkAdapter*> detected = DetectAdapter(tag);
+    ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+    EXPECT_EQ((*detected)->name(), DeepSpeedTpAdapter::kName);
+  }
+}
+
 // A TP=1 tag without universal_checkpoint_info is deepspeed-zero12's, which refuses tp > 1
 // saying why; this adapter refuses to read it. An index deepspeed-zero12 built of a tag that
 // carries the rules (before this adapter read TP=1 tags) asks to be rebuilt.

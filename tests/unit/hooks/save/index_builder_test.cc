@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -60,20 +61,16 @@ class IndexBuilderTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Copies the .pt files of fixture config/run into the tag; returns their names, rank 0's (the
-  // model states and zero_pp_rank_0) first.
-  std::vector<std::string> Save(const std::string& config, const std::string& run) {
-    // Longer than the file system's timestamp granularity: a rewrite gets a new mtime.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const std::string source = kFixtures + "/" + config + "/" + run + "/global_step5";
+  static std::string Source(const std::string& config, const std::string& run) {
+    return kFixtures + "/" + config + "/" + run + "/global_step5";
+  }
+
+  // The names of the .pt files of fixture config/run, rank 0's (its model states and optimizer
+  // file) first.
+  static std::vector<std::string> SaveNames(const std::string& config, const std::string& run) {
     std::vector<std::string> names;
-    for (const fs::directory_entry& entry : fs::directory_iterator(source)) {
-      if (entry.path().extension() != ".pt") continue;
-      const std::string name = entry.path().filename().string();
-      const std::string target = tag_ + "/" + name;
-      fs::copy_file(entry.path(), target, fs::copy_options::overwrite_existing);
-      fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
-      names.push_back(name);
+    for (const fs::directory_entry& entry : fs::directory_iterator(Source(config, run))) {
+      if (entry.path().extension() == ".pt") names.push_back(entry.path().filename().string());
     }
     std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
       return std::make_tuple(!IsRankZero(a), a) < std::make_tuple(!IsRankZero(b), b);
@@ -81,9 +78,26 @@ class IndexBuilderTest : public ::testing::Test {
     return names;
   }
 
+  // Copies file `name` of fixture config/run into the tag.
+  void Write(const std::string& config, const std::string& run, const std::string& name) {
+    const std::string target = tag_ + "/" + name;
+    fs::copy_file(Source(config, run) + "/" + name, target, fs::copy_options::overwrite_existing);
+    fs::permissions(target, fs::perms::owner_read | fs::perms::owner_write);
+  }
+
+  // Copies the .pt files of fixture config/run into the tag; returns their names as SaveNames.
+  std::vector<std::string> Save(const std::string& config, const std::string& run) {
+    // Longer than the file system's timestamp granularity: a rewrite gets a new mtime.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::vector<std::string> names = SaveNames(config, run);
+    for (const std::string& name : names) Write(config, run, name);
+    return names;
+  }
+
+  // Rank 0 (TP rank 0, DP rank 0) writes the model states and its own optimizer file.
   static bool IsRankZero(const std::string& name) {
-    return name.find("model_states") != std::string::npos ||
-           name.find("zero_pp_rank_0_") != std::string::npos;
+    return name.find("mp_rank_00_model_states") != std::string::npos ||
+           name.find("zero_pp_rank_0_mp_rank_00_") != std::string::npos;
   }
 
   void Journal(const std::string& name) {
@@ -119,13 +133,15 @@ class IndexBuilderTest : public ::testing::Test {
                       NewCommitId()});
   }
 
-  // Journals the files of the other ranks from another thread, kRankDelay apart; before the last
-  // one, notes whether an index was there already.
-  std::thread JournalLater(std::vector<std::string> names, bool* index_before_last) {
-    return std::thread([this, names = std::move(names), index_before_last] {
+  // Journals the files of the other ranks from another thread, kRankDelay apart, each first
+  // written by `write` when given; before the last one, notes whether an index was there already.
+  std::thread JournalLater(std::vector<std::string> names, bool* index_before_last,
+                           std::function<void(const std::string&)> write = nullptr) {
+    return std::thread([this, names = std::move(names), index_before_last, write] {
       for (size_t i = 0; i < names.size(); ++i) {
         std::this_thread::sleep_for(kRankDelay);
         if (i + 1 == names.size()) *index_before_last = fs::exists(IndexPath());
+        if (write) write(names[i]);
         Journal(names[i]);
       }
     });
@@ -172,19 +188,23 @@ class IndexBuilderTest : public ::testing::Test {
 class IndexBuilderFixtureTest : public IndexBuilderTest,
                                 public ::testing::WithParamInterface<std::string> {};
 
-// Rank 0's files and the commit first, the other ranks' later: no index until the last of them
-// is journaled, then exactly the adapter's index of the complete tag.
+// Rank 0's files and the commit first, the other ranks' files written later: no index until the
+// last of them is journaled, then exactly the adapter's index of the complete tag. At the commit
+// a TP tag shows only TP rank 0's files, named as a TP=1 tag's are.
 TEST_P(IndexBuilderFixtureTest, WaitsForEveryRankThenCommitsTheAdaptersIndex) {
   const std::string config = GetParam().substr(0, GetParam().rfind('/'));
   const std::string run = GetParam().substr(GetParam().rfind('/') + 1);
   IndexBuilder builder(IndexBuilderOptions{});
-  const std::vector<std::string> names = Save(config, run);
+  const std::vector<std::string> names = SaveNames(config, run);
   for (const std::string& name : names) {
-    if (IsRankZero(name)) Journal(name);
+    if (!IsRankZero(name)) continue;
+    Write(config, run, name);
+    Journal(name);
   }
   Commit(builder);
   bool index_before_last = true;
-  std::thread others = JournalLater(OtherRanks(names), &index_before_last);
+  std::thread others = JournalLater(OtherRanks(names), &index_before_last,
+                                    [&](const std::string& name) { Write(config, run, name); });
   others.join();
   builder.Drain(steady_clock::now() + kDrainLimit);
 
@@ -198,12 +218,40 @@ TEST_P(IndexBuilderFixtureTest, WaitsForEveryRankThenCommitsTheAdaptersIndex) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, IndexBuilderFixtureTest,
-                         ::testing::Values("z2_fp32/dp4", "z2_bf16/dp4", "z1_bf16_bf16opt/dp2"),
+                         ::testing::Values("z2_fp32/dp4", "z2_bf16/dp4", "z1_bf16_bf16opt/dp2",
+                                           "tp2_z1_fp32/tp2dp2"),
                          [](const auto& test_param) {
                            std::string name = test_param.param;
                            std::replace(name.begin(), name.end(), '/', '_');
                            return name;
                          });
+
+// An engine whose writers are not rank 0 alone (DeepSpeed's FastCheckpointEngine) may commit
+// before TP rank 0's model states are written: the files then read as a TP=1 ZeRO tag's until
+// the model states say mp_world_size 2. The builder follows the files to the adapter that reads
+// the complete tag.
+TEST_F(IndexBuilderTest, ModelStatesWrittenAfterTheCommitOfATpTag) {
+  IndexBuilder builder(IndexBuilderOptions{});
+  const std::vector<std::string> names = SaveNames("tp2_z1_fp32", "tp2dp2");
+  const std::string first = "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  Write("tp2_z1_fp32", "tp2dp2", first);
+  Journal(first);
+  Commit(builder);
+  std::vector<std::string> later;
+  std::copy_if(names.begin(), names.end(), std::back_inserter(later),
+               [&](const std::string& name) { return name != first; });
+  bool index_before_last = true;
+  JournalLater(later, &index_before_last, [&](const std::string& name) {
+    Write("tp2_z1_fp32", "tp2dp2", name);
+  }).join();
+  builder.Drain(steady_clock::now() + kDrainLimit);
+
+  EXPECT_FALSE(index_before_last);
+  EXPECT_EQ(builder.committed(), 1u);
+  const std::string index = testing::ReadAll(IndexPath());
+  EXPECT_THAT(index, HasSubstr("\"deepspeed-tp\""));
+  EXPECT_TRUE(index == AdapterIndex());
+}
 
 TEST_F(IndexBuilderTest, GivesUpAfterTheWaitLogged) {
   log::Configure(log::Level::kInfo, dir_);
@@ -282,9 +330,8 @@ void IndexBuilderTest::KilledRunsFilesDoNotCount(const std::string& killed_job,
   start_next_run();
   job_ = RunJob(TopologyRegistry::Global());
   EXPECT_NE(job_, killed_job);
-  const std::string source = kFixtures + "/z2_fp32_odd/dp4/global_step5/";
   const auto rewrite = [&](const std::string& name) {
-    fs::copy_file(source + name, tag_ + "/" + name, fs::copy_options::overwrite_existing);
+    Write("z2_fp32_odd", "dp4", name);
     Journal(name);
   };
   std::this_thread::sleep_for(milliseconds(20));  // past the timestamp granularity
