@@ -38,6 +38,13 @@ With --model llama the trainer's model is a Hugging Face LlamaForCausalLM (its h
 split 34/33) and its config.json lies beside the tag: 3 to 5 for the sizes of its plan (PLANS),
 and instead of 6 and 7 the TP=3 refusal that names the config.json's heads.
 
+With --model fused q, k and v (32, 16 and 16 rows) are one projection and gate and up (65 each,
+33 and 32 at TP=2) another, split by a partition_config's sub-parameter shapes ((q, k, v), -1)
+and (2, -1): each TP rank holds its block of every part, which AutoTP's affine map records as
+one piece per part and its sub_param_shard_widths as each part's widths. 3 to 5 for the sizes of
+its plan (tp4: gate's and up's 65 as 17, 16, 16, 16 each), the index holding each as a split of
+its parts (check_fused_index).
+
 Usage: ds_autotp_e2e.py --dtype fp32|bf16 [--model tiny|llama] [--zero_stage 1|2|3] --work DIR
        --tools DIR --lib LIB --ucp UCP --deepspeed VERSION [--required]
 """
@@ -71,7 +78,8 @@ MODEL_HEADS = 4
 # tp4 there and back, live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4.
 # ZeRO-1 and 2 share the split rule with ZeRO-3 and write other files (mp_rank_XX model states,
 # ZeRO-1/2 optimizer partitions): ZeRO-1 in fp32 the saved degree and uneven tp4 there and back,
-# ZeRO-2 in bf16 tp1 and tp4; both live at tp4.
+# ZeRO-2 in bf16 tp1 and tp4; both live at tp4. The fused model under ZeRO-3 as the tiny one but
+# tp3 (its parts of 16 rows do not split over 3 ranks), under ZeRO-1 tp1 and tp4.
 PLANS = {
     ('tiny', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)),
                           'through': ((2, 3), (4, 1)), 'live': ((1, 2), (4, 1))},
@@ -80,6 +88,9 @@ PLANS = {
     ('llama', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
     ('tiny', 'fp32', 1): {'targets': ((2, 1), (4, 1)), 'through': ((4, 1),), 'live': ((4, 1),)},
     ('tiny', 'bf16', 2): {'targets': ((1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+    ('fused', 'fp32', 1): {'targets': ((1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
+    ('fused', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
+                           'live': ((4, 1),)},
 }
 # A ZeRO-3 optimizer file: (DP rank, TP rank).
 ZERO3_OPTIM = re.compile(r'(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt')
@@ -217,6 +228,28 @@ def check_index(report, tag_dir):
         expected = next((b for suffix, b in EXPECTED_BLOCKS.items() if name.endswith(suffix)), None)
         report.check(rule.get('blocks') == expected,
                      f'{name}: blocks {rule.get("blocks")}, expected {expected}')
+
+
+def check_fused_index(report, tag_dir):
+    """The fused projections are splits of their parts: q, k and v of 32, 16 and 16 rows in
+    equal blocks, gate and up of 65 each in blocks of 33 and 32 (the index's blocks part by
+    part); the row-parallel weights split on dim 1, down's 65 as 33 and 32."""
+    with open(os.path.join(tag_dir, '.ucp', 'index.json')) as f:
+        rules = json.load(f)['adapter_state']['tp']['params']
+    gate_up = (0, [65, 65], [33, 32, 33, 32])
+    expected = {'self_attn.qkv_proj.weight': (0, [32, 16, 16], None),
+                'self_attn.qkv_proj.bias': (0, [32, 16, 16], None),
+                'mlp.gate_up_proj.weight': gate_up, 'mlp.gate_up_proj.bias': gate_up,
+                'self_attn.o_proj.weight': (1, [32], None),
+                'mlp.down_proj.weight': (1, [65], [33, 32])}
+    for suffix, (dim, sub_params, blocks) in expected.items():
+        for layer in (0, 1):
+            name = f'layers.{layer}.{suffix}'
+            rule = rules.get(name, {})
+            got = (rule.get('rule'), rule.get('dim'), rule.get('sub_params'), rule.get('blocks'))
+            report.check(got == ('split', dim, sub_params, blocks),
+                         f'{name}: (rule, dim, sub_params, blocks) {got}, expected '
+                         f'{("split", dim, sub_params, blocks)}')
 
 
 def check_llama_index(report, tag_dir):
@@ -415,6 +448,8 @@ def main():
                  'ucp index\'s')
     if args.model == 'tiny':
         check_index(report, tag_dir)
+    elif args.model == 'fused':
+        check_fused_index(report, tag_dir)
     else:
         check_llama_index(report, tag_dir)
     export = os.path.join(work, 'export')
@@ -439,7 +474,7 @@ def main():
     if args.zero_stage == 3 and args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
         check_model_config(report, args, work, tag_dir)
-    elif args.zero_stage == 3:
+    elif args.zero_stage == 3 and args.model == 'llama':
         check_llama_heads(report, args, work, tag_dir)
     report.exit()
 

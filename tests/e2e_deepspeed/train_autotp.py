@@ -15,9 +15,14 @@ With --model llama it is a Hugging Face LlamaForCausalLM instead (transformers; 
 key/value heads, a 67-token vocabulary and an untied head, which AutoTP splits 34/33 at TP=2), and
 rank 0 writes its config.json beside the tags, as the HF Trainer does.
 
+With --model fused the tiny model's attention has q, k and v fused in one projection of 32, 16
+and 16 rows (grouped-query: 8 query heads of 4, 4 key/value heads) and its MLP gate and up in one
+of 65 and 65, which a custom partition_config splits as sub-parameters (shapes ((32, 16, 16), -1)
+and (2, -1)): each TP rank holds its block of every part (gate's and up's 33 and 32 at TP=2).
+
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autotp.py --tp T [--model tiny|llama] [--zero_stage S] [--dtype fp32|bf16] [--frozen]
+Usage: train_autotp.py --tp T [--model tiny|llama|fused] [--zero_stage S] [--dtype fp32|bf16] [--frozen]
          --steps N [--save_dir DIR [--save_step K]]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0) and saves global_step<K> to
@@ -45,6 +50,23 @@ LLAMA_VOCAB = 67
 FROZEN = ('layers.0.mlp.up_proj.weight', 'layers.0.input_layernorm.weight',
           'layers.1.self_attn.o_proj.weight')
 GLOBAL_BATCH = 4
+# --model fused: q, k and v rows of the fused projection (8 query heads of FUSED_HEAD, 4
+# key/value heads: whole heads on each rank up to TP=4), and the width of each of gate and up
+# (AutoTP splits each unevenly: 33 and 32 at TP=2).
+FUSED_QKV = (32, 16, 16)
+FUSED_HEAD = 4
+FUSED_HIDDEN = 65
+FUSED_PARTITION = {
+    'use_default_specs': False,
+    'layer_specs': [
+        {'patterns': [r'.*\.self_attn\.o_proj\.weight$', r'.*\.mlp\.down_proj\.weight$'],
+         'partition_type': 'row'},
+        {'patterns': [r'.*\.self_attn\.qkv_proj\.weight$'], 'partition_type': 'column',
+         'shape': [list(FUSED_QKV), -1], 'partition_dim': 0},
+        {'patterns': [r'.*\.mlp\.gate_up_proj\.weight$'], 'partition_type': 'column',
+         'shape': [2, -1], 'partition_dim': 0},
+    ],
+}
 
 
 class Attention(nn.Module):
@@ -107,6 +129,48 @@ class TinyLlamaModel(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
+class FusedAttention(nn.Module):
+    """Grouped-query attention with q, k and v fused in one projection of unequal parts."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj = nn.Linear(WIDTH, sum(FUSED_QKV))
+        self.o_proj = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        # This TP rank's piece of each of q, k and v, in that order: AutoTP splits every part.
+        rows = self.qkv_proj.weight.shape[0]
+        tp = sum(FUSED_QKV) // rows
+        q, k, v = self.qkv_proj(x).split([size // tp for size in FUSED_QKV], dim=-1)
+        q, k, v = (t.view(batch, length, -1, FUSED_HEAD).transpose(1, 2) for t in (q, k, v))
+        groups = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, length, -1))
+
+
+class FusedMlp(nn.Module):
+    """A gated MLP with gate and up fused in one projection of two equal parts."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(WIDTH, 2 * FUSED_HIDDEN)
+        self.down_proj = nn.Linear(FUSED_HIDDEN, WIDTH)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fused():
+    """The tiny model with fused projections, split by a custom partition_config."""
+    model = TinyLlamaModel()
+    for layer in model.layers:
+        layer.self_attn, layer.mlp = FusedAttention(), FusedMlp()
+    return model, lambda engine, tokens, targets: engine(tokens, targets)
+
+
 def llama():
     """A tiny Llama of transformers, as AutoTP splits a Hugging Face model."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -127,7 +191,7 @@ def global_batch(step):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--tp', type=int, required=True)
-    parser.add_argument('--model', choices=['tiny', 'llama'], default='tiny')
+    parser.add_argument('--model', choices=['tiny', 'llama', 'fused'], default='tiny')
     parser.add_argument('--zero_stage', type=int, default=3)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
     parser.add_argument('--steps', type=int, required=True)
@@ -157,7 +221,10 @@ def main():
         'steps_per_print': 1000000,
         'checkpoint': {'load_universal': args.universal},
     }
-    if args.model == 'llama':
+    if args.model == 'fused':
+        config['tensor_parallel']['partition_config'] = FUSED_PARTITION
+        model, loss_of = fused()
+    elif args.model == 'llama':
         model, loss_of = llama()
     else:
         model, loss_of = TinyLlamaModel(), lambda engine, tokens, targets: engine(tokens, targets)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
+#include <numeric>
 #include <optional>
 #include <regex>
 #include <set>
@@ -141,10 +143,9 @@ bool NonNegative(const std::vector<int64_t>& values) {
   return true;
 }
 
-// The one piece of TP rank t's slice: its shape, source view [offset, strides] of the whole
-// parameter, dest view of the slice, and the ranks holding it.
-struct WholeRankPiece {
-  Shape shard;
+// One piece of a TP rank's slice: its shape, its source view [offset, strides] of the contiguous
+// whole parameter, its dest view of the contiguous slice, and the ranks holding it.
+struct Piece {
   Shape shape;
   int64_t source_offset = 0;
   Shape source_strides;
@@ -153,57 +154,156 @@ struct WholeRankPiece {
   std::vector<int64_t> locations;
 };
 
-Result<WholeRankPiece> ReadRankPiece(const TorchArchiveReader& reader, const std::string& field,
-                                     const Value* rank) {
+// A TP rank's slice: its shape and its pieces, in order.
+struct RankSlice {
+  Shape shard;
+  std::vector<Piece> pieces;
+};
+
+Result<RankSlice> ReadRankSlice(const TorchArchiveReader& reader, const std::string& field,
+                                const Value* rank) {
   const auto corrupt = [&](const std::string& member, const std::string& what) {
     return FieldError(reader, field + "/" + member, what);
   };
   const std::optional<std::vector<int64_t>> shard = Ints(rank->Get("shard_shape"));
   if (!shard || !NonNegative(*shard)) return corrupt("shard_shape", "not a list of sizes");
   const Value* pieces = rank->Get("pieces");
-  if (pieces == nullptr || pieces->kind() != Kind::kList) {
-    return corrupt("pieces", "not a list");
+  if (pieces == nullptr || pieces->kind() != Kind::kList || pieces->items().empty()) {
+    return corrupt("pieces", "not a list of pieces");
   }
-  if (pieces->items().size() != 1) {
-    return Status::Unsupported(Prefix(reader.path()) + field +
-                               "/pieces: " + std::to_string(pieces->items().size()) +
-                               " pieces; ucp reads slices of one piece each");
-  }
-  const Value* piece = pieces->items()[0];
-  if (piece->kind() != Kind::kDict) return corrupt("pieces/0", "not a dict");
-  WholeRankPiece out;
+  RankSlice out;
   out.shard = AsShape(*shard);
-  const std::optional<std::vector<int64_t>> shape = Ints(piece->Get("shape"));
-  if (!shape || !NonNegative(*shape)) return corrupt("pieces/0/shape", "not a list of sizes");
-  out.shape = AsShape(*shape);
-  for (const auto& [member, offset, strides] :
-       {std::tuple{"source", &out.source_offset, &out.source_strides},
-        std::tuple{"dest", &out.dest_offset, &out.dest_strides}}) {
-    const Value* view = piece->Get(member);
-    const std::string at = std::string("pieces/0/") + member;
-    if (view == nullptr || (view->kind() != Kind::kList && view->kind() != Kind::kTuple) ||
-        view->items().size() != 2 || view->items()[0]->kind() != Kind::kInt ||
-        !view->items()[0]->AsInt64()) {
-      return corrupt(at, "not [offset, strides]");
+  for (size_t i = 0; i < pieces->items().size(); ++i) {
+    const Value* piece = pieces->items()[i];
+    const std::string at = "pieces/" + std::to_string(i);
+    if (piece->kind() != Kind::kDict) return corrupt(at, "not a dict");
+    Piece read;
+    const std::optional<std::vector<int64_t>> shape = Ints(piece->Get("shape"));
+    if (!shape || !NonNegative(*shape)) return corrupt(at + "/shape", "not a list of sizes");
+    read.shape = AsShape(*shape);
+    for (const auto& [member, offset, strides] :
+         {std::tuple{"source", &read.source_offset, &read.source_strides},
+          std::tuple{"dest", &read.dest_offset, &read.dest_strides}}) {
+      const Value* view = piece->Get(member);
+      const std::string view_at = at + "/" + member;
+      if (view == nullptr || (view->kind() != Kind::kList && view->kind() != Kind::kTuple) ||
+          view->items().size() != 2 || view->items()[0]->kind() != Kind::kInt ||
+          !view->items()[0]->AsInt64()) {
+        return corrupt(view_at, "not [offset, strides]");
+      }
+      const std::optional<std::vector<int64_t>> view_strides = Ints(view->items()[1]);
+      if (!view_strides || !NonNegative(*view_strides))
+        return corrupt(view_at, "strides not sizes");
+      *offset = *view->items()[0]->AsInt64();
+      *strides = AsShape(*view_strides);
     }
-    const std::optional<std::vector<int64_t>> view_strides = Ints(view->items()[1]);
-    if (!view_strides || !NonNegative(*view_strides)) return corrupt(at, "strides not sizes");
-    *offset = *view->items()[0]->AsInt64();
-    *strides = AsShape(*view_strides);
-  }
-  const std::optional<std::vector<int64_t>> locations = Ints(piece->Get("locations"));
-  if (!locations) return corrupt("pieces/0/locations", "not a list of ranks");
-  out.locations = *locations;
-  if (const Value* scale = piece->Get("scale");
-      scale != nullptr && !(scale->kind() == Kind::kFloat && scale->float_value() == 1.0) &&
-      !(scale->kind() == Kind::kInt && scale->AsInt64() == 1)) {
-    return Status::Unsupported(Prefix(reader.path()) + field +
-                               "/pieces/0/scale: a scaled slice; ucp reads unscaled ones");
+    const std::optional<std::vector<int64_t>> locations = Ints(piece->Get("locations"));
+    if (!locations) return corrupt(at + "/locations", "not a list of ranks");
+    read.locations = *locations;
+    if (const Value* scale = piece->Get("scale");
+        scale != nullptr && !(scale->kind() == Kind::kFloat && scale->float_value() == 1.0) &&
+        !(scale->kind() == Kind::kInt && scale->AsInt64() == 1)) {
+      return Status::Unsupported(Prefix(reader.path()) + field + "/" + at +
+                                 "/scale: a scaled slice; ucp reads unscaled ones");
+    }
+    out.pieces.push_back(std::move(read));
   }
   return out;
 }
 
-// The shard map of one affine_map entry at degree tp.
+// Why a TP rank's slice is not of a layout ucp reads: kUnsupported naming the rank's field.
+using LayoutRefusal = std::function<Status(uint32_t t, const std::string& what)>;
+
+// Checks that every rank of `slices` holds the whole parameter of shape `whole` at offset 0.
+Status CheckReplicated(const std::vector<RankSlice>& slices, const Shape& whole,
+                       const LayoutRefusal& refuse) {
+  const Shape strides = ContiguousStrides(whole);
+  std::vector<int64_t> all(slices.size());
+  for (size_t r = 0; r < slices.size(); ++r) all[r] = static_cast<int64_t>(r);
+  for (uint32_t t = 0; t < slices.size(); ++t) {
+    const RankSlice& slice = slices[t];
+    const Piece& piece = slice.pieces[0];
+    if (slice.shard != whole || slice.pieces.size() != 1 || piece.shape != whole ||
+        piece.source_offset != 0 || piece.source_strides != strides || piece.dest_offset != 0 ||
+        piece.dest_strides != strides || piece.locations != all) {
+      return refuse(t,
+                    "not the whole parameter held by every rank at offset 0, as rank 0's "
+                    "slice is");
+    }
+  }
+  return Status::Ok();
+}
+
+// The extents along dimension d of each part's blocks (rank 0's pieces the parts), [part][rank],
+// where every rank's slice of the parameter of shape `whole` is its pieces one after another along
+// d, each a block of the whole parameter held by that rank alone. The pieces' sources are checked
+// by CheckSourceOffsets.
+Result<std::vector<std::vector<uint64_t>>> PartWidths(const std::vector<RankSlice>& slices,
+                                                      const Shape& whole, size_t d,
+                                                      const LayoutRefusal& refuse) {
+  const Shape whole_strides = ContiguousStrides(whole);
+  const size_t parts = slices[0].pieces.size();
+  std::vector<std::vector<uint64_t>> widths(parts);
+  for (uint32_t t = 0; t < slices.size(); ++t) {
+    const RankSlice& slice = slices[t];
+    Shape beside = slice.shard;  // the shard but along d
+    beside[d] = whole[d];
+    if (slice.pieces.size() != parts || beside != whole) {
+      return refuse(t, "another layout than rank 0's");
+    }
+    const Shape dest_strides = ContiguousStrides(slice.shard);
+    uint64_t dest_at = 0;
+    for (size_t i = 0; i < parts; ++i) {
+      const Piece& piece = slice.pieces[i];
+      Shape block = slice.shard;
+      block[d] = piece.shape.size() == whole.size() ? piece.shape[d] : 0;
+      if (block[d] == 0 || piece.shape != block || piece.source_strides != whole_strides ||
+          piece.dest_strides != dest_strides ||
+          static_cast<uint64_t>(piece.dest_offset) != dest_at * dest_strides[d] ||
+          piece.locations != std::vector<int64_t>{t}) {
+        return refuse(t, "piece " + std::to_string(i) + " (shape " + ShapeText(piece.shape) +
+                             ") is not rank " + std::to_string(t) +
+                             "'s block along one dimension, after its pieces before it");
+      }
+      widths[i].push_back(block[d]);
+      dest_at += block[d];
+    }
+    if (dest_at != slice.shard[d]) {
+      return refuse(t, "pieces that do not make shard_shape " + ShapeText(slice.shard));
+    }
+  }
+  return widths;
+}
+
+// Checks that piece i of rank t comes from part i (of `map`'s sub_params along map.dim) after the
+// blocks of the ranks before t (`widths`, PartWidths').
+Status CheckSourceOffsets(const std::vector<RankSlice>& slices, const Shape& whole,
+                          const ShardMap& map, const std::vector<std::vector<uint64_t>>& widths,
+                          const LayoutRefusal& refuse) {
+  const uint64_t stride = ContiguousStrides(whole)[map.dim];
+  for (uint32_t t = 0; t < slices.size(); ++t) {
+    uint64_t before_part = 0;  // along the split dimension, the parts before i
+    for (size_t i = 0; i < widths.size(); ++i) {
+      uint64_t before = before_part;
+      for (uint32_t s = 0; s < t; ++s) before += widths[i][s];
+      if (static_cast<uint64_t>(slices[t].pieces[i].source_offset) != before * stride) {
+        return refuse(t, "piece " + std::to_string(i) + " at source offset " +
+                             std::to_string(slices[t].pieces[i].source_offset) + " is not rank " +
+                             std::to_string(t) +
+                             "'s block along one dimension, after those of the ranks before it");
+      }
+      before_part += map.sub_params[i];
+    }
+  }
+  return Status::Ok();
+}
+
+// The shard map of one affine_map entry at degree tp. AutoTP writes two layouts: every rank holds
+// the whole parameter (replicated), or, along one dimension d, rank t holds one block of each of
+// the parameter's sub-parameters (its fused parts, one part where nothing is fused): of
+// sub-parameter i, rank t's extent after those of the ranks before it, placed in the slice after
+// its blocks of the sub-parameters before i (deepspeed/checkpoint/affine.py's sub_param_map; one
+// part is contiguous_split_map).
 Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
                                               const std::string& field, const Value* entry,
                                               uint32_t tp) {
@@ -213,7 +313,6 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
     return FieldError(reader, field + "/logical_shape", "not a list of sizes");
   }
   const Shape whole = AsShape(*logical);
-  const Shape whole_strides = ContiguousStrides(whole);
   const Value* ranks = entry->Get("ranks");
   if (ranks == nullptr || ranks->kind() != Kind::kDict || ranks->entries().size() != tp) {
     return FieldError(reader, field + "/ranks",
@@ -228,63 +327,140 @@ Result<std::pair<ShardMap, Shape>> MapOfEntry(const TorchArchiveReader& reader,
     }
     by_rank[*t] = value;
   }
-  std::optional<ShardMap> agreed;
-  std::vector<uint64_t> blocks;  // split: each rank's extent along the split dimension
+  std::vector<RankSlice> slices;
   for (uint32_t t = 0; t < tp; ++t) {
-    const std::string at = field + "/ranks/" + std::to_string(t);
-    UCP_ASSIGN_OR_RETURN(const WholeRankPiece piece, ReadRankPiece(reader, at, by_rank[t]));
-    const auto unsupported = [&](const std::string& what) {
-      return Status::Unsupported(Prefix(reader.path()) + at + ": " + what +
-                                 "; ucp reads replicated slices and even contiguous splits");
-    };
-    if (piece.shape != piece.shard || piece.dest_offset != 0 ||
-        piece.dest_strides != ContiguousStrides(piece.shard) ||
-        piece.source_strides != whole_strides || piece.shard.size() != whole.size()) {
-      return unsupported("a piece other than the whole slice, or a strided view");
-    }
-    ShardMap map;
-    std::vector<size_t> cut;
-    for (size_t d = 0; d < whole.size(); ++d) {
-      if (piece.shard[d] != whole[d]) cut.push_back(d);
-    }
-    std::vector<int64_t> all(tp);
-    for (uint32_t r = 0; r < tp; ++r) all[r] = r;
-    if (cut.empty()) {
-      if (piece.source_offset != 0 || piece.locations != all) {
-        return unsupported("the whole parameter, but not held by every rank at offset 0");
-      }
-    } else {
-      const size_t d = cut.front();
-      uint64_t before = 0;
-      for (const uint64_t block : blocks) before += block;
-      if (cut.size() != 1 || piece.shard[d] == 0 || piece.locations != std::vector<int64_t>{t} ||
-          static_cast<uint64_t>(piece.source_offset) != before * whole_strides[d]) {
-        return unsupported("shard_shape " + ShapeText(piece.shard) + " of logical_shape " +
-                           ShapeText(whole) + " at this offset is not rank " + std::to_string(t) +
-                           "'s block along one dimension, after those of the ranks before it");
-      }
-      map.rule = Rule::kSplit;
-      map.dim = static_cast<uint32_t>(d);
-      map.sub_params = {whole[d]};
-      blocks.push_back(piece.shard[d]);
-    }
-    if (agreed && (agreed->rule != map.rule || agreed->dim != map.dim)) {
-      return unsupported("another layout than rank 0's");
-    }
-    agreed = map;
+    UCP_ASSIGN_OR_RETURN(RankSlice slice,
+                         ReadRankSlice(reader, field + "/ranks/" + std::to_string(t), by_rank[t]));
+    slices.push_back(std::move(slice));
   }
-  if (agreed->rule == Rule::kSplit) {
-    uint64_t total = 0;
-    for (const uint64_t block : blocks) total += block;
-    if (total != whole[agreed->dim]) {
-      return Status::Unsupported(Prefix(reader.path()) + field + "/ranks: blocks " +
-                                 ShapeText(blocks) + " do not make dim " +
-                                 std::to_string(agreed->dim) + " of logical_shape " +
-                                 ShapeText(whole));
-    }
-    SetBlocks(*agreed, std::move(blocks));
+  const LayoutRefusal refuse = [&](uint32_t t, const std::string& what) {
+    return Status::Unsupported(Prefix(reader.path()) + field + "/ranks/" + std::to_string(t) +
+                               ": " + what +
+                               "; ucp reads replicated slices and blocks along one dimension");
+  };
+  std::vector<size_t> cut;
+  for (size_t d = 0; d < whole.size() && slices[0].shard.size() == whole.size(); ++d) {
+    if (slices[0].shard[d] != whole[d]) cut.push_back(d);
   }
-  return std::pair{*agreed, whole};
+  if (slices[0].shard.size() != whole.size() || cut.size() > 1) {
+    return refuse(0, "shard_shape " + ShapeText(slices[0].shard) + " of logical_shape " +
+                         ShapeText(whole) + " is cut along more than one dimension");
+  }
+  if (cut.empty()) {
+    UCP_RETURN_IF_ERROR(CheckReplicated(slices, whole, refuse));
+    return std::pair{ShardMap{}, whole};
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<std::vector<uint64_t>> widths,
+                       PartWidths(slices, whole, cut.front(), refuse));
+  ShardMap map;
+  map.rule = Rule::kSplit;
+  map.dim = static_cast<uint32_t>(cut.front());
+  std::vector<uint64_t> blocks;  // as ShardMap::blocks
+  for (const std::vector<uint64_t>& part : widths) {
+    map.sub_params.push_back(std::accumulate(part.begin(), part.end(), uint64_t{0}));
+    blocks.insert(blocks.end(), part.begin(), part.end());
+  }
+  if (std::accumulate(map.sub_params.begin(), map.sub_params.end(), uint64_t{0}) !=
+      whole[map.dim]) {
+    return Status::Unsupported(Prefix(reader.path()) + field + "/ranks: blocks " +
+                               ShapeText(widths.size() == 1 ? widths[0] : map.sub_params) +
+                               " do not make dim " + std::to_string(map.dim) +
+                               " of logical_shape " + ShapeText(whole));
+  }
+  UCP_RETURN_IF_ERROR(CheckSourceOffsets(slices, whole, map, widths, refuse));
+  SetBlocks(map, std::move(blocks));
+  return std::pair{map, whole};
+}
+
+// The sizes along dimension `cut` of the sub-parameters of an affine_map entry whose `ranks` split
+// a parameter of shape `whole` there: the sums of the ranks' pieces, one size per piece of a
+// rank; one sub-parameter where the ranks' slices have no pieces or one each (AutoEP's entries
+// of a size-1 expert dimension have none).
+Result<std::vector<uint64_t>> SubParamSizes(const Value* ranks, const Shape& whole, size_t cut,
+                                            const std::string& where, const std::string& field) {
+  std::vector<uint64_t> sizes;
+  for (const auto& [rank, slice] : ranks->entries()) {
+    const Value* pieces = slice->kind() == Kind::kDict ? slice->Get("pieces") : nullptr;
+    if (pieces == nullptr || pieces->kind() != Kind::kList || pieces->items().size() <= 1) {
+      return std::vector<uint64_t>{whole[cut]};
+    }
+    if (sizes.empty()) sizes.assign(pieces->items().size(), 0);
+    if (pieces->items().size() != sizes.size()) {
+      return Status::Corrupt(Prefix(where) + field + "/ranks: slices of unlike numbers of pieces");
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const Value* piece = pieces->items()[i];
+      const std::optional<std::vector<int64_t>> shape =
+          piece->kind() == Kind::kDict ? Ints(piece->Get("shape")) : std::nullopt;
+      if (!shape || shape->size() != whole.size() || (*shape)[cut] < 0) {
+        return Status::Corrupt(Prefix(where) + field + "/ranks: a piece without its shape");
+      }
+      sizes[i] += static_cast<uint64_t>((*shape)[cut]);
+    }
+  }
+  if (std::accumulate(sizes.begin(), sizes.end(), uint64_t{0}) != whole[cut]) {
+    return Status::Corrupt(Prefix(where) + field + ": pieces that do not make logical_shape " +
+                           ShapeText(whole));
+  }
+  return sizes;
+}
+
+// Sub-parameter `part` of `parts` (`size` along the split dimension) at TP degree tp: its extents
+// in `given` (as ShardMap::blocks) where that holds every part's, else tp equal ones; nullopt where
+// those do not make `size`.
+std::optional<std::vector<uint64_t>> PartExtents(const std::vector<uint64_t>* given, size_t part,
+                                                 size_t parts, uint64_t size, uint32_t tp) {
+  std::vector<uint64_t> extents;
+  if (given != nullptr && given->size() == parts * tp) {
+    extents.assign(given->begin() + static_cast<ptrdiff_t>(part * tp),
+                   given->begin() + static_cast<ptrdiff_t>((part + 1) * tp));
+  } else if (size % tp == 0) {
+    extents.assign(tp, size / tp);
+  }
+  if (extents.size() != tp ||
+      std::accumulate(extents.begin(), extents.end(), uint64_t{0}) != size) {
+    return std::nullopt;
+  }
+  return extents;
+}
+
+// universal_checkpoint_info's sub_param_shard_widths ({pattern: [[each rank's extent] for each
+// sub-parameter]}, AutoTP's record of its fused parameters) at TP degree `tp`: the blocks of
+// `blocks` (as ShardMap::blocks) for the parameter a pattern names literally where it has them,
+// else each sub-parameter in equal parts.
+Status SetSubParamShardWidths(pickle::Graph& graph, Value* info, uint32_t tp,
+                              const TorchArchiveReader& reader,
+                              const std::map<std::string, std::vector<uint64_t>>& blocks) {
+  const std::string field = std::string(kUniversalCheckpointInfo) + "/sub_param_shard_widths";
+  Value* record = info == nullptr ? nullptr : info->Get("sub_param_shard_widths");
+  if (record == nullptr) return Status::Ok();
+  if (record->kind() != Kind::kDict) return FieldError(reader, field, "not a dict");
+  for (auto& [pattern, parts] : record->mutable_entries()) {
+    const std::string at = field + "/" + (pattern->kind() == Kind::kStr ? pattern->data() : "");
+    if (parts->kind() != Kind::kList && parts->kind() != Kind::kTuple) {
+      return FieldError(reader, at, "not a list of each sub-parameter's widths");
+    }
+    const std::optional<std::string> name =
+        pattern->kind() == Kind::kStr ? LiteralName(pattern->data()) : std::nullopt;
+    const auto given = name ? blocks.find(*name) : blocks.end();
+    const size_t count = parts->items().size();
+    std::vector<Value*> rewritten;
+    for (size_t i = 0; i < count; ++i) {
+      const std::optional<std::vector<int64_t>> extents = Ints(parts->items()[i]);
+      if (!extents || !NonNegative(*extents)) return FieldError(reader, at, "not lists of sizes");
+      const uint64_t size = std::accumulate(extents->begin(), extents->end(), uint64_t{0});
+      const std::optional<std::vector<uint64_t>> at_tp =
+          PartExtents(given == blocks.end() ? nullptr : &given->second, i, count, size, tp);
+      if (!at_tp) {
+        return Status::Unsupported(Prefix(reader.path()) + at + ": a sub-parameter of " +
+                                   std::to_string(size) + " does not split evenly over tp=" +
+                                   std::to_string(tp) + ", nor by blocks given for it");
+      }
+      rewritten.push_back(IntList(graph, *at_tp));
+    }
+    parts = graph.List(std::move(rewritten));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -323,49 +499,68 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
       return Status::Corrupt(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
                              " has no dim " + std::to_string(*cut));
     }
-    std::vector<uint64_t> extents;  // split: each rank's along the cut
+    // Split: each sub-parameter's size along the cut, and each rank's extent of each.
+    std::vector<uint64_t> sub_params;
+    std::vector<std::vector<uint64_t>> extents;  // [sub-parameter][rank]
     if (cut) {
+      UCP_ASSIGN_OR_RETURN(sub_params, SubParamSizes(ranks, whole, *cut, where, field));
       const std::optional<std::string> name =
           key->kind() == Kind::kStr ? LiteralName(key->data()) : std::nullopt;
       const auto given = name ? blocks.find(*name) : blocks.end();
-      if (given != blocks.end()) {
-        extents = given->second;
-      } else if (whole[*cut] % tp == 0) {
-        extents.assign(tp, whole[*cut] / tp);
-      }
-      uint64_t total = 0;
-      for (const uint64_t extent : extents) total += extent;
-      if (extents.size() != tp || total != whole[*cut]) {
-        return Status::Unsupported(Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
-                                   " does not split evenly over tp=" + std::to_string(tp) +
-                                   " along dim " + std::to_string(*cut) +
-                                   ", nor by blocks given for it");
+      for (size_t i = 0; i < sub_params.size(); ++i) {
+        std::optional<std::vector<uint64_t>> part =
+            PartExtents(given == blocks.end() ? nullptr : &given->second, i, sub_params.size(),
+                        sub_params[i], tp);
+        if (!part) {
+          return Status::Unsupported(
+              Prefix(where) + field + ": logical_shape " + ShapeText(whole) +
+              (sub_params.size() == 1
+                   ? ""
+                   : ", a sub-parameter of " + std::to_string(sub_params[i]) + ",") +
+              " does not split evenly over tp=" + std::to_string(tp) + " along dim " +
+              std::to_string(*cut) + ", nor by blocks given for it");
+        }
+        extents.push_back(std::move(*part));
       }
     }
     std::vector<std::pair<Value*, Value*>> new_ranks;
-    uint64_t before = 0;  // along the cut, the blocks of the ranks before t
     for (uint32_t t = 0; t < tp; ++t) {
       Shape slice = whole;
-      uint64_t offset = 0;
+      std::vector<std::tuple<Shape, uint64_t, uint64_t>> pieces;  // shape, source, dest offsets
       Shape holders;
       if (cut) {
-        slice[*cut] = extents[t];
-        offset = before * strides[*cut];
-        before += extents[t];
+        slice[*cut] = 0;
+        for (const std::vector<uint64_t>& part : extents) slice[*cut] += part[t];
+        const Shape slice_strides = ContiguousStrides(slice);
+        uint64_t before_part = 0;  // along the cut, the sub-parameters before this one
+        uint64_t dest_at = 0;
+        for (size_t i = 0; i < extents.size(); ++i) {
+          uint64_t before = before_part;  // and rank t's blocks before
+          for (uint32_t r = 0; r < t; ++r) before += extents[i][r];
+          Shape block = slice;
+          block[*cut] = extents[i][t];
+          pieces.emplace_back(block, before * strides[*cut], dest_at * slice_strides[*cut]);
+          dest_at += extents[i][t];
+          before_part += sub_params[i];
+        }
         holders = {t};
       } else {
+        pieces.emplace_back(whole, 0, 0);
         for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
       }
       const auto view = [&](uint64_t at, const Shape& view_strides) {
         return graph.List({graph.Int(static_cast<int64_t>(at)), IntList(graph, view_strides)});
       };
-      Value* piece = graph.Dict({{graph.Str("shape"), IntList(graph, slice)},
-                                 {graph.Str("source"), view(offset, strides)},
-                                 {graph.Str("dest"), view(0, ContiguousStrides(slice))},
-                                 {graph.Str("locations"), IntList(graph, holders)}});
+      std::vector<Value*> written;
+      for (const auto& [shape, source, dest] : pieces) {
+        written.push_back(graph.Dict({{graph.Str("shape"), IntList(graph, shape)},
+                                      {graph.Str("source"), view(source, strides)},
+                                      {graph.Str("dest"), view(dest, ContiguousStrides(slice))},
+                                      {graph.Str("locations"), IntList(graph, holders)}}));
+      }
       new_ranks.emplace_back(graph.Int(t),
                              graph.Dict({{graph.Str("shard_shape"), IntList(graph, slice)},
-                                         {graph.Str("pieces"), graph.List({piece})}}));
+                                         {graph.Str("pieces"), graph.List(std::move(written))}}));
     }
     for (auto& [member, value] : entry->mutable_entries()) {
       if (member->kind() == Kind::kStr && member->data() == "ranks") {
@@ -397,8 +592,9 @@ Status SetTpDegree(pickle::Graph& graph, Value* root, uint32_t tp, const TorchAr
   }
   Value* info = root->Get(kUniversalCheckpointInfo);
   Value* affine = info == nullptr ? nullptr : info->Get("affine_map");
-  return SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"), tp,
-                            reader.path(), uneven);
+  UCP_RETURN_IF_ERROR(SetAffineMapDegree(graph, affine == nullptr ? nullptr : affine->Get("params"),
+                                         tp, reader.path(), uneven));
+  return SetSubParamShardWidths(graph, info, tp, reader, uneven);
 }
 
 bool HasAutoTpMaps(const TorchArchiveReader& reader) {
@@ -575,6 +771,20 @@ Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t t
   return blocks;
 }
 
+Result<std::vector<uint64_t>> MapBlocksAtDegree(const std::string& name, const Geometry& saved,
+                                                uint32_t to, const AutoTpSplitRule& rule) {
+  std::vector<uint64_t> blocks;
+  const size_t parts = saved.sub_params.size();
+  for (size_t i = 0; i < parts; ++i) {
+    UCP_ASSIGN_OR_RETURN(
+        const std::vector<uint64_t> part,
+        BlocksAtDegree(parts == 1 ? name : name + " (sub-parameter " + std::to_string(i) + ")",
+                       saved.sub_params[i], SplitBlocks(saved, i), to, rule));
+    blocks.insert(blocks.end(), part.begin(), part.end());
+  }
+  return blocks;
+}
+
 Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const AutoTpSplitRule& rule,
                     std::map<std::string, ShardMap>& maps) {
   for (auto& [name, map] : maps) {
@@ -583,9 +793,7 @@ Status MapsAtDegree(const AtomIndex& index, uint32_t from, uint32_t to, const Au
     if (atom == nullptr) return Status::Corrupt("deepspeed: index: no bit16 atom of " + name);
     UCP_ASSIGN_OR_RETURN(const Geometry saved,
                          GeometryAt(name, map, atom->shape, from, std::nullopt, map.blocks));
-    UCP_ASSIGN_OR_RETURN(
-        std::vector<uint64_t> blocks,
-        BlocksAtDegree(name, atom->shape.at(map.dim), SplitBlocks(saved), to, rule));
+    UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks, MapBlocksAtDegree(name, saved, to, rule));
     SetBlocks(map, std::move(blocks));
   }
   return Status::Ok();

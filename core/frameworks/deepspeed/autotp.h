@@ -12,10 +12,13 @@
 // original_vocab_size, and autotp_unsupported_parameter_patterns (parameters AutoTP could not
 // describe).
 //
-// ucp takes the two layouts AutoTP writes for whole-rank slices: every rank holds the whole
-// parameter (replicated), or rank t holds the t-th of tp contiguous blocks along one dimension,
-// equal or not (split: LinearLayer's rows, LinearAllreduce's columns, a vocabulary). Anything
-// else (several pieces, scales, empty slices) is refused naming the parameter and the field.
+// ucp takes the layouts AutoTP writes for whole-rank slices: every rank holds the whole parameter
+// (replicated); rank t holds the t-th of tp contiguous blocks along one dimension, equal or not
+// (split: LinearLayer's rows, LinearAllreduce's columns, a vocabulary); or a fused parameter
+// (SubParamLinearLayer's: a partition_config shape such as (3, -1) or ((q, k, v), -1)) whose
+// parts, the sub-parameters, are each split so, rank t's slice holding its block of each in turn
+// (sub_param_map: one piece per part, in equal blocks or not). Anything else (scales, empty
+// slices) is refused naming the parameter and the field.
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once
@@ -54,7 +57,8 @@ Result<AutoTpMaps> ReadAutoTpMaps(const TorchArchiveReader& reader, uint32_t tp,
 // Rewrites `params` (a copy of a model-states file's affine_map/params, read by ReadAutoTpMaps)
 // for TP degree `tp`: every entry's "ranks" as AutoTP writes them at that degree, whole slices
 // held by every rank, or rank t's block along the entry's split dimension: `blocks`[name][t] for
-// the parameter an entry names literally where `blocks` has it, else the t-th of tp equal ones.
+// the parameter an entry names literally where `blocks` has them (as ShardMap::blocks), else the
+// t-th of tp equal ones of each part (the parts' sizes: the sums of the entry's pieces).
 // kUnsupported naming the pattern where a split dimension does not divide by tp or the blocks do
 // not make it; `where` names the source file in messages. An entry's split dimension is the one
 // where rank 0's shard_shape differs from logical_shape, or `split_dim` where given (AutoEP's
@@ -73,7 +77,8 @@ Status SetAutoTpSize(pickle::Graph& graph, pickle::Value* root, uint32_t tp,
 // A model states' record of its TP degree set to `tp`, as DeepSpeed 0.19 writes it there:
 // mp_world_size, checkpoint_parallel_dimensions' tp_degree, ds_config's autotp_size, and
 // universal_checkpoint_info with the affine map at `tp` (none at tp = 1: DeepSpeed records no
-// AutoTP then), the parameters of `uneven` split in its blocks.
+// AutoTP then), the parameters of `uneven` split in its blocks (as ShardMap::blocks), and the
+// fused parameters' sub_param_shard_widths so.
 Status SetTpDegree(pickle::Graph& graph, pickle::Value* root, uint32_t tp,
                    const TorchArchiveReader& reader,
                    const std::map<std::string, std::vector<uint64_t>>& uneven);
@@ -114,6 +119,13 @@ Result<AutoTpSplitRule> ReadAutoTpSplitRule(const TorchArchiveReader& reader,
 Result<std::vector<uint64_t>> BlocksAtDegree(const std::string& name, uint64_t total,
                                              const std::vector<uint64_t>& saved, uint32_t to,
                                              const AutoTpSplitRule& rule);
+
+// The blocks AutoTP splits a kSplit parameter into at degree `to`, where it split it as `saved`
+// (its geometry at the saved degree) shows: each sub-parameter's by BlocksAtDegree, in the layout
+// of ShardMap::blocks; kUnsupported naming the parameter and the sub-parameter where the rule
+// gives none.
+Result<std::vector<uint64_t>> MapBlocksAtDegree(const std::string& name, const Geometry& saved,
+                                                uint32_t to, const AutoTpSplitRule& rule);
 
 // `maps` (an AutoTP tag's, saved at TP degree `from`; the whole parameters `index`'s bit16 atoms)
 // at degree `to`: each split parameter's blocks there as AutoTP splits it by `rule`

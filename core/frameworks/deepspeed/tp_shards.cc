@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
 #include <utility>
 
 #include "core/util/checked.h"
@@ -135,29 +136,45 @@ Result<ShardMap> MapFromJson(const std::string& name, const nlohmann::json& json
   }
   if (map.vocab && (map.dim != 0 || map.sub_params.size() != 1)) return bad;
   if (const auto blocks = json.find("blocks"); blocks != json.end()) {
-    if (!blocks->is_array() || blocks->size() < 2 || map.vocab || map.sub_params.size() != 1) {
+    const size_t parts = map.sub_params.size();
+    if (!blocks->is_array() || map.vocab || parts == 0 || blocks->size() % parts != 0 ||
+        blocks->size() / parts < 2) {
       return bad;
     }
-    uint64_t total = 0;
     for (const nlohmann::json& block : *blocks) {
       if (!block.is_number_unsigned() || block.get<uint64_t>() == 0) return bad;
       map.blocks.push_back(block.get<uint64_t>());
-      total += map.blocks.back();
     }
-    if (total != map.sub_params[0]) return bad;
+    const size_t tp = map.blocks.size() / parts;
+    for (size_t i = 0; i < parts; ++i) {
+      const auto first = map.blocks.begin() + static_cast<ptrdiff_t>(i * tp);
+      if (std::accumulate(first, first + static_cast<ptrdiff_t>(tp), uint64_t{0}) !=
+          map.sub_params[i]) {
+        return bad;
+      }
+    }
   }
   return map;
 }
 
 void SetBlocks(ShardMap& map, std::vector<uint64_t> blocks) {
-  const bool equal =
-      std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) == blocks.end();
+  const size_t parts = std::max<size_t>(map.sub_params.size(), 1);
+  const size_t tp = blocks.size() / parts;
+  bool equal = true;
+  for (size_t i = 0; i < parts && equal; ++i) {
+    const auto first = blocks.begin() + static_cast<ptrdiff_t>(i * tp);
+    equal = std::adjacent_find(first, first + static_cast<ptrdiff_t>(tp), std::not_equal_to<>()) ==
+            first + static_cast<ptrdiff_t>(tp);
+  }
   map.blocks = equal ? std::vector<uint64_t>{} : std::move(blocks);
 }
 
-std::vector<uint64_t> SplitBlocks(const Geometry& g) {
-  if (!g.blocks.empty()) return g.blocks;
-  return std::vector<uint64_t>(g.tp, g.atom[g.dim] / g.tp);
+std::vector<uint64_t> SplitBlocks(const Geometry& g, size_t part) {
+  if (!g.blocks.empty()) {
+    const auto first = g.blocks.begin() + static_cast<ptrdiff_t>(part * g.tp);
+    return {first, first + static_cast<ptrdiff_t>(g.tp)};
+  }
+  return std::vector<uint64_t>(g.tp, g.sub_params[part] / g.tp);
 }
 
 Geometry WholeGeometry(uint32_t tp, const Shape& shape) {
@@ -171,7 +188,8 @@ Geometry WholeGeometry(uint32_t tp, const Shape& shape) {
 Shape LocalShape(const Geometry& g, uint32_t t) {
   if (g.blocks.empty()) return g.local;
   Shape local = g.local;
-  local[g.dim] = g.blocks[t];
+  local[g.dim] = 0;
+  for (size_t i = 0; i < g.sub_params.size(); ++i) local[g.dim] += g.blocks[i * g.tp + t];
   return local;
 }
 
@@ -195,17 +213,21 @@ Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const 
   g.sub_params = map.sub_params;
   g.dim = map.dim;
   if (!blocks.empty()) {
+    bool fit = !map.vocab && blocks.size() == map.sub_params.size() * tp &&
+               std::find(blocks.begin(), blocks.end(), 0) == blocks.end();
     uint64_t total = 0;
-    for (const uint64_t block : blocks) total += block;
-    if (map.vocab || map.sub_params.size() != 1 || blocks.size() != tp ||
-        std::find(blocks.begin(), blocks.end(), 0) != blocks.end() || total != atom[map.dim] ||
-        total != map.sub_params[0]) {
+    for (size_t i = 0; i < map.sub_params.size() && fit; ++i) {
+      const auto first = blocks.begin() + static_cast<ptrdiff_t>(i * tp);
+      fit = std::accumulate(first, first + tp, uint64_t{0}) == map.sub_params[i];
+      total += map.sub_params[i];
+    }
+    if (!fit || total != atom[map.dim]) {
       return Status::Corrupt("deepspeed: " + name + ": TP blocks that do not split dim " +
                              std::to_string(map.dim) + " of " + std::to_string(atom[map.dim]) +
                              " over tp=" + std::to_string(tp));
     }
     g.blocks = blocks;
-    g.local[map.dim] = blocks[0];
+    g.local = LocalShape(g, 0);
     return g;
   }
   if (map.vocab) {
@@ -267,9 +289,9 @@ Result<std::vector<GlobalRun>> MapLocalRange(const ShardMap& map, const Geometry
     uint64_t part = g.sub_params[i] / g.tp;
     uint64_t before = uint64_t{t} * part;
     if (!g.blocks.empty()) {
-      part = g.blocks[t];
+      part = g.blocks[i * g.tp + t];
       before = 0;
-      for (uint32_t s = 0; s < t; ++s) before += g.blocks[s];
+      for (uint32_t s = 0; s < t; ++s) before += g.blocks[i * g.tp + s];
     }
     Shape local_offsets(local.size(), 0);
     local_offsets[map.dim] = local_lo;

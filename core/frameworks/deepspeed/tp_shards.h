@@ -40,8 +40,9 @@ struct ShardMap {
   bool vocab = false;
   UniversalForm universal = UniversalForm::kNone;
   uint32_t sub_param_shape = 0;  // kSubParamShape: entry of parameter_with_sub_params
-  // kSplit of one sub-parameter split unevenly (AutoTP): each TP rank's extent along dim at the
-  // tag's degree, in rank order; empty for equal parts.
+  // kSplit where AutoTP split a sub-parameter unevenly: each TP rank's extent along dim at the
+  // tag's degree, sub-parameter by sub-parameter (tp extents each, in rank order); empty where it
+  // split every sub-parameter in equal blocks.
   std::vector<uint64_t> blocks;
 };
 
@@ -95,28 +96,31 @@ struct Geometry {
   Shape local;
   Shape atom;
   std::vector<uint64_t> sub_params;
-  std::vector<uint64_t> blocks;  // uneven: rank t's extent along dim
+  std::vector<uint64_t> blocks;  // uneven: as ShardMap::blocks, at tp
   uint32_t dim = 0;
 };
 
 // TP rank t's local shape.
 Shape LocalShape(const Geometry& g, uint32_t t);
 
-// Sets map.blocks to `blocks` where they are not all equal, else to none (equal parts).
+// Sets map.blocks to `blocks` (as ShardMap::blocks: each sub-parameter's extents in rank order)
+// where a sub-parameter's are not all equal, else to none (equal parts).
 void SetBlocks(ShardMap& map, std::vector<uint64_t> blocks);
 
-// Each TP rank's extent along the split dimension of `g`, a kSplit geometry of one sub-parameter.
-std::vector<uint64_t> SplitBlocks(const Geometry& g);
+// Each TP rank's extent along the split dimension of sub-parameter `part` of `g`, a kSplit
+// geometry.
+std::vector<uint64_t> SplitBlocks(const Geometry& g, size_t part);
 
 // The geometry of a parameter of shape `shape` that every one of `tp` ranks holds whole.
 Geometry WholeGeometry(uint32_t tp, const Shape& shape);
 
 // The geometry of `map`'s slices of an atom of shape `atom` at TP degree `tp`: equal parts of each
-// sub-parameter, or the `blocks` given (one sub-parameter, not a vocabulary: each rank's extent,
-// tp of them, none empty, summing to the atom's). A vocabulary is padded to `vocab`'s size at tp,
-// its atom holding the original rows or some of the padding rows after them (a ZeRO-3 save of one
-// TP rank keeps them): the rows past the atom's are zeros. kUnsupported for an unnamed parameter
-// at tp > 1 and for sub-parameters that do not split evenly; kCorrupt for blocks that do not fit.
+// sub-parameter, or the `blocks` given (as ShardMap::blocks, not of a vocabulary: tp extents of
+// each sub-parameter, none empty, summing to its size). A vocabulary is padded to `vocab`'s size at
+// tp, its atom holding the original rows or some of the padding rows after them (a ZeRO-3 save of
+// one TP rank keeps them): the rows past the atom's are zeros. kUnsupported for an unnamed
+// parameter at tp > 1 and for sub-parameters that do not split evenly; kCorrupt for blocks that do
+// not fit.
 Result<Geometry> GeometryAt(const std::string& name, const ShardMap& map, const Shape& atom,
                             uint32_t tp, const std::optional<Vocab>& vocab,
                             const std::vector<uint64_t>& blocks = {});

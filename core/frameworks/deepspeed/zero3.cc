@@ -27,7 +27,6 @@ using deepspeed::AppendSliceSegments;
 using deepspeed::AutoTpMaps;
 using deepspeed::AutoTpSplitRule;
 using deepspeed::Bf16Prefix;
-using deepspeed::BlocksAtDegree;
 using deepspeed::CheckFolding;
 using deepspeed::CheckIndexAdapter;
 using deepspeed::CheckTarget;
@@ -55,6 +54,7 @@ using deepspeed::ListTag;
 using deepspeed::ListTagToRead;
 using deepspeed::LocalShape;
 using deepspeed::MakeLayout;
+using deepspeed::MapBlocksAtDegree;
 using deepspeed::MapFromJson;
 using deepspeed::MapJson;
 using deepspeed::OpenSource;
@@ -80,7 +80,6 @@ using deepspeed::ShapeNodeLike;
 using deepspeed::ShapeOf;
 using deepspeed::ShapeText;
 using deepspeed::ShardMap;
-using deepspeed::SplitBlocks;
 using deepspeed::StrField;
 using deepspeed::TagListing;
 using deepspeed::TagName;
@@ -919,8 +918,7 @@ Result<IndexFacts> FactsAtTp(const IndexFacts& facts, uint32_t tp, const AutoTpS
     const Shape& whole = saved.atom;
     ShardMap& map = out.maps.at(name);
     if (map.rule == Rule::kSplit && !facts.megatron) {
-      UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks,
-                           BlocksAtDegree(name, whole.at(map.dim), SplitBlocks(saved), tp, rule));
+      UCP_ASSIGN_OR_RETURN(std::vector<uint64_t> blocks, MapBlocksAtDegree(name, saved, tp, rule));
       SetBlocks(map, std::move(blocks));
     }
     UCP_ASSIGN_OR_RETURN(Geometry geometry,

@@ -66,6 +66,39 @@ Json Entry(const std::vector<uint64_t>& logical, const std::vector<uint64_t>& sh
   return {{"logical_shape", logical}, {"ranks", ranks}};
 }
 
+// An affine-map entry at TP degree widths[0].size() of a parameter of `logical` shape fused of
+// parts along dim 0, as AutoTP's sub_param_map writes it: rank t holds widths[i][t] rows of each
+// part i, after those of the ranks before it, its pieces of the parts one after another.
+Json FusedEntry(const std::vector<uint64_t>& logical,
+                const std::vector<std::vector<uint64_t>>& widths) {
+  const uint64_t row = logical.size() > 1 ? logical[1] : 1;
+  std::vector<uint64_t> strides =
+      logical.size() > 1 ? std::vector<uint64_t>{row, 1} : std::vector<uint64_t>{1};
+  Json ranks = Json::object();
+  for (size_t t = 0; t < widths[0].size(); ++t) {
+    std::vector<uint64_t> shard = logical;
+    shard[0] = 0;
+    for (const std::vector<uint64_t>& part : widths) shard[0] += part[t];
+    Json pieces = Json::array();
+    uint64_t part_start = 0;
+    uint64_t dest = 0;
+    for (const std::vector<uint64_t>& part : widths) {
+      uint64_t source = part_start;
+      for (size_t r = 0; r < t; ++r) source += part[r];
+      std::vector<uint64_t> shape = shard;
+      shape[0] = part[t];
+      pieces.push_back({{"shape", shape},
+                        {"source", {source * row, strides}},
+                        {"dest", {dest * row, strides}},
+                        {"locations", {t}}});
+      dest += part[t];
+      for (const uint64_t width : part) part_start += width;
+    }
+    ranks[std::to_string(t)] = {{"shard_shape", shard}, {"pieces", pieces}};
+  }
+  return {{"logical_shape", logical}, {"ranks", ranks}};
+}
+
 class AutoTpMapsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -143,7 +176,7 @@ TEST_F(AutoTpMapsTest, LayoutsOtherThanWholeRankBlocksAreRefusedNamingTheField) 
   SetUp();
   info_["affine_map"]["params"]["^q\\.weight$"]["ranks"]["1"]["pieces"].push_back(
       Piece("^q\\.weight$", 1));
-  EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + "/pieces: 2 pieces"));
+  EXPECT_THAT(refusal("q.weight").message(), HasSubstr(q + ": another layout than rank 0's"));
   SetUp();
   // Blocks of 4 and 4 of 7 rows; an empty block.
   info_["affine_map"]["params"]["^q\\.weight$"] = Entry({7, 4}, {4, 4}, {0, 16}, {{0}, {1}});
@@ -232,6 +265,171 @@ TEST_F(AutoTpMapsTest, UnevenBlocksAreASplitThatKeepsThemAndIsRewrittenInTheBloc
                   .message(),
               HasSubstr("^up\\.weight$: logical_shape [5, 4] does not split evenly over tp=3 "
                         "along dim 0, nor by blocks given for it"));
+}
+
+// A fused parameter (q, k and v of 8, 4 and 4 rows) is a split of those sub-parameters, each in
+// equal blocks, as Megatron's fused QKV is; rewritten at another degree it is the same split
+// there, and so is AutoTP's record of its widths. Pieces out of their place are refused naming the
+// field.
+TEST_F(AutoTpMapsTest, FusedPartsAreSubParametersAtEveryDegree) {
+  info_["affine_map"]["params"]["^qkv\\.weight$"] = FusedEntry({16, 4}, {{4, 4}, {2, 2}, {2, 2}});
+  info_["sub_param_shard_widths"] = {{"^qkv\\.weight$", {{4, 4}, {2, 2}, {2, 2}}}};
+  Result<AutoTpMaps> maps = Read({"qkv.weight"});
+  ASSERT_TRUE(maps.ok()) << maps.status().ToString();
+  const ShardMap& map = maps->maps.at("qkv.weight");
+  EXPECT_EQ(MapJson(map), Json::parse(R"({"rule": "split", "dim": 0, "sub_params": [8, 4, 4],
+                                          "vocab": false, "universal": "none"})"));
+  // Rank 1's 8 rows: q's rows 4..7, k's 10..11 and v's 14..15, 4 elements a row.
+  Result<Geometry> geometry = GeometryAt("qkv.weight", map, {16, 4}, 2, std::nullopt);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, *geometry, 1, 0, 32);
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  std::vector<FlatRange> got;
+  for (const GlobalRun& run : *runs) {
+    ASSERT_TRUE(run.region);
+    for (const FlatRange& range : run.region->Runs()) got.push_back(range);
+  }
+  EXPECT_EQ(got, (std::vector<FlatRange>{{16, 32}, {40, 48}, {56, 64}}));
+
+  // At tp=4: rank 1 takes q's rows 2..3, k's 9 and v's 13, in one slice of 4 rows.
+  Result<AutoTpMaps> at_four = Read({"qkv.weight"}, 4, /*rewrite=*/true);
+  ASSERT_TRUE(at_four.ok()) << at_four.status().ToString();
+  EXPECT_EQ(MapJson(at_four->maps.at("qkv.weight")), MapJson(map));
+  pickle::Graph graph;
+  pickle::Value* info = PickleOf(graph, info_);
+  ASSERT_TRUE(SetAffineMapDegree(graph, info->Get("affine_map")->Get("params"), 4, "made.pt").ok());
+  const pickle::Value* rank = info->Get("affine_map")
+                                  ->Get("params")
+                                  ->Get("^qkv\\.weight$")
+                                  ->Get("ranks")
+                                  ->entries()[1]
+                                  .second;
+  std::vector<std::pair<int64_t, int64_t>> offsets;  // source, dest
+  for (const pickle::Value* piece : rank->Get("pieces")->items()) {
+    offsets.emplace_back(*piece->Get("source")->items()[0]->AsInt64(),
+                         *piece->Get("dest")->items()[0]->AsInt64());
+  }
+  EXPECT_EQ(offsets, (std::vector<std::pair<int64_t, int64_t>>{{8, 0}, {36, 8}, {52, 12}}));
+
+  // The model states' record at tp=4: sub_param_shard_widths too.
+  graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
+                             {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
+  const std::string path = dir_.path() + "/fused_model_states.pt";
+  Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+  ASSERT_TRUE(writer.ok() && writer->Finish(graph.root()).ok());
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  pickle::Graph resaved;
+  pickle::Value* root = resaved.Import(reader->root());
+  const Status set = SetTpDegree(resaved, root, 4, *reader, {});
+  ASSERT_TRUE(set.ok()) << set.ToString();
+  std::vector<std::vector<int64_t>> widths;
+  for (const pickle::Value* part : root->Get("universal_checkpoint_info")
+                                       ->Get("sub_param_shard_widths")
+                                       ->entries()[0]
+                                       .second->items()) {
+    widths.emplace_back();
+    for (const pickle::Value* width : part->items()) widths.back().push_back(*width->AsInt64());
+  }
+  EXPECT_EQ(widths, (std::vector<std::vector<int64_t>>{{2, 2, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}}));
+  const Json fused_only = {{"^qkv\\.weight$", info_["affine_map"]["params"]["^qkv\\.weight$"]}};
+  EXPECT_THAT(SetAffineMapDegree(graph, PickleOf(graph, fused_only), 3, "made.pt").message(),
+              HasSubstr("made.pt: universal_checkpoint_info/affine_map/params/^qkv\\.weight$: "
+                        "logical_shape [16, 4], a sub-parameter of 8, does not split evenly over "
+                        "tp=3 along dim 0"));
+
+  const std::string field = "universal_checkpoint_info/affine_map/params/^qkv\\.weight$/ranks";
+  info_["affine_map"]["params"]["^qkv\\.weight$"] = FusedEntry({16, 4}, {{4, 4}, {2, 2}, {2, 2}});
+  std::swap(info_["affine_map"]["params"]["^qkv\\.weight$"]["ranks"]["1"]["pieces"][1]["source"],
+            info_["affine_map"]["params"]["^qkv\\.weight$"]["ranks"]["1"]["pieces"][2]["source"]);
+  EXPECT_THAT(Read({"qkv.weight"}).status().message(),
+              HasSubstr(field + "/1: piece 1 at source offset 56 is not rank 1's block along one "
+                                "dimension, after those of the ranks before it"));
+}
+
+// Parts split unevenly (q's 9 rows as 5 and 4, as AutoTP's grain rule splits them) keep their
+// blocks part by part: rank 1 holds q's rows 5..8, then k's and v's halves. AutoTP's rule at
+// another degree splits each part, and the affine map and sub_param_shard_widths rewritten there
+// in the blocks given take them.
+TEST_F(AutoTpMapsTest, FusedPartsSplitUnevenlyKeepTheirBlocksPartByPart) {
+  info_["affine_map"]["params"]["^qkv\\.weight$"] = FusedEntry({17, 4}, {{5, 4}, {2, 2}, {2, 2}});
+  info_["sub_param_shard_widths"] = {{"^qkv\\.weight$", {{5, 4}, {2, 2}, {2, 2}}}};
+  Result<AutoTpMaps> maps = Read({"qkv.weight"});
+  ASSERT_TRUE(maps.ok()) << maps.status().ToString();
+  const ShardMap& map = maps->maps.at("qkv.weight");
+  EXPECT_EQ(map.sub_params, (std::vector<uint64_t>{9, 4, 4}));
+  EXPECT_EQ(map.blocks, (std::vector<uint64_t>{5, 4, 2, 2, 2, 2}));
+  Result<ShardMap> back = MapFromJson("qkv.weight", MapJson(map));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->blocks, map.blocks);
+  Json bad = MapJson(map);
+  bad["blocks"] = {5, 4, 2, 2, 1, 3, 0};  // not 2 extents of each part
+  EXPECT_EQ(MapFromJson("qkv.weight", bad).status().code(), StatusCode::kCorrupt);
+
+  Result<Geometry> geometry = GeometryAt("qkv.weight", map, {17, 4}, 2, std::nullopt, map.blocks);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+  EXPECT_EQ(LocalShape(*geometry, 0), (Shape{9, 4}));
+  EXPECT_EQ(LocalShape(*geometry, 1), (Shape{8, 4}));
+  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, *geometry, 1, 0, 32);
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  std::vector<FlatRange> got;
+  for (const GlobalRun& run : *runs) {
+    ASSERT_TRUE(run.region);
+    for (const FlatRange& range : run.region->Runs()) got.push_back(range);
+  }
+  EXPECT_EQ(got, (std::vector<FlatRange>{{20, 36}, {44, 52}, {60, 68}}));
+  EXPECT_EQ(GeometryAt("qkv.weight", map, {17, 4}, 2, std::nullopt, {5, 4, 2, 2}).status().code(),
+            StatusCode::kCorrupt);
+
+  // AutoTP's grain rule splits each part near evenly: at tp=4 q's 9 as 3, 2, 2, 2, k's and v's 4
+  // as 1 each; at tp=3 q's as 3 each, k's and v's as 2, 1, 1.
+  Result<std::vector<uint64_t>> at_four = MapBlocksAtDegree("qkv.weight", *geometry, 4, {});
+  ASSERT_TRUE(at_four.ok()) << at_four.status().ToString();
+  EXPECT_EQ(*at_four, (std::vector<uint64_t>{3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1}));
+  Result<std::vector<uint64_t>> at_three = MapBlocksAtDegree("qkv.weight", *geometry, 3, {});
+  ASSERT_TRUE(at_three.ok()) << at_three.status().ToString();
+  EXPECT_EQ(*at_three, (std::vector<uint64_t>{3, 3, 3, 2, 1, 1, 2, 1, 1}));
+  AutoTpSplitRule headless;
+  headless.model_config = true;  // a config.json without a head count
+  EXPECT_THAT(MapBlocksAtDegree("qkv.weight", *geometry, 4, headless).status().message(),
+              HasSubstr("qkv.weight (sub-parameter 0) (9 along its split dimension)"));
+
+  // At tp=3 in those blocks: rank 1 takes q's rows 3..5, k's 11 and v's 15.
+  pickle::Graph graph;
+  graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
+                             {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
+  const std::string path = dir_.path() + "/fused_model_states.pt";
+  Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+  ASSERT_TRUE(writer.ok() && writer->Finish(graph.root()).ok());
+  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  pickle::Graph resaved;
+  pickle::Value* root = resaved.Import(reader->root());
+  pickle::Value* params = root->Get("universal_checkpoint_info")->Get("affine_map")->Get("params");
+  for (const char* other : {"^q\\.weight$", "^o\\.weight$", "^embed\\.weight$"}) {
+    std::erase_if(params->mutable_entries(), [&](const auto& entry) {
+      return entry.first->data() == other;  // 8 or 4 rows of one part: not over 3 ranks
+    });
+  }
+  const Status set =
+      SetTpDegree(resaved, root, 3, *reader, {{"qkv.weight", {3, 3, 3, 2, 1, 1, 2, 1, 1}}});
+  ASSERT_TRUE(set.ok()) << set.ToString();
+  const pickle::Value* rank = params->Get("^qkv\\.weight$")->Get("ranks")->entries()[1].second;
+  std::vector<std::pair<int64_t, int64_t>> offsets;  // source, dest
+  for (const pickle::Value* piece : rank->Get("pieces")->items()) {
+    offsets.emplace_back(*piece->Get("source")->items()[0]->AsInt64(),
+                         *piece->Get("dest")->items()[0]->AsInt64());
+  }
+  EXPECT_EQ(offsets, (std::vector<std::pair<int64_t, int64_t>>{{12, 0}, {44, 12}, {60, 16}}));
+  std::vector<std::vector<int64_t>> widths;
+  for (const pickle::Value* part : root->Get("universal_checkpoint_info")
+                                       ->Get("sub_param_shard_widths")
+                                       ->entries()[0]
+                                       .second->items()) {
+    widths.emplace_back();
+    for (const pickle::Value* width : part->items()) widths.back().push_back(*width->AsInt64());
+  }
+  EXPECT_EQ(widths, (std::vector<std::vector<int64_t>>{{3, 3, 3}, {2, 1, 1}, {2, 1, 1}}));
 }
 
 TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
