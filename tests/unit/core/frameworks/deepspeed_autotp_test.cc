@@ -99,6 +99,44 @@ Json FusedEntry(const std::vector<uint64_t>& logical,
   return {{"logical_shape", logical}, {"ranks", ranks}};
 }
 
+// The atom's element runs of TP rank t's local elements [begin, end) (MapLocalRange), in order.
+std::vector<FlatRange> AtomRuns(const ShardMap& map, const Geometry& geometry, uint32_t t,
+                                uint64_t begin, uint64_t end) {
+  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, geometry, t, begin, end);
+  EXPECT_TRUE(runs.ok()) << runs.status().ToString();
+  std::vector<FlatRange> out;
+  for (const GlobalRun& run : runs.ok() ? *runs : std::vector<GlobalRun>{}) {
+    EXPECT_TRUE(run.region);
+    if (!run.region) continue;
+    for (const FlatRange& range : run.region->Runs()) out.push_back(range);
+  }
+  return out;
+}
+
+// The (source, dest) offsets of the pieces of TP rank t's slice in affine-map entry `entry`.
+std::vector<std::pair<int64_t, int64_t>> PieceOffsets(const pickle::Value* entry, size_t t) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const pickle::Value* piece :
+       entry->Get("ranks")->entries().at(t).second->Get("pieces")->items()) {
+    out.emplace_back(*piece->Get("source")->items()[0]->AsInt64(),
+                     *piece->Get("dest")->items()[0]->AsInt64());
+  }
+  return out;
+}
+
+// The first entry of a model states' universal_checkpoint_info/sub_param_shard_widths.
+std::vector<std::vector<int64_t>> FirstShardWidths(const pickle::Value* root) {
+  std::vector<std::vector<int64_t>> out;
+  for (const pickle::Value* part : root->Get("universal_checkpoint_info")
+                                       ->Get("sub_param_shard_widths")
+                                       ->entries()[0]
+                                       .second->items()) {
+    out.emplace_back();
+    for (const pickle::Value* width : part->items()) out.back().push_back(*width->AsInt64());
+  }
+  return out;
+}
+
 class AutoTpMapsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -137,6 +175,18 @@ class AutoTpMapsTest : public ::testing::Test {
     if (!reader.ok()) return reader.status();
     EXPECT_TRUE(HasAutoTpMaps(*reader));
     return ReadAutoTpMaps(*reader, tp, names);
+  }
+
+  // A model-states file of TP degree 2 carrying info_, written to the test's folder.
+  Result<TorchArchiveReader> ModelStates() {
+    pickle::Graph graph;
+    graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
+                               {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
+    const std::string path = dir_.path() + "/fused_model_states.pt";
+    Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
+    if (!writer.ok()) return writer.status();
+    if (Result<uint64_t> size = writer->Finish(graph.root()); !size.ok()) return size.status();
+    return TorchArchiveReader::Open(path);
   }
 
   Json& Piece(const std::string& pattern, int rank) {
@@ -282,14 +332,8 @@ TEST_F(AutoTpMapsTest, FusedPartsAreSubParametersAtEveryDegree) {
   // Rank 1's 8 rows: q's rows 4..7, k's 10..11 and v's 14..15, 4 elements a row.
   Result<Geometry> geometry = GeometryAt("qkv.weight", map, {16, 4}, 2, std::nullopt);
   ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
-  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, *geometry, 1, 0, 32);
-  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
-  std::vector<FlatRange> got;
-  for (const GlobalRun& run : *runs) {
-    ASSERT_TRUE(run.region);
-    for (const FlatRange& range : run.region->Runs()) got.push_back(range);
-  }
-  EXPECT_EQ(got, (std::vector<FlatRange>{{16, 32}, {40, 48}, {56, 64}}));
+  EXPECT_EQ(AtomRuns(map, *geometry, 1, 0, 32),
+            (std::vector<FlatRange>{{16, 32}, {40, 48}, {56, 64}}));
 
   // At tp=4: rank 1 takes q's rows 2..3, k's 9 and v's 13, in one slice of 4 rows.
   Result<AutoTpMaps> at_four = Read({"qkv.weight"}, 4, /*rewrite=*/true);
@@ -298,40 +342,18 @@ TEST_F(AutoTpMapsTest, FusedPartsAreSubParametersAtEveryDegree) {
   pickle::Graph graph;
   pickle::Value* info = PickleOf(graph, info_);
   ASSERT_TRUE(SetAffineMapDegree(graph, info->Get("affine_map")->Get("params"), 4, "made.pt").ok());
-  const pickle::Value* rank = info->Get("affine_map")
-                                  ->Get("params")
-                                  ->Get("^qkv\\.weight$")
-                                  ->Get("ranks")
-                                  ->entries()[1]
-                                  .second;
-  std::vector<std::pair<int64_t, int64_t>> offsets;  // source, dest
-  for (const pickle::Value* piece : rank->Get("pieces")->items()) {
-    offsets.emplace_back(*piece->Get("source")->items()[0]->AsInt64(),
-                         *piece->Get("dest")->items()[0]->AsInt64());
-  }
-  EXPECT_EQ(offsets, (std::vector<std::pair<int64_t, int64_t>>{{8, 0}, {36, 8}, {52, 12}}));
+  EXPECT_EQ(PieceOffsets(info->Get("affine_map")->Get("params")->Get("^qkv\\.weight$"), 1),
+            (std::vector<std::pair<int64_t, int64_t>>{{8, 0}, {36, 8}, {52, 12}}));
 
   // The model states' record at tp=4: sub_param_shard_widths too.
-  graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
-                             {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
-  const std::string path = dir_.path() + "/fused_model_states.pt";
-  Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
-  ASSERT_TRUE(writer.ok() && writer->Finish(graph.root()).ok());
-  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+  Result<TorchArchiveReader> reader = ModelStates();
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   pickle::Graph resaved;
   pickle::Value* root = resaved.Import(reader->root());
   const Status set = SetTpDegree(resaved, root, 4, *reader, {});
   ASSERT_TRUE(set.ok()) << set.ToString();
-  std::vector<std::vector<int64_t>> widths;
-  for (const pickle::Value* part : root->Get("universal_checkpoint_info")
-                                       ->Get("sub_param_shard_widths")
-                                       ->entries()[0]
-                                       .second->items()) {
-    widths.emplace_back();
-    for (const pickle::Value* width : part->items()) widths.back().push_back(*width->AsInt64());
-  }
-  EXPECT_EQ(widths, (std::vector<std::vector<int64_t>>{{2, 2, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}}));
+  EXPECT_EQ(FirstShardWidths(root),
+            (std::vector<std::vector<int64_t>>{{2, 2, 2, 2}, {1, 1, 1, 1}, {1, 1, 1, 1}}));
   const Json fused_only = {{"^qkv\\.weight$", info_["affine_map"]["params"]["^qkv\\.weight$"]}};
   EXPECT_THAT(SetAffineMapDegree(graph, PickleOf(graph, fused_only), 3, "made.pt").message(),
               HasSubstr("made.pt: universal_checkpoint_info/affine_map/params/^qkv\\.weight$: "
@@ -370,14 +392,8 @@ TEST_F(AutoTpMapsTest, FusedPartsSplitUnevenlyKeepTheirBlocksPartByPart) {
   ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
   EXPECT_EQ(LocalShape(*geometry, 0), (Shape{9, 4}));
   EXPECT_EQ(LocalShape(*geometry, 1), (Shape{8, 4}));
-  Result<std::vector<GlobalRun>> runs = MapLocalRange(map, *geometry, 1, 0, 32);
-  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
-  std::vector<FlatRange> got;
-  for (const GlobalRun& run : *runs) {
-    ASSERT_TRUE(run.region);
-    for (const FlatRange& range : run.region->Runs()) got.push_back(range);
-  }
-  EXPECT_EQ(got, (std::vector<FlatRange>{{20, 36}, {44, 52}, {60, 68}}));
+  EXPECT_EQ(AtomRuns(map, *geometry, 1, 0, 32),
+            (std::vector<FlatRange>{{20, 36}, {44, 52}, {60, 68}}));
   EXPECT_EQ(GeometryAt("qkv.weight", map, {17, 4}, 2, std::nullopt, {5, 4, 2, 2}).status().code(),
             StatusCode::kCorrupt);
 
@@ -395,13 +411,7 @@ TEST_F(AutoTpMapsTest, FusedPartsSplitUnevenlyKeepTheirBlocksPartByPart) {
               HasSubstr("qkv.weight (sub-parameter 0) (9 along its split dimension)"));
 
   // At tp=3 in those blocks: rank 1 takes q's rows 3..5, k's 11 and v's 15.
-  pickle::Graph graph;
-  graph.set_root(graph.Dict({{graph.Str("mp_world_size"), graph.Int(2)},
-                             {graph.Str("universal_checkpoint_info"), PickleOf(graph, info_)}}));
-  const std::string path = dir_.path() + "/fused_model_states.pt";
-  Result<TorchArchiveWriter> writer = TorchArchiveWriter::Create(path);
-  ASSERT_TRUE(writer.ok() && writer->Finish(graph.root()).ok());
-  Result<TorchArchiveReader> reader = TorchArchiveReader::Open(path);
+  Result<TorchArchiveReader> reader = ModelStates();
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   pickle::Graph resaved;
   pickle::Value* root = resaved.Import(reader->root());
@@ -414,22 +424,10 @@ TEST_F(AutoTpMapsTest, FusedPartsSplitUnevenlyKeepTheirBlocksPartByPart) {
   const Status set =
       SetTpDegree(resaved, root, 3, *reader, {{"qkv.weight", {3, 3, 3, 2, 1, 1, 2, 1, 1}}});
   ASSERT_TRUE(set.ok()) << set.ToString();
-  const pickle::Value* rank = params->Get("^qkv\\.weight$")->Get("ranks")->entries()[1].second;
-  std::vector<std::pair<int64_t, int64_t>> offsets;  // source, dest
-  for (const pickle::Value* piece : rank->Get("pieces")->items()) {
-    offsets.emplace_back(*piece->Get("source")->items()[0]->AsInt64(),
-                         *piece->Get("dest")->items()[0]->AsInt64());
-  }
-  EXPECT_EQ(offsets, (std::vector<std::pair<int64_t, int64_t>>{{12, 0}, {44, 12}, {60, 16}}));
-  std::vector<std::vector<int64_t>> widths;
-  for (const pickle::Value* part : root->Get("universal_checkpoint_info")
-                                       ->Get("sub_param_shard_widths")
-                                       ->entries()[0]
-                                       .second->items()) {
-    widths.emplace_back();
-    for (const pickle::Value* width : part->items()) widths.back().push_back(*width->AsInt64());
-  }
-  EXPECT_EQ(widths, (std::vector<std::vector<int64_t>>{{3, 3, 3}, {2, 1, 1}, {2, 1, 1}}));
+  EXPECT_EQ(PieceOffsets(params->Get("^qkv\\.weight$"), 1),
+            (std::vector<std::pair<int64_t, int64_t>>{{12, 0}, {44, 12}, {60, 16}}));
+  EXPECT_EQ(FirstShardWidths(root),
+            (std::vector<std::vector<int64_t>>{{3, 3, 3}, {2, 1, 1}, {2, 1, 1}}));
 }
 
 TEST_F(AutoTpMapsTest, MalformedEntriesAreCorruptNamingTheField) {
