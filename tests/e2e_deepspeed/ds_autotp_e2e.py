@@ -29,6 +29,8 @@ DeepSpeed release writes it, against DeepSpeed's own converter.
      (check_frozen); under ZeRO-1 also saved at TP=1 x DP=2, where ds_to_universal converts
      them (0.19.8 writes each frozen parameter's fp32.pt from the module) and `ucp export`
      writes the same files (check_frozen_export).
+  9. (ZeRO-1) A Llama with 2 key/value heads saved at TP=4, whose ranks 2 and 3 hold empty
+     attention slices, is refused by `ucp index` naming the slice (check_empty_slices).
 
 Steps 4 and 5 take the sizes of the model's, dtype's and ZeRO stage's plan (PLANS): those above
 in ZeRO-3 fp32, fewer in bf16 and under ZeRO-1/2. Steps 6 and 7 run under ZeRO-3 only: the affine
@@ -355,6 +357,19 @@ def check_frozen_export(report, args, env, work):
             print(f'frozen tp1: ucp export = ds_to_universal: {len(names)} files')
 
 
+def check_empty_slices(report, args, env, work):
+    """AutoTP at a TP degree above the model's key/value heads (the Llama with 2 at TP=4) gives
+    ranks 2 and 3 empty attention slices, which ZeRO-1 leaves out of their param_shapes (ZeRO-3
+    cannot train it; DeepSpeed's ds_to_universal fails on it): `ucp index` refuses it, naming the
+    file and the parameter."""
+    tag_dir, _ = run_trainer(args, env, work, 'empty_slices', 4, 1,
+                             ['--model', 'llama', '--kv_heads', '2'])
+    status, output = harness.run_ucp_output(args.ucp, 'index', tag_dir)
+    report.check(status != 0 and 'mp_rank_02_model_states.pt: module/model.layers.0.self_attn.'
+                 'q_proj.weight: an empty slice [0, 32]' in output,
+                 f'empty slices: ucp index exited {status}, not the refusal: {output[-500:]}')
+
+
 def edited_copy(tag_dir, work, name, edit):
     """A copy of the tag whose model states `edit` changed (every one alike)."""
     copy = harness.copy_tag(tag_dir, os.path.join(work, name))
@@ -471,6 +486,7 @@ def main():
         check_frozen(report, args, env, work)
         if args.zero_stage == 1:
             check_frozen_export(report, args, env, work)
+            check_empty_slices(report, args, env, work)
     if args.zero_stage == 3 and args.model == 'tiny':
         check_refusals(report, args, tag_dir, work)
         check_model_config(report, args, work, tag_dir)

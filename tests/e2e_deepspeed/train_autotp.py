@@ -22,7 +22,8 @@ and (2, -1)): each TP rank holds its block of every part (gate's and up's 33 and
 
 Launch with launch.py (RANK, WORLD_SIZE, MASTER_ADDR/PORT set); rank 0 prints `STEP n loss x`
 for every step it trains and writes {"losses": {step: loss}} to --out.
-Usage: train_autotp.py --tp T [--model tiny|llama|fused] [--zero_stage S] [--dtype fp32|bf16] [--frozen]
+Usage: train_autotp.py --tp T [--model tiny|llama|fused] [--kv_heads K] [--zero_stage S]
+         [--dtype fp32|bf16] [--frozen]
          --steps N [--save_dir DIR [--save_step K]]
          [--load_dir DIR --load_tag TAG [--universal]] --out JSON
   Trains up to global step N (from the loaded step, or 0) and saves global_step<K> to
@@ -171,12 +172,12 @@ def fused():
     return model, lambda engine, tokens, targets: engine(tokens, targets)
 
 
-def llama():
+def llama(kv_heads):
     """A tiny Llama of transformers, as AutoTP splits a Hugging Face model."""
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=LLAMA_VOCAB, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
                          num_hidden_layers=2, num_attention_heads=WIDTH // HEAD,
-                         num_key_value_heads=WIDTH // HEAD, max_position_embeddings=2 * SEQ,
+                         num_key_value_heads=kv_heads, max_position_embeddings=2 * SEQ,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
     return model, lambda engine, tokens, targets: engine(input_ids=tokens, labels=tokens).loss
@@ -194,6 +195,9 @@ def main():
     parser.add_argument('--model', choices=['tiny', 'llama', 'fused'], default='tiny')
     parser.add_argument('--zero_stage', type=int, default=3)
     parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32')
+    parser.add_argument('--kv_heads', type=int, default=WIDTH // HEAD,
+                        help='--model llama: its key/value heads (AutoTP gives the ranks past '
+                        'them empty attention slices)')
     parser.add_argument('--steps', type=int, required=True)
     parser.add_argument('--save_dir')
     parser.add_argument('--save_step', type=int)
@@ -225,7 +229,7 @@ def main():
         config['tensor_parallel']['partition_config'] = FUSED_PARTITION
         model, loss_of = fused()
     elif args.model == 'llama':
-        model, loss_of = llama()
+        model, loss_of = llama(args.kv_heads)
     else:
         model, loss_of = TinyLlamaModel(), lambda engine, tokens, targets: engine(tokens, targets)
     for name, parameter in model.named_parameters():

@@ -178,6 +178,28 @@ Result<TpModelStates> ReadTpModelStates(const std::string& tag_dir, const std::s
   return ms;
 }
 
+// AutoTP at a TP degree above the model's key/value head count leaves a rank empty slices of its
+// attention layers, and ZeRO leaves those out of the rank's parameter groups. kUnsupported naming
+// the first parameter of `names` (group g of another TP rank) that `ms` holds as an empty slice
+// outside its group g.
+Status RefuseEmptySlices(const TpModelStates& ms, size_t g, const std::vector<std::string>& names) {
+  const std::vector<std::string>& held = ms.groups[g].names;
+  for (const std::string& name : names) {
+    const auto module = ms.module.find(name);
+    if (std::find(held.begin(), held.end(), name) != held.end() || module == ms.module.end() ||
+        module->second.tensor == nullptr || module->second.tensor->numel() != 0) {
+      continue;
+    }
+    return Status::Unsupported(
+        Prefix(ms.reader.path()) + "module/" + name + ": an empty slice " +
+        ShapeText(module->second.tensor->shape) + ", left out of param_shapes/" +
+        std::to_string(g) +
+        " (AutoTP at a TP degree above the model's key/value head count); ucp reads no empty "
+        "slices, and DeepSpeed's ds_to_universal fails on such a save");
+  }
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------------------------------------
 // A whole tag.
 
@@ -666,6 +688,9 @@ Status ReadGridModels(const std::string& tag_dir, const TagListing& listing, TpM
         // AutoTP's uneven slices differ in shape: BuildIndex checks each against its map.
         const TpModelStates& stage_first = models.front();
         for (size_t g = 0; g < ms.groups.size(); ++g) {
+          if (grid.autotp) {
+            UCP_RETURN_IF_ERROR(RefuseEmptySlices(ms, g, stage_first.groups[g].names));
+          }
           if (ms.groups[g].names != stage_first.groups[g].names ||
               (!grid.autotp && ms.groups[g].shapes != stage_first.groups[g].shapes)) {
             return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
