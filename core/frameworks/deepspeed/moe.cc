@@ -1923,10 +1923,11 @@ Status ResolveMpuMaps(MoeTag& tag, const MoeStage& stage, const std::vector<std:
 
 // Phase 3 of a tag of TP lanes: how the TP slices make each dense parameter (and with expert
 // tensor parallelism each expert's). A folded tag's from AutoTP's record (lane 0's affine map):
-// AutoTP's two whole-rank layouts (replicated, or one split dimension), no vocabulary padding; an
-// mpu's TP from ResolveMpuMaps. Every lane's module tensor outside the groups (buffers, the
-// router's unused gate) alike on every lane (ds_to_universal and a reshard take lane 0's), but
-// frozen parameters split over TP (stage.frozen_split), which the same record must split.
+// AutoTP's whole-rank layouts (replicated, or split along one dimension, a fused parameter part
+// by part), no vocabulary padding; an mpu's TP from ResolveMpuMaps. Every lane's module tensor
+// outside the groups (buffers, the router's unused gate) alike on every lane (ds_to_universal and
+// a reshard take lane 0's), but frozen parameters split over TP (stage.frozen_split), which the
+// same record must split.
 Status ResolveFoldedMaps(MoeTag& tag, MoeStage& stage) {
   std::vector<std::string> names;
   std::set<std::string> grouped;
