@@ -80,8 +80,9 @@ MODEL_HEADS = 4
 # tp4 there and back, live). The Llama's head of 67 is 34/33 at TP=2, 17/17/17/16 at TP=4.
 # ZeRO-1 and 2 share the split rule with ZeRO-3 and write other files (mp_rank_XX model states,
 # ZeRO-1/2 optimizer partitions): ZeRO-1 in fp32 the saved degree and uneven tp4 there and back,
-# ZeRO-2 in bf16 tp1 and tp4; both live at tp4. The fused model under ZeRO-3 as the tiny one but
-# tp3 (its parts of 16 rows do not split over 3 ranks), under ZeRO-1 tp1 and tp4.
+# ZeRO-2 in bf16 tp1 and tp4; both live at tp4. The fused model under ZeRO-3 the saved degree
+# and tp4 there and back, under ZeRO-1 tp1 and tp4 (its parts of 16 rows do not split over 3
+# ranks); both live at tp4.
 PLANS = {
     ('tiny', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1), (3, 1)),
                           'through': ((2, 3), (4, 1)), 'live': ((1, 2), (4, 1))},
@@ -91,8 +92,7 @@ PLANS = {
     ('tiny', 'fp32', 1): {'targets': ((2, 1), (4, 1)), 'through': ((4, 1),), 'live': ((4, 1),)},
     ('tiny', 'bf16', 2): {'targets': ((1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
     ('fused', 'fp32', 1): {'targets': ((1, 2), (4, 1)), 'through': (), 'live': ((4, 1),)},
-    ('fused', 'fp32', 3): {'targets': ((2, 1), (1, 2), (4, 1)), 'through': ((4, 1),),
-                           'live': ((4, 1),)},
+    ('fused', 'fp32', 3): {'targets': ((2, 1), (4, 1)), 'through': ((4, 1),), 'live': ((4, 1),)},
 }
 # A ZeRO-3 optimizer file: (DP rank, TP rank).
 ZERO3_OPTIM = re.compile(r'(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt')
