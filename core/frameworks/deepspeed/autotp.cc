@@ -463,6 +463,57 @@ Status SetSubParamShardWidths(pickle::Graph& graph, Value* info, uint32_t tp,
   return Status::Ok();
 }
 
+// An affine_map entry's "ranks" at TP degree tp as AutoTP writes them: every rank holding the
+// whole parameter of shape `whole` where `cut` is none (replicated_map), else rank t's slice
+// holding, part after part, extents[i][t] along the cut of each part i (of `sub_params`' sizes),
+// after the blocks of the ranks before it in that part (sub_param_map; one part:
+// contiguous_split_map).
+Value* RanksAtDegree(pickle::Graph& graph, const Shape& whole, std::optional<size_t> cut,
+                     const std::vector<uint64_t>& sub_params,
+                     const std::vector<std::vector<uint64_t>>& extents, uint32_t tp) {
+  const Shape strides = ContiguousStrides(whole);
+  const auto view = [&](uint64_t at, const Shape& view_strides) {
+    return graph.List({graph.Int(static_cast<int64_t>(at)), IntList(graph, view_strides)});
+  };
+  std::vector<std::pair<Value*, Value*>> ranks;
+  for (uint32_t t = 0; t < tp; ++t) {
+    Shape slice = whole;
+    std::vector<std::tuple<Shape, uint64_t, uint64_t>> pieces;  // shape, source, dest offsets
+    Shape holders;
+    if (cut) {
+      slice[*cut] = 0;
+      for (const std::vector<uint64_t>& part : extents) slice[*cut] += part[t];
+      const Shape slice_strides = ContiguousStrides(slice);
+      uint64_t before_part = 0;  // along the cut, the sub-parameters before this one
+      uint64_t dest_at = 0;
+      for (size_t i = 0; i < extents.size(); ++i) {
+        uint64_t before = before_part;  // and rank t's blocks before
+        for (uint32_t r = 0; r < t; ++r) before += extents[i][r];
+        Shape block = slice;
+        block[*cut] = extents[i][t];
+        pieces.emplace_back(block, before * strides[*cut], dest_at * slice_strides[*cut]);
+        dest_at += extents[i][t];
+        before_part += sub_params[i];
+      }
+      holders = {t};
+    } else {
+      pieces.emplace_back(whole, 0, 0);
+      for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
+    }
+    std::vector<Value*> written;
+    for (const auto& [shape, source, dest] : pieces) {
+      written.push_back(graph.Dict({{graph.Str("shape"), IntList(graph, shape)},
+                                    {graph.Str("source"), view(source, strides)},
+                                    {graph.Str("dest"), view(dest, ContiguousStrides(slice))},
+                                    {graph.Str("locations"), IntList(graph, holders)}}));
+    }
+    ranks.emplace_back(graph.Int(t),
+                       graph.Dict({{graph.Str("shard_shape"), IntList(graph, slice)},
+                                   {graph.Str("pieces"), graph.List(std::move(written))}}));
+  }
+  return graph.Dict(std::move(ranks));
+}
+
 }  // namespace
 
 Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
@@ -490,7 +541,6 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
       return Status::Corrupt(Prefix(where) + field + ": no logical_shape or rank 0's shard_shape");
     }
     const Shape whole = AsShape(*logical);
-    const Shape strides = ContiguousStrides(whole);
     std::optional<size_t> cut = split_dim;
     for (size_t d = 0; d < whole.size() && !split_dim; ++d) {
       if (static_cast<uint64_t>((*shard)[d]) != whole[d]) cut = d;
@@ -523,48 +573,10 @@ Status SetAffineMapDegree(pickle::Graph& graph, Value* params, uint32_t tp,
         extents.push_back(std::move(*part));
       }
     }
-    std::vector<std::pair<Value*, Value*>> new_ranks;
-    for (uint32_t t = 0; t < tp; ++t) {
-      Shape slice = whole;
-      std::vector<std::tuple<Shape, uint64_t, uint64_t>> pieces;  // shape, source, dest offsets
-      Shape holders;
-      if (cut) {
-        slice[*cut] = 0;
-        for (const std::vector<uint64_t>& part : extents) slice[*cut] += part[t];
-        const Shape slice_strides = ContiguousStrides(slice);
-        uint64_t before_part = 0;  // along the cut, the sub-parameters before this one
-        uint64_t dest_at = 0;
-        for (size_t i = 0; i < extents.size(); ++i) {
-          uint64_t before = before_part;  // and rank t's blocks before
-          for (uint32_t r = 0; r < t; ++r) before += extents[i][r];
-          Shape block = slice;
-          block[*cut] = extents[i][t];
-          pieces.emplace_back(block, before * strides[*cut], dest_at * slice_strides[*cut]);
-          dest_at += extents[i][t];
-          before_part += sub_params[i];
-        }
-        holders = {t};
-      } else {
-        pieces.emplace_back(whole, 0, 0);
-        for (uint32_t r = 0; r < tp; ++r) holders.push_back(r);
-      }
-      const auto view = [&](uint64_t at, const Shape& view_strides) {
-        return graph.List({graph.Int(static_cast<int64_t>(at)), IntList(graph, view_strides)});
-      };
-      std::vector<Value*> written;
-      for (const auto& [shape, source, dest] : pieces) {
-        written.push_back(graph.Dict({{graph.Str("shape"), IntList(graph, shape)},
-                                      {graph.Str("source"), view(source, strides)},
-                                      {graph.Str("dest"), view(dest, ContiguousStrides(slice))},
-                                      {graph.Str("locations"), IntList(graph, holders)}}));
-      }
-      new_ranks.emplace_back(graph.Int(t),
-                             graph.Dict({{graph.Str("shard_shape"), IntList(graph, slice)},
-                                         {graph.Str("pieces"), graph.List(std::move(written))}}));
-    }
+    Value* new_ranks = RanksAtDegree(graph, whole, cut, sub_params, extents, tp);
     for (auto& [member, value] : entry->mutable_entries()) {
       if (member->kind() == Kind::kStr && member->data() == "ranks") {
-        value = graph.Dict(std::move(new_ranks));
+        value = new_ranks;
       }
     }
   }
