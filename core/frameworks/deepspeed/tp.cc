@@ -688,10 +688,11 @@ Status ReadGridModels(const std::string& tag_dir, const TagListing& listing, TpM
         // AutoTP's uneven slices differ in shape: BuildIndex checks each against its map.
         const TpModelStates& stage_first = models.front();
         for (size_t g = 0; g < ms.groups.size(); ++g) {
-          if (grid.autotp) {
+          const bool other_names = ms.groups[g].names != stage_first.groups[g].names;
+          if (other_names && grid.autotp) {
             UCP_RETURN_IF_ERROR(RefuseEmptySlices(ms, g, stage_first.groups[g].names));
           }
-          if (ms.groups[g].names != stage_first.groups[g].names ||
+          if (other_names ||
               (!grid.autotp && ms.groups[g].shapes != stage_first.groups[g].shapes)) {
             return FieldError(ms.reader, "param_shapes/" + std::to_string(g),
                               "other parameters or slice shapes than " + stage_first.name);
